@@ -1,0 +1,139 @@
+package protocol
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// Version is the protocol version this package speaks (Hello.protocol_version).
+const Version = 1
+
+// DefaultMaxFrameSize is the largest frame accepted when none is configured:
+// 4 MiB of protobuf bytes, not counting the 4-byte length prefix.
+const DefaultMaxFrameSize = 4 << 20
+
+// HeaderSize is the size of the big-endian length prefix of every frame.
+const HeaderSize = 4
+
+// ErrBadFrame is wrapped by every error about a frame whose bytes do not decode.
+var ErrBadFrame = errors.New("bad frame")
+
+// FrameTooLargeError reports a frame longer than the maximum frame size. A
+// Reader returns it before allocating or reading the frame's body.
+type FrameTooLargeError struct {
+	Size uint64 // the declared or encoded size
+	Max  int    // the limit in force
+}
+
+func (e *FrameTooLargeError) Error() string {
+	return fmt.Sprintf("frame of %d bytes exceeds the maximum of %d", e.Size, e.Max)
+}
+
+// Reader reads length-prefixed frames. It reuses one buffer for the frame
+// bytes; decoded messages never alias it. A Reader is not safe for
+// concurrent use.
+type Reader struct {
+	r   *bufio.Reader
+	max int
+	hdr [HeaderSize]byte
+	buf []byte
+}
+
+// NewReader returns a Reader that refuses frames larger than maxFrameSize
+// bytes (DefaultMaxFrameSize when maxFrameSize <= 0). It buffers r.
+func NewReader(r io.Reader, maxFrameSize int) *Reader {
+	if maxFrameSize <= 0 {
+		maxFrameSize = DefaultMaxFrameSize
+	}
+	return &Reader{r: bufio.NewReaderSize(r, 32<<10), max: maxFrameSize}
+}
+
+// ReadFrame reads the next frame into f, replacing its contents. It returns
+// io.EOF at a clean end between frames, io.ErrUnexpectedEOF for a frame cut
+// short, a *FrameTooLargeError for a declared length above the maximum, an
+// error wrapping ErrBadFrame for bytes that do not decode, or the underlying
+// read error.
+func (r *Reader) ReadFrame(f *Frame) error {
+	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+		return err
+	}
+	size := binary.BigEndian.Uint32(r.hdr[:])
+	if uint64(size) > uint64(r.max) {
+		return &FrameTooLargeError{Size: uint64(size), Max: r.max}
+	}
+	if cap(r.buf) < int(size) {
+		r.buf = make([]byte, size)
+	}
+	body := r.buf[:size]
+	if _, err := io.ReadFull(r.r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			return io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	if err := proto.Unmarshal(body, f); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadFrame, err)
+	}
+	if f.Body == nil {
+		return fmt.Errorf("%w: frame has no body", ErrBadFrame)
+	}
+	return nil
+}
+
+// Buffered reports how many bytes are read from the connection but not yet
+// decoded.
+func (r *Reader) Buffered() int { return r.r.Buffered() }
+
+// Writer writes length-prefixed frames into a buffer. Nothing reaches the
+// underlying writer until the buffer fills or Flush is called, so many frames
+// can share one system call. A Writer is not safe for concurrent use.
+type Writer struct {
+	w   *bufio.Writer
+	max int
+	buf []byte
+	opt proto.MarshalOptions
+}
+
+// NewWriter returns a Writer that refuses to encode frames larger than
+// maxFrameSize bytes (DefaultMaxFrameSize when maxFrameSize <= 0).
+func NewWriter(w io.Writer, maxFrameSize int) *Writer {
+	if maxFrameSize <= 0 {
+		maxFrameSize = DefaultMaxFrameSize
+	}
+	return &Writer{w: bufio.NewWriterSize(w, 64<<10), max: maxFrameSize, buf: make([]byte, 0, 512)}
+}
+
+// WriteFrame encodes f into the buffer. It returns a *FrameTooLargeError,
+// without writing anything, when the encoded frame exceeds the maximum.
+func (w *Writer) WriteFrame(f *Frame) error {
+	buf, err := w.opt.MarshalAppend(w.buf[:HeaderSize], f)
+	if err != nil {
+		return fmt.Errorf("encode frame: %w", err)
+	}
+	w.buf = buf
+	size := len(buf) - HeaderSize
+	if size > w.max {
+		return &FrameTooLargeError{Size: uint64(size), Max: w.max}
+	}
+	binary.BigEndian.PutUint32(buf, uint32(size))
+	if _, err := w.w.Write(buf); err != nil {
+		return fmt.Errorf("write frame: %w", err)
+	}
+	return nil
+}
+
+// Flush writes the buffered frames to the underlying writer.
+func (w *Writer) Flush() error {
+	if err := w.w.Flush(); err != nil {
+		return fmt.Errorf("flush frames: %w", err)
+	}
+	return nil
+}
+
+// Buffered reports how many encoded bytes wait for Flush.
+func (w *Writer) Buffered() int { return w.w.Buffered() }
