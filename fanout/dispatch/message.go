@@ -1,0 +1,59 @@
+// Package dispatch hands each message consumed from Kafka to exactly one
+// connected client, round-robin among clients with room, and takes it back
+// for another client when the ack does not come in time.
+//
+// One goroutine (Dispatcher.Run) owns all of the state: the buffer, the
+// clients, the in-flight set and the offset tracker. Everything else talks to
+// it through channels; see DESIGN.md.
+package dispatch
+
+import "time"
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Message is one Kafka record as the dispatcher sees it.
+type Message struct {
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Timestamp time.Time
+}
+
+// Size is the number of payload bytes the message holds, used for the
+// buffer's byte bound.
+func (m *Message) Size() int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// Batch is what a Source sends: messages of one partition in offset order.
+// When Start is >= 0 the partition (re)starts at that offset: anything the
+// dispatcher tracked for the partition before is forgotten and Start becomes
+// its committable offset until messages are acked. A Batch may carry a Start
+// and no messages.
+type Batch struct {
+	Partition int32
+	Start     int64
+	Messages  []*Message
+}
+
+// Source is the stream of messages to dispatch, typically every partition of
+// one Kafka topic.
+type Source interface {
+	// Batches delivers message batches; it is closed when the source stops.
+	Batches() <-chan Batch
+	// Pause stops fetching from Kafka; batches already fetched may still
+	// arrive. Pause and Resume are idempotent and safe from any goroutine.
+	Pause()
+	// Resume restarts fetching after Pause.
+	Resume()
+}
