@@ -1,0 +1,61 @@
+package dispatch
+
+// Delivery is one attempt to hand a message to a client. The client acks or
+// nacks it by ID. A redelivery gets a new ID and Attempt+1.
+type Delivery struct {
+	ID      uint64
+	Attempt uint32
+	Msg     *Message
+}
+
+// ClientSink is how the dispatcher reaches one connected client. Its methods
+// are called from the dispatcher's goroutine and must not block: they queue
+// work for the connection's own writer.
+type ClientSink interface {
+	// Send queues deliveries for the client. The slice is the sink's to keep.
+	Send(ds []Delivery)
+	// Goodbye tells the client that no more deliveries will come (the daemon
+	// is draining). Acks are still accepted until the connection closes.
+	Goodbye(reason string)
+}
+
+// Backend is the dispatcher as the TCP server sees it. Every method only
+// queues a request for the dispatcher's goroutine and returns at once;
+// requests from one caller are handled in the order they were made.
+type Backend interface {
+	// Join adds a client that may hold up to maxInFlight unacked deliveries.
+	// id is chosen by the caller and unique among connected clients.
+	Join(id uint64, name string, maxInFlight int, sink ClientSink)
+	// Ack marks deliveries as processed. Unknown ids, and ids that belong to
+	// another client, are ignored and counted.
+	Ack(id uint64, deliveryIDs []uint64)
+	// Nack gives deliveries back for another client at once.
+	Nack(id uint64, deliveryIDs []uint64)
+	// Touch restarts the ack timeout of deliveries.
+	Touch(id uint64, deliveryIDs []uint64)
+	// Leave removes a client; its unacked deliveries go to other clients.
+	Leave(id uint64, reason LeaveReason)
+}
+
+// LeaveReason says why a client left, for redelivery accounting and logs.
+type LeaveReason int
+
+// Reasons a client leaves.
+const (
+	LeaveGoodbye    LeaveReason = iota // the client said goodbye
+	LeaveDisconnect                    // the connection closed or failed
+	LeaveDead                          // no sign of life within the liveness window
+	LeaveSlow                          // the client did not read in time
+	LeaveProtocol                      // the client broke the protocol
+	LeaveShutdown                      // the daemon closed the connection at shutdown
+)
+
+var leaveReasonNames = [...]string{"goodbye", "disconnect", "dead", "slow", "protocol error", "shutdown"}
+
+// String returns the reason as a word for logs and metrics.
+func (r LeaveReason) String() string {
+	if int(r) < len(leaveReasonNames) {
+		return leaveReasonNames[r]
+	}
+	return "unknown"
+}
