@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -30,13 +31,29 @@ type FrameTooLargeError struct {
 	Max  int    // the limit in force
 }
 
+// Error describes the sizes.
 func (e *FrameTooLargeError) Error() string {
 	return fmt.Sprintf("frame of %d bytes exceeds the maximum of %d", e.Size, e.Max)
 }
 
+// limit returns the frame size limit in force for a configured maximum: the
+// default for a non-positive one, and never more than a 4-byte length prefix
+// can express.
+func limit(maxFrameSize int) int {
+	if maxFrameSize <= 0 {
+		return DefaultMaxFrameSize
+	}
+	return int(min(uint64(maxFrameSize), math.MaxUint32))
+}
+
+// growStep is how much a Reader's buffer may grow ahead of the bytes that
+// have actually arrived.
+const growStep = 64 << 10
+
 // Reader reads length-prefixed frames. It reuses one buffer for the frame
 // bytes; decoded messages never alias it. A Reader is not safe for
-// concurrent use.
+// concurrent use. After any error other than one wrapping ErrBadFrame the
+// stream is out of step and the Reader must not be used again.
 type Reader struct {
 	r   *bufio.Reader
 	max int
@@ -47,10 +64,7 @@ type Reader struct {
 // NewReader returns a Reader that refuses frames larger than maxFrameSize
 // bytes (DefaultMaxFrameSize when maxFrameSize <= 0). It buffers r.
 func NewReader(r io.Reader, maxFrameSize int) *Reader {
-	if maxFrameSize <= 0 {
-		maxFrameSize = DefaultMaxFrameSize
-	}
-	return &Reader{r: bufio.NewReaderSize(r, 32<<10), max: maxFrameSize}
+	return &Reader{r: bufio.NewReaderSize(r, 32<<10), max: limit(maxFrameSize)}
 }
 
 // ReadFrame reads the next frame into f, replacing its contents. It returns
@@ -66,11 +80,8 @@ func (r *Reader) ReadFrame(f *Frame) error {
 	if uint64(size) > uint64(r.max) {
 		return &FrameTooLargeError{Size: uint64(size), Max: r.max}
 	}
-	if cap(r.buf) < int(size) {
-		r.buf = make([]byte, size)
-	}
-	body := r.buf[:size]
-	if _, err := io.ReadFull(r.r, body); err != nil {
+	body, err := r.readBody(int(size))
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return io.ErrUnexpectedEOF
 		}
@@ -83,6 +94,33 @@ func (r *Reader) ReadFrame(f *Frame) error {
 		return fmt.Errorf("%w: frame has no body", ErrBadFrame)
 	}
 	return nil
+}
+
+// readBody reads the next n bytes into the reused buffer. A body larger than
+// the buffer grows it at most growStep (or doubling) ahead of the bytes
+// actually received, so a peer that declares a large frame and then sends
+// little cannot make the Reader allocate the whole declared size.
+func (r *Reader) readBody(n int) ([]byte, error) {
+	if n <= cap(r.buf) {
+		_, err := io.ReadFull(r.r, r.buf[:n])
+		return r.buf[:n], err
+	}
+	b := r.buf[:0]
+	for len(b) < n {
+		want := min(n, len(b)+max(growStep, len(b)))
+		if cap(b) < want {
+			nb := make([]byte, len(b), want)
+			copy(nb, b)
+			b = nb
+			r.buf = nb
+		}
+		m, err := io.ReadFull(r.r, b[len(b):want])
+		b = b[:len(b)+m]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // Buffered reports how many bytes are read from the connection but not yet
@@ -102,23 +140,30 @@ type Writer struct {
 // NewWriter returns a Writer that refuses to encode frames larger than
 // maxFrameSize bytes (DefaultMaxFrameSize when maxFrameSize <= 0).
 func NewWriter(w io.Writer, maxFrameSize int) *Writer {
-	if maxFrameSize <= 0 {
-		maxFrameSize = DefaultMaxFrameSize
+	return &Writer{
+		w:   bufio.NewWriterSize(w, 64<<10),
+		max: limit(maxFrameSize),
+		buf: make([]byte, 0, 512),
+		// Size has just been computed by WriteFrame; do not compute it twice.
+		opt: proto.MarshalOptions{UseCachedSize: true},
 	}
-	return &Writer{w: bufio.NewWriterSize(w, 64<<10), max: maxFrameSize, buf: make([]byte, 0, 512)}
 }
 
 // WriteFrame encodes f into the buffer. It returns a *FrameTooLargeError,
-// without writing anything, when the encoded frame exceeds the maximum.
+// without encoding or writing anything, when the encoded frame would exceed
+// the maximum. f must not be modified while WriteFrame runs.
 func (w *Writer) WriteFrame(f *Frame) error {
+	size := w.opt.Size(f)
+	if size > w.max {
+		return &FrameTooLargeError{Size: uint64(size), Max: w.max}
+	}
 	buf, err := w.opt.MarshalAppend(w.buf[:HeaderSize], f)
 	if err != nil {
 		return fmt.Errorf("encode frame: %w", err)
 	}
 	w.buf = buf
-	size := len(buf) - HeaderSize
-	if size > w.max {
-		return &FrameTooLargeError{Size: uint64(size), Max: w.max}
+	if len(buf)-HeaderSize != size {
+		return fmt.Errorf("encode frame: %d bytes encoded, %d sized: frame modified during WriteFrame", len(buf)-HeaderSize, size)
 	}
 	binary.BigEndian.PutUint32(buf, uint32(size))
 	if _, err := w.w.Write(buf); err != nil {
