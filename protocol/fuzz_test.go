@@ -1,0 +1,264 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// fuzzMax is the frame size limit in the fuzz targets, small enough that
+// declared lengths above it are easy to reach.
+const fuzzMax = 1 << 16
+
+// readFrameSeeds returns streams for FuzzReadFrame: valid frames of every
+// type, several in a row, truncated frames, huge, zero and odd lengths.
+func readFrameSeeds(tb testing.TB) [][]byte {
+	var all []*Frame
+	var seeds [][]byte
+	for _, tc := range sampleFrames() {
+		one := encodeFrames(tb, tc.frame)
+		seeds = append(seeds, one, one[:len(one)-1], one[:HeaderSize+1])
+		all = append(all, tc.frame)
+	}
+	seeds = append(seeds,
+		encodeFrames(tb, all...),
+		nil,
+		[]byte{0, 0},
+		rawFrame(0, nil),
+		rawFrame(1<<32-1, []byte{0x42, 0x00}),
+		rawFrame(fuzzMax+1, nil),
+		rawFrame(fuzzMax, nil),
+		rawFrame(2, []byte{0x60, 0x01}),             // unknown field only
+		rawFrame(4, []byte{0x42, 0x02, 0x08, 0x01}), // ping with nonce 1
+		rawFrame(6, []byte{0x2a, 0x04, 0x08, 0x01, 0x08, 0x02}), // ack ids unpacked
+		rawFrame(5, []byte{0x5a, 0x03, 0x0a, 0x01, 0xff}),       // goodbye, invalid UTF-8
+		[]byte("\x00\x00\x00\x10GET / HTTP/1.1\r\n"),
+	)
+	return seeds
+}
+
+func FuzzReadFrame(f *testing.F) {
+	for _, seed := range readFrameSeeds(f) {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := NewReader(bytes.NewReader(data), fuzzMax)
+		rest := data // what a reference parser has not consumed yet
+		for {
+			var got Frame
+			err := r.ReadFrame(&got)
+			// A reference parse of the same frame.
+			want, size, wantErr := referenceFrame(rest)
+			if wantErr != nil {
+				if !sameError(err, wantErr) {
+					t.Fatalf("ReadFrame error %v, reference says %v", err, wantErr)
+				}
+				if errors.Is(err, ErrBadFrame) {
+					rest = rest[HeaderSize+size:]
+					continue // the stream is still in step
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ReadFrame: %v, reference decoded %v", err, want)
+			}
+			rest = rest[HeaderSize+size:]
+			if !proto.Equal(&got, want) {
+				t.Fatalf("ReadFrame = %v, reference decoded %v", &got, want)
+			}
+			checkReencode(t, &got)
+		}
+	})
+}
+
+// referenceFrame parses the first frame of data independently of Reader,
+// returning the frame, its declared size and the error ReadFrame must give.
+func referenceFrame(data []byte) (*Frame, int, error) {
+	switch {
+	case len(data) == 0:
+		return nil, 0, io.EOF
+	case len(data) < HeaderSize:
+		return nil, 0, io.ErrUnexpectedEOF
+	}
+	size := binary.BigEndian.Uint32(data)
+	switch {
+	case size > fuzzMax:
+		return nil, 0, &FrameTooLargeError{Size: uint64(size), Max: fuzzMax}
+	case uint64(len(data)-HeaderSize) < uint64(size):
+		return nil, 0, io.ErrUnexpectedEOF
+	}
+	var f Frame
+	if err := proto.Unmarshal(data[HeaderSize:HeaderSize+int(size)], &f); err != nil {
+		return nil, int(size), ErrBadFrame
+	}
+	if f.Body == nil {
+		return nil, int(size), ErrBadFrame
+	}
+	return &f, int(size), nil
+}
+
+func sameError(got, want error) bool {
+	var g, w *FrameTooLargeError
+	switch {
+	case errors.As(want, &w):
+		return errors.As(got, &g) && *g == *w
+	case want == io.EOF:
+		return got == io.EOF
+	}
+	return errors.Is(got, want)
+}
+
+// checkReencode encodes f, which was decoded, and decodes it again: it must
+// encode and come back equal.
+func checkReencode(t *testing.T, f *Frame) {
+	t.Helper()
+	var buf bytes.Buffer
+	w := NewWriter(&buf, fuzzMax)
+	if err := w.WriteFrame(f); err != nil {
+		t.Fatalf("re-encoding decoded frame %v: %v", f, err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReader(&buf, fuzzMax)
+	var again Frame
+	if err := r.ReadFrame(&again); err != nil {
+		t.Fatalf("decoding re-encoded frame %v: %v", f, err)
+	}
+	if !proto.Equal(f, &again) {
+		t.Fatalf("re-encoded frame decodes to %v, want %v", &again, f)
+	}
+	if err := r.ReadFrame(&again); err != io.EOF {
+		t.Fatalf("after the re-encoded frame: %v, want io.EOF", err)
+	}
+}
+
+// framesFrom builds a sequence of valid frames of every type from fuzz input:
+// each byte of kinds picks a frame type, and fields are cut from payload.
+func framesFrom(kinds, payload []byte, n uint64) []*Frame {
+	cut := func(i int) []byte {
+		if len(payload) == 0 {
+			return nil
+		}
+		a := i % len(payload)
+		b := a + int(n%uint64(len(payload)-a+1))
+		return payload[a:b]
+	}
+	text := func(i int) string { return strings.ToValidUTF8(string(cut(i)), "?") }
+	ids := func(i int) []uint64 {
+		var out []uint64
+		for j, c := range cut(i) {
+			out = append(out, n*uint64(j+1)+uint64(c))
+		}
+		return out
+	}
+	var frames []*Frame
+	for i, k := range kinds {
+		v := n + uint64(i)
+		var f *Frame
+		switch k % 11 {
+		case 0:
+			f = HelloFrame(&Hello{ClientId: text(i), ProtocolVersion: uint32(v), MaxInFlight: uint32(k), AuthToken: text(i + 1)})
+		case 1:
+			f = WelcomeFrame(&Welcome{NodeId: text(i), SessionId: v, ProtocolVersion: Version, MaxInFlight: uint32(k),
+				AckTimeoutMs: uint32(v), HeartbeatMs: uint32(v >> 3), LivenessIntervals: 3, MaxFrameSize: fuzzMax, Topic: text(i + 2)})
+		case 2:
+			f = RedirectFrame(text(i), text(i+1), v)
+		case 3:
+			f = DeliverFrame(&Deliver{DeliveryId: v, Partition: int32(v), Offset: int64(v), Key: cut(i), Value: cut(i + 1),
+				Headers: []*Header{{Key: text(i + 2), Value: cut(i + 3)}}, TimestampMs: -int64(v), Attempt: uint32(k)})
+		case 4:
+			f = AckFrame(ids(i))
+		case 5:
+			f = NackFrame(ids(i))
+		case 6:
+			f = TouchFrame(ids(i))
+		case 7:
+			f = PingFrame(v)
+		case 8:
+			f = PongFrame(v)
+		case 9:
+			f = ErrorFrame(ErrorCode(k%10), k%2 == 0, "%s", cut(i))
+		case 10:
+			f = GoodbyeFrame(string(cut(i)))
+		}
+		frames = append(frames, f)
+	}
+	return frames
+}
+
+// splitReader returns its data in chunks of at most size bytes.
+type splitReader struct {
+	data []byte
+	size int
+}
+
+func (r *splitReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.size)], r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func FuzzSplitFrames(f *testing.F) {
+	every := make([]byte, 11)
+	for i := range every {
+		every[i] = byte(i)
+	}
+	f.Add(every, []byte("payload \xff with bytes"), uint64(3), uint32(1))
+	f.Add(every, []byte{}, uint64(0), uint32(4))
+	f.Add([]byte{3, 3, 4}, bytes.Repeat([]byte{0x80}, 300), uint64(1<<62), uint32(5))
+	f.Add([]byte{7}, []byte("x"), uint64(0), uint32(3))
+	f.Fuzz(func(t *testing.T, kinds, payload []byte, n uint64, split uint32) {
+		frames := framesFrom(kinds, payload, n)
+		var buf bytes.Buffer
+		w := NewWriter(&buf, fuzzMax)
+		var sent []*Frame
+		for _, fr := range frames {
+			err := w.WriteFrame(fr)
+			var tooLarge *FrameTooLargeError
+			if errors.As(err, &tooLarge) {
+				continue // refused without writing; the stream stays in step
+			}
+			if err != nil {
+				t.Fatalf("WriteFrame(%v): %v", fr, err)
+			}
+			sent = append(sent, fr)
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		stream := buf.Bytes()
+		chunk := 1 + int(split%uint32(len(stream)+1))
+		for _, src := range []struct {
+			name string
+			r    io.Reader
+		}{
+			{"one byte", iotest.OneByteReader(bytes.NewReader(stream))},
+			{fmt.Sprintf("chunks of %d", chunk), &splitReader{data: stream, size: chunk}},
+		} {
+			r := NewReader(src.r, fuzzMax)
+			for i, want := range sent {
+				var got Frame
+				if err := r.ReadFrame(&got); err != nil {
+					t.Fatalf("%s: frame %d: %v", src.name, i, err)
+				}
+				if !proto.Equal(&got, want) {
+					t.Fatalf("%s: frame %d = %v, want %v", src.name, i, &got, want)
+				}
+			}
+			if err := r.ReadFrame(new(Frame)); err != io.EOF {
+				t.Fatalf("%s: after %d frames: %v, want io.EOF", src.name, len(sent), err)
+			}
+		}
+	})
+}
