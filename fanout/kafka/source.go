@@ -1,0 +1,510 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+)
+
+// ErrTopicNotFound is returned (wrapped, with the topic name) by Source.Run
+// when the topic does not exist. It is retryable: the topic may be created
+// later.
+var ErrTopicNotFound = errors.New("kafka topic not found")
+
+// Defaults of SourceConfig.
+const (
+	DefaultBatchSize       = 256
+	DefaultRefreshInterval = 10 * time.Second
+)
+
+const (
+	// retryMin and retryMax bound the backoff between attempts to open a
+	// partition consumer.
+	retryMin = 250 * time.Millisecond
+	retryMax = 10 * time.Second
+	// errLogEvery is the shortest interval between two logged errors of one
+	// partition consumer; errors in between are counted, not logged.
+	errLogEvery = 10 * time.Second
+)
+
+// SourceConfig configures a Source.
+type SourceConfig struct {
+	// Topic is the Kafka topic to consume, every partition of it.
+	Topic string
+	// Initial is where partitions without a stored offset start, and where a
+	// partition whose offset is out of range restarts: sarama.OffsetNewest or
+	// sarama.OffsetOldest. Partitions discovered while running always use
+	// sarama.OffsetOldest (see Source).
+	Initial int64
+	// Stored holds the next offset to consume per partition, as loaded from
+	// the offset store.
+	Stored map[int32]int64
+	// BatchSize is the most messages one Batch carries (DefaultBatchSize when 0).
+	BatchSize int
+	// RefreshInterval is how often new partitions are looked for
+	// (DefaultRefreshInterval when 0).
+	RefreshInterval time.Duration
+	// Logger receives the source's logs (the standard logger when nil).
+	Logger *logrus.Entry
+}
+
+// ParseInitialOffset turns "newest" or "oldest" into sarama.OffsetNewest or
+// sarama.OffsetOldest.
+func ParseInitialOffset(s string) (int64, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "newest":
+		return sarama.OffsetNewest, nil
+	case "oldest":
+		return sarama.OffsetOldest, nil
+	}
+	return 0, fmt.Errorf("initial offset %q: want \"newest\" or \"oldest\"", s)
+}
+
+// Source consumes every partition of one topic and implements
+// dispatch.Source.
+//
+// Each partition is read by one goroutine that sends a Batch with a Start
+// offset before its first messages, then batches of the messages already
+// fetched (at most BatchSize each, never mixing partitions, in offset order).
+//
+// Partitions added to the topic while running start at their stored offset,
+// or else at the oldest offset whatever SourceConfig.Initial says: their
+// messages produced before we noticed the partition (up to RefreshInterval
+// late) must not be skipped.
+type Source struct {
+	client  sarama.Client
+	cfg     SourceConfig
+	log     *logrus.Entry
+	batches chan dispatch.Batch
+
+	mu       sync.Mutex      // guards the fields below
+	consumer sarama.Consumer // nil outside Run
+	paused   bool
+	running  bool                               // Run has started consuming
+	parts    map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
+}
+
+// NewSource returns a Source for cfg.Topic over client. The caller keeps
+// owning the client: the Source never closes it.
+func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
+	if client == nil {
+		return nil, errors.New("kafka source: nil client")
+	}
+	if cfg.Topic == "" {
+		return nil, errors.New("kafka source: empty topic")
+	}
+	if cfg.Initial != sarama.OffsetNewest && cfg.Initial != sarama.OffsetOldest {
+		return nil, fmt.Errorf("kafka source: initial offset %d is neither newest (%d) nor oldest (%d)",
+			cfg.Initial, sarama.OffsetNewest, sarama.OffsetOldest)
+	}
+	for p, o := range cfg.Stored {
+		if o < 0 {
+			return nil, fmt.Errorf("kafka source: stored offset %d of partition %d is negative", o, p)
+		}
+	}
+	if cfg.BatchSize < 0 || cfg.RefreshInterval < 0 {
+		return nil, fmt.Errorf("kafka source: negative batch size %d or refresh interval %s",
+			cfg.BatchSize, cfg.RefreshInterval)
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.RefreshInterval == 0 {
+		cfg.RefreshInterval = DefaultRefreshInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logrus.NewEntry(logrus.StandardLogger())
+	}
+	return &Source{
+		client:  client,
+		cfg:     cfg,
+		log:     cfg.Logger.WithField("topic", cfg.Topic),
+		batches: make(chan dispatch.Batch),
+		parts:   map[int32]sarama.PartitionConsumer{},
+	}, nil
+}
+
+// Batches implements dispatch.Source. The channel is closed when Run returns
+// after consumption started.
+func (s *Source) Batches() <-chan dispatch.Batch { return s.batches }
+
+// Pause implements dispatch.Source: it stops fetching from every partition,
+// including partitions started later, until Resume. Messages already fetched
+// (at most sarama's ChannelBufferSize per partition, plus one fetch in
+// flight) may still arrive.
+func (s *Source) Pause() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused {
+		return
+	}
+	s.paused = true
+	if s.consumer != nil {
+		s.consumer.PauseAll()
+	}
+}
+
+// Resume implements dispatch.Source: it restarts fetching after Pause.
+func (s *Source) Resume() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.paused {
+		return
+	}
+	s.paused = false
+	if s.consumer != nil {
+		s.consumer.ResumeAll()
+	}
+}
+
+// Partitions returns, sorted, the partitions being consumed.
+func (s *Source) Partitions() []int32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]int32, 0, len(s.parts))
+	for p := range s.parts {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// HighWaterMarks returns, per partition with an open partition consumer, the
+// offset the next produced message will get, as of the last fetch.
+func (s *Source) HighWaterMarks() map[int32]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int32]int64, len(s.parts))
+	for p, pc := range s.parts {
+		if pc != nil {
+			out[p] = pc.HighWaterMarkOffset()
+		}
+	}
+	return out
+}
+
+// Run consumes the topic until ctx ends, then returns nil once every
+// partition goroutine has stopped, the sarama consumer is closed and Batches
+// is closed.
+//
+// It first checks that the topic exists: if it does not, Run returns an error
+// wrapping ErrTopicNotFound; on that or any other error before consumption
+// starts Batches stays open and Run may be called again (the daemon retries
+// with backoff). Once consumption started Run may not be called again.
+func (s *Source) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.running {
+		s.mu.Unlock()
+		return errors.New("kafka source: Run called twice")
+	}
+	s.running = true
+	s.mu.Unlock()
+
+	parts, err := s.partitions()
+	var consumer sarama.Consumer
+	if err == nil {
+		consumer, err = sarama.NewConsumerFromClient(s.client)
+		if err != nil {
+			err = fmt.Errorf("kafka source: new consumer for topic %q: %w", s.cfg.Topic, err)
+		}
+	}
+	s.mu.Lock()
+	if err != nil {
+		s.running = false // Run may be retried
+		s.mu.Unlock()
+		return err
+	}
+	s.consumer = consumer
+	if s.paused {
+		consumer.PauseAll() // no children yet; openPartition pauses each one
+	}
+	s.mu.Unlock()
+
+	var wg sync.WaitGroup
+	started := make(map[int32]bool, len(parts)) // owned by this goroutine
+	start := func(p int32, policy int64) {
+		started[p] = true
+		s.mu.Lock()
+		s.parts[p] = nil
+		s.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.runPartition(ctx, consumer, p, policy)
+		}()
+	}
+	for _, p := range parts {
+		start(p, s.cfg.Initial)
+	}
+	s.log.WithField("partitions", len(parts)).Info("kafka source started")
+
+	ticker := time.NewTicker(s.cfg.RefreshInterval)
+	defer ticker.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-ticker.C:
+			now, err := s.partitions()
+			if err != nil {
+				s.log.WithError(err).Warn("partition discovery failed")
+				continue
+			}
+			for _, p := range now {
+				if !started[p] {
+					s.log.WithField("partition", p).Info("new partition found, consuming it from its stored or oldest offset")
+					start(p, sarama.OffsetOldest)
+				}
+			}
+		}
+	}
+
+	wg.Wait()
+	s.mu.Lock()
+	s.consumer = nil
+	clear(s.parts)
+	s.mu.Unlock()
+	if err := consumer.Close(); err != nil {
+		s.log.WithError(err).Warn("closing the kafka consumer")
+	}
+	close(s.batches)
+	s.log.Info("kafka source stopped")
+	return nil
+}
+
+// partitions refreshes the topic's metadata and returns its partitions.
+func (s *Source) partitions() ([]int32, error) {
+	err := s.client.RefreshMetadata(s.cfg.Topic)
+	var parts []int32
+	if err == nil {
+		parts, err = s.client.Partitions(s.cfg.Topic)
+	}
+	switch {
+	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
+		return nil, fmt.Errorf("%w: %q: %w", ErrTopicNotFound, s.cfg.Topic, err)
+	case err != nil:
+		return nil, fmt.Errorf("kafka source: partitions of topic %q: %w", s.cfg.Topic, err)
+	case len(parts) == 0:
+		return nil, fmt.Errorf("%w: %q has no partitions", ErrTopicNotFound, s.cfg.Topic)
+	}
+	return parts, nil
+}
+
+// runPartition consumes partition p until ctx ends. policy is where the
+// partition starts without a stored offset and restarts when out of range.
+func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, policy int64) {
+	log := s.log.WithField("partition", p)
+	offset, ok := s.cfg.Stored[p]
+	if !ok {
+		offset = policy
+	}
+	announce := true // the first start is always announced
+	for {
+		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, policy)
+		if err != nil {
+			return // ctx ended
+		}
+		if announce || reset {
+			if !s.send(ctx, dispatch.Batch{Partition: p, Start: at}) {
+				closePartition(pc)
+				return
+			}
+		}
+		next, ok := s.consume(ctx, log, pc, p, at)
+		s.mu.Lock()
+		s.parts[p] = nil
+		s.mu.Unlock()
+		if !ok {
+			return // ctx ended
+		}
+		// sarama stops a partition consumer by itself only when the offset
+		// went out of range (or retries ran out): reopen where we were;
+		// openPartition resets by policy if that is out of range.
+		log.WithField("offset", next).Warn("partition consumer stopped, reopening")
+		offset, announce = next, false
+	}
+}
+
+// openPartition opens partition p at offset (a number, or a policy
+// constant resolved to a number here), retrying with backoff until ctx ends.
+// A numeric offset out of range is replaced by policy, and reset is true.
+// It returns the numeric offset consumption starts at.
+func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, log *logrus.Entry,
+	p int32, offset, policy int64) (pc sarama.PartitionConsumer, at int64, reset bool, err error) {
+	backoff := retryMin
+	var outOfRange int64 // the numeric offset found out of range, when reset
+	for {
+		at, err = offset, nil
+		if offset < 0 {
+			at, err = s.client.GetOffset(s.cfg.Topic, p, offset)
+			if err == nil && reset {
+				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": policyName(policy), "reset_to": at}).
+					Warn("offset out of range, resetting by policy")
+			}
+		}
+		if err == nil {
+			pc, err = consumer.ConsumePartition(s.cfg.Topic, p, at)
+		}
+		if err == nil {
+			s.mu.Lock()
+			if s.paused {
+				pc.Pause()
+			}
+			s.parts[p] = pc
+			s.mu.Unlock()
+			return pc, at, reset, nil
+		}
+		if offset >= 0 && errors.Is(err, sarama.ErrOffsetOutOfRange) {
+			outOfRange, offset, reset = offset, policy, true
+			continue // no backoff: the next attempt is a different one
+		}
+		log.WithError(err).WithField("offset", offset).WithField("retry_in", backoff).
+			Warn("cannot consume partition, retrying")
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, 0, false, ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, retryMax)
+	}
+}
+
+// consume sends batches from pc until ctx ends (ok false; pc is closed) or
+// pc stops by itself (ok true). next is the offset after the last message
+// sent, or at when none was.
+func (s *Source) consume(ctx context.Context, log *logrus.Entry, pc sarama.PartitionConsumer,
+	p int32, at int64) (next int64, ok bool) {
+	next = at
+	msgs, errs := pc.Messages(), pc.Errors()
+	var lim errLimiter
+	scratch := make([]*sarama.ConsumerMessage, 0, s.cfg.BatchSize)
+	for {
+		select {
+		case <-ctx.Done():
+			closePartition(pc)
+			return next, false
+		case cerr, open := <-errs:
+			if !open {
+				errs = nil
+				continue
+			}
+			if errors.Is(cerr.Err, sarama.ErrOffsetOutOfRange) {
+				log.WithError(cerr.Err).WithField("offset", next).Warn("partition offset out of range")
+				continue
+			}
+			lim.log(log, cerr.Err)
+		case m, open := <-msgs:
+			if !open {
+				for range errs { // closed right after messages
+				}
+				return next, true
+			}
+			scratch = append(scratch[:0], m)
+		drain:
+			for len(scratch) < s.cfg.BatchSize {
+				select {
+				case m, open := <-msgs:
+					if !open {
+						break drain // seen closed on the next turn
+					}
+					scratch = append(scratch, m)
+				default:
+					break drain
+				}
+			}
+			batch := dispatch.Batch{Partition: p, Start: -1, Messages: convert(scratch)}
+			clear(scratch) // do not pin sarama messages
+			if !s.send(ctx, batch) {
+				closePartition(pc)
+				return next, false
+			}
+			next = batch.Messages[len(batch.Messages)-1].Offset + 1
+		}
+	}
+}
+
+// send delivers b unless ctx ends first.
+func (s *Source) send(ctx context.Context, b dispatch.Batch) bool {
+	select {
+	case s.batches <- b:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// closePartition closes pc and discards what it still holds.
+func closePartition(pc sarama.PartitionConsumer) {
+	pc.AsyncClose()
+	for range pc.Messages() {
+	}
+	for range pc.Errors() {
+	}
+}
+
+// convert turns sarama messages into dispatch messages with three
+// allocations per batch (messages, pointers, headers) rather than per
+// message. Key, Value and header values are shared, not copied.
+func convert(in []*sarama.ConsumerMessage) []*dispatch.Message {
+	vals := make([]dispatch.Message, len(in))
+	ptrs := make([]*dispatch.Message, len(in))
+	nh := 0
+	for _, m := range in {
+		nh += len(m.Headers)
+	}
+	var hdrs []dispatch.Header
+	if nh > 0 {
+		hdrs = make([]dispatch.Header, 0, nh)
+	}
+	for i, m := range in {
+		v := &vals[i]
+		v.Partition, v.Offset, v.Key, v.Value, v.Timestamp = m.Partition, m.Offset, m.Key, m.Value, m.Timestamp
+		if len(m.Headers) > 0 {
+			first := len(hdrs)
+			for _, h := range m.Headers {
+				hdrs = append(hdrs, dispatch.Header{Key: string(h.Key), Value: h.Value})
+			}
+			v.Headers = hdrs[first:len(hdrs):len(hdrs)]
+		}
+		ptrs[i] = v
+	}
+	return ptrs
+}
+
+// policyName names an offset policy for logs.
+func policyName(policy int64) string {
+	switch policy {
+	case sarama.OffsetNewest:
+		return "newest"
+	case sarama.OffsetOldest:
+		return "oldest"
+	}
+	return fmt.Sprint(policy)
+}
+
+// errLimiter logs at most one error per errLogEvery and counts the rest.
+type errLimiter struct {
+	last       time.Time
+	suppressed int
+}
+
+func (l *errLimiter) log(log *logrus.Entry, err error) {
+	now := time.Now()
+	if now.Sub(l.last) < errLogEvery {
+		l.suppressed++
+		return
+	}
+	log.WithError(err).WithField("suppressed", l.suppressed).Warn("partition consumer error")
+	l.last, l.suppressed = now, 0
+}
