@@ -1,0 +1,151 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// committer writes offsets to the store off the dispatcher's goroutine, so a
+// slow store never stalls deliveries. Offers merge: only the newest offset of
+// each partition is written, and one commit runs at a time, so a stored
+// offset never goes backwards.
+type committer struct {
+	store    offsets.Store
+	interval time.Duration // wait before retrying a failed commit
+	log      *logrus.Entry
+
+	mu      sync.Mutex      // guards pending
+	pending map[int32]int64 // offered, not yet stored
+
+	kick   chan struct{} // capacity 1: pending has something new
+	fenced chan error    // capacity 1: the store refused us for good
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newCommitter(store offsets.Store, interval time.Duration, log *logrus.Entry) *committer {
+	return &committer{
+		store:    store,
+		interval: interval,
+		log:      log,
+		pending:  map[int32]int64{},
+		kick:     make(chan struct{}, 1),
+		fenced:   make(chan error, 1),
+	}
+}
+
+// start runs the commit loop in its own goroutine until stop.
+func (c *committer) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel, c.done = cancel, make(chan struct{})
+	go func() {
+		defer close(c.done)
+		c.run(ctx)
+	}()
+}
+
+// stop ends the loop and waits for a commit under way.
+func (c *committer) stop() {
+	if c.cancel != nil {
+		c.cancel()
+		<-c.done
+		c.cancel = nil
+	}
+}
+
+// offer queues offsets for the next commit.
+func (c *committer) offer(m map[int32]int64) {
+	if len(m) == 0 {
+		return
+	}
+	c.mu.Lock()
+	maps.Copy(c.pending, m)
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take removes and returns everything pending.
+func (c *committer) take() map[int32]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 {
+		return nil
+	}
+	m := c.pending
+	c.pending = map[int32]int64{}
+	return m
+}
+
+// putBack returns offsets of a failed commit, unless newer ones arrived.
+func (c *committer) putBack(m map[int32]int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p, o := range m {
+		if _, newer := c.pending[p]; !newer {
+			c.pending[p] = o
+		}
+	}
+}
+
+func (c *committer) run(ctx context.Context) {
+	var retry <-chan time.Time
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.kick:
+		case <-retry:
+			retry = nil
+		}
+		m := c.take()
+		if m == nil {
+			continue
+		}
+		start := time.Now()
+		err := c.store.Commit(ctx, m)
+		switch {
+		case err == nil:
+			if failures > 0 {
+				c.log.WithField("failures", failures).Info("offset commits work again")
+			}
+			failures = 0
+			c.log.WithFields(logrus.Fields{"offsets": m, "took": time.Since(start)}).Debug("offsets committed")
+		case errors.Is(err, offsets.ErrFenced):
+			c.fenced <- err
+			return
+		default:
+			c.putBack(m)
+			if failures == 0 || failures%30 == 0 {
+				c.log.WithError(err).WithField("failures", failures+1).Warn("offset commit failed; retrying")
+			}
+			failures++
+			retry = time.After(c.interval)
+		}
+	}
+}
+
+// flush stops the loop and commits everything pending plus m, synchronously.
+func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
+	c.stop()
+	c.offer(m)
+	all := c.take()
+	if all == nil {
+		return nil
+	}
+	if err := c.store.Commit(ctx, all); err != nil {
+		return fmt.Errorf("commit %v: %w", all, err)
+	}
+	return nil
+}

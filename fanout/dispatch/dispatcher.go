@@ -1,0 +1,271 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// Config holds the dispatcher's settings. Zero values take the defaults.
+type Config struct {
+	AckTimeout       time.Duration // redeliver when no ack came in this long; default 30s
+	MaxBuffered      int           // messages waiting for a client before fetching pauses; default 10000
+	MaxBufferedBytes int           // payload bytes waiting for a client before fetching pauses; default 64 MiB
+	CommitInterval   time.Duration // how often changed offsets are committed; default 1s
+	DrainTimeout     time.Duration // how long shutdown waits for outstanding acks; default 10s
+	Store            offsets.Store // where offsets are committed; required
+	Logger           *logrus.Entry // default: the standard logger
+	Now              func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = 30 * time.Second
+	}
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = 10000
+	}
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = 64 << 20
+	}
+	if c.CommitInterval <= 0 {
+		c.CommitInterval = time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.NewEntry(logrus.StandardLogger())
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+type reqKind uint8
+
+const (
+	reqJoin reqKind = iota
+	reqLeave
+	reqAck
+	reqNack
+	reqTouch
+	reqStats
+)
+
+// request is a call from another goroutine, handled by Run in order.
+type request struct {
+	kind   reqKind
+	id     uint64
+	ids    []uint64
+	name   string
+	max    int
+	sink   ClientSink
+	reason LeaveReason
+	reply  chan Stats
+}
+
+// Dispatcher hands messages from a Source to clients. Create it with New,
+// run it with Run, and connect clients through its Backend methods.
+type Dispatcher struct {
+	cfg  Config
+	src  Source
+	log  *logrus.Entry
+	reqs chan request
+	done chan struct{} // closed when Run returns
+}
+
+// New returns a Dispatcher for src. It does nothing until Run.
+func New(cfg Config, src Source) (*Dispatcher, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("dispatch: Config.Store is required")
+	}
+	cfg.setDefaults()
+	return &Dispatcher{
+		cfg:  cfg,
+		src:  src,
+		log:  cfg.Logger,
+		reqs: make(chan request, 1024),
+		done: make(chan struct{}),
+	}, nil
+}
+
+var _ Backend = (*Dispatcher)(nil)
+
+// Join implements Backend.
+func (d *Dispatcher) Join(id uint64, name string, maxInFlight int, sink ClientSink) {
+	d.send(request{kind: reqJoin, id: id, name: name, max: maxInFlight, sink: sink})
+}
+
+// Leave implements Backend.
+func (d *Dispatcher) Leave(id uint64, reason LeaveReason) {
+	d.send(request{kind: reqLeave, id: id, reason: reason})
+}
+
+// Ack implements Backend.
+func (d *Dispatcher) Ack(id uint64, ids []uint64) { d.send(request{kind: reqAck, id: id, ids: ids}) }
+
+// Nack implements Backend.
+func (d *Dispatcher) Nack(id uint64, ids []uint64) { d.send(request{kind: reqNack, id: id, ids: ids}) }
+
+// Touch implements Backend.
+func (d *Dispatcher) Touch(id uint64, ids []uint64) {
+	d.send(request{kind: reqTouch, id: id, ids: ids})
+}
+
+// Stats returns a snapshot of the counters, or false once Run has returned
+// or ctx ends first.
+func (d *Dispatcher) Stats(ctx context.Context) (Stats, bool) {
+	reply := make(chan Stats, 1)
+	select {
+	case d.reqs <- request{kind: reqStats, reply: reply}:
+	case <-d.done:
+		return Stats{}, false
+	case <-ctx.Done():
+		return Stats{}, false
+	}
+	select {
+	case st := <-reply:
+		return st, true
+	case <-d.done:
+		return Stats{}, false
+	case <-ctx.Done():
+		return Stats{}, false
+	}
+}
+
+// send queues r unless Run has returned: then there is nobody to tell, and
+// nothing to lose, as unacked messages are redelivered after a restart.
+func (d *Dispatcher) send(r request) {
+	select {
+	case d.reqs <- r:
+	case <-d.done:
+	}
+}
+
+// Run dispatches until ctx ends, then drains: it says goodbye to every
+// client, waits up to DrainTimeout for outstanding acks, commits and returns
+// nil. It returns early with an error wrapping offsets.ErrFenced, without a
+// final commit, when the store refuses a commit because another node leads.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	defer close(d.done)
+	s := newState(d.cfg.AckTimeout)
+	now := d.cfg.Now
+
+	cm := newCommitter(d.cfg.Store, d.cfg.CommitInterval, d.log)
+	cm.start()
+	defer cm.stop()
+
+	ackTimer := time.NewTimer(time.Hour)
+	ackTimer.Stop()
+	var armed time.Time // deadline ackTimer is armed for; zero when stopped
+	commitTick := time.NewTicker(d.cfg.CommitInterval)
+	defer commitTick.Stop()
+
+	setPaused := func(p bool) {
+		if p != s.paused {
+			s.paused = p
+			if p {
+				d.src.Pause()
+			} else {
+				d.src.Resume()
+			}
+			d.log.WithField("buffered", s.buffered()).Debugf("fetching paused=%v", p)
+		}
+	}
+
+	var drainTimer <-chan time.Time
+	ctxDone := ctx.Done()
+	batches := d.src.Batches()
+	for {
+		// Backpressure: take no batch while the buffer is full; fetch only
+		// while someone can take messages and the buffer has room.
+		// Once paused for a full buffer, fetch again only below half of
+		// it, so that Pause and Resume do not alternate on every batch.
+		room := s.buffered() < d.cfg.MaxBuffered && s.bytes < d.cfg.MaxBufferedBytes
+		lowWater := s.buffered() <= d.cfg.MaxBuffered/2 && s.bytes <= d.cfg.MaxBufferedBytes/2
+		var batchCh <-chan Batch
+		if room && !s.draining {
+			batchCh = batches
+		}
+		setPaused(s.draining || len(s.clients) == 0 || !room || (s.paused && !lowWater))
+
+		if dl, ok := s.nextDeadline(); !ok {
+			if !armed.IsZero() {
+				ackTimer.Stop()
+				armed = time.Time{}
+			}
+		} else if !dl.Equal(armed) {
+			ackTimer.Reset(dl.Sub(now()))
+			armed = dl
+		}
+
+		if s.draining && len(s.inflight) == 0 {
+			return d.finalCommit(s, cm)
+		}
+
+		select {
+		case b, ok := <-batchCh:
+			if !ok {
+				batches = nil
+				d.log.Debug("source closed")
+				continue
+			}
+			s.addBatch(b)
+		case r := <-d.reqs:
+			d.handle(s, r, now())
+		case <-ackTimer.C:
+			armed = time.Time{}
+			s.expire(now())
+		case <-commitTick.C:
+			cm.offer(s.tracker.Dirty())
+		case err := <-cm.fenced:
+			d.log.WithError(err).Warn("offset commit fenced: stopping without a final commit")
+			s.drain("not the leader")
+			return err
+		case <-ctxDone:
+			ctxDone = nil
+			d.log.WithField("in_flight", len(s.inflight)).Info("draining: waiting for outstanding acks")
+			s.drain("shutting down")
+			drainTimer = time.After(d.cfg.DrainTimeout)
+		case <-drainTimer:
+			d.log.WithField("in_flight", len(s.inflight)).Warn("drain timeout: unacked messages will be redelivered after restart")
+			return d.finalCommit(s, cm)
+		}
+		s.dispatch(now())
+	}
+}
+
+func (d *Dispatcher) handle(s *state, r request, now time.Time) {
+	switch r.kind {
+	case reqJoin:
+		s.join(r.id, r.name, r.max, r.sink)
+	case reqLeave:
+		s.leave(r.id)
+	case reqAck:
+		s.ack(r.id, r.ids)
+	case reqNack:
+		s.nack(r.id, r.ids)
+	case reqTouch:
+		s.touch(r.id, r.ids, now)
+	case reqStats:
+		r.reply <- s.snapshot()
+	}
+}
+
+// finalCommit commits what the committer has not yet stored plus every
+// offset that changed since, synchronously.
+func (d *Dispatcher) finalCommit(s *state, cm *committer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cm.flush(ctx, s.tracker.Dirty()); err != nil {
+		return fmt.Errorf("final offset commit: %w", err)
+	}
+	d.log.Info("offsets committed; dispatcher stopped")
+	return nil
+}

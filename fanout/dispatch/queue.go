@@ -1,0 +1,39 @@
+package dispatch
+
+// ring is a FIFO queue on a growable ring buffer. The zero value is empty.
+type ring[T any] struct {
+	buf  []T
+	head int
+	n    int
+}
+
+func (q *ring[T]) len() int { return q.n }
+
+func (q *ring[T]) push(v T) {
+	if q.n == len(q.buf) {
+		size := 2 * len(q.buf)
+		if size == 0 {
+			size = 16
+		}
+		buf := make([]T, size)
+		for i := 0; i < q.n; i++ {
+			buf[i] = q.buf[(q.head+i)%len(q.buf)]
+		}
+		q.buf, q.head = buf, 0
+	}
+	q.buf[(q.head+q.n)%len(q.buf)] = v
+	q.n++
+}
+
+// front returns the oldest element; the queue must not be empty.
+func (q *ring[T]) front() T { return q.buf[q.head] }
+
+// pop removes and returns the oldest element; the queue must not be empty.
+func (q *ring[T]) pop() T {
+	var zero T
+	v := q.buf[q.head]
+	q.buf[q.head] = zero // let the GC have it
+	q.head = (q.head + 1) % len(q.buf)
+	q.n--
+	return v
+}

@@ -1,0 +1,365 @@
+package dispatch
+
+import (
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// Redelivery reasons, as indexes of Stats.Redelivered.
+const (
+	RedeliverTimeout    = iota // no ack within the ack timeout
+	RedeliverDisconnect        // the client left with the message unacked
+	RedeliverNack              // the client gave the message back
+	numRedeliverReasons
+)
+
+// RedeliverReasons names the redelivery reasons for logs and metrics.
+var RedeliverReasons = [numRedeliverReasons]string{"timeout", "disconnect", "nack"}
+
+// Stats is a snapshot of the dispatcher's counters and gauges.
+type Stats struct {
+	Consumed    uint64                      // messages taken from the source
+	Delivered   uint64                      // deliveries sent, first attempts and redeliveries
+	Acked       uint64                      // deliveries acked
+	Nacked      uint64                      // deliveries nacked
+	Redelivered [numRedeliverReasons]uint64 // messages queued again, by reason
+	UnknownAcks uint64                      // acks, nacks and touches naming no outstanding delivery of the client
+	InFlight    int                         // deliveries waiting for an ack
+	Buffered    int                         // messages waiting for a client
+	BufferBytes int                         // payload bytes of the buffered messages
+	Clients     int                         // clients joined
+	Paused      bool                        // fetching is paused
+}
+
+// client is the dispatcher's view of one connection.
+type client struct {
+	id      uint64
+	name    string
+	sink    ClientSink
+	max     int     // in-flight limit
+	n       int     // deliveries in flight
+	first   *flight // oldest of its flights; a doubly linked list
+	last    *flight
+	inReady bool       // queued in state.ready
+	gone    bool       // left; dropped lazily from state.ready
+	out     []Delivery // deliveries of the current dispatch round
+	touched bool       // in state.touched this round
+}
+
+func (c *client) hasRoom() bool { return !c.gone && c.n < c.max }
+
+// retry is a message waiting to be delivered again.
+type retry struct {
+	msg     *Message
+	attempt uint32 // the attempt number of the next delivery
+	last    uint64 // the client that had it, to prefer another one
+}
+
+// state is the dispatcher's data. It is not safe for concurrent use: only
+// the dispatcher's goroutine touches it, which keeps every step a plain
+// function call that tests drive directly with a fake clock.
+type state struct {
+	ackTimeout time.Duration
+	tracker    *offsets.Tracker
+
+	clients map[uint64]*client
+	ready   ring[*client] // clients with room, in round-robin order
+	retries ring[retry]   // redeliveries; they go before fresh messages
+	fresh   ring[*Message]
+	bytes   int // payload bytes in retries and fresh
+
+	inflight map[uint64]*flight
+	heap     deadlineHeap
+	free     []*flight // recycled flights
+	nextID   uint64
+
+	draining bool      // no more deliveries
+	paused   bool      // the source is paused
+	touched  []*client // clients given deliveries in the current round
+	stats    Stats
+}
+
+func newState(ackTimeout time.Duration) *state {
+	return &state{
+		ackTimeout: ackTimeout,
+		tracker:    offsets.NewTracker(),
+		clients:    map[uint64]*client{},
+		inflight:   map[uint64]*flight{},
+	}
+}
+
+// buffered returns the number of messages waiting for a client.
+func (s *state) buffered() int { return s.retries.len() + s.fresh.len() }
+
+// addBatch takes messages from the source.
+func (s *state) addBatch(b Batch) {
+	if b.Start >= 0 {
+		s.tracker.Start(b.Partition, b.Start)
+	}
+	for _, m := range b.Messages {
+		if !s.tracker.Received(m.Partition, m.Offset) {
+			continue // already tracked: a re-fetch
+		}
+		s.fresh.push(m)
+		s.bytes += m.Size()
+		s.stats.Consumed++
+	}
+}
+
+// join adds a client.
+func (s *state) join(id uint64, name string, max int, sink ClientSink) {
+	if max < 1 {
+		max = 1
+	}
+	if old := s.clients[id]; old != nil {
+		s.leave(id) // a reused id replaces the old client
+	}
+	c := &client{id: id, name: name, sink: sink, max: max}
+	s.clients[id] = c
+	if s.draining {
+		sink.Goodbye("draining")
+		return
+	}
+	s.makeReady(c)
+}
+
+// leave removes a client and queues its flights for other clients.
+func (s *state) leave(id uint64) {
+	c := s.clients[id]
+	if c == nil {
+		return
+	}
+	delete(s.clients, id)
+	c.gone = true
+	for f := c.first; f != nil; {
+		next := f.next
+		s.heap.remove(f)
+		s.requeue(f, RedeliverDisconnect)
+		f = next
+	}
+	c.first, c.last, c.n = nil, nil, 0
+}
+
+// ack completes deliveries of client id.
+func (s *state) ack(id uint64, ids []uint64) {
+	for _, did := range ids {
+		f := s.own(id, did)
+		if f == nil {
+			continue
+		}
+		s.heap.remove(f)
+		c := f.client
+		s.unlink(f)
+		s.tracker.Ack(f.msg.Partition, f.msg.Offset)
+		s.stats.Acked++
+		s.recycle(f)
+		s.makeReady(c)
+	}
+}
+
+// nack gives deliveries of client id back for another client.
+func (s *state) nack(id uint64, ids []uint64) {
+	for _, did := range ids {
+		f := s.own(id, did)
+		if f == nil {
+			continue
+		}
+		s.heap.remove(f)
+		c := f.client
+		s.stats.Nacked++
+		s.requeue(f, RedeliverNack)
+		s.makeReady(c)
+	}
+}
+
+// touch restarts the ack timeout of deliveries of client id.
+func (s *state) touch(id uint64, ids []uint64, now time.Time) {
+	for _, did := range ids {
+		if f := s.own(id, did); f != nil {
+			f.deadline = now.Add(s.ackTimeout)
+			s.heap.fix(f)
+		}
+	}
+}
+
+// expire queues every delivery whose deadline is not after now for another
+// client.
+func (s *state) expire(now time.Time) {
+	for f := s.heap.peek(); f != nil && !f.deadline.After(now); f = s.heap.peek() {
+		s.heap.remove(f)
+		c := f.client
+		s.requeue(f, RedeliverTimeout)
+		s.makeReady(c)
+	}
+}
+
+// nextDeadline returns the earliest ack deadline, if any.
+func (s *state) nextDeadline() (time.Time, bool) {
+	if f := s.heap.peek(); f != nil {
+		return f.deadline, true
+	}
+	return time.Time{}, false
+}
+
+// own returns the outstanding flight did if it belongs to client id.
+func (s *state) own(id, did uint64) *flight {
+	f := s.inflight[did]
+	if f == nil || f.client.id != id {
+		s.stats.UnknownAcks++
+		return nil
+	}
+	return f
+}
+
+// requeue turns a flight (already out of the heap) into a retry.
+func (s *state) requeue(f *flight, reason int) {
+	c := f.client
+	s.unlink(f)
+	s.retries.push(retry{msg: f.msg, attempt: f.attempt + 1, last: c.id})
+	s.bytes += f.msg.Size()
+	s.stats.Redelivered[reason]++
+	s.recycle(f)
+}
+
+// unlink removes f from its client's list and the in-flight map.
+func (s *state) unlink(f *flight) {
+	c := f.client
+	if f.prev != nil {
+		f.prev.next = f.next
+	} else {
+		c.first = f.next
+	}
+	if f.next != nil {
+		f.next.prev = f.prev
+	} else {
+		c.last = f.prev
+	}
+	c.n--
+	delete(s.inflight, f.id)
+}
+
+func (s *state) recycle(f *flight) {
+	*f = flight{index: -1}
+	s.free = append(s.free, f)
+}
+
+// makeReady queues c for deliveries if it has room and is not queued.
+func (s *state) makeReady(c *client) {
+	if !c.inReady && c.hasRoom() && !s.draining {
+		c.inReady = true
+		s.ready.push(c)
+	}
+}
+
+// nextReady returns the client whose turn it is, dropping clients that left
+// or are full; nil when no client has room.
+func (s *state) nextReady() *client {
+	for s.ready.len() > 0 {
+		c := s.ready.front()
+		if c.hasRoom() {
+			return c
+		}
+		s.ready.pop()
+		c.inReady = false
+	}
+	return nil
+}
+
+// dispatch hands buffered messages to clients with room, redeliveries first,
+// round-robin, and sends each client its deliveries in one batch.
+func (s *state) dispatch(now time.Time) {
+	if s.draining {
+		return
+	}
+	deadline := now.Add(s.ackTimeout)
+	for s.buffered() > 0 {
+		c := s.nextReady()
+		if c == nil {
+			break
+		}
+		var msg *Message
+		attempt := uint32(1)
+		if s.retries.len() > 0 {
+			r := s.retries.front()
+			if r.last == c.id && s.ready.len() > 1 {
+				// Prefer another client for a redelivery: c goes to the
+				// back; nextReady returns c again only when every other
+				// client turned out to be full or gone.
+				s.ready.pop()
+				s.ready.push(c)
+				c = s.nextReady()
+			}
+			s.retries.pop()
+			msg, attempt = r.msg, r.attempt
+		} else {
+			msg = s.fresh.pop()
+		}
+		s.bytes -= msg.Size()
+		s.deliver(c, msg, attempt, deadline)
+		// c had its turn: to the back of the queue, or out when full.
+		s.ready.pop()
+		if c.hasRoom() {
+			s.ready.push(c)
+		} else {
+			c.inReady = false
+		}
+	}
+	for _, c := range s.touched {
+		c.touched = false
+		if !c.gone {
+			c.sink.Send(c.out)
+		}
+		c.out = nil
+	}
+	s.touched = s.touched[:0]
+}
+
+// deliver records a flight of msg to c and queues the delivery.
+func (s *state) deliver(c *client, msg *Message, attempt uint32, deadline time.Time) {
+	var f *flight
+	if n := len(s.free); n > 0 {
+		f, s.free = s.free[n-1], s.free[:n-1]
+	} else {
+		f = new(flight)
+	}
+	s.nextID++
+	*f = flight{id: s.nextID, msg: msg, attempt: attempt, client: c, deadline: deadline, prev: c.last}
+	if c.last != nil {
+		c.last.next = f
+	} else {
+		c.first = f
+	}
+	c.last = f
+	c.n++
+	s.inflight[f.id] = f
+	s.heap.push(f)
+	if !c.touched {
+		c.touched = true
+		s.touched = append(s.touched, c)
+	}
+	c.out = append(c.out, Delivery{ID: f.id, Attempt: attempt, Msg: msg})
+	s.stats.Delivered++
+}
+
+// drain stops deliveries and says goodbye to every client.
+func (s *state) drain(reason string) {
+	if s.draining {
+		return
+	}
+	s.draining = true
+	for _, c := range s.clients {
+		c.sink.Goodbye(reason)
+	}
+}
+
+// snapshot returns the current Stats.
+func (s *state) snapshot() Stats {
+	st := s.stats
+	st.InFlight = len(s.inflight)
+	st.Buffered = s.buffered()
+	st.BufferBytes = s.bytes
+	st.Clients = len(s.clients)
+	st.Paused = s.paused
+	return st
+}

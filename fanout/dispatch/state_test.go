@@ -1,0 +1,351 @@
+package dispatch
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// recSink records what the dispatcher sends to one client.
+type recSink struct {
+	got     []Delivery
+	goodbye string
+}
+
+func (r *recSink) Send(ds []Delivery)    { r.got = append(r.got, ds...) }
+func (r *recSink) Goodbye(reason string) { r.goodbye = reason }
+
+// offsetsOf lists the offsets of deliveries, in order.
+func offsetsOf(ds []Delivery) []int64 {
+	out := make([]int64, len(ds))
+	for i, d := range ds {
+		out[i] = d.Msg.Offset
+	}
+	return out
+}
+
+func ids(ds []Delivery) []uint64 {
+	out := make([]uint64, len(ds))
+	for i, d := range ds {
+		out[i] = d.ID
+	}
+	return out
+}
+
+func batch(p int32, from, to int64) Batch {
+	b := Batch{Partition: p, Start: -1}
+	for o := from; o < to; o++ {
+		b.Messages = append(b.Messages, &Message{Partition: p, Offset: o, Value: []byte(fmt.Sprint(o))})
+	}
+	return b
+}
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+const timeout = 30 * time.Second
+
+func setup(maxes ...int) (*state, []*recSink) {
+	s := newState(timeout)
+	sinks := make([]*recSink, len(maxes))
+	for i, m := range maxes {
+		sinks[i] = &recSink{}
+		s.join(uint64(i+1), fmt.Sprint("c", i+1), m, sinks[i])
+	}
+	return s, sinks
+}
+
+func TestRoundRobin(t *testing.T) {
+	s, sinks := setup(10, 10, 10)
+	s.addBatch(batch(0, 0, 9))
+	s.dispatch(t0)
+	want := [][]int64{{0, 3, 6}, {1, 4, 7}, {2, 5, 8}}
+	for i, k := range sinks {
+		if got := offsetsOf(k.got); !slices.Equal(got, want[i]) {
+			t.Errorf("client %d got %v, want %v", i+1, got, want[i])
+		}
+		for _, d := range k.got {
+			if d.Attempt != 1 {
+				t.Errorf("first delivery has attempt %d", d.Attempt)
+			}
+		}
+	}
+}
+
+func TestFullClientSkipped(t *testing.T) {
+	s, sinks := setup(1, 10)
+	s.addBatch(batch(0, 0, 5))
+	s.dispatch(t0)
+	if got := offsetsOf(sinks[0].got); !slices.Equal(got, []int64{0}) {
+		t.Fatalf("full client got %v", got)
+	}
+	if got := offsetsOf(sinks[1].got); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+		t.Fatalf("other client got %v", got)
+	}
+	// An ack gives the full client room again: it rejoins the rotation
+	// behind the client that kept it.
+	s.addBatch(batch(0, 5, 7))
+	s.ack(1, ids(sinks[0].got))
+	s.dispatch(t0)
+	if got := offsetsOf(sinks[0].got); !slices.Equal(got, []int64{0, 6}) {
+		t.Fatalf("after ack the client got %v", got)
+	}
+}
+
+func TestNothingWithoutRoom(t *testing.T) {
+	s, sinks := setup(2)
+	s.addBatch(batch(0, 0, 5))
+	s.dispatch(t0)
+	if len(sinks[0].got) != 2 || s.buffered() != 3 {
+		t.Fatalf("delivered %d, buffered %d; want 2 and 3", len(sinks[0].got), s.buffered())
+	}
+}
+
+func TestAckTimeoutRedeliversToAnotherClient(t *testing.T) {
+	s, sinks := setup(1, 1)
+	s.addBatch(batch(0, 0, 1))
+	s.dispatch(t0)
+	first := sinks[0].got
+	if len(first) != 1 {
+		t.Fatalf("client 1 got %d deliveries", len(first))
+	}
+	s.expire(t0.Add(timeout - time.Millisecond))
+	s.dispatch(t0)
+	if len(sinks[1].got) != 0 {
+		t.Fatal("redelivered before the deadline")
+	}
+	s.expire(t0.Add(timeout))
+	s.dispatch(t0.Add(timeout))
+	if len(sinks[1].got) != 1 {
+		t.Fatalf("client 2 got %d deliveries, want the redelivery", len(sinks[1].got))
+	}
+	re := sinks[1].got[0]
+	if re.Msg.Offset != 0 || re.Attempt != 2 || re.ID == first[0].ID {
+		t.Fatalf("redelivery = %+v", re)
+	}
+	if len(sinks[0].got) != 1 {
+		t.Fatal("client 1 got the redelivery although client 2 had room")
+	}
+	// The late ack of the first attempt names an unknown delivery.
+	s.ack(1, ids(first))
+	if st := s.snapshot(); st.UnknownAcks != 1 || st.Acked != 0 || st.Redelivered[RedeliverTimeout] != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+	if c, _ := s.tracker.Committable(0); c != 0 {
+		t.Fatalf("committable = %d after a stale ack", c)
+	}
+	s.ack(2, ids(sinks[1].got))
+	if c, _ := s.tracker.Committable(0); c != 1 {
+		t.Fatalf("committable = %d after the ack", c)
+	}
+}
+
+func TestRedeliveryToTheSameClientWhenAlone(t *testing.T) {
+	s, sinks := setup(5)
+	s.addBatch(batch(0, 0, 1))
+	s.dispatch(t0)
+	s.expire(t0.Add(timeout))
+	s.dispatch(t0.Add(timeout))
+	if len(sinks[0].got) != 2 || sinks[0].got[1].Attempt != 2 {
+		t.Fatalf("deliveries = %+v", sinks[0].got)
+	}
+}
+
+func TestRedeliveriesGoFirst(t *testing.T) {
+	s, sinks := setup(1, 1)
+	s.addBatch(batch(0, 0, 2))
+	s.dispatch(t0)
+	s.addBatch(batch(0, 2, 4))
+	s.nack(1, ids(sinks[0].got)) // offset 0 back; client 1 has room again
+	s.dispatch(t0)
+	// Client 1 is skipped for its own redelivery while client 2 is full,
+	// so it gets it back: there is no one else.
+	if got := offsetsOf(sinks[0].got); !slices.Equal(got, []int64{0, 0}) {
+		t.Fatalf("client 1 got %v", got)
+	}
+	s.ack(2, ids(sinks[1].got))
+	s.dispatch(t0)
+	if got := offsetsOf(sinks[1].got); !slices.Equal(got, []int64{1, 2}) {
+		t.Fatalf("client 2 got %v", got)
+	}
+}
+
+func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
+	s, sinks := setup(1, 1)
+	s.addBatch(batch(0, 0, 1))
+	s.dispatch(t0)
+	s.nack(1, ids(sinks[0].got))
+	s.dispatch(t0)
+	if len(sinks[1].got) != 1 || sinks[1].got[0].Attempt != 2 {
+		t.Fatalf("client 2 got %+v", sinks[1].got)
+	}
+	if st := s.snapshot(); st.Nacked != 1 || st.Redelivered[RedeliverNack] != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
+	s, sinks := setup(3, 3)
+	s.addBatch(batch(0, 0, 6))
+	s.dispatch(t0)
+	s.leave(1)
+	s.ack(2, ids(sinks[1].got))
+	s.dispatch(t0)
+	got := offsetsOf(sinks[1].got)
+	if !slices.Equal(got, []int64{1, 3, 5, 0, 2, 4}) {
+		t.Fatalf("client 2 got %v", got)
+	}
+	for _, d := range sinks[1].got[3:] {
+		if d.Attempt != 2 {
+			t.Fatalf("redelivery attempt %d", d.Attempt)
+		}
+	}
+	st := s.snapshot()
+	if st.Redelivered[RedeliverDisconnect] != 3 || st.Clients != 1 || st.InFlight != 3 {
+		t.Fatalf("stats = %+v", st)
+	}
+	// Nothing is sent to the client that left.
+	if len(sinks[0].got) != 3 {
+		t.Fatalf("departed client got %d", len(sinks[0].got))
+	}
+}
+
+func TestAckFromAnotherClientIgnored(t *testing.T) {
+	s, sinks := setup(1, 1)
+	s.addBatch(batch(0, 0, 1))
+	s.dispatch(t0)
+	s.ack(2, ids(sinks[0].got))
+	s.ack(1, []uint64{999})
+	if st := s.snapshot(); st.UnknownAcks != 2 || st.InFlight != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestTouchRestartsTheTimeout(t *testing.T) {
+	s, sinks := setup(1, 1)
+	s.addBatch(batch(0, 0, 1))
+	s.dispatch(t0)
+	s.touch(1, ids(sinks[0].got), t0.Add(20*time.Second))
+	s.expire(t0.Add(timeout))
+	if st := s.snapshot(); st.InFlight != 1 {
+		t.Fatal("touched delivery expired at the old deadline")
+	}
+	if dl, _ := s.nextDeadline(); !dl.Equal(t0.Add(20*time.Second + timeout)) {
+		t.Fatalf("deadline = %v", dl)
+	}
+	s.expire(t0.Add(20*time.Second + timeout))
+	if st := s.snapshot(); st.InFlight != 0 {
+		t.Fatal("touched delivery did not expire at its new deadline")
+	}
+}
+
+func TestBufferedUntilAClientJoins(t *testing.T) {
+	s := newState(timeout)
+	s.addBatch(batch(0, 0, 3))
+	s.dispatch(t0)
+	if s.buffered() != 3 || s.bytes != 3 {
+		t.Fatalf("buffered %d (%d bytes)", s.buffered(), s.bytes)
+	}
+	k := &recSink{}
+	s.join(7, "late", 10, k)
+	s.dispatch(t0)
+	if got := offsetsOf(k.got); !slices.Equal(got, []int64{0, 1, 2}) || s.buffered() != 0 || s.bytes != 0 {
+		t.Fatalf("got %v, buffered %d (%d bytes)", got, s.buffered(), s.bytes)
+	}
+}
+
+func TestCommittableFollowsAckedPrefixAcrossPartitions(t *testing.T) {
+	s, sinks := setup(100)
+	s.addBatch(Batch{Partition: 0, Start: 100})
+	b := batch(0, 100, 106)
+	s.addBatch(b)
+	s.addBatch(Batch{Partition: 1, Start: 7})
+	s.dispatch(t0)
+	byOffset := map[int64]uint64{}
+	for _, d := range sinks[0].got {
+		byOffset[d.Msg.Offset] = d.ID
+	}
+	// Ack everything but 104.
+	for _, o := range []int64{100, 101, 102, 103, 105} {
+		s.ack(1, []uint64{byOffset[o]})
+	}
+	d := s.tracker.Dirty()
+	if d[0] != 104 || d[1] != 7 {
+		t.Fatalf("dirty = %v, want partition 0 at 104 and partition 1 at 7", d)
+	}
+	s.ack(1, []uint64{byOffset[104]})
+	if d := s.tracker.Dirty(); d[0] != 106 || len(d) != 1 {
+		t.Fatalf("dirty = %v, want partition 0 at 106", d)
+	}
+}
+
+func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
+	s, sinks := setup(10)
+	s.addBatch(batch(0, 0, 2))
+	s.dispatch(t0)
+	s.drain("shutting down")
+	s.addBatch(batch(0, 2, 4))
+	s.dispatch(t0)
+	if sinks[0].goodbye != "shutting down" || len(sinks[0].got) != 2 {
+		t.Fatalf("goodbye %q, deliveries %d", sinks[0].goodbye, len(sinks[0].got))
+	}
+	late := &recSink{}
+	s.join(9, "late", 10, late)
+	if late.goodbye == "" {
+		t.Fatal("a client joining while draining was not told goodbye")
+	}
+	s.ack(1, ids(sinks[0].got))
+	if st := s.snapshot(); st.InFlight != 0 {
+		t.Fatalf("acks not taken while draining: %+v", st)
+	}
+}
+
+func TestLeaveTakesClientOutOfRotation(t *testing.T) {
+	s, sinks := setup(10, 10)
+	s.leave(1)
+	s.addBatch(batch(0, 0, 4))
+	s.dispatch(t0)
+	if len(sinks[0].got) != 0 || len(sinks[1].got) != 4 {
+		t.Fatalf("deliveries: %d and %d", len(sinks[0].got), len(sinks[1].got))
+	}
+}
+
+// BenchmarkDispatchAck measures one message through the dispatcher's state:
+// received, delivered round-robin to 4 clients, acked.
+func BenchmarkDispatchAck(b *testing.B) {
+	const clients, batchSize = 4, 64
+	s := newState(timeout)
+	sinks := make([]*discardSink, clients)
+	for i := range sinks {
+		sinks[i] = &discardSink{}
+		s.join(uint64(i+1), "c", 1000, sinks[i])
+	}
+	msgs := make([]*Message, batchSize)
+	for i := range msgs {
+		msgs[i] = &Message{Value: make([]byte, 100)}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	off := int64(0)
+	for i := 0; i < b.N; i += batchSize {
+		for _, m := range msgs {
+			m.Offset = off
+			off++
+		}
+		s.addBatch(Batch{Start: -1, Messages: msgs})
+		s.dispatch(t0)
+		for j, k := range sinks {
+			s.ack(uint64(j+1), k.ids)
+			k.ids = k.ids[:0]
+		}
+	}
+}
+
+type discardSink struct{ ids []uint64 }
+
+func (d *discardSink) Send(ds []Delivery) {
+	for _, x := range ds {
+		d.ids = append(d.ids, x.ID)
+	}
+}
+func (d *discardSink) Goodbye(string) {}
