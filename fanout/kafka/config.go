@@ -1,0 +1,50 @@
+package kafka
+
+import (
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// KafkaVersion is the protocol version ceiling every sarama client of fanout
+// uses. sarama (>= 1.46) negotiates API versions with the broker, so this is
+// an upper bound, not a pin: Kafka 4.x removed protocol versions older than
+// 2.1, and 4.0 is the oldest broker fanout supports. Checked against Apache
+// Kafka 4.4.0 by the integration harness (bin/integration).
+var KafkaVersion = sarama.V4_0_0_0
+
+// NewConfig returns the sarama configuration that every fanout Kafka client
+// (producer, consumer, cluster admin) starts from, identified to the brokers
+// by clientID. Callers may adjust it further (for example consumer offsets or
+// channel buffer sizes) before use. It is the one place that builds a
+// sarama.Config: do not call sarama.NewConfig elsewhere.
+func NewConfig(clientID string) *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.ClientID = clientID
+	cfg.Version = KafkaVersion
+
+	// Errors and successes are delivered on channels, so that nothing is
+	// dropped silently (SyncProducer requires both).
+	cfg.Consumer.Return.Errors = true
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.Return.Errors = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+
+	// Metadata: a broker restart or a freshly created topic needs a few
+	// retries before partitions have leaders; back off so that ~10 s are
+	// covered rather than sarama's default 3 × 250 ms.
+	cfg.Metadata.Retry.Max = 10
+	cfg.Metadata.Retry.Backoff = 0
+	cfg.Metadata.Retry.BackoffFunc = metadataBackoff
+
+	return cfg
+}
+
+// metadataBackoff doubles from 100 ms up to 2 s between metadata retries.
+func metadataBackoff(retries, _ int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 0; i < retries && d < 2*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 2*time.Second)
+}
