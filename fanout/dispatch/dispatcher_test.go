@@ -1,0 +1,301 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// fakeSource is a Source fed by the test.
+type fakeSource struct {
+	ch     chan Batch
+	paused atomic.Bool
+	pauses atomic.Int32
+}
+
+func newFakeSource() *fakeSource { return &fakeSource{ch: make(chan Batch)} }
+
+func (f *fakeSource) Batches() <-chan Batch { return f.ch }
+func (f *fakeSource) Pause() {
+	if !f.paused.Swap(true) {
+		f.pauses.Add(1)
+	}
+}
+func (f *fakeSource) Resume() { f.paused.Store(false) }
+
+// chanSink forwards deliveries to a channel.
+type chanSink struct {
+	ch  chan Delivery
+	bye chan string
+}
+
+func newChanSink() *chanSink {
+	return &chanSink{ch: make(chan Delivery, 1000), bye: make(chan string, 1)}
+}
+func (c *chanSink) Send(ds []Delivery) {
+	for _, d := range ds {
+		c.ch <- d
+	}
+}
+func (c *chanSink) Goodbye(r string) { c.bye <- r }
+
+func (c *chanSink) next(t *testing.T) Delivery {
+	t.Helper()
+	select {
+	case d := <-c.ch:
+		return d
+	case <-time.After(5 * time.Second):
+		t.Fatal("no delivery within 5s")
+		return Delivery{}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// recStore is an offsets.Store that records commits.
+type recStore struct {
+	mu      sync.Mutex
+	offsets map[int32]int64
+	commits int
+	err     error
+}
+
+func (r *recStore) Load(context.Context) (map[int32]int64, error) { return nil, nil }
+func (r *recStore) Commit(_ context.Context, m map[int32]int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	if r.offsets == nil {
+		r.offsets = map[int32]int64{}
+	}
+	maps.Copy(r.offsets, m)
+	r.commits++
+	return nil
+}
+func (r *recStore) get() map[int32]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.offsets)
+}
+
+type harness struct {
+	d      *Dispatcher
+	src    *fakeSource
+	store  *recStore
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	h := &harness{src: newFakeSource(), store: &recStore{}, done: make(chan error, 1)}
+	if cfg.Store == nil {
+		cfg.Store = h.store
+	}
+	if cfg.CommitInterval == 0 {
+		cfg.CommitInterval = 10 * time.Millisecond
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 100 * time.Millisecond
+	}
+	d, err := New(cfg, h.src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.d = d
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-d.done
+	})
+	return h
+}
+
+func (h *harness) stats(t *testing.T) Stats {
+	st, ok := h.d.Stats(context.Background())
+	if !ok {
+		t.Fatal("dispatcher stopped")
+	}
+	return st
+}
+
+func TestRunDeliversAcksAndCommits(t *testing.T) {
+	h := start(t, Config{})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 0, Start: 5}
+	h.src.ch <- batch(0, 5, 8)
+	var got []Delivery
+	for range 3 {
+		got = append(got, k.next(t))
+	}
+	h.d.Ack(1, []uint64{got[0].ID, got[2].ID})
+	waitFor(t, "commit of 6", func() bool { return h.store.get()[0] == 6 })
+	h.d.Ack(1, []uint64{got[1].ID})
+	waitFor(t, "commit of 8", func() bool { return h.store.get()[0] == 8 })
+}
+
+func TestRunRedeliversAfterAckTimeout(t *testing.T) {
+	h := start(t, Config{AckTimeout: 50 * time.Millisecond})
+	a, b := newChanSink(), newChanSink()
+	h.d.Join(1, "a", 10, a)
+	h.d.Join(2, "b", 10, b)
+	h.src.ch <- batch(0, 0, 1)
+	var first Delivery
+	var other *chanSink
+	select {
+	case first = <-a.ch:
+		other = b
+	case first = <-b.ch:
+		other = a
+	case <-time.After(5 * time.Second):
+		t.Fatal("no delivery")
+	}
+	re := other.next(t)
+	if re.Msg.Offset != first.Msg.Offset || re.Attempt != 2 {
+		t.Fatalf("redelivery %+v after %+v", re, first)
+	}
+}
+
+func TestRunPausesWithoutClientsAndResumesOnJoin(t *testing.T) {
+	h := start(t, Config{})
+	waitFor(t, "pause with no clients", func() bool { return h.src.paused.Load() })
+	h.src.ch <- batch(0, 0, 3) // already fetched: buffered
+	if st := h.stats(t); st.Buffered != 3 || !st.Paused {
+		t.Fatalf("stats = %+v", st)
+	}
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	for range 3 {
+		k.next(t)
+	}
+	waitFor(t, "resume", func() bool { return !h.src.paused.Load() })
+	h.d.Leave(1, LeaveDisconnect)
+	waitFor(t, "pause after the last client left", func() bool { return h.src.paused.Load() })
+	if st := h.stats(t); st.Buffered != 3 || st.Redelivered[RedeliverDisconnect] != 3 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestRunStopsReadingWhenBufferFull(t *testing.T) {
+	h := start(t, Config{MaxBuffered: 4})
+	k := newChanSink()
+	h.d.Join(1, "a", 1, k) // takes one message, then is full
+	h.src.ch <- batch(0, 0, 5)
+	d := k.next(t)
+	if st := h.stats(t); st.Buffered != 4 || !st.Paused {
+		t.Fatalf("stats = %+v", st)
+	}
+	select {
+	case h.src.ch <- batch(0, 5, 6):
+		t.Fatal("dispatcher took a batch with a full buffer")
+	case <-time.After(50 * time.Millisecond):
+	}
+	// Acks drain the buffer below half; then reading and fetching resume.
+	for range 3 {
+		h.d.Ack(1, []uint64{d.ID})
+		d = k.next(t)
+	}
+	h.src.ch <- batch(0, 5, 6)
+	waitFor(t, "resume", func() bool { return !h.src.paused.Load() })
+}
+
+func TestRunDrainsCommitsAndReturns(t *testing.T) {
+	h := start(t, Config{DrainTimeout: 5 * time.Second, CommitInterval: time.Hour})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 2, Start: 0}
+	h.src.ch <- batch(2, 0, 3)
+	ds := []Delivery{k.next(t), k.next(t), k.next(t)}
+	h.d.Ack(1, []uint64{ds[0].ID})
+	h.cancel()
+	select {
+	case r := <-k.bye:
+		if r == "" {
+			t.Fatal("empty goodbye")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no goodbye")
+	}
+	h.d.Ack(1, []uint64{ds[1].ID}) // acks still count while draining
+	select {
+	case err := <-h.done:
+		t.Fatalf("Run returned %v with a delivery outstanding", err)
+	case <-time.After(30 * time.Millisecond):
+	}
+	h.d.Ack(1, []uint64{ds[2].ID})
+	if err := <-h.done; err != nil {
+		t.Fatal(err)
+	}
+	if got := h.store.get(); got[2] != 3 {
+		t.Fatalf("final commit %v, want partition 2 at 3", got)
+	}
+}
+
+func TestRunDrainTimeoutCommitsAckedPrefix(t *testing.T) {
+	h := start(t, Config{DrainTimeout: 50 * time.Millisecond, CommitInterval: time.Hour})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 0, Start: 0}
+	h.src.ch <- batch(0, 0, 3)
+	ds := []Delivery{k.next(t), k.next(t), k.next(t)}
+	h.d.Ack(1, []uint64{ds[0].ID, ds[2].ID})
+	waitFor(t, "acks", func() bool { return h.stats(t).Acked == 2 })
+	h.cancel()
+	if err := <-h.done; err != nil {
+		t.Fatal(err)
+	}
+	if got := h.store.get(); got[0] != 1 {
+		t.Fatalf("final commit %v, want partition 0 at 1 (offset 1 unacked)", got)
+	}
+}
+
+func TestRunStopsWhenFenced(t *testing.T) {
+	store := &recStore{err: fmt.Errorf("check leader: %w", offsets.ErrFenced)}
+	h := start(t, Config{Store: store})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 0, Start: 0}
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, offsets.ErrFenced) {
+			t.Fatalf("Run = %v, want ErrFenced", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not stop when fenced")
+	}
+	if store.commits != 0 {
+		t.Fatal("a fenced dispatcher committed")
+	}
+}
+
+func TestRunRetriesFailedCommits(t *testing.T) {
+	store := &recStore{err: errors.New("zookeeper down")}
+	h := start(t, Config{Store: store})
+	h.src.ch <- Batch{Partition: 0, Start: 42}
+	time.Sleep(30 * time.Millisecond) // a few failed attempts
+	store.mu.Lock()
+	store.err = nil
+	store.mu.Unlock()
+	waitFor(t, "commit after recovery", func() bool { return store.get()[0] == 42 })
+}
