@@ -144,7 +144,8 @@ func NewWriter(w io.Writer, maxFrameSize int) *Writer {
 		w:   bufio.NewWriterSize(w, 64<<10),
 		max: limit(maxFrameSize),
 		buf: make([]byte, 0, 512),
-		// Size has just been computed by WriteFrame; do not compute it twice.
+		// WriteFrame sizes f first (refreshing its size cache); marshal
+		// reuses those sizes rather than computing them again.
 		opt: proto.MarshalOptions{UseCachedSize: true},
 	}
 }
@@ -153,7 +154,9 @@ func NewWriter(w io.Writer, maxFrameSize int) *Writer {
 // without encoding or writing anything, when the encoded frame would exceed
 // the maximum. f must not be modified while WriteFrame runs.
 func (w *Writer) WriteFrame(f *Frame) error {
-	size := w.opt.Size(f)
+	// Not w.opt: with UseCachedSize, Size would return a stale size for a
+	// Frame modified since it was last written.
+	size := proto.Size(f)
 	if size > w.max {
 		return &FrameTooLargeError{Size: uint64(size), Max: w.max}
 	}

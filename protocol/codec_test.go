@@ -506,3 +506,31 @@ func TestCodeOf(t *testing.T) {
 		}
 	}
 }
+
+func TestWriterReusedFrame(t *testing.T) {
+	// The daemon may reuse one Frame (and its Deliver) for many writes.
+	d := &Deliver{DeliveryId: 1, Value: []byte("short")}
+	f := DeliverFrame(d)
+	var want []*Frame
+	var out bytes.Buffer
+	w := NewWriter(&out, 0)
+	for i, v := range []string{"short", "a much longer value than before", "", "mid"} {
+		d.DeliveryId = uint64(i + 1)
+		d.Value = []byte(v)
+		d.Headers = append(d.Headers, &Header{Key: v})
+		if err := w.WriteFrame(f); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		want = append(want, proto.Clone(f).(*Frame))
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReader(&out, 0)
+	for i := range want {
+		var got Frame
+		if err := r.ReadFrame(&got); err != nil || !proto.Equal(&got, want[i]) {
+			t.Fatalf("frame %d: %v, %v; want %v", i, &got, err, want[i])
+		}
+	}
+}
