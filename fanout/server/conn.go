@@ -1,0 +1,386 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+// closeReason says why a connection closed, for the log line and the
+// dispatch.LeaveReason given to the backend.
+type closeReason int
+
+const (
+	closeGoodbye    closeReason = iota // the client said goodbye
+	closeDisconnect                    // the client closed the connection, or it failed
+	closeDead                          // no frame within the liveness window
+	closeSlow                          // a write took longer than WriteTimeout
+	closeProtocol                      // the client broke the protocol
+	closeRejected                      // the handshake was refused (version, auth, capacity)
+	closeRedirected                    // this node does not lead
+	closeShutdown                      // Server.Close
+	closeInternal                      // a bug: a goroutine of the connection panicked
+)
+
+var closeReasonNames = [...]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error"}
+
+// String names the reason for logs.
+func (r closeReason) String() string { return closeReasonNames[r] }
+
+// leave maps the reason to the backend's vocabulary.
+func (r closeReason) leave() dispatch.LeaveReason {
+	switch r {
+	case closeGoodbye:
+		return dispatch.LeaveGoodbye
+	case closeDead:
+		return dispatch.LeaveDead
+	case closeSlow:
+		return dispatch.LeaveSlow
+	case closeProtocol, closeRejected:
+		return dispatch.LeaveProtocol
+	case closeRedirected, closeShutdown:
+		return dispatch.LeaveShutdown
+	}
+	return dispatch.LeaveDisconnect
+}
+
+// level is the log level of the one line logged when a connection closes.
+func (r closeReason) level() logrus.Level {
+	switch r {
+	case closeDead, closeSlow, closeProtocol, closeRejected:
+		return logrus.WarnLevel
+	case closeInternal:
+		return logrus.ErrorLevel
+	}
+	return logrus.InfoLevel
+}
+
+// Bounds of the lingering close after a final frame: the client gets this
+// long to read it and hang up before the socket is closed, and at most this
+// many bytes it sends meanwhile are read and dropped.
+const (
+	lingerTimeout = 500 * time.Millisecond
+	lingerBytes   = 256 << 10
+)
+
+// conn is one client connection. It implements dispatch.ClientSink.
+type conn struct {
+	s      *Server
+	nc     net.Conn
+	id     uint64 // session id, also the client id given to the backend
+	log    *logrus.Entry
+	remote string
+	start  time.Time
+
+	lastSeen   atomic.Int64  // unix nanoseconds of the last frame read
+	closing    atomic.Bool   // set first thing when the connection starts closing
+	closed     chan struct{} // closed when close has done its work
+	readerDone chan struct{} // closed when the reader returns
+	signal     chan struct{} // capacity 1: the outbox became non-empty, or closing
+
+	closeOnce sync.Once
+
+	// joinMu orders Join before Leave: Join is only called while holding it
+	// and before closing is set, and close reads joined while holding it.
+	joinMu   sync.Mutex
+	joined   bool // backend.Join was called
+	reserved bool // a client slot is held (Server.reserveClient)
+
+	mu       sync.Mutex // guards the outbox and the fields below it
+	out      []outItem  // frames and deliveries for the pump, in order
+	name     string     // the client id from Hello
+	final    *protocol.Frame
+	reason   closeReason
+	closeErr error
+}
+
+func newConn(s *Server, nc net.Conn, id uint64) *conn {
+	remote := nc.RemoteAddr().String()
+	c := &conn{
+		s:          s,
+		nc:         nc,
+		id:         id,
+		remote:     remote,
+		start:      time.Now(),
+		log:        s.log.WithFields(logrus.Fields{"remote": remote, "session": id}),
+		closed:     make(chan struct{}),
+		readerDone: make(chan struct{}),
+		signal:     make(chan struct{}, 1),
+	}
+	c.lastSeen.Store(c.start.UnixNano())
+	return c
+}
+
+// close closes the connection once: it records why, tells the backend (if
+// the client joined), stops the reader, and has the pump write final (when
+// not nil) before the socket is closed. It never blocks on the socket.
+func (c *conn) close(reason closeReason, err error, final *protocol.Frame) {
+	c.closeOnce.Do(func() {
+		c.closing.Store(true)
+		// Even if the backend panics below, the pump must learn of the close.
+		defer close(c.closed)
+		c.mu.Lock()
+		c.reason, c.closeErr, c.final = reason, err, final
+		clear(c.out) // undelivered messages are redelivered by the backend after Leave
+		c.out = nil
+		name := c.name
+		c.mu.Unlock()
+		// Stop the reader and abort a blocked write; the pump sets its own
+		// deadline for the final frame.
+		now := time.Now()
+		_ = c.nc.SetReadDeadline(now)
+		_ = c.nc.SetWriteDeadline(now)
+		c.wake()
+		c.s.forget(c.id)
+
+		c.joinMu.Lock()
+		joined, reserved := c.joined, c.reserved
+		c.joinMu.Unlock()
+		if reserved {
+			c.s.clients.Add(-1)
+		}
+		entry := c.log.WithFields(logrus.Fields{
+			"client":   name,
+			"reason":   reason.String(),
+			"duration": time.Since(c.start).Round(time.Millisecond).String(),
+		})
+		if err != nil {
+			entry = entry.WithField("error", err.Error())
+		}
+		entry.Log(reason.level(), "client connection closed")
+		if joined {
+			c.s.backend.Leave(c.id, reason.leave())
+		}
+	})
+}
+
+// wake signals the pump without blocking.
+func (c *conn) wake() {
+	select {
+	case c.signal <- struct{}{}:
+	default:
+	}
+}
+
+// readLoop is the reader goroutine: the handshake, then frames until the
+// connection closes.
+func (c *conn) readLoop() {
+	defer close(c.readerDone)
+	rd := protocol.NewReader(c.nc, c.s.cfg.MaxFrameSize)
+	// One Frame is reused for every read. Decoding replaces its body with
+	// freshly allocated messages, so the id slices handed to the backend are
+	// never overwritten by a later frame.
+	var f protocol.Frame
+	if !c.handshake(rd, &f) {
+		return
+	}
+	for {
+		if err := rd.ReadFrame(&f); err != nil {
+			c.readFailed(err)
+			return
+		}
+		c.lastSeen.Store(time.Now().UnixNano())
+		if c.closing.Load() || !c.handle(&f) {
+			return
+		}
+	}
+}
+
+// handle acts on one frame after the handshake. It returns false when the
+// connection is closing.
+func (c *conn) handle(f *protocol.Frame) bool {
+	b := c.s.backend
+	switch body := f.Body.(type) {
+	case *protocol.Frame_Ack:
+		if ids := body.Ack.GetDeliveryIds(); len(ids) > 0 {
+			b.Ack(c.id, ids)
+		}
+	case *protocol.Frame_Nack:
+		if ids := body.Nack.GetDeliveryIds(); len(ids) > 0 {
+			b.Nack(c.id, ids)
+		}
+	case *protocol.Frame_Touch:
+		if ids := body.Touch.GetDeliveryIds(); len(ids) > 0 {
+			b.Touch(c.id, ids)
+		}
+	case *protocol.Frame_Ping:
+		c.queue(protocol.PongFrame(body.Ping.GetNonce()))
+	case *protocol.Frame_Pong:
+		// A sign of life; lastSeen is already updated.
+	case *protocol.Frame_Goodbye:
+		c.close(closeGoodbye, fmt.Errorf("client said goodbye: %q", body.Goodbye.GetReason()), nil)
+		return false
+	default:
+		c.unexpected(f, "after the handshake")
+		return false
+	}
+	return true
+}
+
+// unexpected closes the connection for a frame not allowed in its state.
+func (c *conn) unexpected(f *protocol.Frame, when string) {
+	kind := frameKind(f)
+	c.close(closeProtocol, fmt.Errorf("unexpected %s frame %s", kind, when),
+		protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_UNEXPECTED_FRAME, true, "unexpected %s frame %s", kind, when))
+}
+
+// readFailed closes the connection after a read error, telling the client
+// about frames it got wrong.
+func (c *conn) readFailed(err error) {
+	if c.closing.Load() {
+		return // the read was stopped by close
+	}
+	switch code := protocol.CodeOf(err); {
+	case errors.Is(err, io.EOF):
+		c.close(closeDisconnect, errors.New("connection closed by the client"), nil)
+	case code == protocol.ErrorCode_ERROR_CODE_BAD_FRAME || code == protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE:
+		c.close(closeProtocol, fmt.Errorf("read frame: %w", err), protocol.ErrorFrame(code, true, "%v", err))
+	default:
+		c.close(closeDisconnect, fmt.Errorf("read frame: %w", err), nil)
+	}
+}
+
+// handshake reads the Hello and answers it. It returns true when the client
+// is welcomed and joined to the backend.
+func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
+	cfg := &c.s.cfg
+	if cfg.HelloTimeout > 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(cfg.HelloTimeout))
+	}
+	if err := rd.ReadFrame(f); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) && !c.closing.Load() {
+			c.close(closeProtocol, fmt.Errorf("no hello within %v", cfg.HelloTimeout), nil)
+			return false
+		}
+		c.readFailed(err)
+		return false
+	}
+	c.lastSeen.Store(time.Now().UnixNano())
+	h := f.GetHello()
+	if h == nil {
+		c.unexpected(f, "before hello")
+		return false
+	}
+	c.mu.Lock()
+	c.name = h.GetClientId()
+	c.mu.Unlock()
+	if v := h.GetProtocolVersion(); v != protocol.Version {
+		c.reject(protocol.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION,
+			"protocol version %d is not supported; this daemon speaks version %d", v, protocol.Version)
+		return false
+	}
+	if cfg.AuthToken != "" && !tokenMatches(h.GetAuthToken(), cfg.AuthToken) {
+		c.reject(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, "missing or wrong auth token")
+		return false
+	}
+	// A follower sends clients away whatever its load, so leadership is
+	// checked before capacity.
+	if l := c.s.leadership(); !l.Leader {
+		f, err := leadershipFrame(l)
+		c.close(closeRedirected, err, f)
+		return false
+	}
+	maxInFlight := cfg.MaxInFlight
+	if m := h.GetMaxInFlight(); m != 0 && uint64(m) < uint64(maxInFlight) {
+		maxInFlight = int(m)
+	}
+	switch c.join(h.GetClientId(), maxInFlight) {
+	case joinFull:
+		c.reject(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, "too many clients (at most %d)", cfg.MaxClients)
+		return false
+	case joinClosing:
+		return false
+	}
+	// From here on the pump watches liveness; the reader waits without a deadline.
+	_ = c.nc.SetReadDeadline(time.Time{})
+	// close may have set its deadline just before ours replaced it.
+	return !c.closing.Load()
+}
+
+// Outcomes of conn.join.
+const (
+	joinOK = iota
+	joinFull
+	joinClosing
+)
+
+// join takes a client slot, queues the Welcome and joins the backend, all
+// while holding joinMu so that a concurrent close either sees no join or
+// calls Leave after it.
+func (c *conn) join(name string, maxInFlight int) int {
+	c.joinMu.Lock()
+	defer c.joinMu.Unlock()
+	if c.closing.Load() {
+		return joinClosing
+	}
+	if !c.s.reserveClient() {
+		return joinFull
+	}
+	c.reserved = true
+	cfg := &c.s.cfg
+	// The Welcome is queued before Join, so it precedes every delivery in
+	// the outbox: the pump never writes a Deliver before the Welcome.
+	c.queue(protocol.WelcomeFrame(&protocol.Welcome{
+		NodeId:            cfg.NodeID,
+		SessionId:         c.id,
+		ProtocolVersion:   protocol.Version,
+		MaxInFlight:       uint32(maxInFlight),
+		AckTimeoutMs:      uint32(cfg.AckTimeout / time.Millisecond),
+		HeartbeatMs:       uint32(cfg.Heartbeat / time.Millisecond),
+		LivenessIntervals: uint32(cfg.Liveness),
+		MaxFrameSize:      uint32(cfg.MaxFrameSize),
+		Topic:             cfg.Topic,
+	}))
+	c.joined = true
+	c.s.backend.Join(c.id, name, maxInFlight, c)
+	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight}).Debug("client welcomed")
+	return joinOK
+}
+
+// reject refuses the handshake with a fatal error.
+func (c *conn) reject(code protocol.ErrorCode, format string, args ...any) {
+	c.close(closeRejected, fmt.Errorf("%v: "+format, append([]any{code}, args...)...),
+		protocol.ErrorFrame(code, true, format, args...))
+}
+
+// tokenMatches compares tokens in constant time; hashing first hides the
+// expected token's length too.
+func tokenMatches(got, want string) bool {
+	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
+}
+
+// frameKind names the frame's body for logs and error messages, e.g. "ack".
+func frameKind(f *protocol.Frame) string {
+	m := f.ProtoReflect()
+	if fd := m.WhichOneof(m.Descriptor().Oneofs().Get(0)); fd != nil {
+		return string(fd.Name())
+	}
+	return "empty"
+}
+
+// readerPanicked closes the connection after a panic in the reader; the pump
+// still writes the Error frame.
+func (c *conn) readerPanicked(v any) {
+	c.close(closeInternal, fmt.Errorf("reader panicked: %v", v),
+		protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_INTERNAL, true, "internal error"))
+}
+
+// pumpPanicked closes the connection after a panic in the pump, which can no
+// longer close the socket itself.
+func (c *conn) pumpPanicked(v any) {
+	c.close(closeInternal, fmt.Errorf("pump panicked: %v", v), nil)
+	_ = c.nc.Close()
+}

@@ -1,0 +1,275 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+// outItem is one entry of a connection's outbox: either a control frame or
+// a slice of deliveries handed over by one Send.
+type outItem struct {
+	frame *protocol.Frame
+	ds    []dispatch.Delivery
+}
+
+// The outbox is bounded without a limit of its own: the dispatcher never
+// has more than a client's in-flight limit (at most Config.MaxInFlight)
+// deliveries outstanding on it, so at most that many deliveries wait here,
+// plus a few control frames (Welcome, Pongs, Goodbye; a client that sends
+// Pings faster than it reads Pongs is cut off by WriteTimeout).
+
+// Send queues deliveries for the pump. It never blocks and never touches
+// the socket. Deliveries sent after the connection started closing are
+// dropped: the backend redelivers them after Leave.
+func (c *conn) Send(ds []dispatch.Delivery) {
+	if len(ds) > 0 {
+		c.enqueue(outItem{ds: ds})
+	}
+}
+
+// Goodbye queues a Goodbye frame. The connection stays open so that acks
+// still arrive; the dispatcher sends nothing after it.
+func (c *conn) Goodbye(reason string) { c.queue(protocol.GoodbyeFrame(reason)) }
+
+// queue queues a control frame for the pump.
+func (c *conn) queue(f *protocol.Frame) { c.enqueue(outItem{frame: f}) }
+
+// enqueue appends to the outbox and wakes the pump when the outbox was empty:
+// the pump empties the whole outbox whenever it wakes, so one signal per
+// empty-to-non-empty transition is enough.
+func (c *conn) enqueue(it outItem) {
+	c.mu.Lock()
+	if c.closing.Load() {
+		c.mu.Unlock()
+		return
+	}
+	wasEmpty := len(c.out) == 0
+	c.out = append(c.out, it)
+	c.mu.Unlock()
+	if wasEmpty {
+		c.wake()
+	}
+}
+
+// errClosing aborts writes once the connection is closing.
+var errClosing = errors.New("connection closing")
+
+// deadlineWriter gives every write to the socket its own deadline, so that
+// WriteTimeout bounds each write system call rather than a whole batch, and
+// fails writes once the connection is closing (except the final frame's).
+type deadlineWriter struct {
+	c       *conn
+	timeout time.Duration
+	final   bool
+}
+
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	if !w.final && w.c.closing.Load() {
+		return 0, errClosing
+	}
+	if err := w.c.nc.SetWriteDeadline(time.Now().Add(w.timeout)); err != nil {
+		return 0, err
+	}
+	// close sets closing before it resets the deadline; checking again
+	// after ours was set means a close cannot be missed.
+	if !w.final && w.c.closing.Load() {
+		return 0, errClosing
+	}
+	return w.c.nc.Write(p)
+}
+
+// pumpState is owned by the pump goroutine: the writer and the messages
+// reused to encode every Deliver and Ping.
+type pumpState struct {
+	dw      deadlineWriter
+	w       *protocol.Writer
+	deliver protocol.Deliver
+	dframe  *protocol.Frame // wraps deliver
+	headers []*protocol.Header
+	ping    protocol.Ping
+	pframe  *protocol.Frame // wraps ping
+}
+
+// pump is the connection's only writer. It waits for the outbox to fill or
+// the heartbeat to tick, writes everything queued, and flushes once per
+// batch. After close it writes the final frame, if any, and closes the socket.
+func (c *conn) pump() {
+	p := &pumpState{dw: deadlineWriter{c: c, timeout: c.s.cfg.WriteTimeout}}
+	// Frames to clients are limited only by the 4-byte length prefix: a
+	// message Kafka accepted is delivered whatever its size.
+	p.w = protocol.NewWriter(&p.dw, math.MaxInt)
+	p.dframe = protocol.DeliverFrame(&p.deliver)
+	p.pframe = protocol.PingFrame(0)
+	clean := c.pumpLoop(p)
+	c.finish(p, clean)
+}
+
+// pumpLoop runs until the connection closes. It returns true when the
+// stream is between frames, so that a final frame can still be written.
+func (c *conn) pumpLoop(p *pumpState) bool {
+	cfg := &c.s.cfg
+	window := time.Duration(cfg.Liveness) * cfg.Heartbeat
+	// tick stays nil, and no Ping is sent, until the Welcome is written.
+	var tick <-chan time.Time
+	var ticker *time.Ticker
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}()
+	var spare []outItem
+	for {
+		select {
+		case <-c.closed:
+			return true
+		case <-c.signal:
+		case <-tick:
+			if silent := time.Since(time.Unix(0, c.lastSeen.Load())); silent > window {
+				c.close(closeDead, fmt.Errorf("no frame for %v (liveness window %d x %v)",
+					silent.Round(time.Millisecond), cfg.Liveness, cfg.Heartbeat), nil)
+				return true
+			}
+			p.pframe.GetPing().Nonce++
+			if err := p.w.WriteFrame(p.pframe); err != nil {
+				c.writeFailed(err)
+				return false
+			}
+		}
+		if c.closing.Load() {
+			// Prefer the close over more work; finish waits for close to
+			// complete. The writer holds only whole frames (a Ping at most).
+			return true
+		}
+		c.mu.Lock()
+		batch := c.out
+		c.out = spare[:0]
+		c.mu.Unlock()
+		welcomed, err := p.writeBatch(batch)
+		clear(batch) // drop references to the messages
+		spare = batch[:0]
+		if err == nil && p.w.Buffered() > 0 {
+			err = p.w.Flush()
+		}
+		if err != nil {
+			c.writeFailed(err)
+			return false
+		}
+		if welcomed && tick == nil {
+			ticker = time.NewTicker(cfg.Heartbeat)
+			tick = ticker.C
+		}
+	}
+}
+
+// writeFailed closes the connection after a write error: a timeout means the
+// client does not read fast enough.
+func (c *conn) writeFailed(err error) {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.close(closeSlow, fmt.Errorf("write blocked for more than %v: %w", c.s.cfg.WriteTimeout, err), nil)
+		return
+	}
+	c.close(closeDisconnect, err, nil)
+}
+
+// writeBatch encodes a batch into the writer. It reports whether the batch
+// held the Welcome.
+func (p *pumpState) writeBatch(batch []outItem) (welcomed bool, err error) {
+	defer p.release()
+	for i := range batch {
+		it := &batch[i]
+		if it.frame != nil {
+			if it.frame.GetWelcome() != nil {
+				welcomed = true
+			}
+			if err := p.w.WriteFrame(it.frame); err != nil {
+				return welcomed, err
+			}
+			continue
+		}
+		for j := range it.ds {
+			if err := p.writeDelivery(&it.ds[j]); err != nil {
+				return welcomed, err
+			}
+		}
+	}
+	return welcomed, nil
+}
+
+// writeDelivery encodes one delivery into the reused Deliver message.
+func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
+	dv := &p.deliver
+	dv.DeliveryId, dv.Attempt = d.ID, d.Attempt
+	if m := d.Msg; m != nil {
+		dv.Partition, dv.Offset, dv.Key, dv.Value = m.Partition, m.Offset, m.Key, m.Value
+		dv.TimestampMs = 0
+		if !m.Timestamp.IsZero() {
+			dv.TimestampMs = m.Timestamp.UnixMilli()
+		}
+		dv.Headers = p.fillHeaders(m.Headers)
+	} else {
+		dv.Partition, dv.Offset, dv.Key, dv.Value, dv.TimestampMs, dv.Headers = 0, 0, nil, nil, 0, nil
+	}
+	return p.w.WriteFrame(p.dframe)
+}
+
+// fillHeaders converts headers into reused protocol.Header messages. Keys
+// that are not valid UTF-8 are repaired, because a proto3 string must be
+// valid UTF-8 and the frame would otherwise fail to encode.
+func (p *pumpState) fillHeaders(hs []dispatch.Header) []*protocol.Header {
+	if len(hs) == 0 {
+		return nil
+	}
+	for len(p.headers) < len(hs) {
+		p.headers = append(p.headers, &protocol.Header{})
+	}
+	out := p.headers[:len(hs)]
+	for i := range hs {
+		key := hs[i].Key
+		if !utf8.ValidString(key) {
+			key = strings.ToValidUTF8(key, "\uFFFD")
+		}
+		out[i].Key, out[i].Value = key, hs[i].Value
+	}
+	return out
+}
+
+// release drops the reused messages' references to message payloads.
+func (p *pumpState) release() {
+	p.deliver.Key, p.deliver.Value, p.deliver.Headers = nil, nil, nil
+	for _, h := range p.headers {
+		h.Value = nil
+	}
+}
+
+// finish ends the pump: after close has done its work it writes the final
+// frame when the stream allows, half-closes, gives the client a short
+// while to read it (reading and dropping what it sends, so that closing does
+// not reset the connection under the unread frame), and closes the socket.
+func (c *conn) finish(p *pumpState, clean bool) {
+	<-c.closed
+	c.mu.Lock()
+	final := c.final
+	c.mu.Unlock()
+	if clean && final != nil {
+		p.dw.final, p.dw.timeout = true, min(lingerTimeout, c.s.cfg.WriteTimeout)
+		err := p.w.WriteFrame(final)
+		if err == nil {
+			err = p.w.Flush()
+		}
+		if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && err == nil && cw.CloseWrite() == nil {
+			<-c.readerDone // the reader stopped at close's read deadline
+			_ = c.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+			_, _ = io.Copy(io.Discard, io.LimitReader(c.nc, lingerBytes))
+		}
+	}
+	_ = c.nc.Close()
+}

@@ -1,0 +1,369 @@
+// Package server is the TCP front of the daemon: it accepts client
+// connections, runs the fanout.v1 handshake on each, and connects every
+// welcomed client to the dispatcher through the dispatch.Backend and
+// dispatch.ClientSink seam.
+//
+// Each connection has two goroutines: a reader, the only reader of the
+// socket, which turns Ack/Nack/Touch frames into Backend calls, and a pump,
+// the only writer, which encodes queued deliveries and control frames and
+// flushes them once per batch. See conn.go and outbox.go.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+// Defaults for the zero values of Config fields.
+const (
+	DefaultHeartbeat    = 5 * time.Second
+	DefaultLiveness     = 2
+	DefaultWriteTimeout = 10 * time.Second
+	DefaultHelloTimeout = 10 * time.Second
+)
+
+// noLeaderRetry is the retry_after_ms told to clients when no leader is known.
+const noLeaderRetry = time.Second
+
+// Config configures a Server. Zero durations and counts take the defaults
+// documented on each field.
+type Config struct {
+	Listen       string        // address to listen on, e.g. ":4987"
+	NodeID       string        // this node's id, told in Welcome
+	Topic        string        // the Kafka topic served, told in Welcome
+	MaxInFlight  int           // cap on a client's in-flight limit; a Hello asking 0 gets this
+	AckTimeout   time.Duration // the dispatcher's ack timeout, only told to clients in Welcome
+	Heartbeat    time.Duration // ping interval; default DefaultHeartbeat
+	Liveness     int           // heartbeats of silence before a client is dropped; default DefaultLiveness
+	WriteTimeout time.Duration // a socket write taking longer closes the client as slow; default DefaultWriteTimeout
+	HelloTimeout time.Duration // time allowed to send Hello after connecting; default DefaultHelloTimeout
+	MaxFrameSize int           // largest frame accepted from a client; default protocol.DefaultMaxFrameSize
+	MaxClients   int           // welcomed clients allowed at once; 0 means unlimited
+	AuthToken    string        // when set, Hello.auth_token must equal it
+	// Leadership reports whether this node leads the cluster. It is asked at
+	// every Hello; nil means this node always leads.
+	Leadership func() Leadership
+	Logger     *logrus.Entry // nil means the logrus standard logger
+}
+
+// Leadership is this node's view of the cluster leader.
+type Leadership struct {
+	Leader     bool   // this node leads and serves clients
+	LeaderAddr string // the leader's client address (host:port), when Known
+	LeaderID   string // the leader's node id, when Known
+	Epoch      uint64 // the leader's epoch, when Known
+	Known      bool   // a follower knows who leads: clients are redirected there
+}
+
+// withDefaults returns c with the zero values replaced by defaults.
+func (c Config) withDefaults() Config {
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.Liveness == 0 {
+		c.Liveness = DefaultLiveness
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.HelloTimeout == 0 {
+		c.HelloTimeout = DefaultHelloTimeout
+	}
+	if c.MaxFrameSize == 0 {
+		c.MaxFrameSize = protocol.DefaultMaxFrameSize
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.NewEntry(logrus.StandardLogger())
+	}
+	return c
+}
+
+// validate reports the first invalid field of a Config with defaults applied.
+func (c Config) validate() error {
+	const maxMillis = time.Duration(math.MaxUint32) * time.Millisecond
+	switch {
+	case c.Listen == "":
+		return errors.New("Listen is empty")
+	case c.NodeID == "":
+		return errors.New("NodeID is empty")
+	case c.Topic == "":
+		return errors.New("Topic is empty")
+	case c.MaxInFlight <= 0 || uint64(c.MaxInFlight) > math.MaxUint32:
+		return fmt.Errorf("MaxInFlight must be in [1, %d], got %d", uint32(math.MaxUint32), c.MaxInFlight)
+	case c.AckTimeout < time.Millisecond || c.AckTimeout > maxMillis:
+		return fmt.Errorf("AckTimeout must be in [1ms, %v], got %v", maxMillis, c.AckTimeout)
+	case c.Heartbeat < time.Millisecond || c.Heartbeat > maxMillis:
+		return fmt.Errorf("Heartbeat must be in [1ms, %v], got %v", maxMillis, c.Heartbeat)
+	case c.Liveness < 1 || c.Liveness > 1000:
+		return fmt.Errorf("Liveness must be in [1, 1000], got %d", c.Liveness)
+	case c.WriteTimeout < 0:
+		return fmt.Errorf("WriteTimeout must be positive, got %v", c.WriteTimeout)
+	case c.HelloTimeout < 0:
+		return fmt.Errorf("HelloTimeout must be positive, got %v", c.HelloTimeout)
+	case c.MaxFrameSize < 0 || uint64(c.MaxFrameSize) > math.MaxUint32:
+		return fmt.Errorf("MaxFrameSize must be in [1, %d], got %d", uint32(math.MaxUint32), c.MaxFrameSize)
+	case c.MaxClients < 0:
+		return fmt.Errorf("MaxClients must not be negative, got %d", c.MaxClients)
+	}
+	return nil
+}
+
+// Server accepts client connections and connects them to a dispatch.Backend.
+type Server struct {
+	cfg     Config
+	backend dispatch.Backend
+	log     *logrus.Entry
+
+	nextID  atomic.Uint64 // the last session id handed out
+	clients atomic.Int64  // welcomed (or being welcomed) clients, for MaxClients and Clients
+	wg      sync.WaitGroup
+
+	stopOnce sync.Once // closes the listener once
+
+	mu      sync.Mutex // guards the fields below
+	ln      net.Listener
+	stopCtx func() bool // unregisters the context.AfterFunc of Start
+	closed  bool
+	conns   map[uint64]*conn // open connections by session id
+}
+
+// New validates cfg and returns a Server that is not yet listening.
+func New(cfg Config, backend dispatch.Backend) (*Server, error) {
+	if backend == nil {
+		return nil, errors.New("server: nil backend")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("server: invalid config: %w", err)
+	}
+	return &Server{
+		cfg:     cfg,
+		backend: backend,
+		log:     cfg.Logger.WithField("component", "server"),
+		conns:   make(map[uint64]*conn),
+	}, nil
+}
+
+// Start binds Config.Listen and accepts connections in the background until
+// StopAccepting or Close. When ctx is done the server closes as by Close.
+// It returns once the listener is bound, so Addr is valid after it.
+func (s *Server) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return errors.New("server: start after close")
+	case s.ln != nil:
+		return errors.New("server: already started")
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("server: listen on %s: %w", s.cfg.Listen, err)
+	}
+	s.ln = ln
+	s.stopCtx = context.AfterFunc(ctx, func() { _ = s.Close() })
+	log := s.log.WithField("addr", ln.Addr().String())
+	s.spawn(log, "accept", func() { s.acceptLoop(ln, log) }, nil)
+	log.Info("listening for clients")
+	return nil
+}
+
+// Addr returns the address the server listens on, or nil before Start.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// StopAccepting closes the listener. Connections already accepted stay open.
+func (s *Server) StopAccepting() { _ = s.stopAccepting() }
+
+func (s *Server) stopAccepting() error {
+	s.mu.Lock()
+	ln := s.ln
+	s.mu.Unlock()
+	if ln == nil {
+		return nil
+	}
+	var err error
+	s.stopOnce.Do(func() {
+		if cerr := ln.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) {
+			err = fmt.Errorf("server: close listener: %w", cerr)
+		}
+	})
+	return err
+}
+
+// Close stops accepting, closes every connection (a welcomed client leaves
+// the backend with dispatch.LeaveShutdown after an Error SHUTTING_DOWN), and
+// waits for all of the server's goroutines to end. It may be called more
+// than once.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	first := !s.closed
+	s.closed = true
+	stopCtx := s.stopCtx
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	if stopCtx != nil {
+		stopCtx()
+	}
+	err := s.stopAccepting()
+	if first {
+		for _, c := range conns {
+			c.close(closeShutdown, errShutdown,
+				protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_SHUTTING_DOWN, true, "the daemon is shutting down"))
+		}
+	}
+	s.wg.Wait()
+	return err
+}
+
+// errShutdown is the close error of connections closed by Server.Close.
+var errShutdown = errors.New("server shutting down")
+
+// Clients returns the number of connected, welcomed clients.
+func (s *Server) Clients() int { return int(s.clients.Load()) }
+
+// RedirectAll sends every connection a Redirect to the leader l names (or,
+// when l does not know the leader, an Error NO_LEADER) and closes it; welcomed
+// clients leave the backend with dispatch.LeaveShutdown. It does nothing when
+// l says this node leads. Config.Leadership should report the new state
+// before RedirectAll is called, so that reconnecting clients are redirected too.
+func (s *Server) RedirectAll(l Leadership) {
+	if l.Leader {
+		return
+	}
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		f, err := leadershipFrame(l)
+		c.close(closeRedirected, err, f)
+	}
+}
+
+// leadership returns the current leadership, asking Config.Leadership.
+func (s *Server) leadership() Leadership {
+	if s.cfg.Leadership == nil {
+		return Leadership{Leader: true}
+	}
+	return s.cfg.Leadership()
+}
+
+// leadershipFrame returns the frame that sends a client away from a follower:
+// a Redirect when the leader is known, else a fatal Error NO_LEADER.
+func leadershipFrame(l Leadership) (*protocol.Frame, error) {
+	if l.Known {
+		return protocol.RedirectFrame(l.LeaderAddr, l.LeaderID, l.Epoch),
+			fmt.Errorf("redirected to leader %s at %s (epoch %d)", l.LeaderID, l.LeaderAddr, l.Epoch)
+	}
+	f := protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_NO_LEADER, true, "no leader is elected; retry later")
+	f.GetError().RetryAfterMs = uint32(noLeaderRetry / time.Millisecond)
+	return f, errors.New("no leader is known")
+}
+
+// reserveClient takes a client slot, respecting MaxClients.
+func (s *Server) reserveClient() bool {
+	n := s.clients.Add(1)
+	if s.cfg.MaxClients > 0 && n > int64(s.cfg.MaxClients) {
+		s.clients.Add(-1)
+		return false
+	}
+	return true
+}
+
+// acceptLoop accepts connections until the listener is closed. Failures
+// such as running out of file descriptors are retried with a backoff.
+func (s *Server) acceptLoop(ln net.Listener, log *logrus.Entry) {
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				log.Info("stopped accepting clients")
+				return
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			log.WithError(err).Warnf("accept failed; retrying in %v", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.serveConn(nc)
+	}
+}
+
+// serveConn registers a new connection and starts its goroutines.
+func (s *Server) serveConn(nc net.Conn) {
+	id := s.nextID.Add(1)
+	c := newConn(s, nc, id)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = nc.Close()
+		return
+	}
+	s.conns[id] = c
+	s.mu.Unlock()
+	s.spawn(c.log, "reader", c.readLoop, c.readerPanicked)
+	s.spawn(c.log, "pump", c.pump, c.pumpPanicked)
+}
+
+// forget removes a closed connection from the registry.
+func (s *Server) forget(id uint64) {
+	s.mu.Lock()
+	delete(s.conns, id)
+	s.mu.Unlock()
+}
+
+// spawn runs fn in a goroutine tracked by the server's WaitGroup. A panic in
+// fn is recovered, logged with its stack, and handed to onPanic (when not
+// nil) so that only the goroutine's own connection is closed.
+func (s *Server) spawn(log *logrus.Entry, name string, fn func(), onPanic func(v any)) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			if v := recover(); v != nil {
+				log.WithFields(logrus.Fields{
+					"goroutine": name,
+					"panic":     fmt.Sprint(v),
+					"stack":     string(debug.Stack()),
+				}).Error("goroutine panicked")
+				if onPanic != nil {
+					onPanic(v)
+				}
+			}
+		}()
+		debugOn := log.Logger.IsLevelEnabled(logrus.DebugLevel)
+		if debugOn {
+			log.WithField("goroutine", name).Debug("goroutine started")
+		}
+		fn()
+		if debugOn {
+			log.WithField("goroutine", name).Debug("goroutine stopped")
+		}
+	}()
+}
