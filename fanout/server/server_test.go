@@ -256,12 +256,12 @@ func TestServerPingsAtHeartbeat(t *testing.T) {
 }
 
 func TestSilentClientDropped(t *testing.T) {
-	const hb = 30 * time.Millisecond
+	const hb = 50 * time.Millisecond
 	s := startServer(t, func(c *Config) { c.Heartbeat = hb; c.Liveness = 3 })
+	start := time.Now() // before the silent client's last frame, its hello
 	silent, silentID := connect(t, s)
 	alive, aliveID := connect(t, s)
 	alive.keepPings = true
-	start := time.Now()
 	// The live client answers pings until the silent one is dropped.
 	for len(s.b.find("leave", silentID)) == 0 {
 		f := alive.expect()
