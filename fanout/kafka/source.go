@@ -308,6 +308,7 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 		offset = policy
 	}
 	announce := true // the first start is always announced
+	backoff := retryMin
 	for {
 		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, policy)
 		if err != nil {
@@ -328,8 +329,18 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 		}
 		// sarama stops a partition consumer by itself only when the offset
 		// went out of range (or retries ran out): reopen where we were;
-		// openPartition resets by policy if that is out of range.
+		// openPartition resets by policy if that is out of range. Without
+		// progress since the last open, back off first so that a broker that
+		// keeps saying "out of range" does not make us spin.
 		log.WithField("offset", next).Warn("partition consumer stopped, reopening")
+		if next != at {
+			backoff = retryMin
+		} else {
+			if !sleep(ctx, backoff) {
+				return
+			}
+			backoff = min(2*backoff, retryMax)
+		}
 		offset, announce = next, false
 	}
 }
@@ -369,12 +380,8 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 		}
 		log.WithError(err).WithField("offset", offset).WithField("retry_in", backoff).
 			Warn("cannot consume partition, retrying")
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, backoff) {
 			return nil, 0, false, ctx.Err()
-		case <-t.C:
 		}
 		backoff = min(2*backoff, retryMax)
 	}
@@ -406,7 +413,9 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, pc sarama.Parti
 			lim.log(log, cerr.Err)
 		case m, open := <-msgs:
 			if !open {
-				for range errs { // closed right after messages
+				if errs != nil {
+					for range errs { // closed right after messages
+					}
 				}
 				return next, true
 			}
@@ -441,6 +450,18 @@ func (s *Source) send(ctx context.Context, b dispatch.Batch) bool {
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// sleep waits d unless ctx ends first; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

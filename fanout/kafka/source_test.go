@@ -1,0 +1,587 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/rcrowley/go-metrics"
+	"github.com/sirupsen/logrus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+)
+
+const testWait = 15 * time.Second
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// newCluster starts an in-process Kafka with topic seeded with partitions.
+func newCluster(t *testing.T, topic string, partitions int32) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// newClient returns a sarama client on NewConfig with short waits, closed at
+// cleanup.
+func newClient(t *testing.T, c *kfake.Cluster) sarama.Client {
+	t.Helper()
+	cfg := NewConfig("fanout-test")
+	cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
+	cfg.Metadata.Retry.Max, cfg.Metadata.Retry.Backoff, cfg.Metadata.Retry.BackoffFunc = 1, 10*time.Millisecond, nil
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	client, err := sarama.NewClient(c.ListenAddrs(), cfg)
+	if err != nil {
+		t.Fatalf("sarama client: %v", err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+// producer produces to a kfake cluster from its own client.
+type producer struct {
+	t      *testing.T
+	client sarama.Client
+	sp     sarama.SyncProducer
+	admin  sarama.ClusterAdmin
+}
+
+func newProducer(t *testing.T, c *kfake.Cluster) *producer {
+	t.Helper()
+	client := newClient(t, c)
+	sp, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		t.Fatalf("admin: %v", err)
+	}
+	t.Cleanup(func() { _ = sp.Close() }) // runs before the client's Close
+	return &producer{t: t, client: client, sp: sp, admin: admin}
+}
+
+// produce sends n messages to each given partition.
+func (p *producer) produce(topic string, n int, partitions ...int32) {
+	p.t.Helper()
+	if err := p.client.RefreshMetadata(topic); err != nil {
+		p.t.Fatalf("refresh metadata: %v", err)
+	}
+	for _, part := range partitions {
+		for i := range n {
+			msg := &sarama.ProducerMessage{
+				Topic: topic, Partition: part,
+				Key:     sarama.StringEncoder(fmt.Sprintf("k%d", i)),
+				Value:   sarama.StringEncoder(fmt.Sprintf("p%d-%d", part, i)),
+				Headers: []sarama.RecordHeader{{Key: []byte("h"), Value: []byte("v")}},
+			}
+			if _, _, err := p.sp.SendMessage(msg); err != nil {
+				p.t.Fatalf("produce to %s/%d: %v", topic, part, err)
+			}
+		}
+	}
+}
+
+// recorder collects batches and the contract violations it sees in them.
+type recorder struct {
+	batchSize int
+
+	mu         sync.Mutex // guards the fields below
+	starts     map[int32][]int64
+	offsets    map[int32][]int64
+	next       map[int32]int64 // expected offset of the next message
+	violations []string
+}
+
+func newRecorder(batchSize int) *recorder {
+	return &recorder{batchSize: batchSize, starts: map[int32][]int64{}, offsets: map[int32][]int64{}, next: map[int32]int64{}}
+}
+
+func (r *recorder) add(b dispatch.Batch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	bad := func(format string, args ...any) { r.violations = append(r.violations, fmt.Sprintf(format, args...)) }
+	if b.Start >= 0 {
+		if len(b.Messages) > 0 {
+			bad("start batch of partition %d carries %d messages", b.Partition, len(b.Messages))
+		}
+		r.starts[b.Partition] = append(r.starts[b.Partition], b.Start)
+		r.next[b.Partition] = b.Start
+		return
+	}
+	if b.Start != -1 || len(b.Messages) == 0 || len(b.Messages) > r.batchSize {
+		bad("partition %d: batch with Start %d and %d messages", b.Partition, b.Start, len(b.Messages))
+	}
+	want, started := r.next[b.Partition]
+	if !started {
+		bad("partition %d: messages before a start batch", b.Partition)
+	}
+	for _, m := range b.Messages {
+		if m.Partition != b.Partition {
+			bad("batch of partition %d holds a message of partition %d", b.Partition, m.Partition)
+		}
+		if m.Offset != want {
+			bad("partition %d: offset %d where %d was expected", b.Partition, m.Offset, want)
+		}
+		if wantValue := fmt.Sprintf("p%d-", m.Partition); !strings.HasPrefix(string(m.Value), wantValue) {
+			bad("partition %d offset %d: value %q", m.Partition, m.Offset, m.Value)
+		}
+		want = m.Offset + 1
+		r.offsets[b.Partition] = append(r.offsets[b.Partition], m.Offset)
+	}
+	r.next[b.Partition] = want
+}
+
+func (r *recorder) startsOf(p int32) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.starts[p])
+}
+
+func (r *recorder) offsetsOf(p int32) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.offsets[p])
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, o := range r.offsets {
+		n += len(o)
+	}
+	return n
+}
+
+// run starts src.Run and a reader of its batches; at cleanup it cancels,
+// checks that Run returned nil and closed Batches, and reports violations.
+func run(t *testing.T, src *Source, rec *recorder) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- src.Run(ctx) }()
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for b := range src.Batches() {
+			rec.add(b)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-runErr:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(testWait):
+			t.Errorf("Run did not return after cancel")
+		}
+		select {
+		case <-read:
+		case <-time.After(testWait):
+			t.Errorf("Batches not closed after Run returned")
+		}
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, v := range rec.violations {
+			t.Error(v)
+		}
+	})
+}
+
+func quietLogger() *logrus.Entry {
+	l := logrus.New()
+	l.SetLevel(logrus.WarnLevel)
+	return logrus.NewEntry(l)
+}
+
+func offsetsFrom(from, to int64) []int64 {
+	var out []int64
+	for o := from; o < to; o++ {
+		out = append(out, o)
+	}
+	return out
+}
+
+func TestSourceStartOffsets(t *testing.T) {
+	const before, after = 5, 2 // messages per partition produced before and after the start
+	tests := []struct {
+		name         string
+		initial      int64
+		stored       map[int32]int64
+		deleteBefore map[int32]int64 // records deleted before the start (retention)
+		wantStart    map[int32]int64
+	}{
+		{"oldest", sarama.OffsetOldest, nil, nil, map[int32]int64{0: 0, 1: 0, 2: 0}},
+		{"newest", sarama.OffsetNewest, nil, nil, map[int32]int64{0: 5, 1: 5, 2: 5}},
+		{"stored", sarama.OffsetNewest, map[int32]int64{0: 2, 1: 5, 2: 0}, nil, map[int32]int64{0: 2, 1: 5, 2: 0}},
+		{"stored beyond end resets to oldest", sarama.OffsetOldest, map[int32]int64{0: 100, 1: 3}, nil,
+			map[int32]int64{0: 0, 1: 3, 2: 0}},
+		{"stored beyond end resets to newest", sarama.OffsetNewest, map[int32]int64{0: 100}, nil,
+			map[int32]int64{0: 5, 1: 5, 2: 5}},
+		{"stored below log start resets to oldest", sarama.OffsetOldest, map[int32]int64{0: 1, 1: 1},
+			map[int32]int64{0: 3}, map[int32]int64{0: 3, 1: 1, 2: 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const topic = "t"
+			cluster := newCluster(t, topic, 3)
+			prod := newProducer(t, cluster)
+			prod.produce(topic, before, 0, 1, 2)
+			if len(tt.deleteBefore) > 0 {
+				if err := prod.admin.DeleteRecords(topic, tt.deleteBefore); err != nil {
+					t.Fatalf("delete records: %v", err)
+				}
+			}
+			client := newClient(t, cluster)
+			src, err := NewSource(client, SourceConfig{Topic: topic, Initial: tt.initial, Stored: tt.stored,
+				BatchSize: 3, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := newRecorder(3)
+			run(t, src, rec)
+
+			waitFor(t, testWait, "a start batch per partition", func() bool {
+				for p := range tt.wantStart {
+					if len(rec.startsOf(p)) == 0 {
+						return false
+					}
+				}
+				return true
+			})
+			prod.produce(topic, after, 0, 1, 2)
+			for p, start := range tt.wantStart {
+				want := offsetsFrom(start, before+after)
+				waitFor(t, testWait, fmt.Sprintf("offsets %v of partition %d", want, p), func() bool {
+					return len(rec.offsetsOf(p)) >= len(want)
+				})
+				if got := rec.startsOf(p); !slices.Equal(got, []int64{start}) {
+					t.Errorf("partition %d: start batches %v, want [%d]", p, got, start)
+				}
+				if got := rec.offsetsOf(p); !slices.Equal(got, want) {
+					t.Errorf("partition %d: offsets %v, want %v", p, got, want)
+				}
+			}
+			if got := src.Partitions(); !slices.Equal(got, []int32{0, 1, 2}) {
+				t.Errorf("Partitions() = %v, want [0 1 2]", got)
+			}
+			waitFor(t, testWait, "high water marks at 7", func() bool {
+				hw := src.HighWaterMarks()
+				return len(hw) == 3 && hw[0] == 7 && hw[1] == 7 && hw[2] == 7
+			})
+		})
+	}
+}
+
+// TestSourceOutOfRangeWhileRunning makes the broker answer fetches with
+// OFFSET_OUT_OF_RANGE (sarama then stops the partition consumer), deletes
+// the records under the consumer meanwhile, and expects a restart by policy
+// announced with a Start batch.
+func TestSourceOutOfRangeWhileRunning(t *testing.T) {
+	const topic = "t"
+	cluster := newCluster(t, topic, 1)
+	prod := newProducer(t, cluster)
+	prod.produce(topic, 10, 0)
+
+	var inject atomic.Bool
+	var injected atomic.Int32
+	inject.Store(true)
+	cluster.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if !inject.Load() {
+			return nil, nil, false
+		}
+		injected.Add(1)
+		fr := req.(*kmsg.FetchRequest)
+		resp := fr.ResponseKind().(*kmsg.FetchResponse)
+		resp.Version = fr.Version
+		for _, rt := range fr.Topics {
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.OffsetOutOfRange.Code
+				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+
+	client := newClient(t, cluster)
+	src, err := NewSource(client, SourceConfig{Topic: topic, Initial: sarama.OffsetOldest,
+		Stored: map[int32]int64{0: 0}, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(DefaultBatchSize)
+	run(t, src, rec)
+
+	waitFor(t, testWait, "an injected out-of-range fetch", func() bool { return injected.Load() > 0 })
+	if err := prod.admin.DeleteRecords(topic, map[int32]int64{0: 6}); err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	inject.Store(false)
+
+	waitFor(t, testWait, "offsets 6..9", func() bool { return len(rec.offsetsOf(0)) >= 4 })
+	if got, want := rec.startsOf(0), []int64{0, 6}; !slices.Equal(got, want) {
+		t.Errorf("start batches %v, want %v", got, want)
+	}
+	if got, want := rec.offsetsOf(0), offsetsFrom(6, 10); !slices.Equal(got, want) {
+		t.Errorf("offsets %v, want %v", got, want)
+	}
+}
+
+// requestsInFlight is the number of requests of client awaiting a response.
+func requestsInFlight(client sarama.Client) int64 {
+	c, ok := client.Config().MetricRegistry.Get("requests-in-flight").(metrics.Counter)
+	if !ok {
+		return -1
+	}
+	return c.Count()
+}
+
+func TestSourcePauseResume(t *testing.T) {
+	tests := []struct {
+		name        string
+		pauseBefore bool // Pause before Run: partitions must start paused
+	}{
+		{"pause while running", false},
+		{"pause before run", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const topic = "t"
+			cluster := newCluster(t, topic, 2)
+			prod := newProducer(t, cluster)
+			client := newClient(t, cluster)
+			src, err := NewSource(client, SourceConfig{Topic: topic, Initial: sarama.OffsetOldest, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := newRecorder(DefaultBatchSize)
+			seen := 0
+			if tt.pauseBefore {
+				src.Pause()
+				prod.produce(topic, 3, 0, 1)
+				run(t, src, rec)
+				waitFor(t, testWait, "start batches", func() bool {
+					return len(rec.startsOf(0)) == 1 && len(rec.startsOf(1)) == 1
+				})
+			} else {
+				run(t, src, rec)
+				prod.produce(topic, 3, 0, 1)
+				waitFor(t, testWait, "the first 6 messages", func() bool { return rec.count() == 6 })
+				seen = 6
+				src.Pause()
+				src.Pause() // idempotent
+			}
+			// With every partition paused sarama sends no fetch; wait for
+			// the one that may have been in flight to come back.
+			waitFor(t, testWait, "no request in flight", func() bool { return requestsInFlight(client) == 0 })
+			prod.produce(topic, 1, 0, 1)
+			time.Sleep(time.Second) // the one bounded wait: nothing may arrive while paused
+			if got := rec.count(); got != seen {
+				t.Fatalf("%d messages delivered while paused, want %d", got, seen)
+			}
+			src.Resume()
+			src.Resume() // idempotent
+			total := 2 * 4
+			waitFor(t, testWait, "every message after Resume", func() bool { return rec.count() == total })
+		})
+	}
+}
+
+func TestSourceTopicNotFound(t *testing.T) {
+	cluster := newCluster(t, "other", 1)
+	client := newClient(t, cluster)
+	src, err := NewSource(client, SourceConfig{Topic: "missing", Initial: sarama.OffsetOldest, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = src.Run(context.Background())
+	if !errors.Is(err, ErrTopicNotFound) || !strings.Contains(err.Error(), `"missing"`) {
+		t.Fatalf("Run = %v, want ErrTopicNotFound naming the topic", err)
+	}
+	select {
+	case b, open := <-src.Batches():
+		t.Fatalf("Batches after a failed Run: %+v, open %v", b, open)
+	default:
+	}
+
+	// The topic appears: the same Source runs.
+	prod := newProducer(t, cluster)
+	if err := prod.admin.CreateTopic("missing", &sarama.TopicDetail{NumPartitions: 2, ReplicationFactor: 1}, false); err != nil {
+		t.Fatalf("create topic: %v", err)
+	}
+	rec := newRecorder(DefaultBatchSize)
+	run(t, src, rec)
+	waitFor(t, testWait, "start batches after the topic appeared", func() bool {
+		return slices.Equal(rec.startsOf(0), []int64{0}) && slices.Equal(rec.startsOf(1), []int64{0})
+	})
+}
+
+func TestSourceNewPartition(t *testing.T) {
+	const topic = "t"
+	cluster := newCluster(t, topic, 1)
+	prod := newProducer(t, cluster)
+	prod.produce(topic, 2, 0)
+	client := newClient(t, cluster)
+	src, err := NewSource(client, SourceConfig{Topic: topic, Initial: sarama.OffsetNewest,
+		RefreshInterval: 50 * time.Millisecond, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(DefaultBatchSize)
+	run(t, src, rec)
+	waitFor(t, testWait, "the start of partition 0", func() bool { return len(rec.startsOf(0)) == 1 })
+	if got := rec.startsOf(0); got[0] != 2 {
+		t.Fatalf("partition 0 starts at %d, want 2 (newest)", got[0])
+	}
+
+	if err := prod.admin.CreatePartitions(topic, 3, nil, false); err != nil {
+		t.Fatalf("create partitions: %v", err)
+	}
+	prod.produce(topic, 2, 1, 2) // possibly before the source notices: must not be skipped
+	for _, p := range []int32{1, 2} {
+		waitFor(t, testWait, fmt.Sprintf("messages of new partition %d", p), func() bool { return len(rec.offsetsOf(p)) == 2 })
+		if got := rec.startsOf(p); !slices.Equal(got, []int64{0}) {
+			t.Errorf("partition %d: start batches %v, want [0] (oldest)", p, got)
+		}
+	}
+	if got := src.Partitions(); !slices.Equal(got, []int32{0, 1, 2}) {
+		t.Errorf("Partitions() = %v, want [0 1 2]", got)
+	}
+}
+
+func TestParseInitialOffset(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int64
+		wantErr bool
+	}{
+		{"newest", sarama.OffsetNewest, false},
+		{"oldest", sarama.OffsetOldest, false},
+		{" Oldest ", sarama.OffsetOldest, false},
+		{"latest", 0, true},
+		{"", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseInitialOffset(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("ParseInitialOffset(%q) = %d, %v; want %d, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestNewSourceValidates(t *testing.T) {
+	cluster := newCluster(t, "t", 1)
+	client := newClient(t, cluster)
+	tests := []struct {
+		name string
+		cfg  SourceConfig
+		ok   bool
+	}{
+		{"defaults", SourceConfig{Topic: "t", Initial: sarama.OffsetNewest}, true},
+		{"no topic", SourceConfig{Initial: sarama.OffsetNewest}, false},
+		{"numeric initial", SourceConfig{Topic: "t", Initial: 5}, false},
+		{"negative stored", SourceConfig{Topic: "t", Initial: sarama.OffsetOldest, Stored: map[int32]int64{0: -1}}, false},
+		{"negative batch", SourceConfig{Topic: "t", Initial: sarama.OffsetOldest, BatchSize: -1}, false},
+	}
+	for _, tt := range tests {
+		src, err := NewSource(client, tt.cfg)
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: NewSource error %v, want ok %v", tt.name, err, tt.ok)
+			continue
+		}
+		if tt.ok && (src.cfg.BatchSize != DefaultBatchSize || src.cfg.RefreshInterval != DefaultRefreshInterval) {
+			t.Errorf("%s: defaults not applied: %+v", tt.name, src.cfg)
+		}
+	}
+}
+
+func testMessages(n, headers int) []*sarama.ConsumerMessage {
+	now := time.Unix(1700000000, 0)
+	in := make([]*sarama.ConsumerMessage, n)
+	for i := range in {
+		m := &sarama.ConsumerMessage{Partition: 3, Offset: int64(100 + i), Key: []byte("key"),
+			Value: []byte("value-value-value"), Timestamp: now.Add(time.Duration(i))}
+		for h := range headers {
+			m.Headers = append(m.Headers, &sarama.RecordHeader{Key: []byte(fmt.Sprint("h", h)), Value: []byte("v")})
+		}
+		in[i] = m
+	}
+	return in
+}
+
+func TestConvert(t *testing.T) {
+	for _, headers := range []int{0, 2} {
+		in := testMessages(5, headers)
+		out := convert(in)
+		if len(out) != len(in) {
+			t.Fatalf("%d messages, want %d", len(out), len(in))
+		}
+		for i, m := range out {
+			src := in[i]
+			if m.Partition != src.Partition || m.Offset != src.Offset || !m.Timestamp.Equal(src.Timestamp) ||
+				&m.Key[0] != &src.Key[0] || &m.Value[0] != &src.Value[0] || len(m.Headers) != headers {
+				t.Fatalf("message %d: %+v from %+v", i, m, src)
+			}
+			for j, h := range m.Headers {
+				if h.Key != string(src.Headers[j].Key) || string(h.Value) != "v" {
+					t.Errorf("message %d header %d: %+v", i, j, h)
+				}
+			}
+		}
+		if headers > 0 {
+			// Appending to one message's headers must not overwrite the next's.
+			out[0].Headers = append(out[0].Headers, dispatch.Header{Key: "x"})
+			if out[1].Headers[0].Key != "h0" {
+				t.Errorf("headers of messages share capacity: %+v", out[1].Headers)
+			}
+		}
+	}
+}
+
+func BenchmarkSourceConvert(b *testing.B) {
+	for _, headers := range []int{0, 2} {
+		b.Run(fmt.Sprintf("batch=%d/headers=%d", DefaultBatchSize, headers), func(b *testing.B) {
+			in := testMessages(DefaultBatchSize, headers)
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = convert(in)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*DefaultBatchSize), "ns/msg")
+		})
+	}
+}
