@@ -63,6 +63,8 @@ func benchPump(b *testing.B, batch int) {
 
 	b.SetBytes(int64(len(msg.Value)))
 	b.ReportAllocs()
+	timeout := time.NewTimer(testTimeout)
+	defer timeout.Stop()
 	b.ResetTimer()
 	var next uint64
 	for sent := 0; sent < b.N; {
@@ -75,11 +77,12 @@ func benchPump(b *testing.B, batch int) {
 		sent += n
 		want.Store(int64(sent))
 		sink.Send(ds)
+		timeout.Reset(testTimeout)
 		select {
 		case <-done:
 		case err := <-readErr:
 			b.Fatalf("client read: %v", err)
-		case <-time.After(testTimeout):
+		case <-timeout.C:
 			b.Fatalf("timed out after %d of %d deliveries", sent-n, b.N)
 		}
 	}

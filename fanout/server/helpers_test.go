@@ -187,6 +187,17 @@ func (s *testServer) panics() []string {
 	return out
 }
 
+// closeLogs returns the "connection closed" log entries of a session.
+func (s *testServer) closeLogs(id uint64) []*logrus.Entry {
+	var out []*logrus.Entry
+	for _, e := range s.logs.AllEntries() {
+		if e.Message == "client connection closed" && e.Data["session"] == id {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // client is a raw-protocol test client.
 type client struct {
 	t  testing.TB

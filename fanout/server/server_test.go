@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/protocol"
 )
@@ -309,6 +311,11 @@ func TestSlowConsumerDropped(t *testing.T) {
 	}
 	if l := s.b.waitCall(t, "leave", slowID); l.reason != dispatch.LeaveSlow {
 		t.Fatalf("Leave reason %v, want %v", l.reason, dispatch.LeaveSlow)
+	}
+	logs := s.closeLogs(slowID)
+	if len(logs) != 1 || logs[0].Level != logrus.WarnLevel || logs[0].Data["reason"] != "slow consumer" ||
+		logs[0].Data["remote"] != slow.nc.LocalAddr().String() || logs[0].Data["client"] != "test" {
+		t.Fatalf("close logs %v, want one warning naming the slow consumer, its address and client id", logs)
 	}
 	d := dispatch.Delivery{ID: next, Attempt: 1, Msg: testMessage(1, int64(next), 1000)}
 	fastSink.Send([]dispatch.Delivery{d})
