@@ -211,8 +211,9 @@ func (s *Server) stopAccepting() error {
 
 // Close stops accepting, closes every connection (a welcomed client leaves
 // the backend with dispatch.LeaveShutdown after an Error SHUTTING_DOWN), and
-// waits for all of the server's goroutines to end. It may be called more
-// than once.
+// waits for all of the server's goroutines to end: up to lingerTimeout
+// (half a second) when a client does not hang up after the final frame. It
+// may be called more than once.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	first := !s.closed
