@@ -1,0 +1,367 @@
+// Package zkstore keeps committed offsets in ZooKeeper, in the layout of
+// Kafka's classic ZooKeeper consumers so that lag tools can read it:
+//
+//	<chroot>/consumers/fanout_<id>/offsets/<topic>/<partition>
+//
+// Each partition znode holds the decimal string of the next offset to
+// consume. A commit writes every partition in one multi (all or nothing),
+// optionally conditioned on the version of a fence znode.
+package zkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// defaultPort is ZooKeeper's client port, used for servers given without one.
+const defaultPort = "2181"
+
+// ParseServers splits a ZooKeeper server list into host:port entries and a
+// chroot. Entries may themselves be comma-separated, and the list may end with
+// a chroot as in "zk1:2181,zk2:2181/fanout". A host without a port gets 2181.
+// The chroot is "" when absent or "/"; otherwise it starts with "/" and has
+// no trailing "/".
+func ParseServers(servers []string) (hosts []string, chroot string, err error) {
+	var entries []string
+	for _, s := range servers {
+		entries = append(entries, strings.Split(s, ",")...)
+	}
+	for i, e := range entries {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		if slash := strings.IndexByte(e, '/'); slash >= 0 {
+			if i != len(entries)-1 {
+				return nil, "", fmt.Errorf("zookeeper servers %q: a chroot may only end the list", servers)
+			}
+			e, chroot = e[:slash], e[slash:]
+		}
+		if _, _, err := net.SplitHostPort(e); err != nil {
+			if strings.Contains(e, ":") && !strings.HasPrefix(e, "[") {
+				return nil, "", fmt.Errorf("zookeeper server %q: %w", e, err)
+			}
+			e = net.JoinHostPort(strings.Trim(e, "[]"), defaultPort)
+		}
+		hosts = append(hosts, e)
+	}
+	if len(hosts) == 0 {
+		return nil, "", fmt.Errorf("zookeeper servers %q: no host", servers)
+	}
+	if chroot, err = cleanChroot(chroot); err != nil {
+		return nil, "", fmt.Errorf("zookeeper servers %q: %w", servers, err)
+	}
+	return hosts, chroot, nil
+}
+
+// cleanChroot validates a chroot and strips its trailing "/".
+func cleanChroot(chroot string) (string, error) {
+	if chroot == "" || chroot == "/" {
+		return "", nil
+	}
+	c := strings.TrimSuffix(chroot, "/")
+	if !strings.HasPrefix(c, "/") || path.Clean(c) != c {
+		return "", fmt.Errorf("chroot %q is not a clean absolute path", chroot)
+	}
+	return c, nil
+}
+
+// zkLogger routes go-zookeeper's logs to logrus at debug level.
+type zkLogger struct{ log *logrus.Entry }
+
+func (l zkLogger) Printf(format string, args ...any) { l.log.Debugf(format, args...) }
+
+// Connect opens a ZooKeeper session with the servers (see ParseServers; a
+// chroot on the list is ignored here: give it to New) and waits until the
+// session is established. If ctx ends first it closes the connection and
+// returns an error naming the servers. After success a goroutine logs
+// session state changes until the connection is closed.
+func Connect(ctx context.Context, servers []string, sessionTimeout time.Duration, log *logrus.Entry) (*zk.Conn, error) {
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	hosts, _, err := ParseServers(servers)
+	if err != nil {
+		return nil, err
+	}
+	log = log.WithField("zookeeper", strings.Join(hosts, ","))
+	conn, events, err := zk.Connect(hosts, sessionTimeout, zk.WithLogger(zkLogger{log}))
+	if err != nil {
+		return nil, fmt.Errorf("zookeeper connect to %s: %w", strings.Join(hosts, ","), err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			conn.Close()
+			return nil, fmt.Errorf("zookeeper unreachable at %s: %w", strings.Join(hosts, ","), ctx.Err())
+		case ev, ok := <-events:
+			if !ok {
+				return nil, fmt.Errorf("zookeeper unreachable at %s: connection closed", strings.Join(hosts, ","))
+			}
+			if ev.State != zk.StateHasSession {
+				continue
+			}
+			log.WithField("session", fmt.Sprintf("%#x", conn.SessionID())).Info("zookeeper session established")
+			go logEvents(log, events)
+			return conn, nil
+		}
+	}
+}
+
+// logEvents logs session state changes until events is closed.
+func logEvents(log *logrus.Entry, events <-chan zk.Event) {
+	for ev := range events {
+		if ev.Type != zk.EventSession {
+			continue
+		}
+		switch ev.State {
+		case zk.StateHasSession:
+			log.Info("zookeeper session established")
+		case zk.StateExpired, zk.StateDisconnected:
+			log.WithField("state", ev.State.String()).Warn("zookeeper session lost")
+		default:
+			log.WithField("state", ev.State.String()).Debug("zookeeper state")
+		}
+	}
+}
+
+// OffsetsPath is the znode holding the offsets of topic for fanout instance
+// id: <chroot>/consumers/fanout_<id>/offsets/<topic>.
+func OffsetsPath(chroot, id, topic string) string {
+	return chroot + "/consumers/fanout_" + id + "/offsets/" + topic
+}
+
+// Store is an offsets.Store in ZooKeeper. It is safe for concurrent use;
+// commits are serialised.
+type Store struct {
+	conn   *zk.Conn
+	chroot string
+	dir    string // OffsetsPath
+
+	fenceMu      sync.Mutex // guards fencePath and fenceVersion
+	fencePath    string     // absolute; "" when no fence is set
+	fenceVersion int32
+
+	commitMu    sync.Mutex // serialises Load and Commit; guards the fields below
+	parentsMade bool
+	known       map[int32]bool // partition znodes known to exist
+}
+
+// New returns the Store of topic for fanout instance id, under chroot (from
+// ParseServers; "" for none). The caller owns conn.
+func New(conn *zk.Conn, chroot, id, topic string) *Store {
+	chroot, _ = cleanChroot(chroot)
+	return &Store{conn: conn, chroot: chroot, dir: OffsetsPath(chroot, id, topic), known: map[int32]bool{}}
+}
+
+// Path is the znode under which the Store keeps its partitions' offsets.
+func (s *Store) Path() string { return s.dir }
+
+// SetFence makes every later Commit conditional on the znode at path (below
+// the chroot, like every path of the Store) having the given version. A
+// commit whose check fails returns an error wrapping offsets.ErrFenced.
+func (s *Store) SetFence(path string, version int32) {
+	s.fenceMu.Lock()
+	defer s.fenceMu.Unlock()
+	s.fencePath, s.fenceVersion = s.chroot+path, version
+}
+
+// ClearFence makes commits unconditional again.
+func (s *Store) ClearFence() {
+	s.fenceMu.Lock()
+	defer s.fenceMu.Unlock()
+	s.fencePath = ""
+}
+
+// Load implements offsets.Store. A missing offsets znode means no offsets.
+func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("zkstore: load %s: %w", s.dir, err)
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	children, _, err := s.conn.Children(s.dir)
+	if errors.Is(err, zk.ErrNoNode) {
+		return map[int32]int64{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("zkstore: list %s: %w", s.dir, err)
+	}
+	out := make(map[int32]int64, len(children))
+	for _, c := range children {
+		znode := s.dir + "/" + c
+		p, err := strconv.ParseInt(c, 10, 32)
+		if err != nil || p < 0 {
+			return nil, fmt.Errorf("zkstore: znode %s: name is not a partition number", znode)
+		}
+		data, _, err := s.conn.Get(znode)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue // deleted since listed
+		}
+		if err != nil {
+			return nil, fmt.Errorf("zkstore: read %s: %w", znode, err)
+		}
+		o, err := parseOffset(data)
+		if err != nil {
+			return nil, fmt.Errorf("zkstore: znode %s: %w", znode, err)
+		}
+		out[int32(p)] = o
+		s.known[int32(p)] = true
+	}
+	return out, nil
+}
+
+// parseOffset parses a znode value: a decimal, non-negative offset
+// (surrounding white space tolerated).
+func parseOffset(data []byte) (int64, error) {
+	o, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil || o < 0 {
+		return 0, fmt.Errorf("value %q is not an offset", data)
+	}
+	return o, nil
+}
+
+// Commit implements offsets.Store: one multi writes every given partition,
+// preceded by the fence check when a fence is set. ctx is checked before the
+// write; a write under way is not interrupted (it is atomic either way).
+func (s *Store) Commit(ctx context.Context, offs map[int32]int64) error {
+	if len(offs) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
+	}
+	parts := make([]int32, 0, len(offs))
+	for p, o := range offs {
+		if p < 0 || o < 0 {
+			return fmt.Errorf("zkstore: commit to %s: invalid partition %d offset %d", s.dir, p, o)
+		}
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+
+	s.fenceMu.Lock()
+	fencePath, fenceVersion := s.fencePath, s.fenceVersion
+	s.fenceMu.Unlock()
+
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	if err := s.makeParents(); err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		ops := s.commitOps(fencePath, fenceVersion, parts, offs)
+		resps, err := s.conn.Multi(ops...)
+		if err == nil {
+			for _, p := range parts {
+				s.known[p] = true
+			}
+			return nil
+		}
+		failed, opErr := failedOp(resps, err)
+		if fencePath != "" && failed == 0 && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
+			return fmt.Errorf("zkstore: commit to %s: fence %s version %d: %w: %w",
+				s.dir, fencePath, fenceVersion, offsets.ErrFenced, opErr)
+		}
+		raced := errors.Is(opErr, zk.ErrNodeExists) || errors.Is(opErr, zk.ErrNoNode)
+		if attempt > 0 || !raced {
+			return fmt.Errorf("zkstore: commit %d partitions to %s: %w", len(parts), s.dir, err)
+		}
+		// A partition znode appeared (or vanished) behind our back: learn
+		// which exist and retry once.
+		if err := s.refreshKnown(parts); err != nil {
+			return err
+		}
+	}
+}
+
+// commitOps builds the multi: the fence check first, then one SetData or
+// Create per partition in partition order.
+func (s *Store) commitOps(fencePath string, fenceVersion int32, parts []int32, offs map[int32]int64) []any {
+	ops := make([]any, 0, len(parts)+1)
+	if fencePath != "" {
+		ops = append(ops, &zk.CheckVersionRequest{Path: fencePath, Version: fenceVersion})
+	}
+	for _, p := range parts {
+		znode := s.partitionPath(p)
+		data := []byte(strconv.FormatInt(offs[p], 10))
+		if s.known[p] {
+			ops = append(ops, &zk.SetDataRequest{Path: znode, Data: data, Version: -1})
+		} else {
+			ops = append(ops, &zk.CreateRequest{Path: znode, Data: data, Acl: zk.WorldACL(zk.PermAll)})
+		}
+	}
+	return ops
+}
+
+// failedOp returns the index and error of the op that failed a multi: the
+// first op with an error, else the multi's own error at index -1.
+func failedOp(resps []zk.MultiResponse, err error) (int, error) {
+	for i, r := range resps {
+		if r.Error != nil {
+			return i, r.Error
+		}
+	}
+	return -1, err
+}
+
+// partitionPath is the znode of partition p.
+func (s *Store) partitionPath(p int32) string {
+	return s.dir + "/" + strconv.FormatInt(int64(p), 10)
+}
+
+// makeParents creates the offsets znode and its ancestors once.
+func (s *Store) makeParents() error {
+	if s.parentsMade {
+		return nil
+	}
+	for i := 1; i < len(s.dir); i++ {
+		if s.dir[i] != '/' {
+			continue
+		}
+		if err := s.create(s.dir[:i]); err != nil {
+			return err
+		}
+	}
+	if err := s.create(s.dir); err != nil {
+		return err
+	}
+	s.parentsMade = true
+	return nil
+}
+
+// create creates an empty persistent znode, tolerating that it exists.
+func (s *Store) create(znode string) error {
+	_, err := s.conn.Create(znode, nil, 0, zk.WorldACL(zk.PermAll))
+	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		return fmt.Errorf("zkstore: create %s: %w", znode, err)
+	}
+	return nil
+}
+
+// refreshKnown records which of the partitions' znodes exist.
+func (s *Store) refreshKnown(parts []int32) error {
+	for _, p := range parts {
+		ok, _, err := s.conn.Exists(s.partitionPath(p))
+		if err != nil {
+			return fmt.Errorf("zkstore: exists %s: %w", s.partitionPath(p), err)
+		}
+		s.known[p] = ok
+	}
+	return nil
+}
+
+var _ offsets.Store = (*Store)(nil)

@@ -1,0 +1,142 @@
+package zkstore
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/go-zookeeper/zk"
+)
+
+func TestParseServers(t *testing.T) {
+	tests := []struct {
+		in         []string
+		wantHosts  []string
+		wantChroot string
+		wantErr    bool
+	}{
+		{[]string{"zk1:2181"}, []string{"zk1:2181"}, "", false},
+		{[]string{"zk1:2181,zk2:2182/fanout"}, []string{"zk1:2181", "zk2:2182"}, "/fanout", false},
+		{[]string{"zk1:2181", "zk2:2181/a/b/"}, []string{"zk1:2181", "zk2:2181"}, "/a/b", false},
+		{[]string{" zk1 , zk2:1/"}, []string{"zk1:2181", "zk2:1"}, "", false},
+		{[]string{"[::1]:2181/x"}, []string{"[::1]:2181"}, "/x", false},
+		{[]string{"zk1/a,zk2"}, nil, "", true},     // chroot not at the end
+		{[]string{"zk1:2181/a//b"}, nil, "", true}, // unclean chroot
+		{[]string{"zk1:2181/a/../b"}, nil, "", true},
+		{[]string{"::1"}, nil, "", true},
+		{[]string{""}, nil, "", true},
+		{nil, nil, "", true},
+	}
+	for _, tt := range tests {
+		hosts, chroot, err := ParseServers(tt.in)
+		if (err != nil) != tt.wantErr || !slices.Equal(hosts, tt.wantHosts) || chroot != tt.wantChroot {
+			t.Errorf("ParseServers(%q) = %q, %q, %v; want %q, %q, error %v",
+				tt.in, hosts, chroot, err, tt.wantHosts, tt.wantChroot, tt.wantErr)
+		}
+	}
+}
+
+func TestPaths(t *testing.T) {
+	tests := []struct {
+		chroot, id, topic string
+		partition         int32
+		wantDir, wantPart string
+	}{
+		{"", "a", "orders", 0, "/consumers/fanout_a/offsets/orders", "/consumers/fanout_a/offsets/orders/0"},
+		{"/fanout", "b", "t.x", 12, "/fanout/consumers/fanout_b/offsets/t.x", "/fanout/consumers/fanout_b/offsets/t.x/12"},
+		{"/fanout/", "b", "t", 1, "/fanout/consumers/fanout_b/offsets/t", "/fanout/consumers/fanout_b/offsets/t/1"},
+		{"/", "c", "t", 3, "/consumers/fanout_c/offsets/t", "/consumers/fanout_c/offsets/t/3"},
+	}
+	for _, tt := range tests {
+		s := New(nil, tt.chroot, tt.id, tt.topic)
+		if s.Path() != tt.wantDir || s.partitionPath(tt.partition) != tt.wantPart {
+			t.Errorf("New(%q, %q, %q): %q, %q; want %q, %q",
+				tt.chroot, tt.id, tt.topic, s.Path(), s.partitionPath(tt.partition), tt.wantDir, tt.wantPart)
+		}
+	}
+}
+
+func TestParseOffset(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int64
+		wantErr bool
+	}{
+		{"0", 0, false},
+		{"42", 42, false},
+		{"9223372036854775807", 9223372036854775807, false},
+		{" 7\n", 7, false},
+		{"", 0, true},
+		{"-1", 0, true},
+		{"0x10", 0, true},
+		{"12a", 0, true},
+		{"9223372036854775808", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := parseOffset([]byte(tt.in))
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("parseOffset(%q) = %d, %v; want %d, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestCommitOps(t *testing.T) {
+	s := New(nil, "/r", "i", "t")
+	s.known[1] = true
+	offs := map[int32]int64{0: 10, 1: 20}
+	tests := []struct {
+		name  string
+		fence bool
+		want  []string
+	}{
+		{"no fence", false, []string{"create /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/offsets/t/1=20"}},
+		{"fence", true, []string{"check /r/fence@7", "create /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/offsets/t/1=20"}},
+	}
+	for _, tt := range tests {
+		s.ClearFence()
+		if tt.fence {
+			s.SetFence("/fence", 7)
+		}
+		var got []string
+		for _, op := range s.commitOps(s.fencePath, s.fenceVersion, []int32{0, 1}, offs) {
+			switch op := op.(type) {
+			case *zk.CheckVersionRequest:
+				got = append(got, fmt.Sprintf("check %s@%d", op.Path, op.Version))
+			case *zk.CreateRequest:
+				got = append(got, fmt.Sprintf("create %s=%s", op.Path, op.Data))
+			case *zk.SetDataRequest:
+				if op.Version != -1 {
+					t.Errorf("%s: SetData with version %d, want -1", tt.name, op.Version)
+				}
+				got = append(got, fmt.Sprintf("set %s=%s", op.Path, op.Data))
+			default:
+				t.Errorf("%s: unexpected op %T", tt.name, op)
+			}
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: ops %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestFailedOp(t *testing.T) {
+	unknown := errors.New("zk: unknown error: -2")
+	tests := []struct {
+		name    string
+		resps   []zk.MultiResponse
+		err     error
+		wantIdx int
+		wantErr error
+	}{
+		{"check failed", []zk.MultiResponse{{Error: zk.ErrBadVersion}, {Error: unknown}}, zk.ErrBadVersion, 0, zk.ErrBadVersion},
+		{"second op failed", []zk.MultiResponse{{}, {Error: zk.ErrNodeExists}, {Error: unknown}}, zk.ErrNodeExists, 1, zk.ErrNodeExists},
+		{"no responses", nil, zk.ErrConnectionClosed, -1, zk.ErrConnectionClosed},
+	}
+	for _, tt := range tests {
+		idx, err := failedOp(tt.resps, tt.err)
+		if idx != tt.wantIdx || !errors.Is(err, tt.wantErr) {
+			t.Errorf("%s: failedOp = %d, %v; want %d, %v", tt.name, idx, err, tt.wantIdx, tt.wantErr)
+		}
+	}
+}
