@@ -1,0 +1,275 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/server"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
+)
+
+// Daemon is one fanout process: a client listener, a Kafka client, an
+// offset store and, while it leads, a source and a dispatcher.
+type Daemon struct {
+	opts    Options
+	log     *logrus.Entry
+	backend switchBackend
+	srv     *server.Server
+
+	serving   atomic.Bool   // a dispatcher is running: clients are welcome
+	listening chan struct{} // closed once the listener is bound
+	ready     chan struct{} // closed once this node first serves clients
+	readyOnce sync.Once
+}
+
+// New validates opts and returns a Daemon. Nothing runs until Run.
+func New(opts Options) (*Daemon, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	d := &Daemon{
+		opts:      opts,
+		log:       opts.Logger.WithFields(logrus.Fields{"id": opts.ID, "topic": opts.Topic}),
+		listening: make(chan struct{}),
+		ready:     make(chan struct{}),
+	}
+	srv, err := server.New(server.Config{
+		Listen:       opts.Listen,
+		NodeID:       opts.NodeID,
+		Topic:        opts.Topic,
+		MaxInFlight:  opts.MaxInFlight,
+		AckTimeout:   opts.AckTimeout,
+		Heartbeat:    opts.Heartbeat,
+		Liveness:     opts.Liveness,
+		WriteTimeout: opts.WriteTimeout,
+		MaxFrameSize: opts.MaxFrameSize,
+		MaxClients:   opts.MaxClients,
+		AuthToken:    opts.AuthToken,
+		Leadership:   d.leadership,
+		Logger:       d.log,
+	}, &d.backend)
+	if err != nil {
+		return nil, fmt.Errorf("client server: %w", err)
+	}
+	d.srv = srv
+	return d, nil
+}
+
+// Addr returns the client listener's address once Listening is closed.
+func (d *Daemon) Addr() net.Addr { return d.srv.Addr() }
+
+// Listening is closed once the client listener is bound.
+func (d *Daemon) Listening() <-chan struct{} { return d.listening }
+
+// Ready is closed once the daemon first serves clients: Kafka and the offset
+// store are reachable and the dispatcher runs.
+func (d *Daemon) Ready() <-chan struct{} { return d.ready }
+
+// Stats returns the dispatcher's counters, or false when no dispatcher runs.
+func (d *Daemon) Stats(ctx context.Context) (dispatch.Stats, bool) {
+	if disp := d.backend.get(); disp != nil {
+		return disp.Stats(ctx)
+	}
+	return dispatch.Stats{}, false
+}
+
+// leadership tells the server whether to welcome clients.
+func (d *Daemon) leadership() server.Leadership {
+	return server.Leadership{Leader: d.serving.Load()}
+}
+
+// Run serves until ctx ends, then shuts down gracefully: it stops accepting
+// clients and fetching, says goodbye to clients, waits up to DrainTimeout
+// for outstanding acks, commits and returns nil. Kafka, ZooKeeper or the
+// topic being out of reach is logged and retried with backoff; Run returns
+// an error only for what retrying cannot fix (the listen address is taken).
+func (d *Daemon) Run(ctx context.Context) error {
+	if err := d.srv.Start(context.Background()); err != nil {
+		return err
+	}
+	close(d.listening)
+	defer d.srv.Close()
+	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
+	defer stopAccepting()
+	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID}).Info("fanout starting")
+
+	client, err := d.connectKafka(ctx)
+	if err != nil {
+		return nil // ctx ended
+	}
+	defer client.Close()
+
+	store, closeStore, err := d.openStore(ctx)
+	if err != nil {
+		return nil // ctx ended
+	}
+	defer closeStore()
+
+	err = d.lead(ctx, client, store)
+	d.log.Info("fanout stopped")
+	return err
+}
+
+// connectKafka returns a client of the Kafka cluster, retrying until ctx ends.
+func (d *Daemon) connectKafka(ctx context.Context) (sarama.Client, error) {
+	var client sarama.Client
+	err := retry(ctx, d.log.WithField("kafka", d.opts.Kafka), "connect to Kafka", d.opts.ConnectBackoffMax,
+		func(context.Context) error {
+			c, err := sarama.NewClient(d.opts.Kafka, kafka.NewConfig("fanout-"+d.opts.NodeID))
+			if err != nil {
+				return fmt.Errorf("kafka unreachable at %v: %w", d.opts.Kafka, err)
+			}
+			client = c
+			return nil
+		})
+	return client, err
+}
+
+// openStore returns the offset store: Options.Store, or ZooKeeper.
+func (d *Daemon) openStore(ctx context.Context) (offsets.Store, func(), error) {
+	if d.opts.Store != nil {
+		return d.opts.Store, func() {}, nil
+	}
+	servers, chroot, err := zkstore.ParseServers(d.opts.ZooKeeper)
+	if err != nil {
+		return nil, nil, err
+	}
+	var store *zkstore.Store
+	var closeConn func()
+	err = retry(ctx, d.log.WithField("zookeeper", d.opts.ZooKeeper), "connect to ZooKeeper", d.opts.ConnectBackoffMax,
+		func(ctx context.Context) error {
+			attempt, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			conn, err := zkstore.Connect(attempt, servers, 10*time.Second, d.log)
+			if err != nil {
+				return err
+			}
+			store = zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
+			closeConn = conn.Close
+			return nil
+		})
+	return store, closeConn, err
+}
+
+// lead consumes the topic and serves clients until ctx ends or the store
+// fences this node.
+func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.Store) error {
+	var stored map[int32]int64
+	err := retry(ctx, d.log, "load offsets", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
+		var err error
+		stored, err = store.Load(ctx)
+		return err
+	})
+	if err != nil {
+		return nil // ctx ended
+	}
+	initial, err := kafka.ParseInitialOffset(d.opts.InitialOffset)
+	if err != nil {
+		return err
+	}
+	src, err := kafka.NewSource(client, kafka.SourceConfig{
+		Topic: d.opts.Topic, Initial: initial, Stored: stored, Logger: d.log,
+	})
+	if err != nil {
+		return fmt.Errorf("kafka source: %w", err)
+	}
+	disp, err := dispatch.New(dispatch.Config{
+		AckTimeout:       d.opts.AckTimeout,
+		MaxBuffered:      d.opts.MaxBuffered,
+		MaxBufferedBytes: d.opts.MaxBufferedBytes,
+		CommitInterval:   d.opts.CommitInterval,
+		DrainTimeout:     d.opts.DrainTimeout,
+		Store:            store,
+		Logger:           d.log,
+	}, src)
+	if err != nil {
+		return err
+	}
+
+	// The source outlives the dispatcher's drain: it stops only after the
+	// dispatcher has returned.
+	srcCtx, stopSource := context.WithCancel(context.Background())
+	srcDone := make(chan struct{})
+	go func() {
+		defer close(srcDone)
+		_ = retry(srcCtx, d.log, "consume topic "+d.opts.Topic, d.opts.ConnectBackoffMax, src.Run)
+	}()
+	defer func() {
+		stopSource()
+		<-srcDone
+	}()
+
+	d.backend.set(disp)
+	d.serving.Store(true)
+	d.readyOnce.Do(func() { close(d.ready) })
+	d.log.WithField("stored_offsets", stored).Info("serving clients")
+	err = disp.Run(ctx)
+	d.serving.Store(false)
+	d.backend.set(nil)
+	if errors.Is(err, offsets.ErrFenced) {
+		d.srv.RedirectAll(d.leadership())
+	}
+	return err
+}
+
+// switchBackend forwards the server's calls to the running dispatcher, if
+// any. Between dispatchers there is nobody to forward to: a joining client
+// is told goodbye and other calls are dropped (their deliveries belong to a
+// dispatcher that is gone and are redelivered from the committed offsets).
+type switchBackend struct {
+	cur atomic.Pointer[dispatch.Dispatcher]
+}
+
+var _ dispatch.Backend = (*switchBackend)(nil)
+
+func (b *switchBackend) set(d *dispatch.Dispatcher) { b.cur.Store(d) }
+func (b *switchBackend) get() *dispatch.Dispatcher  { return b.cur.Load() }
+
+// Join implements dispatch.Backend.
+func (b *switchBackend) Join(id uint64, name string, max int, sink dispatch.ClientSink) {
+	if d := b.get(); d != nil {
+		d.Join(id, name, max, sink)
+		return
+	}
+	sink.Goodbye("not serving")
+}
+
+// Ack implements dispatch.Backend.
+func (b *switchBackend) Ack(id uint64, ids []uint64) {
+	if d := b.get(); d != nil {
+		d.Ack(id, ids)
+	}
+}
+
+// Nack implements dispatch.Backend.
+func (b *switchBackend) Nack(id uint64, ids []uint64) {
+	if d := b.get(); d != nil {
+		d.Nack(id, ids)
+	}
+}
+
+// Touch implements dispatch.Backend.
+func (b *switchBackend) Touch(id uint64, ids []uint64) {
+	if d := b.get(); d != nil {
+		d.Touch(id, ids)
+	}
+}
+
+// Leave implements dispatch.Backend.
+func (b *switchBackend) Leave(id uint64, reason dispatch.LeaveReason) {
+	if d := b.get(); d != nil {
+		d.Leave(id, reason)
+	}
+}

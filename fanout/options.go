@@ -1,0 +1,228 @@
+// Package fanout is the daemon: it consumes every partition of one Kafka
+// topic and hands each message to one of its TCP clients, keeping offsets in
+// ZooKeeper. cmd/fanout maps command-line flags onto Options and calls Run.
+package fanout
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+// Options configures a daemon. Zero values take the defaults noted.
+type Options struct {
+	ID    string // service id; daemons with the same ID and Topic form one cluster; required
+	Topic string // the Kafka topic to consume; required
+
+	Kafka     []string // bootstrap brokers, host:port
+	ZooKeeper []string // ZooKeeper servers, host:port; the last may end in /chroot
+
+	Listen    string // client listener address; default ":4987"
+	Advertise string // the address clients are told (redirects); default derived from Listen
+	NodeID    string // unique within the cluster; default hostname-pid
+
+	AckTimeout       time.Duration // redeliver without an ack after this; default 30s
+	Heartbeat        time.Duration // ping interval; default 5s
+	Liveness         int           // heartbeats of silence before a client is dropped; default 2
+	WriteTimeout     time.Duration // a client write slower than this drops the client; default 10s
+	MaxInFlight      int           // cap on any client's unacked messages; default 1000
+	MaxBuffered      int           // messages buffered before fetching pauses; default 10000
+	MaxBufferedBytes int           // payload bytes buffered before fetching pauses; default 64 MiB
+	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
+	MaxClients       int           // 0 = unlimited
+	AuthToken        string        // when set, clients must present it in Hello
+
+	InitialOffset  string        // "newest" or "oldest", for partitions with no stored offset; default newest
+	CommitInterval time.Duration // default 1s
+	DrainTimeout   time.Duration // shutdown waits this long for outstanding acks; default 10s
+
+	// ConnectBackoffMax bounds the wait between attempts to reach Kafka,
+	// ZooKeeper or a missing topic; default 30s.
+	ConnectBackoffMax time.Duration
+
+	// Store replaces the ZooKeeper offset store when set (the dev mode's
+	// in-memory store, tests). ZooKeeper is then not used.
+	Store offsets.Store
+
+	Logger *logrus.Entry // default: the standard logger
+}
+
+// Defaults of Options.
+const (
+	DefaultListen           = ":4987"
+	DefaultAckTimeout       = 30 * time.Second
+	DefaultHeartbeat        = 5 * time.Second
+	DefaultLiveness         = 2
+	DefaultWriteTimeout     = 10 * time.Second
+	DefaultMaxInFlight      = 1000
+	DefaultMaxBuffered      = 10000
+	DefaultMaxBufferedBytes = 64 << 20
+	DefaultInitialOffset    = "newest"
+	DefaultCommitInterval   = time.Second
+	DefaultDrainTimeout     = 10 * time.Second
+	DefaultConnectBackoff   = 30 * time.Second
+)
+
+// topicName is what Kafka accepts as a topic name.
+var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// idName is what fanout accepts as a service id: it becomes part of a topic
+// name and of znode paths.
+var idName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,100}$`)
+
+// withDefaults returns o with every zero value replaced by its default.
+func (o Options) withDefaults() Options {
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	seti := func(i *int, v int) {
+		if *i == 0 {
+			*i = v
+		}
+	}
+	if len(o.Kafka) == 0 {
+		o.Kafka = []string{"localhost:9092"}
+	}
+	if len(o.ZooKeeper) == 0 && o.Store == nil {
+		o.ZooKeeper = []string{"localhost:2181"}
+	}
+	if o.Listen == "" {
+		o.Listen = DefaultListen
+	}
+	if o.NodeID == "" {
+		host, _ := os.Hostname()
+		o.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	set(&o.AckTimeout, DefaultAckTimeout)
+	set(&o.Heartbeat, DefaultHeartbeat)
+	seti(&o.Liveness, DefaultLiveness)
+	set(&o.WriteTimeout, DefaultWriteTimeout)
+	seti(&o.MaxInFlight, DefaultMaxInFlight)
+	seti(&o.MaxBuffered, DefaultMaxBuffered)
+	seti(&o.MaxBufferedBytes, DefaultMaxBufferedBytes)
+	seti(&o.MaxFrameSize, protocol.DefaultMaxFrameSize)
+	if o.InitialOffset == "" {
+		o.InitialOffset = DefaultInitialOffset
+	}
+	set(&o.CommitInterval, DefaultCommitInterval)
+	set(&o.DrainTimeout, DefaultDrainTimeout)
+	set(&o.ConnectBackoffMax, DefaultConnectBackoff)
+	if o.Logger == nil {
+		o.Logger = logrus.NewEntry(logrus.StandardLogger())
+	}
+	return o
+}
+
+// Validate reports every problem with o (after defaults) in one error.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if !idName.MatchString(o.ID) {
+		bad("--id %q: required, 1-100 of [a-zA-Z0-9._-]", o.ID)
+	}
+	if !topicName.MatchString(o.Topic) || o.Topic == "." || o.Topic == ".." {
+		bad("--topic %q: required, a Kafka topic name (1-249 of [a-zA-Z0-9._-])", o.Topic)
+	}
+	for _, a := range o.Kafka {
+		if err := checkHostPort(a); err != nil {
+			bad("--kafka %q: %v", a, err)
+		}
+	}
+	for i, a := range o.ZooKeeper {
+		if i == len(o.ZooKeeper)-1 {
+			if j := strings.IndexByte(a, '/'); j >= 0 {
+				a = a[:j]
+			}
+		}
+		if err := checkHostPort(a); err != nil {
+			bad("--zookeeper %q: %v", a, err)
+		}
+	}
+	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
+		bad("--listen %q: %v", o.Listen, err)
+	}
+	if o.Advertise != "" {
+		if err := checkHostPort(o.Advertise); err != nil {
+			bad("--advertise %q: %v", o.Advertise, err)
+		}
+	}
+	for _, d := range []struct {
+		flag  string
+		value time.Duration
+	}{
+		{"--ack-timeout", o.AckTimeout}, {"--heartbeat", o.Heartbeat}, {"--write-timeout", o.WriteTimeout},
+		{"--commit-interval", o.CommitInterval}, {"--drain-timeout", o.DrainTimeout},
+	} {
+		if d.value < 0 {
+			bad("%s %s: must be positive", d.flag, d.value)
+		}
+	}
+	if o.AckTimeout > 0 && o.AckTimeout < 10*time.Millisecond {
+		bad("--ack-timeout %s: at least 10ms", o.AckTimeout)
+	}
+	if o.Liveness < 1 {
+		bad("--liveness %d: at least 1", o.Liveness)
+	}
+	if o.MaxInFlight < 1 {
+		bad("--max-in-flight %d: at least 1", o.MaxInFlight)
+	}
+	if o.MaxBuffered < 1 {
+		bad("--max-buffered %d: at least 1", o.MaxBuffered)
+	}
+	if o.MaxBufferedBytes < 1 {
+		bad("--max-buffered-bytes %d: at least 1", o.MaxBufferedBytes)
+	}
+	if o.MaxFrameSize < 1024 || o.MaxFrameSize > 1<<30 {
+		bad("--max-frame-size %d: between 1 KiB and 1 GiB", o.MaxFrameSize)
+	}
+	if o.MaxClients < 0 {
+		bad("--max-clients %d: must not be negative", o.MaxClients)
+	}
+	if s := strings.ToLower(o.InitialOffset); s != "newest" && s != "oldest" {
+		bad("--initial-offset %q: want newest or oldest", o.InitialOffset)
+	}
+	return errors.Join(errs...)
+}
+
+// advertised returns the address clients are told to connect to.
+func (o Options) advertised(listen net.Addr) string {
+	if o.Advertise != "" {
+		return o.Advertise
+	}
+	host, port, err := net.SplitHostPort(listen.String())
+	if err != nil {
+		return listen.String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+func checkHostPort(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return errors.New("missing host")
+	}
+	if port == "" {
+		return errors.New("missing port")
+	}
+	return nil
+}
