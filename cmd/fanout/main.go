@@ -1,0 +1,109 @@
+// Command fanout is the fanout daemon and its tools.
+//
+//	fanout --id service_x --topic user_need   # run the daemon
+//	fanout tail --connect localhost:4987      # print and ack messages
+//
+// Run `fanout --help` for every command and flag.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(context.Background(), os.Args, os.Stdout, os.Stderr))
+}
+
+// run executes the command line args and returns the process exit code:
+// 0 on success, 2 for bad flags or values, 1 for other failures.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	app := newApp(stdout, stderr)
+	err := app.RunContext(ctx, args)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "fanout:", err)
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	return 1
+}
+
+// usageError marks bad flags or values: exit code 2.
+func usageError(err error) error { return cli.Exit(err.Error(), 2) }
+
+func init() {
+	// -v is --verbose here, so --version has no short alias.
+	cli.VersionFlag = &cli.BoolFlag{Name: "version", Usage: "print the version"}
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:      "fanout",
+		Usage:     "hand each message of a Kafka topic to one of many TCP clients, with acks and redelivery",
+		UsageText: "fanout --id SERVICE_ID --topic TOPIC [flags]\nfanout COMMAND [flags]",
+		Version:   version,
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags:     append(logFlags(), serveFlags()...),
+		Before:    setupLogging,
+		Action:    serve,
+		// Errors are printed once, by run, with the right exit code.
+		ExitErrHandler: func(*cli.Context, error) {},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usageError(err)
+		},
+		Commands: []*cli.Command{
+			{
+				Name:         "serve",
+				Usage:        "run the daemon (the same as running fanout without a command)",
+				Flags:        serveFlags(),
+				Action:       serve,
+				OnUsageError: commandUsageError,
+			},
+			// COMMANDS
+		},
+	}
+}
+
+func commandUsageError(_ *cli.Context, err error, _ bool) error { return usageError(err) }
+
+func logFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "debug logs", EnvVars: []string{"FANOUT_VERBOSE"}},
+		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json", EnvVars: []string{"FANOUT_LOG_FORMAT"}},
+	}
+}
+
+// setupLogging configures the standard logrus logger from -v and --log-format.
+func setupLogging(c *cli.Context) error {
+	logrus.SetOutput(c.App.ErrWriter)
+	switch c.String("log-format") {
+	case "text":
+		logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true})
+	case "json":
+		logrus.SetFormatter(&logrus.JSONFormatter{})
+	default:
+		return usageError(fmt.Errorf("--log-format %q: want text or json", c.String("log-format")))
+	}
+	logrus.SetLevel(logrus.InfoLevel)
+	if c.Bool("verbose") {
+		logrus.SetLevel(logrus.DebugLevel)
+	}
+	return nil
+}

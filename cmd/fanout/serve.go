@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+// serveFlags are the daemon's flags; each can also be set by its
+// environment variable.
+func serveFlags() []cli.Flag {
+	env := func(name string) []string { return []string{"FANOUT_" + name} }
+	return []cli.Flag{
+		&cli.StringFlag{Name: "id", Usage: "service id: daemons with the same id and topic form a cluster", EnvVars: env("ID")},
+		&cli.StringFlag{Name: "topic", Usage: "the Kafka topic to consume, every partition", EnvVars: env("TOPIC")},
+		&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker link variables KAFKA_*_PORT_9092_TCP_*, else localhost:9092)", EnvVars: env("KAFKA")},
+		&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker link variables ZK_*_PORT_2181_TCP_*, else localhost:2181)", EnvVars: env("ZOOKEEPER")},
+		&cli.StringFlag{Name: "listen", Value: fanout.DefaultListen, Usage: "address for client connections", EnvVars: env("LISTEN")},
+		&cli.StringFlag{Name: "advertise", Usage: "host:port clients are told to use for this daemon (default: hostname and the listen port)", EnvVars: env("ADVERTISE")},
+		&cli.StringFlag{Name: "node-id", Usage: "this daemon's id in the cluster (default: hostname-pid)", EnvVars: env("NODE_ID")},
+		&cli.DurationFlag{Name: "ack-timeout", Value: fanout.DefaultAckTimeout, Usage: "redeliver a message not acked within this time", EnvVars: env("ACK_TIMEOUT")},
+		&cli.DurationFlag{Name: "heartbeat", Value: fanout.DefaultHeartbeat, Usage: "ping clients this often", EnvVars: env("HEARTBEAT")},
+		&cli.IntFlag{Name: "liveness", Value: fanout.DefaultLiveness, Usage: "drop a client silent for this many heartbeats", EnvVars: env("LIVENESS")},
+		&cli.DurationFlag{Name: "write-timeout", Value: fanout.DefaultWriteTimeout, Usage: "drop a client that does not read for this long (slow consumer)", EnvVars: env("WRITE_TIMEOUT")},
+		&cli.IntFlag{Name: "max-in-flight", Value: fanout.DefaultMaxInFlight, Usage: "most unacked messages per client (a client may ask for fewer)", EnvVars: env("MAX_IN_FLIGHT")},
+		&cli.IntFlag{Name: "max-buffered", Value: fanout.DefaultMaxBuffered, Usage: "messages buffered for clients before fetching pauses", EnvVars: env("MAX_BUFFERED")},
+		&cli.IntFlag{Name: "max-buffered-bytes", Value: fanout.DefaultMaxBufferedBytes, Usage: "payload bytes buffered for clients before fetching pauses", EnvVars: env("MAX_BUFFERED_BYTES")},
+		&cli.IntFlag{Name: "max-frame-size", Value: protocol.DefaultMaxFrameSize, Usage: "largest frame accepted from a client, in bytes", EnvVars: env("MAX_FRAME_SIZE")},
+		&cli.IntFlag{Name: "max-clients", Usage: "most connected clients (0: no limit)", EnvVars: env("MAX_CLIENTS")},
+		&cli.StringFlag{Name: "auth-token", Usage: "shared secret clients must send in hello", EnvVars: env("AUTH_TOKEN")},
+		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions with no stored offset start", EnvVars: env("INITIAL_OFFSET")},
+		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
+		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
+	}
+}
+
+// serveOptions maps the flags onto fanout.Options.
+func serveOptions(c *cli.Context, environ []string) fanout.Options {
+	kafkaAddrs, zkAddrs := c.StringSlice("kafka"), c.StringSlice("zookeeper")
+	if len(kafkaAddrs) == 0 {
+		kafkaAddrs = linkedAddrs(environ, "KAFKA", 9092)
+	}
+	if len(zkAddrs) == 0 {
+		zkAddrs = linkedAddrs(environ, "ZK", 2181)
+	}
+	return fanout.Options{
+		ID:               c.String("id"),
+		Topic:            c.String("topic"),
+		Kafka:            splitAll(kafkaAddrs),
+		ZooKeeper:        splitAll(zkAddrs),
+		Listen:           c.String("listen"),
+		Advertise:        c.String("advertise"),
+		NodeID:           c.String("node-id"),
+		AckTimeout:       c.Duration("ack-timeout"),
+		Heartbeat:        c.Duration("heartbeat"),
+		Liveness:         c.Int("liveness"),
+		WriteTimeout:     c.Duration("write-timeout"),
+		MaxInFlight:      c.Int("max-in-flight"),
+		MaxBuffered:      c.Int("max-buffered"),
+		MaxBufferedBytes: c.Int("max-buffered-bytes"),
+		MaxFrameSize:     c.Int("max-frame-size"),
+		MaxClients:       c.Int("max-clients"),
+		AuthToken:        c.String("auth-token"),
+		InitialOffset:    c.String("initial-offset"),
+		CommitInterval:   c.Duration("commit-interval"),
+		DrainTimeout:     c.Duration("drain-timeout"),
+		Logger:           logrus.NewEntry(logrus.StandardLogger()),
+	}
+}
+
+// serve runs the daemon until SIGINT or SIGTERM.
+func serve(c *cli.Context) error {
+	if c.Args().Present() {
+		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: serve, tail)", c.Args().First()))
+	}
+	opts := serveOptions(c, environ())
+	d, err := fanout.New(opts)
+	if err != nil {
+		return usageError(err)
+	}
+	return d.Run(c.Context)
+}
