@@ -130,8 +130,10 @@ func logEvents(log *logrus.Entry, events <-chan zk.Event) {
 		switch ev.State {
 		case zk.StateHasSession:
 			log.Info("zookeeper session established")
-		case zk.StateExpired, zk.StateDisconnected:
-			log.WithField("state", ev.State.String()).Warn("zookeeper session lost")
+		case zk.StateExpired:
+			log.Warn("zookeeper session expired, opening a new one")
+		case zk.StateDisconnected:
+			log.Info("zookeeper disconnected (reconnecting unless closed)")
 		default:
 			log.WithField("state", ev.State.String()).Debug("zookeeper state")
 		}

@@ -1,0 +1,206 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
+)
+
+// zkConnect opens a session with zkstore.Connect (closed at cleanup).
+func zkConnect(t *testing.T) *zk.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	conn, err := zkstore.Connect(ctx, zkAddrs(t), 10*time.Second, logrus.NewEntry(logrus.StandardLogger()))
+	if err != nil {
+		t.Fatalf("zkstore.Connect: %v", err)
+	}
+	t.Cleanup(conn.Close)
+	return conn
+}
+
+// zkChroot returns a fresh chroot for the test, deleted at cleanup.
+func zkChroot(t *testing.T, conn *zk.Conn) string {
+	t.Helper()
+	chroot := "/" + uniqueName(t, "zkstore")
+	t.Cleanup(func() { deleteTree(t, conn, chroot) })
+	return chroot
+}
+
+func mustLoad(t *testing.T, s *zkstore.Store) map[int32]int64 {
+	t.Helper()
+	got, err := s.Load(context.Background())
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return got
+}
+
+func equalOffsets(a, b map[int32]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for p, o := range a {
+		if ob, ok := b[p]; !ok || ob != o {
+			return false
+		}
+	}
+	return true
+}
+
+func TestZKStoreRoundTrip(t *testing.T) {
+	conn := zkConnect(t)
+	base := zkChroot(t, conn)
+	// The chroot comes from the server list, as the daemon gets it.
+	_, chroot, err := zkstore.ParseServers([]string{strings.Join(zkAddrs(t), ",") + base + "/"})
+	if err != nil || chroot != base {
+		t.Fatalf("ParseServers: chroot %q, %v; want %q", chroot, err, base)
+	}
+	ctx := context.Background()
+	s := zkstore.New(conn, chroot, "a", "orders")
+	if got := mustLoad(t, s); len(got) != 0 {
+		t.Fatalf("Load before any commit = %v, want empty", got)
+	}
+	if err := s.Commit(ctx, map[int32]int64{0: 10, 1: 20, 2: 0}); err != nil {
+		t.Fatalf("first Commit: %v", err)
+	}
+	if err := s.Commit(ctx, map[int32]int64{1: 25, 3: 7}); err != nil { // one update, one create
+		t.Fatalf("second Commit: %v", err)
+	}
+
+	// A new session and a new Store read what was committed.
+	fresh := zkstore.New(zkConnect(t), chroot, "a", "orders")
+	want := map[int32]int64{0: 10, 1: 25, 2: 0, 3: 7}
+	if got := mustLoad(t, fresh); !equalOffsets(got, want) {
+		t.Fatalf("Load in a new Store = %v, want %v", got, want)
+	}
+	// Another id or topic does not see them.
+	if got := mustLoad(t, zkstore.New(conn, chroot, "b", "orders")); len(got) != 0 {
+		t.Errorf("Load of another id = %v, want empty", got)
+	}
+
+	// The classic layout, readable by lag tools.
+	znode := base + "/consumers/fanout_a/offsets/orders/1"
+	if data, _, err := conn.Get(znode); err != nil || string(data) != "25" {
+		t.Errorf("Get(%s) = %q, %v; want \"25\"", znode, data, err)
+	}
+}
+
+func TestZKStoreForeignZnodes(t *testing.T) {
+	conn := zkConnect(t)
+	chroot := zkChroot(t, conn)
+	ctx := context.Background()
+	writer := zkstore.New(conn, chroot, "a", "t")
+	if err := writer.Commit(ctx, map[int32]int64{0: 1}); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+
+	// Partition 5 appears behind a Store that never loaded: its Create
+	// fails in the multi and is retried as a SetData.
+	late := zkstore.New(conn, chroot, "a", "t")
+	if _, err := conn.Create(late.Path()+"/5", []byte("3"), 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatalf("create partition 5: %v", err)
+	}
+	if err := late.Commit(ctx, map[int32]int64{0: 2, 5: 9}); err != nil {
+		t.Fatalf("Commit over foreign znodes: %v", err)
+	}
+	if got, want := mustLoad(t, writer), map[int32]int64{0: 2, 5: 9}; !equalOffsets(got, want) {
+		t.Fatalf("Load = %v, want %v", got, want)
+	}
+
+	// A value that is not an offset is an error naming the znode.
+	bad := late.Path() + "/5"
+	if _, err := conn.Set(bad, []byte("abc"), -1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := late.Load(ctx); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Fatalf("Load with a bad value: %v, want an error naming %s", err, bad)
+	}
+}
+
+func TestZKStoreFence(t *testing.T) {
+	conn := zkConnect(t)
+	chroot := zkChroot(t, conn)
+	ctx := context.Background()
+	s := zkstore.New(conn, chroot, "a", "t")
+	fence := chroot + "/leader"
+	if err := s.Commit(ctx, map[int32]int64{0: 1}); err != nil { // creates the chroot
+		t.Fatalf("unfenced Commit: %v", err)
+	}
+	if _, err := conn.Create(fence, []byte("node-1"), 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatalf("create fence: %v", err)
+	}
+
+	committed := map[int32]int64{0: 1}
+	steps := []struct {
+		name       string
+		before     func() // changes the world before the commit
+		commit     map[int32]int64
+		wantFenced bool
+	}{
+		{"right version", func() { s.SetFence("/leader", 0) }, map[int32]int64{0: 2, 1: 2}, false},
+		{"fence bumped", func() {
+			if _, err := conn.Set(fence, []byte("node-2"), -1); err != nil {
+				t.Fatal(err)
+			}
+		}, map[int32]int64{0: 3, 1: 3, 2: 3}, true},
+		{"new version", func() { s.SetFence("/leader", 1) }, map[int32]int64{0: 4, 2: 4}, false},
+		{"fence deleted", func() {
+			if err := conn.Delete(fence, -1); err != nil {
+				t.Fatal(err)
+			}
+		}, map[int32]int64{0: 5, 3: 5}, true},
+		{"fence cleared", s.ClearFence, map[int32]int64{0: 6}, false},
+	}
+	for _, st := range steps {
+		st.before()
+		err := s.Commit(ctx, st.commit)
+		if got := errors.Is(err, offsets.ErrFenced); got != st.wantFenced || (err != nil && !st.wantFenced) {
+			t.Fatalf("%s: Commit = %v, want fenced %v", st.name, err, st.wantFenced)
+		}
+		if !st.wantFenced {
+			for p, o := range st.commit {
+				committed[p] = o
+			}
+		}
+		// A fenced commit writes none of its partitions.
+		if got := mustLoad(t, zkstore.New(conn, chroot, "a", "t")); !equalOffsets(got, committed) {
+			t.Fatalf("%s: stored %v, want %v", st.name, got, committed)
+		}
+	}
+}
+
+func TestZKConnectUnreachable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // a port nobody listens on
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	conn, err := zkstore.Connect(ctx, []string{addr}, 5*time.Second, logrus.NewEntry(logrus.StandardLogger()))
+	if err == nil {
+		conn.Close()
+		t.Fatalf("Connect to closed port %s succeeded", addr)
+	}
+	if !strings.Contains(err.Error(), "zookeeper unreachable at "+addr) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Connect error %q: want \"zookeeper unreachable at %s\" wrapping the deadline", err, addr)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Connect took %s with a 2s context", d)
+	}
+}
