@@ -1,3 +1,6 @@
+// Package kafka reads the Kafka topic that fanout dispatches: NewConfig
+// builds the sarama configuration, Source turns every partition of the topic
+// into dispatch batches.
 package kafka
 
 import (
@@ -303,6 +306,8 @@ func (s *Source) partitions() ([]int32, error) {
 // partition starts without a stored offset and restarts when out of range.
 func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, policy int64) {
 	log := s.log.WithField("partition", p)
+	log.Debug("partition goroutine started")
+	defer log.Debug("partition goroutine stopped")
 	offset, ok := s.cfg.Stored[p]
 	if !ok {
 		offset = policy
@@ -476,7 +481,10 @@ func closePartition(pc sarama.PartitionConsumer) {
 
 // convert turns sarama messages into dispatch messages with three
 // allocations per batch (messages, pointers, headers) rather than per
-// message. Key, Value and header values are shared, not copied.
+// message. Key, Value and header values are shared, not copied. A header key
+// equal to the one at the same index of the previous message reuses its
+// string, so a batch whose messages carry the same header keys allocates
+// those strings once.
 func convert(in []*sarama.ConsumerMessage) []*dispatch.Message {
 	vals := make([]dispatch.Message, len(in))
 	ptrs := make([]*dispatch.Message, len(in))
@@ -488,15 +496,23 @@ func convert(in []*sarama.ConsumerMessage) []*dispatch.Message {
 	if nh > 0 {
 		hdrs = make([]dispatch.Header, 0, nh)
 	}
+	var prev []dispatch.Header // headers of the previous message
 	for i, m := range in {
 		v := &vals[i]
 		v.Partition, v.Offset, v.Key, v.Value, v.Timestamp = m.Partition, m.Offset, m.Key, m.Value, m.Timestamp
 		if len(m.Headers) > 0 {
 			first := len(hdrs)
-			for _, h := range m.Headers {
-				hdrs = append(hdrs, dispatch.Header{Key: string(h.Key), Value: h.Value})
+			for j, h := range m.Headers {
+				var key string
+				if j < len(prev) && prev[j].Key == string(h.Key) { // no allocation to compare
+					key = prev[j].Key
+				} else {
+					key = string(h.Key)
+				}
+				hdrs = append(hdrs, dispatch.Header{Key: key, Value: h.Value})
 			}
 			v.Headers = hdrs[first:len(hdrs):len(hdrs)]
+			prev = v.Headers
 		}
 		ptrs[i] = v
 	}

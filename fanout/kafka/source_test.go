@@ -547,6 +547,10 @@ func testMessages(n, headers int) []*sarama.ConsumerMessage {
 func TestConvert(t *testing.T) {
 	for _, headers := range []int{0, 2} {
 		in := testMessages(5, headers)
+		if headers > 0 {
+			in[3].Headers[1].Key = []byte("other") // a key that differs from the previous message's
+			in[4].Headers = in[4].Headers[:1]
+		}
 		out := convert(in)
 		if len(out) != len(in) {
 			t.Fatalf("%d messages, want %d", len(out), len(in))
@@ -554,7 +558,7 @@ func TestConvert(t *testing.T) {
 		for i, m := range out {
 			src := in[i]
 			if m.Partition != src.Partition || m.Offset != src.Offset || !m.Timestamp.Equal(src.Timestamp) ||
-				&m.Key[0] != &src.Key[0] || &m.Value[0] != &src.Value[0] || len(m.Headers) != headers {
+				&m.Key[0] != &src.Key[0] || &m.Value[0] != &src.Value[0] || len(m.Headers) != len(src.Headers) {
 				t.Fatalf("message %d: %+v from %+v", i, m, src)
 			}
 			for j, h := range m.Headers {
@@ -566,7 +570,7 @@ func TestConvert(t *testing.T) {
 		if headers > 0 {
 			// Appending to one message's headers must not overwrite the next's.
 			out[0].Headers = append(out[0].Headers, dispatch.Header{Key: "x"})
-			if out[1].Headers[0].Key != "h0" {
+			if out[1].Headers[0].Key != "h0" || len(out[1].Headers) != 2 {
 				t.Errorf("headers of messages share capacity: %+v", out[1].Headers)
 			}
 		}
