@@ -1,0 +1,380 @@
+// Package cluster elects the leader among fanout daemons that share an
+// --id and --topic. Members publish heartbeats on the one-partition Kafka
+// topic fanout_<id>_<topic> and all read it: the shared, ordered log decides
+// the vote (see vote). The winner of an epoch records it in ZooKeeper with
+// a compare-and-set on a fence znode; the resulting znode version fences
+// the term's offset commits (zkstore.Store.SetFence), so the commits of a
+// deposed leader fail once a later leader has won.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/go-zookeeper/zk"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nanoservice/core-fanout/fanout/server"
+)
+
+// Defaults of Config.
+const (
+	DefaultHeartbeat = time.Second
+	// topicRetention bounds the heartbeat log: members read at most the
+	// last few minutes of it.
+	topicRetention = "3600000"
+	maxBackoff     = 10 * time.Second
+)
+
+// TopicName is the heartbeat topic of fanout instance id on topic.
+func TopicName(id, topic string) string { return "fanout_" + id + "_" + topic }
+
+// Config configures an Elector.
+type Config struct {
+	ID     string // the fanout instance id (--id)
+	Topic  string // the consumed topic (--topic)
+	NodeID string // this member's node id, unique in the cluster; highest claims first
+	Addr   string // this member's advertised client address (host:port)
+
+	Heartbeat     time.Duration // interval between heartbeats; 0 means DefaultHeartbeat
+	LeaderTimeout time.Duration // silence after which a member is dead; 0 means 3 × Heartbeat
+
+	Client sarama.Client // Kafka client (from kafka.NewConfig); the caller owns it
+	ZK     *zk.Conn      // ZooKeeper session for the fence; the caller owns it
+	Chroot string        // ZooKeeper chroot (from zkstore.ParseServers); "" for none
+
+	Logger *logrus.Entry    // nil means the logrus standard logger
+	Now    func() time.Time // clock; nil means time.Now
+}
+
+// withDefaults returns c with zero values replaced by defaults.
+func (c Config) withDefaults() Config {
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.LeaderTimeout <= 0 {
+		c.LeaderTimeout = 3 * c.Heartbeat
+	}
+	if c.Logger == nil {
+		c.Logger = logrus.NewEntry(logrus.StandardLogger())
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// validate reports the first invalid field of c.
+func (c Config) validate() error {
+	switch {
+	case c.ID == "" || c.Topic == "" || c.NodeID == "":
+		return errors.New("cluster: ID, Topic and NodeID are required")
+	case c.Client == nil:
+		return errors.New("cluster: a Kafka Client is required")
+	case c.ZK == nil:
+		return errors.New("cluster: a ZooKeeper connection is required")
+	case c.LeaderTimeout < 2*c.Heartbeat:
+		return fmt.Errorf("cluster: LeaderTimeout %v must be at least twice Heartbeat %v", c.LeaderTimeout, c.Heartbeat)
+	}
+	return nil
+}
+
+// Member is one cluster member as seen through the heartbeat log.
+type Member struct {
+	NodeID   string
+	Addr     string
+	Role     Role      // the role of its last heartbeat
+	Epoch    uint64    // the epoch of its last heartbeat
+	LastSeen time.Time // local receive time of its last heartbeat
+}
+
+// snapshot is what the loop publishes for Leadership and Members.
+type snapshot struct {
+	leadership server.Leadership
+	members    []Member
+}
+
+// Elector takes part in the election of one fanout cluster. Create it with
+// New, run it with Run, take leadership terms from Terms.
+type Elector struct {
+	cfg   Config
+	log   *logrus.Entry
+	topic string
+	fence fencer
+
+	terms    chan *Term    // capacity 1; the loop replaces an unread, ended term
+	resign   chan chan error
+	done     chan struct{} // closed when Run returns
+	running  atomic.Bool
+	snap     atomic.Pointer[snapshot]
+	failover atomic.Uint64
+	wg       sync.WaitGroup // goroutines started by spawn
+}
+
+// New validates cfg and returns an Elector. Nothing runs until Run.
+func New(cfg Config) (*Elector, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	e := &Elector{
+		cfg:    cfg,
+		topic:  TopicName(cfg.ID, cfg.Topic),
+		fence:  &zkFencer{conn: cfg.ZK, path: cfg.Chroot + FencePath(cfg.ID, cfg.Topic)},
+		terms:  make(chan *Term, 1),
+		resign: make(chan chan error),
+		done:   make(chan struct{}),
+	}
+	e.log = cfg.Logger.WithFields(logrus.Fields{"node": cfg.NodeID, "cluster_topic": e.topic})
+	e.snap.Store(&snapshot{})
+	return e, nil
+}
+
+// Terms delivers each leadership term this node wins, in order. A term may
+// already have ended when it is received; at most one runs at a time. The
+// channel is closed when Run returns (after ending any running term).
+func (e *Elector) Terms() <-chan *Term { return e.terms }
+
+// Leadership is this node's view of the leader, for the client server. It
+// reads an atomic snapshot.
+func (e *Elector) Leadership() server.Leadership { return e.snap.Load().leadership }
+
+// Members lists the members heard from within the last two LeaderTimeouts,
+// ordered by node id.
+func (e *Elector) Members() []Member { return e.snap.Load().members }
+
+// Failovers counts the leader changes this node has seen after the first
+// leader it learnt of.
+func (e *Elector) Failovers() uint64 { return e.failover.Load() }
+
+// Resign ends this node's term, if any, publishes a leaving heartbeat and
+// waits until Kafka has it (or ctx ends), so that another member takes
+// over at once; then this node stops heartbeating. Run keeps reading the
+// log until its context ends. Call it after the term's final commit.
+func (e *Elector) Resign(ctx context.Context) error {
+	if !e.running.Load() {
+		return errors.New("cluster: resign: elector is not running")
+	}
+	published := make(chan error, 1)
+	select {
+	case e.resign <- published:
+	case <-e.done:
+		return nil // Run returned: no heartbeats any more
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: resign: %w", ctx.Err())
+	}
+	select {
+	case err := <-published:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: resign: publish leaving heartbeat: %w", ctx.Err())
+	}
+}
+
+// Run takes part in the election until ctx ends: it creates the heartbeat
+// topic when missing, heartbeats, reads the log and hands won terms to
+// Terms. Kafka or ZooKeeper out of reach is logged and retried. It returns
+// nil once ctx ends (ending any term with ErrStopped), or an error if called
+// twice.
+func (e *Elector) Run(ctx context.Context) error {
+	if !e.running.CompareAndSwap(false, true) {
+		return errors.New("cluster: Run called twice")
+	}
+	defer close(e.done)
+	defer close(e.terms)
+	// Goroutines must be done before terms is closed (LIFO defers).
+	defer e.wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	if err := e.retry(ctx, "create heartbeat topic "+e.topic, e.ensureTopic); err != nil {
+		return nil
+	}
+	producer, err := sarama.NewSyncProducerFromClient(e.cfg.Client)
+	if err != nil {
+		return fmt.Errorf("cluster: heartbeat producer: %w", err)
+	}
+	pub := newPublisher(producer, e.topic)
+	e.spawn("heartbeat publisher", func() { pub.run(ctx) })
+
+	consumer, err := sarama.NewConsumerFromClient(e.cfg.Client)
+	if err != nil {
+		return fmt.Errorf("cluster: heartbeat consumer: %w", err)
+	}
+	defer consumer.Close()
+
+	l := &loop{e: e, pub: pub, consumer: consumer, fenced: make(chan fenceOutcome, 1)}
+	l.run(ctx)
+	return nil
+}
+
+// ensureTopic creates the heartbeat topic (tolerating that it exists) and
+// waits for its partition to have a leader.
+func (e *Elector) ensureTopic(ctx context.Context) error {
+	// Not closed: closing an admin made from a client closes the client.
+	admin, err := sarama.NewClusterAdminFromClient(e.cfg.Client)
+	if err != nil {
+		return fmt.Errorf("cluster admin: %w", err)
+	}
+	retention, policy := topicRetention, "delete"
+	detail := &sarama.TopicDetail{
+		NumPartitions:     1,
+		ReplicationFactor: int16(max(1, min(3, len(e.cfg.Client.Brokers())))),
+		ConfigEntries:     map[string]*string{"retention.ms": &retention, "cleanup.policy": &policy},
+	}
+	err = admin.CreateTopic(e.topic, detail, false)
+	switch {
+	case err == nil:
+		e.log.WithField("replication_factor", detail.ReplicationFactor).Info("created heartbeat topic")
+	case errors.Is(err, sarama.ErrTopicAlreadyExists):
+	default:
+		return fmt.Errorf("create topic %s (replication factor %d): %w", e.topic, detail.ReplicationFactor, err)
+	}
+	if err := e.cfg.Client.RefreshMetadata(e.topic); err != nil {
+		return fmt.Errorf("metadata of %s: %w", e.topic, err)
+	}
+	parts, err := e.cfg.Client.Partitions(e.topic)
+	if err != nil {
+		return fmt.Errorf("partitions of %s: %w", e.topic, err)
+	}
+	if len(parts) != 1 {
+		return fmt.Errorf("topic %s has %d partitions: the heartbeat log needs exactly 1 (delete the topic to have it recreated)", e.topic, len(parts))
+	}
+	if _, err := e.cfg.Client.Leader(e.topic, 0); err != nil {
+		return fmt.Errorf("leader of %s/0: %w", e.topic, err)
+	}
+	return ctx.Err()
+}
+
+// startOffset is where reading the log begins: the first record of the
+// last max(1 minute, 10 × LeaderTimeout), so that every member reads the
+// same recent suffix; the oldest offset when the lookup fails.
+func (e *Elector) startOffset() int64 {
+	back := max(time.Minute, 10*e.cfg.LeaderTimeout)
+	ms := e.cfg.Now().Add(-back).UnixMilli()
+	off, err := e.cfg.Client.GetOffset(e.topic, 0, ms)
+	switch {
+	case err != nil:
+		e.log.WithError(err).Warn("heartbeat log: offset by time unknown; reading from the oldest")
+		return sarama.OffsetOldest
+	case off < 0:
+		return sarama.OffsetNewest // nothing that recent
+	}
+	return off
+}
+
+// retry calls fn until it succeeds or ctx ends, backing off from 250 ms to
+// maxBackoff and logging each failure. It returns ctx.Err() if ctx ends.
+func (e *Elector) retry(ctx context.Context, what string, fn func(context.Context) error) error {
+	wait := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		e.log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait}).Warnf("%s failed; retrying", what)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, maxBackoff)
+	}
+}
+
+// spawn runs fn in a goroutine tracked by e.wg, logging its start, stop and
+// any panic (which it re-raises).
+func (e *Elector) spawn(name string, fn func()) {
+	log := e.log.WithField("goroutine", name)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer func() {
+			if r := recover(); r != nil {
+				log.WithField("panic", r).Error("goroutine panicked")
+				panic(r)
+			}
+		}()
+		log.Debug("goroutine started")
+		defer log.Debug("goroutine stopped")
+		fn()
+	}()
+}
+
+// publisher sends heartbeats from one goroutine, one at a time: a newer
+// heartbeat replaces one not yet sent.
+type publisher struct {
+	producer sarama.SyncProducer
+	topic    string
+	next     chan pubReq // capacity 1; only the loop sends
+}
+
+// pubReq is one heartbeat to send; done, if not nil, gets the result.
+type pubReq struct {
+	hb   *Heartbeat
+	done chan<- error
+}
+
+func newPublisher(p sarama.SyncProducer, topic string) *publisher {
+	return &publisher{producer: p, topic: topic, next: make(chan pubReq, 1)}
+}
+
+// send queues r, replacing a queued request that was not sent yet (whose
+// done, if any, gets an error). Only one goroutine may call it.
+func (p *publisher) send(r pubReq) {
+	select {
+	case p.next <- r:
+		return
+	default:
+	}
+	select {
+	case old := <-p.next:
+		if old.done != nil {
+			old.done <- errors.New("cluster: heartbeat replaced by a newer one")
+		}
+	default:
+	}
+	p.next <- r
+}
+
+// run sends queued heartbeats until ctx ends, then closes the producer.
+func (p *publisher) run(ctx context.Context) {
+	defer p.producer.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-p.next:
+			err := p.publish(r.hb)
+			if r.done != nil {
+				r.done <- err
+			}
+		}
+	}
+}
+
+// publish produces hb synchronously (acks from the client's config).
+func (p *publisher) publish(hb *Heartbeat) error {
+	b, err := proto.Marshal(hb)
+	if err != nil {
+		return fmt.Errorf("cluster: encode heartbeat: %w", err)
+	}
+	_, _, err = p.producer.SendMessage(&sarama.ProducerMessage{
+		Topic: p.topic, Key: sarama.StringEncoder(hb.GetNodeId()), Value: sarama.ByteEncoder(b),
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: publish heartbeat to %s: %w", p.topic, err)
+	}
+	return nil
+}

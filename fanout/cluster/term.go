@@ -1,0 +1,67 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+)
+
+// Causes of the end of a Term, as returned by Term.Cause (wrapped with
+// details; test with errors.Is).
+var (
+	// ErrSuperseded: the log established a higher epoch.
+	ErrSuperseded = errors.New("cluster: leadership superseded by a higher epoch")
+	// ErrCutOff: this node's own heartbeats stopped coming back through
+	// the log for LeaderTimeout, so it may be cut off from Kafka.
+	ErrCutOff = errors.New("cluster: own heartbeats not seen in the log")
+	// ErrSessionExpired: the ZooKeeper session that fenced the term is gone.
+	ErrSessionExpired = errors.New("cluster: zookeeper session expired")
+	// ErrResigned: Resign was called.
+	ErrResigned = errors.New("cluster: resigned")
+	// ErrStopped: Run returned.
+	ErrStopped = errors.New("cluster: elector stopped")
+)
+
+// Term is one leadership term of this node: it won Epoch and recorded it in
+// ZooKeeper, leaving the fence znode at FenceVersion. It ends once, when
+// Lost is closed; Cause then says why.
+type Term struct {
+	Epoch        uint64 // the leader epoch of this term
+	FencePath    string // the fence znode, below the chroot (for zkstore.Store.SetFence)
+	FenceVersion int32  // the fence znode's version written by this term's CAS
+
+	session int64 // the ZooKeeper session of the CAS
+	ctx     context.Context
+	end     context.CancelCauseFunc
+}
+
+// newTerm returns a running term.
+func newTerm(epoch uint64, path string, version int32, session int64) *Term {
+	ctx, end := context.WithCancelCause(context.Background())
+	return &Term{Epoch: epoch, FencePath: path, FenceVersion: version, session: session, ctx: ctx, end: end}
+}
+
+// Lost is closed when the term ends.
+func (t *Term) Lost() <-chan struct{} { return t.ctx.Done() }
+
+// Cause says why the term ended; nil while it runs.
+func (t *Term) Cause() error {
+	if t.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(t.ctx)
+}
+
+// Context returns a context derived from parent that is also cancelled
+// when the term ends, with the term's cause as its context.Cause. Call
+// cancel to release it.
+func (t *Term) Context(parent context.Context) (ctx context.Context, cancel context.CancelFunc) {
+	ctx, cancelCause := context.WithCancelCause(parent)
+	stop := context.AfterFunc(t.ctx, func() { cancelCause(context.Cause(t.ctx)) })
+	return ctx, func() {
+		stop()
+		cancelCause(context.Canceled)
+	}
+}
+
+// finish ends the term with cause (the first cause wins).
+func (t *Term) finish(cause error) { t.end(cause) }
