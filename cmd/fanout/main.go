@@ -76,6 +76,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 				Action:       serve,
 				OnUsageError: commandUsageError,
 			},
+			produceCommand(),
+			devCommand(),
 			// COMMANDS
 		},
 	}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/urfave/cli/v2"
+
+	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// Defaults of the dev command.
+const (
+	devKafkaListen = "127.0.0.1:9092"
+	devTopic       = "user_need"
+	devPartitions  = 4
+	devID          = "dev"
+)
+
+func devCommand() *cli.Command {
+	env := func(name string) []string { return []string{"FANOUT_" + name} }
+	return &cli.Command{
+		Name:  "dev",
+		Usage: "run a complete fanout for development: in-process Kafka, in-memory offsets, the daemon",
+		UsageText: "fanout dev [--topic user_need] [--partitions 4] [--kafka-listen 127.0.0.1:9092] [--listen :4987]\n" +
+			"go run ./cmd/fanout dev",
+		Description: "Starts an in-process Kafka-protocol broker (kfake) with the topic, keeps offsets in memory\n" +
+			"(not durable: they are lost when it stops) and runs the daemon on them, with service id \"dev\"\n" +
+			"and partitions without an offset starting at the oldest message. Nothing else is needed.\n" +
+			"Once it serves clients it prints how to produce to it and consume from it.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "kafka-listen", Value: devKafkaListen, Usage: "address of the in-process Kafka broker (port 0: any free port)", EnvVars: env("DEV_KAFKA_LISTEN")},
+			&cli.StringFlag{Name: "topic", Value: devTopic, Usage: "the topic to create and consume", EnvVars: env("TOPIC")},
+			&cli.IntFlag{Name: "partitions", Value: devPartitions, Usage: "partitions of the topic", EnvVars: env("DEV_PARTITIONS")},
+			&cli.StringFlag{Name: "listen", Value: fanout.DefaultListen, Usage: "address for client connections", EnvVars: env("LISTEN")},
+			&cli.DurationFlag{Name: "ack-timeout", Value: fanout.DefaultAckTimeout, Usage: "redeliver a message not acked within this time", EnvVars: env("ACK_TIMEOUT")},
+			&cli.DurationFlag{Name: "heartbeat", Value: fanout.DefaultHeartbeat, Usage: "ping clients this often", EnvVars: env("HEARTBEAT")},
+			&cli.IntFlag{Name: "max-in-flight", Value: fanout.DefaultMaxInFlight, Usage: "most unacked messages per client", EnvVars: env("MAX_IN_FLIGHT")},
+			// --metrics-listen goes here once the daemon has a metrics
+			// endpoint; map it in devAction like the flags above.
+		},
+		Action:       devAction,
+		OnUsageError: commandUsageError,
+	}
+}
+
+// devConfig is what runDev runs, from the dev command's flags.
+type devConfig struct {
+	KafkaListen string
+	Topic       string
+	Partitions  int
+	Listen      string
+	AckTimeout  time.Duration
+	Heartbeat   time.Duration
+	MaxInFlight int
+	// Store keeps offsets; nil means a new offsets.MemoryStore.
+	Store offsets.Store
+	Log   *logrus.Entry
+}
+
+func devAction(c *cli.Context) error {
+	if c.Args().Present() {
+		return usageError(fmt.Errorf("unexpected argument %q", c.Args().First()))
+	}
+	cfg := devConfig{
+		KafkaListen: c.String("kafka-listen"),
+		Topic:       c.String("topic"),
+		Partitions:  c.Int("partitions"),
+		Listen:      c.String("listen"),
+		AckTimeout:  c.Duration("ack-timeout"),
+		Heartbeat:   c.Duration("heartbeat"),
+		MaxInFlight: c.Int("max-in-flight"),
+		Log:         logrus.NewEntry(logrus.StandardLogger()),
+	}
+	return runDev(c.Context, cfg, c.App.Writer)
+}
+
+// runDev runs the in-process broker and the daemon until ctx ends, then
+// stops both gracefully. Once the daemon serves clients it prints to stdout
+// how to use it.
+func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
+	if cfg.Partitions < 1 || cfg.Partitions > 1<<20 {
+		return usageError(fmt.Errorf("--partitions %d: between 1 and %d", cfg.Partitions, 1<<20))
+	}
+	if err := checkAddr(cfg.KafkaListen); err != nil {
+		return usageError(fmt.Errorf("--kafka-listen %q: %w", cfg.KafkaListen, err))
+	}
+	if cfg.Log == nil {
+		cfg.Log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	log := cfg.Log.WithField("mode", "dev")
+	store := cfg.Store
+	if store == nil {
+		store = offsets.NewMemoryStore()
+		log.Warn("offsets are kept in memory only: they are not durable and are lost when fanout dev stops")
+	}
+	// fanout.New validates the rest (topic name, listen address, durations)
+	// before the broker starts.
+	opts := fanout.Options{
+		ID:            devID,
+		Topic:         cfg.Topic,
+		Kafka:         []string{cfg.KafkaListen},
+		Store:         store,
+		Listen:        cfg.Listen,
+		NodeID:        devID,
+		AckTimeout:    cfg.AckTimeout,
+		Heartbeat:     cfg.Heartbeat,
+		MaxInFlight:   cfg.MaxInFlight,
+		InitialOffset: "oldest",
+		Logger:        cfg.Log,
+	}
+	if err := opts.Validate(); err != nil {
+		return usageError(err)
+	}
+
+	cluster, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(int32(cfg.Partitions), cfg.Topic),
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
+			return listenAdvertised(network, cfg.KafkaListen)
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("in-process Kafka on %s: %w", cfg.KafkaListen, err)
+	}
+	defer cluster.Close()
+	addrs := cluster.ListenAddrs()
+	if len(addrs) == 0 {
+		return errDevNoBroker
+	}
+	kafkaAddr := addrs[0]
+	log.WithFields(logrus.Fields{"kafka": kafkaAddr, "topic": cfg.Topic, "partitions": cfg.Partitions}).
+		Info("in-process Kafka started")
+
+	opts.Kafka = []string{kafkaAddr}
+	d, err := fanout.New(opts)
+	if err != nil {
+		return usageError(err)
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	select {
+	case <-d.Ready():
+		printDevHints(stdout, kafkaAddr, cfg.Topic, dialable(d.Addr()))
+	case err := <-runErr:
+		return devStopped(err)
+	}
+	return devStopped(<-runErr)
+}
+
+// devStopped wraps the daemon's error, if any.
+func devStopped(err error) error {
+	if err != nil {
+		return fmt.Errorf("fanout dev: %w", err)
+	}
+	return nil
+}
+
+// printDevHints tells the user how to produce to the dev broker and consume
+// from the daemon.
+func printDevHints(w io.Writer, kafkaAddr, topic, daemonAddr string) {
+	self := "fanout"
+	if _, err := exec.LookPath("fanout"); err != nil {
+		self = "go run ./cmd/fanout"
+	}
+	fmt.Fprintf(w, "fanout dev is ready: Kafka at %s (topic %s), clients connect to %s\n", kafkaAddr, topic, daemonAddr)
+	fmt.Fprintf(w, "produce:  echo hello | %s produce --kafka %s --topic %s\n", self, kafkaAddr, topic)
+	fmt.Fprintf(w, "consume:  %s tail --connect %s\n", self, daemonAddr)
+}
+
+// dialable turns a listener address into one a local client can dial: an
+// unspecified host (":4987", "0.0.0.0:4987", "[::]:4987") becomes
+// 127.0.0.1.
+func dialable(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// listenAdvertised listens on addr. kfake advertises its listener's
+// address to clients, so an unspecified host is reported as 127.0.0.1,
+// which clients can dial.
+func listenAdvertised(network, addr string) (net.Listener, error) {
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &advertisedListener{Listener: ln, addr: &advertisedAddr{network: ln.Addr().Network(), s: dialable(ln.Addr())}}, nil
+}
+
+// advertisedListener is a listener that reports a dialable address.
+type advertisedListener struct {
+	net.Listener
+	addr net.Addr
+}
+
+// Addr returns the dialable address.
+func (l *advertisedListener) Addr() net.Addr { return l.addr }
+
+// advertisedAddr is a net.Addr of a fixed string.
+type advertisedAddr struct{ network, s string }
+
+// Network returns the address's network.
+func (a *advertisedAddr) Network() string { return a.network }
+
+// String returns the address.
+func (a *advertisedAddr) String() string { return a.s }
+
+// errDevNoBroker is returned when kfake reports no listener.
+var errDevNoBroker = errors.New("in-process Kafka has no listener")
