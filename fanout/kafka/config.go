@@ -36,6 +36,9 @@ func NewConfig(clientID string) *sarama.Config {
 	cfg.Metadata.Retry.Max = 10
 	cfg.Metadata.Retry.Backoff = 0
 	cfg.Metadata.Retry.BackoffFunc = metadataBackoff
+	// Asking for a topic's metadata must not create it: a missing topic is
+	// reported (and retried by the daemon), not silently made empty.
+	cfg.Metadata.AllowAutoTopicCreation = false
 
 	return cfg
 }
