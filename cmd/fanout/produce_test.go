@@ -33,23 +33,28 @@ const testWait = 20 * time.Second
 func runApp(ctx context.Context, t *testing.T, stdin io.Reader, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut syncBuffer
-	app := newApp(&out, &errOut)
+	code = runAppTo(ctx, stdin, &out, &errOut, args...)
+	return code, out.String(), errOut.String()
+}
+
+// runAppTo runs the fanout app with args, stdin (nil: none) and outputs as
+// run does, and returns its exit code.
+func runAppTo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, args ...string) int {
+	app := newApp(stdout, stderr)
+	app.Reader = strings.NewReader("")
 	if stdin != nil {
 		app.Reader = stdin
 	}
 	err := app.RunContext(ctx, append([]string{"fanout"}, args...))
-	switch {
-	case err == nil:
-		code = 0
-	default:
-		fmt.Fprintln(&errOut, "fanout:", err)
-		code = 1
-		var ec cli.ExitCoder
-		if errors.As(err, &ec) {
-			code = ec.ExitCode()
-		}
+	if err == nil {
+		return 0
 	}
-	return code, out.String(), errOut.String()
+	fmt.Fprintln(stderr, "fanout:", err)
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	return 1
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent use (logs of other

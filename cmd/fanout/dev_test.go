@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// devHints are the commands fanout dev prints once it is ready, split into
+// arguments after the program ("fanout" or "go run ./cmd/fanout").
+type devHints struct {
+	produce []string // produce --kafka ADDR --topic TOPIC
+	connect string   // the daemon address of the tail hint
+}
+
+// readDevHints reads dev's standard output up to the consume hint, then
+// discards the rest in the background.
+func readDevHints(t *testing.T, r io.Reader) devHints {
+	t.Helper()
+	var h devHints
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "produce:"):
+			_, cmd, ok := strings.Cut(line, "| ")
+			if !ok {
+				t.Fatalf("produce hint without a pipe: %q", line)
+			}
+			h.produce = hintArgs(t, cmd)
+		case strings.HasPrefix(line, "consume:"):
+			args := hintArgs(t, strings.TrimPrefix(line, "consume:"))
+			if len(args) != 3 || args[0] != "tail" || args[1] != "--connect" {
+				t.Fatalf("consume hint %q: want tail --connect ADDR", line)
+			}
+			h.connect = args[2]
+			go func() { _, _ = io.Copy(io.Discard, r) }()
+			if h.produce == nil {
+				t.Fatal("no produce hint before the consume hint")
+			}
+			return h
+		}
+	}
+	t.Fatalf("dev output ended without hints: %v", sc.Err())
+	return h
+}
+
+// hintArgs strips the program from a hinted command line.
+func hintArgs(t *testing.T, cmd string) []string {
+	t.Helper()
+	cmd = strings.TrimSpace(cmd)
+	for _, prog := range []string{"go run ./cmd/fanout ", "fanout "} {
+		if rest, ok := strings.CutPrefix(cmd, prog); ok {
+			return strings.Fields(rest)
+		}
+	}
+	t.Fatalf("hint %q does not start with the fanout program", cmd)
+	return nil
+}
+
+// receive returns the next message of c, failing after testWait.
+func receive(t *testing.T, c *client.Client) *client.Message {
+	t.Helper()
+	select {
+	case m, ok := <-c.Messages():
+		if !ok {
+			t.Fatalf("client stopped: %v", c.Err())
+		}
+		return m
+	case <-time.After(testWait):
+		t.Fatal("no message within", testWait)
+		return nil
+	}
+}
+
+// TestDevCommand runs fanout dev through the app on free ports, follows its
+// produce hint with the produce command, consumes what it hints with the
+// client library, and stops it as SIGINT would.
+func TestDevCommand(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out, outW := io.Pipe()
+	var stderr syncBuffer
+	exit := make(chan int, 1)
+	go func() {
+		defer outW.Close()
+		exit <- runAppTo(ctx, nil, outW, &stderr, "dev",
+			"--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
+			"--topic", "dev_topic", "--partitions", "2", "--ack-timeout", "20s")
+	}()
+	h := readDevHints(t, out)
+	if !strings.Contains(stderr.String(), "not durable") {
+		t.Errorf("no warning that offsets are not durable:\n%s", stderr.String())
+	}
+
+	// The app's flag parsing above happened before its hints: running a
+	// second app now does not race on urfave/cli's global flags.
+	code, summary, errOut := runApp(ctx, t, strings.NewReader("k=hello\n"), append(h.produce, "--key-separator", "=")...)
+	if code != 0 {
+		t.Fatalf("produce as hinted %v: exit code %d\n%s", h.produce, code, errOut)
+	}
+	if !strings.Contains(summary, "produced 1 messages") {
+		t.Errorf("produce summary %q", summary)
+	}
+
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{h.connect}, NoReconnect: true})
+	if err != nil {
+		t.Fatalf("dial %s: %v", h.connect, err)
+	}
+	m := receive(t, c)
+	if string(m.Key) != "k" || string(m.Value) != "hello" || m.Attempt != 1 {
+		t.Fatalf("got key %q value %q attempt %d, want k, hello, 1", m.Key, m.Value, m.Attempt)
+	}
+	if err := m.Ack(); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("close (flushes the ack): %v", err)
+	}
+
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(testWait):
+		t.Fatal("dev did not stop after cancel")
+	}
+}
+
+// TestDevCommitsAckedOffsets runs dev on a store the test can read: an
+// acked message's offset is committed.
+func TestDevCommitsAckedOffsets(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := offsets.NewMemoryStore()
+	log := logrus.New()
+	log.Out = io.Discard
+	out, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		defer outW.Close()
+		done <- runDev(ctx, devConfig{
+			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+			AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
+			Store: store, Log: logrus.NewEntry(log),
+		}, outW)
+	}()
+	h := readDevHints(t, out)
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("first\nsecond\n"), h.produce...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{h.connect}, MaxInFlight: 10})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	m1, m2 := receive(t, c), receive(t, c)
+	if string(m1.Value) != "first" || string(m2.Value) != "second" || m1.Offset != 0 || m2.Offset != 1 {
+		t.Fatalf("got %q@%d, %q@%d", m1.Value, m1.Offset, m2.Value, m2.Offset)
+	}
+	// Only the acked prefix is committed: acking the second message alone
+	// commits nothing, then acking the first commits both.
+	if err := m2.Ack(); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+	if err := m1.Ack(); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+	deadline := time.Now().Add(testWait)
+	for {
+		got, err := store.Load(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stored offsets %v, want partition 0 at 2", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("runDev: %v", err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("dev did not stop after cancel")
+	}
+}
+
+func TestDevBadFlags(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no partitions", []string{"--partitions", "0"}, 2, "--partitions"},
+		{"bad kafka listen", []string{"--kafka-listen", "9092"}, 2, "--kafka-listen"},
+		{"bad topic", []string{"--topic", "a/b"}, 2, "--topic"},
+		{"bad ack timeout", []string{"--ack-timeout=-1s"}, 2, "--ack-timeout"},
+		{"bad listen", []string{"--listen", "nope"}, 2, "--listen"},
+		{"stray argument", []string{"extra"}, 2, "extra"},
+		{"kafka port taken", []string{"--kafka-listen", taken.Addr().String(), "--listen", "127.0.0.1:0"}, 1, "in-process Kafka"},
+		{"listen port taken", []string{"--kafka-listen", "127.0.0.1:0", "--listen", taken.Addr().String()}, 1, "address already in use"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := runApp(context.Background(), t, nil, append([]string{"dev"}, tt.args...)...)
+			if code != tt.code {
+				t.Fatalf("exit code %d, want %d; stderr:\n%s", code, tt.code, stderr)
+			}
+			if !strings.Contains(stderr, tt.want) {
+				t.Fatalf("stderr does not mention %q:\n%s", tt.want, stderr)
+			}
+		})
+	}
+}
+
+func TestDialable(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{":4987", "127.0.0.1:4987"},
+		{"0.0.0.0:4987", "127.0.0.1:4987"},
+		{"[::]:4987", "127.0.0.1:4987"},
+		{"10.1.2.3:4987", "10.1.2.3:4987"},
+		{"[::1]:4987", "[::1]:4987"},
+		{"localhost:4987", "localhost:4987"},
+	}
+	for _, tt := range tests {
+		if got := dialable(&advertisedAddr{"tcp", tt.in}); got != tt.want {
+			t.Errorf("dialable(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
