@@ -212,6 +212,10 @@ func runProducer(ctx context.Context, o produceOptions, src messageSource, progr
 	cfg.Producer.Compression = sarama.CompressionNone
 	cfg.Producer.MaxMessageBytes = produceMaxMessageBytes
 	cfg.ChannelBufferSize = produceChannelBuffer
+	// Unlike the daemon (which must not create the topic it consumes),
+	// produce asks for a missing topic to be created, as Kafka's console
+	// producer does; brokers do so only with auto.create.topics.enable.
+	cfg.Metadata.AllowAutoTopicCreation = true
 	if o.partition >= 0 {
 		cfg.Producer.Partitioner = sarama.NewManualPartitioner
 	}

@@ -260,6 +260,18 @@ func TestProduceSynthetic(t *testing.T) {
 	}
 }
 
+func TestProduceCreatesTopicWhereBrokerAllows(t *testing.T) {
+	c := newKfake(t, kfake.AllowAutoTopicCreation())
+	code, _, stderr := runApp(context.Background(), t, strings.NewReader("x\n"),
+		"produce", "--kafka", c.ListenAddrs()[0], "--topic", "fresh")
+	if code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, stderr)
+	}
+	if got := consumeAll(t, c.ListenAddrs(), "fresh"); len(got) != 1 || got[0].value != "x" {
+		t.Fatalf("consumed %v", got)
+	}
+}
+
 func TestProduceFromEnvironment(t *testing.T) {
 	c := newKfake(t)
 	t.Setenv("FANOUT_KAFKA", c.ListenAddrs()[0])
