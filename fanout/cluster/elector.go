@@ -77,8 +77,6 @@ func (c Config) validate() error {
 		return errors.New("cluster: ID, Topic and NodeID are required")
 	case c.Client == nil:
 		return errors.New("cluster: a Kafka Client is required")
-	case c.ZK == nil:
-		return errors.New("cluster: a ZooKeeper connection is required")
 	case c.LeaderTimeout < 2*c.Heartbeat:
 		return fmt.Errorf("cluster: LeaderTimeout %v must be at least twice Heartbeat %v", c.LeaderTimeout, c.Heartbeat)
 	}
@@ -108,7 +106,7 @@ type Elector struct {
 	topic string
 	fence fencer
 
-	terms    chan *Term    // capacity 1; the loop replaces an unread, ended term
+	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
 	resign   chan chan error
 	done     chan struct{} // closed when Run returns
 	running  atomic.Bool
@@ -123,17 +121,25 @@ func New(cfg Config) (*Elector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.ZK == nil {
+		return nil, errors.New("cluster: a ZooKeeper connection is required")
+	}
+	return newElector(cfg, &zkFencer{conn: cfg.ZK, path: cfg.Chroot + FencePath(cfg.ID, cfg.Topic)}), nil
+}
+
+// newElector returns an Elector of the validated cfg that fences with f.
+func newElector(cfg Config, f fencer) *Elector {
 	e := &Elector{
 		cfg:    cfg,
 		topic:  TopicName(cfg.ID, cfg.Topic),
-		fence:  &zkFencer{conn: cfg.ZK, path: cfg.Chroot + FencePath(cfg.ID, cfg.Topic)},
+		fence:  f,
 		terms:  make(chan *Term, 1),
 		resign: make(chan chan error),
 		done:   make(chan struct{}),
 	}
 	e.log = cfg.Logger.WithFields(logrus.Fields{"node": cfg.NodeID, "cluster_topic": e.topic})
 	e.snap.Store(&snapshot{})
-	return e, nil
+	return e
 }
 
 // Terms delivers each leadership term this node wins, in order. A term may

@@ -148,10 +148,15 @@ func (v *vote) tick(now time.Time) (claim uint64) {
 	if v.vacantSince.IsZero() {
 		v.vacantSince = now
 	}
-	if now.Sub(v.start) < v.timeout {
+	graceEnd := v.start.Add(v.timeout)
+	if now.Before(graceEnd) {
 		return 0 // startup grace: learn the current leader from the log first
 	}
-	if now.Sub(v.vacantSince) < time.Duration(v.rank(now))*v.timeout {
+	since := v.vacantSince
+	if since.Before(graceEnd) {
+		since = graceEnd // ranks wait their turn from the end of the grace
+	}
+	if now.Sub(since) < time.Duration(v.rank(now))*v.timeout {
 		return 0
 	}
 	return max(v.epoch, v.floor) + 1
