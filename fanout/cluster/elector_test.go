@@ -1,0 +1,310 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+)
+
+// memFence is an in-memory fence znode shared by the electors of a test.
+type memFence struct {
+	mu      sync.Mutex // guards epoch and version
+	epoch   uint64
+	version int32
+}
+
+// nodeFence is one node's view of a memFence, with its own session.
+type nodeFence struct {
+	f   *memFence
+	sid atomic.Int64
+}
+
+func (n *nodeFence) fence(epoch uint64, _, _ string) (int32, uint64, error) {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	if n.f.epoch >= epoch {
+		return 0, n.f.epoch, fmt.Errorf("holds %d: %w", n.f.epoch, errVoid)
+	}
+	n.f.epoch = epoch
+	n.f.version++
+	return n.f.version, epoch, nil
+}
+
+func (n *nodeFence) session() int64 { return n.sid.Load() }
+
+// newKafka starts an in-process Kafka (closed at cleanup).
+func newKafka(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// newKafkaClient returns a sarama client of c on kafka.NewConfig with short
+// waits (closed at cleanup).
+func newKafkaClient(t *testing.T, c *kfake.Cluster) sarama.Client {
+	t.Helper()
+	cfg := kafka.NewConfig("cluster-test")
+	cfg.Consumer.MaxWaitTime = 50 * time.Millisecond
+	cfg.Producer.Retry.Max = 1
+	cfg.Metadata.Retry.Max, cfg.Metadata.Retry.Backoff, cfg.Metadata.Retry.BackoffFunc = 1, 10*time.Millisecond, nil
+	client, err := sarama.NewClient(c.ListenAddrs(), cfg)
+	if err != nil {
+		t.Fatalf("sarama client: %v", err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	return client
+}
+
+// node is one running Elector of a test and the terms it received.
+type node struct {
+	e      *Elector
+	fence  *nodeFence
+	cancel context.CancelFunc
+	done   chan struct{} // closed when Run and the term reader have returned
+
+	mu    sync.Mutex // guards terms
+	terms []*Term
+}
+
+// lastTerm returns the last term received, or nil.
+func (n *node) lastTerm() *Term {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.terms) == 0 {
+		return nil
+	}
+	return n.terms[len(n.terms)-1]
+}
+
+const (
+	testHeartbeat = 100 * time.Millisecond
+	testLeaderTTL = 600 * time.Millisecond
+)
+
+// startNode runs an Elector for nodeID on c until cleanup or n.cancel.
+func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID string) *node {
+	t.Helper()
+	log := logrus.New()
+	log.SetLevel(logrus.WarnLevel)
+	cfg := Config{
+		ID: id, Topic: "jobs", NodeID: nodeID, Addr: nodeID + ":4000",
+		Heartbeat: testHeartbeat, LeaderTimeout: testLeaderTTL,
+		Client: newKafkaClient(t, c), Logger: logrus.NewEntry(log),
+	}.withDefaults()
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	n := &node{fence: &nodeFence{f: fence}, done: make(chan struct{})}
+	n.fence.sid.Store(1)
+	n.e = newElector(cfg, n.fence)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	runDone := make(chan struct{})
+	go func() {
+		defer close(runDone)
+		if err := n.e.Run(ctx); err != nil {
+			t.Errorf("%s: Run: %v", nodeID, err)
+		}
+	}()
+	go func() {
+		defer close(n.done)
+		for term := range n.e.Terms() {
+			n.mu.Lock()
+			n.terms = append(n.terms, term)
+			n.mu.Unlock()
+		}
+		<-runDone
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-n.done
+	})
+	return n
+}
+
+// waitFor polls cond every 10 ms until it holds, failing after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// leaders returns the nodes that hold a running term.
+func leaders(nodes ...*node) []*node {
+	var out []*node
+	for _, n := range nodes {
+		if t := n.lastTerm(); t != nil && t.Cause() == nil && n.e.Leadership().Leader {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
+	c := newKafka(t)
+	n := startNode(t, c, &memFence{epoch: 4}, "solo", "n1")
+	waitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
+
+	term := n.lastTerm()
+	if term.Epoch != 5 || term.FencePath != "/fanout/solo/jobs/leader" || term.FenceVersion != 1 {
+		t.Errorf("term = epoch %d path %q version %d, want epoch 5 (above the stored 4) /fanout/solo/jobs/leader version 1",
+			term.Epoch, term.FencePath, term.FenceVersion)
+	}
+	if l := n.e.Leadership(); !l.Leader || l.LeaderID != "n1" || l.Epoch != 5 {
+		t.Errorf("Leadership() = %+v, want n1 leading epoch 5", l)
+	}
+	parts, err := newKafkaClient(t, c).Partitions("fanout_solo_jobs")
+	if err != nil || len(parts) != 1 {
+		t.Errorf("heartbeat topic partitions = %v, %v; want one", parts, err)
+	}
+	waitFor(t, 5*time.Second, "n1 in Members", func() bool {
+		m := n.e.Members()
+		return len(m) == 1 && m[0].NodeID == "n1" && m[0].Role == Role_ROLE_LEADER
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	termCtx, stop := term.Context(context.Background())
+	defer stop()
+	if err := n.e.Resign(ctx); err != nil {
+		t.Fatalf("Resign: %v", err)
+	}
+	select {
+	case <-term.Lost():
+	default:
+		t.Fatal("term not lost after Resign")
+	}
+	if !errors.Is(term.Cause(), ErrResigned) || !errors.Is(context.Cause(termCtx), ErrResigned) {
+		t.Errorf("Cause() = %v, context.Cause = %v; want ErrResigned", term.Cause(), context.Cause(termCtx))
+	}
+	if n.e.Leadership().Leader {
+		t.Error("Leadership().Leader after Resign")
+	}
+}
+
+func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b, cc := startNode(t, c, fence, "trio", "a"), startNode(t, c, fence, "trio", "b"), startNode(t, c, fence, "trio", "c")
+	all := []*node{a, b, cc}
+	agree := func(leader string, epoch uint64) func() bool {
+		return func() bool {
+			for _, n := range all {
+				if n.cancelled() {
+					continue
+				}
+				l := n.e.Leadership()
+				if !l.Known || l.LeaderID != leader || l.Epoch != epoch || l.Leader != (n.e.cfg.NodeID == leader) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, 10*time.Second, "all to agree that c leads epoch 1", agree("c", 1))
+	if got := leaders(all...); len(got) != 1 || got[0] != cc {
+		t.Fatalf("%d leaders, want only c", len(got))
+	}
+	if l := a.e.Leadership(); l.LeaderAddr != "c:4000" {
+		t.Errorf("a: LeaderAddr %q, want c:4000", l.LeaderAddr)
+	}
+
+	// c crashes: b (the highest live id) leads epoch 2 after the timeout.
+	cTerm := cc.lastTerm()
+	crashed := time.Now()
+	cc.stop()
+	waitFor(t, 10*time.Second, "b to lead epoch 2", agree("b", 2))
+	t.Logf("failover after a crash: %v (LeaderTimeout %v)", time.Since(crashed), testLeaderTTL)
+	if !errors.Is(cTerm.Cause(), ErrStopped) {
+		t.Errorf("c's term cause = %v, want ErrStopped", cTerm.Cause())
+	}
+	if a.e.Failovers() != 1 {
+		t.Errorf("a: Failovers() = %d, want 1", a.e.Failovers())
+	}
+
+	// b resigns: a takes over well before the timeout.
+	bTerm := b.lastTerm()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resigned := time.Now()
+	if err := b.e.Resign(ctx); err != nil {
+		t.Fatalf("b: Resign: %v", err)
+	}
+	waitFor(t, 10*time.Second, "a to lead epoch 3", func() bool {
+		l := a.e.Leadership()
+		return l.Leader && l.Epoch == 3
+	})
+	took := time.Since(resigned)
+	t.Logf("failover after Resign: %v", took)
+	if took >= testLeaderTTL {
+		t.Errorf("failover after Resign took %v, want less than LeaderTimeout %v", took, testLeaderTTL)
+	}
+	if !errors.Is(bTerm.Cause(), ErrResigned) {
+		t.Errorf("b's term cause = %v, want ErrResigned", bTerm.Cause())
+	}
+}
+
+func TestElectorTermEnds(t *testing.T) {
+	tests := []struct {
+		name  string
+		cause error
+		end   func(c *kfake.Cluster, n *node)
+	}{
+		{"zookeeper session expires", ErrSessionExpired, func(_ *kfake.Cluster, n *node) { n.fence.sid.Store(2) }},
+		{"cut off from Kafka", ErrCutOff, func(c *kfake.Cluster, _ *node) { c.Close() }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newKafka(t)
+			n := startNode(t, c, &memFence{}, "ends", "n1")
+			waitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
+			term := n.lastTerm()
+			ended := time.Now()
+			tc.end(c, n)
+			select {
+			case <-term.Lost():
+			case <-time.After(testLeaderTTL + 2*time.Second):
+				t.Fatalf("term still running %v after the cause", time.Since(ended))
+			}
+			if !errors.Is(term.Cause(), tc.cause) {
+				t.Errorf("Cause() = %v, want %v", term.Cause(), tc.cause)
+			}
+			t.Logf("term ended after %v: %v", time.Since(ended), term.Cause())
+		})
+	}
+}
+
+// stop cancels the node's Run and waits until it has returned.
+func (n *node) stop() {
+	n.cancel()
+	<-n.done
+}
+
+// cancelled reports whether the node was stopped.
+func (n *node) cancelled() bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
+}
