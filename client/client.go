@@ -1,0 +1,392 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/sirupsen/logrus"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultMaxInFlight = 64
+	DefaultDialTimeout = 5 * time.Second
+	DefaultMinBackoff  = 100 * time.Millisecond
+	DefaultMaxBackoff  = 5 * time.Second
+)
+
+// maxRedirects bounds the Redirect frames followed in one connection attempt.
+const maxRedirects = 5
+
+// Config configures a Client. Only Addrs is required.
+type Config struct {
+	// Addrs are host:port addresses of daemons of one cluster. They are tried
+	// in order, then round-robin; a follower redirects to the leader.
+	Addrs []string
+	// ClientID names the client in the daemon's logs; default hostname-pid.
+	ClientID string
+	// MaxInFlight is how many delivered, unacked messages the client holds
+	// at once, and the capacity of Messages; default DefaultMaxInFlight.
+	MaxInFlight int
+	// AuthToken is sent in Hello when the daemon requires one.
+	AuthToken string
+	// DialTimeout bounds each connection attempt, handshake included;
+	// default DefaultDialTimeout.
+	DialTimeout time.Duration
+	// NoReconnect makes Dial try each address once and the client stop, with
+	// Err set, when its connection ends. By default the client reconnects
+	// forever until Close, waiting MinBackoff..MaxBackoff (exponential, with
+	// jitter) between failed attempts.
+	NoReconnect bool
+	MinBackoff  time.Duration // default DefaultMinBackoff
+	MaxBackoff  time.Duration // default DefaultMaxBackoff
+	// MaxFrameSize bounds frames in both directions; default
+	// protocol.DefaultMaxFrameSize. The daemon's Welcome may lower it for
+	// frames the client sends.
+	MaxFrameSize int
+	// Logger receives connection events; nil logs nothing.
+	Logger *logrus.Entry
+}
+
+// withDefaults returns cfg with zero values replaced, or an error for a
+// configuration that cannot work.
+func (cfg Config) withDefaults() (Config, error) {
+	if len(cfg.Addrs) == 0 {
+		return cfg, ErrNoAddrs
+	}
+	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > 1<<20 {
+		return cfg, fmt.Errorf("fanout client: MaxInFlight %d out of range 0..%d", cfg.MaxInFlight, 1<<20)
+	}
+	if cfg.ClientID == "" {
+		host, _ := os.Hostname()
+		cfg.ClientID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = DefaultMinBackoff
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
+	}
+	if cfg.Logger == nil {
+		l := logrus.New()
+		l.Out = io.Discard
+		l.Level = logrus.PanicLevel
+		cfg.Logger = logrus.NewEntry(l)
+	}
+	return cfg, nil
+}
+
+// Client receives messages from a fanout cluster over one connection at a
+// time, reconnecting by itself. Its methods are safe for concurrent use.
+type Client struct {
+	cfg  Config
+	log  *logrus.Entry
+	msgs chan *Message
+
+	ctx    context.Context // canceled by Close (or a failed Dial)
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run has returned
+
+	mu       sync.Mutex // guards the fields below
+	err      error      // why the client stopped on its own
+	lastErr  error      // the last connection failure, for Dial's error
+	closeErr error      // failure to flush the final acks and Goodbye
+}
+
+// Dial starts a client and returns once a daemon has welcomed it, following
+// redirects and retrying failures (ERROR_CODE_NO_LEADER after the delay the
+// daemon asks for) until ctx ends. It fails at once on an Error frame with
+// ERROR_CODE_UNAUTHORIZED or ERROR_CODE_UNSUPPORTED_VERSION; the returned
+// error then wraps a *protocol.RemoteError. ctx bounds only Dial, not the
+// client: call Close to stop it.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:  cfg,
+		log:  cfg.Logger.WithField("client_id", cfg.ClientID),
+		msgs: make(chan *Message, cfg.MaxInFlight),
+		done: make(chan struct{}),
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	ready := make(chan error, 1)
+	go c.run(ready)
+	select {
+	case err := <-ready:
+		if err != nil {
+			c.cancel()
+			<-c.done
+			return nil, fmt.Errorf("fanout client: dial: %w", err)
+		}
+		return c, nil
+	case <-ctx.Done():
+		c.cancel()
+		<-c.done
+		select {
+		case err := <-ready:
+			if err == nil {
+				return nil, fmt.Errorf("fanout client: dial: %w", ctx.Err())
+			}
+		default:
+		}
+		c.mu.Lock()
+		last := c.lastErr
+		c.mu.Unlock()
+		if last != nil {
+			return nil, fmt.Errorf("fanout client: dial %v: %w (last error: %v)", cfg.Addrs, ctx.Err(), last)
+		}
+		return nil, fmt.Errorf("fanout client: dial %v: %w", cfg.Addrs, ctx.Err())
+	}
+}
+
+// Messages returns the channel of deliveries. It is closed when the client
+// stops for good, after Close or when Err is set. When the connection is
+// replaced, messages of the old one still waiting in the channel are dropped
+// (the daemon delivers them again); those already received return ErrStale
+// from Ack.
+func (c *Client) Messages() <-chan *Message { return c.msgs }
+
+// Close sends the acks queued so far and a Goodbye, waits for the daemon to
+// close the connection (at most a couple of seconds), and stops
+// reconnecting. Messages is closed when it returns. It returns the error, if
+// any, of sending the final acks. It is safe to call more than once and
+// concurrently with Ack.
+func (c *Client) Close() error {
+	c.cancel()
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closeErr
+}
+
+// Err returns why the client stopped on its own (a permanent error from the
+// daemon, or a lost connection with NoReconnect), or nil.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *Client) setCloseErr(err error) {
+	c.mu.Lock()
+	c.closeErr = err
+	c.mu.Unlock()
+}
+
+// run connects, serves sessions and reconnects until Close or a permanent
+// error. It reports the outcome of the first connection on ready (capacity
+// 1) and is the only goroutine that closes msgs, after the last reader ended.
+func (c *Client) run(ready chan<- error) {
+	defer close(c.done)
+	defer close(c.msgs)
+	var (
+		prefer    string // tried before Addrs: the last leader, or a redirect target
+		next      int    // next index into Addrs
+		failures  int    // consecutive failed attempts
+		connected bool   // ready has been told
+		wait      time.Duration
+	)
+	stop := func(err error) {
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+		if !connected {
+			ready <- err
+		}
+	}
+	for {
+		if wait > 0 && !c.sleep(wait) {
+			return
+		}
+		addr := prefer
+		prefer = ""
+		if addr == "" {
+			addr = c.cfg.Addrs[next%len(c.cfg.Addrs)]
+			next++
+		}
+		s, err := c.connect(addr)
+		if err != nil {
+			if c.ctx.Err() != nil {
+				return
+			}
+			c.mu.Lock()
+			c.lastErr = err
+			c.mu.Unlock()
+			c.log.WithError(err).Warn("connection attempt failed")
+			failures++
+			if permanent(err) || (c.cfg.NoReconnect && (connected || failures >= len(c.cfg.Addrs))) {
+				stop(err)
+				return
+			}
+			wait = c.backoff(failures)
+			if ra := retryAfter(err); ra > 0 {
+				wait = ra
+			}
+			continue
+		}
+		if !connected {
+			connected = true
+			ready <- nil
+		}
+		failures = 0
+		s.log.WithFields(logrus.Fields{
+			"max_in_flight": s.welcome.GetMaxInFlight(),
+			"heartbeat_ms":  s.welcome.GetHeartbeatMs(),
+			"topic":         s.welcome.GetTopic(),
+		}).Info("connected")
+		err = s.run(c.ctx)
+		if c.ctx.Err() != nil {
+			s.log.Info("closed")
+			return
+		}
+		s.log.WithError(err).Warn("disconnected")
+		prefer = s.addr
+		var redirect *redirectError
+		if errors.As(err, &redirect) {
+			prefer = redirect.addr
+		}
+		if permanent(err) || c.cfg.NoReconnect {
+			stop(err)
+			return
+		}
+		c.dropStale()
+		wait = c.backoff(1)
+		if ra := retryAfter(err); ra > 0 {
+			wait = ra
+		}
+	}
+}
+
+// dropStale empties msgs of messages of ended sessions, which could no
+// longer be acked, to make room for the next session's deliveries.
+func (c *Client) dropStale() {
+	for {
+		select {
+		case m := <-c.msgs:
+			m.done.Store(true)
+		default:
+			return
+		}
+	}
+}
+
+// backoff returns the wait before attempt n+1 after n failures: exponential
+// from MinBackoff, capped at MaxBackoff, with the upper half jittered.
+func (c *Client) backoff(n int) time.Duration {
+	d := c.cfg.MaxBackoff
+	if n < 30 {
+		d = min(c.cfg.MinBackoff<<(n-1), c.cfg.MaxBackoff)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits d or until Close; it reports whether the client still runs.
+func (c *Client) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.ctx.Done():
+		return false
+	}
+}
+
+// connect dials addr and performs the handshake, following up to
+// maxRedirects Redirect frames. It returns a welcomed session.
+func (c *Client) connect(addr string) (*session, error) {
+	for hop := 0; ; hop++ {
+		s, redirect, err := c.handshake(addr)
+		if err != nil || redirect == "" {
+			return s, err
+		}
+		if hop == maxRedirects {
+			return nil, fmt.Errorf("more than %d redirects, last to %s", maxRedirects, redirect)
+		}
+		c.log.WithFields(logrus.Fields{"from": addr, "to": redirect}).Info("redirected to the leader")
+		addr = redirect
+	}
+}
+
+// handshake dials addr, sends Hello and reads the answer: a session for a
+// Welcome, the leader's address for a Redirect, or an error.
+func (c *Client) handshake(addr string) (_ *session, redirect string, err error) {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer func() {
+		if err != nil || redirect != "" {
+			_ = nc.Close()
+		}
+	}()
+	deadline, _ := ctx.Deadline()
+	_ = nc.SetDeadline(deadline)
+	// Close or the timeout interrupts blocked I/O at once.
+	stopAbort := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
+	defer stopAbort()
+
+	w := protocol.NewWriter(nc, c.cfg.MaxFrameSize)
+	hello := protocol.HelloFrame(&protocol.Hello{
+		ClientId:        c.cfg.ClientID,
+		ProtocolVersion: protocol.Version,
+		MaxInFlight:     uint32(c.cfg.MaxInFlight),
+		AuthToken:       c.cfg.AuthToken,
+	})
+	if err := w.WriteFrame(hello); err != nil {
+		return nil, "", fmt.Errorf("hello to %s: %w", addr, err)
+	}
+	if err := w.Flush(); err != nil {
+		return nil, "", fmt.Errorf("hello to %s: %w", addr, err)
+	}
+	r := protocol.NewReader(nc, c.cfg.MaxFrameSize)
+	var f protocol.Frame
+	for {
+		if err := r.ReadFrame(&f); err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return nil, "", fmt.Errorf("handshake with %s: %w", addr, err)
+		}
+		switch b := f.Body.(type) {
+		case *protocol.Frame_Welcome:
+			if !stopAbort() {
+				return nil, "", fmt.Errorf("handshake with %s: %w", addr, ctx.Err())
+			}
+			_ = nc.SetDeadline(time.Time{})
+			return newSession(c, nc, addr, r, b.Welcome), "", nil
+		case *protocol.Frame_Redirect:
+			to := b.Redirect.GetLeaderAddress()
+			if to == "" {
+				return nil, "", fmt.Errorf("handshake with %s: redirect without a leader address", addr)
+			}
+			return nil, to, nil
+		case *protocol.Frame_Error:
+			return nil, "", fmt.Errorf("handshake with %s: %w", addr, protocol.NewRemoteError(b.Error))
+		case *protocol.Frame_Ping, *protocol.Frame_Pong:
+			// Too early to answer; the Welcome will follow.
+		default:
+			return nil, "", fmt.Errorf("handshake with %s: unexpected %T frame", addr, b)
+		}
+	}
+}

@@ -1,0 +1,473 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+func TestHelloFields(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want *protocol.Hello
+	}{
+		{"explicit", Config{ClientID: "worker-7", MaxInFlight: 5, AuthToken: "s3cret"},
+			&protocol.Hello{ClientId: "worker-7", ProtocolVersion: 1, MaxInFlight: 5, AuthToken: "s3cret"}},
+		{"defaults", Config{ClientID: "w"},
+			&protocol.Hello{ClientId: "w", ProtocolVersion: 1, MaxInFlight: DefaultMaxInFlight}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := startFake(t)
+			c, _, h := connectTo(t, d, tt.cfg)
+			if h.GetClientId() != tt.want.ClientId || h.GetProtocolVersion() != tt.want.ProtocolVersion ||
+				h.GetMaxInFlight() != tt.want.MaxInFlight || h.GetAuthToken() != tt.want.AuthToken {
+				t.Errorf("hello = %v, want %v", h, tt.want)
+			}
+			if got := cap(c.Messages()); got != int(tt.want.MaxInFlight) {
+				t.Errorf("cap(Messages()) = %d, want %d", got, tt.want.MaxInFlight)
+			}
+		})
+	}
+}
+
+func TestDefaultClientID(t *testing.T) {
+	cfg, err := Config{Addrs: []string{"x:1"}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ClientID == "" || !bytes.Contains([]byte(cfg.ClientID), []byte("-")) {
+		t.Errorf("default ClientID = %q, want hostname-pid", cfg.ClientID)
+	}
+	if _, err := (Config{}).withDefaults(); !errors.Is(err, ErrNoAddrs) {
+		t.Errorf("empty Addrs: err = %v, want ErrNoAddrs", err)
+	}
+}
+
+func TestDeliveryFields(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	ts := time.UnixMilli(1700000000123)
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{
+		DeliveryId: 42, Partition: 3, Offset: 1001, Key: []byte("k"), Value: []byte("v\x00\xff"),
+		Headers:     []*protocol.Header{{Key: "h1", Value: []byte("x")}, {Key: "h2"}},
+		TimestampMs: ts.UnixMilli(), Attempt: 2,
+	}))
+	m := receive(t, c)
+	if m.DeliveryID != 42 || m.Partition != 3 || m.Offset != 1001 || string(m.Key) != "k" ||
+		string(m.Value) != "v\x00\xff" || !m.Timestamp.Equal(ts) || m.Attempt != 2 {
+		t.Errorf("message = %+v", m)
+	}
+	if len(m.Headers) != 2 || m.Headers[0].Key != "h1" || string(m.Headers[0].Value) != "x" || m.Headers[1].Key != "h2" {
+		t.Errorf("headers = %+v", m.Headers)
+	}
+}
+
+func TestAcksAreBatched(t *testing.T) {
+	const n = 2000
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{MaxInFlight: n})
+	for i := 1; i <= n; i++ {
+		if err := fc.w.WriteFrame(protocol.DeliverFrame(&protocol.Deliver{DeliveryId: uint64(i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fc.w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]*Message, n)
+	for i := range msgs {
+		msgs[i] = receive(t, c)
+	}
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, frames := fc.expectIDs(t, n, ackIDs)
+	if frames >= n {
+		t.Errorf("%d acks took %d frames; want them batched", n, frames)
+	}
+	slices.Sort(ids)
+	for i, id := range ids {
+		if id != uint64(i+1) {
+			t.Fatalf("acked ids not each id once: ids[%d] = %d", i, id)
+		}
+	}
+	if len(ids) != n {
+		t.Fatalf("got %d acked ids, want %d", len(ids), n)
+	}
+	t.Logf("%d acks in %d frames", n, frames)
+}
+
+func TestNackAndTouch(t *testing.T) {
+	tests := []struct {
+		name string
+		call func(*Message) error
+		get  func(*protocol.Frame) []uint64
+	}{
+		{"ack", (*Message).Ack, ackIDs},
+		{"nack", (*Message).Nack, nackIDs},
+		{"touch", (*Message).Touch, touchIDs},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := startFake(t)
+			c, fc, _ := connectTo(t, d, Config{})
+			fc.deliver(t, 7, "x")
+			if err := tt.call(receive(t, c)); err != nil {
+				t.Fatal(err)
+			}
+			if ids, _ := fc.expectIDs(t, 1, tt.get); !slices.Equal(ids, []uint64{7}) {
+				t.Errorf("ids = %v, want [7]", ids)
+			}
+		})
+	}
+}
+
+func TestFinishedMessage(t *testing.T) {
+	tests := []struct {
+		name        string
+		first, then func(*Message) error
+	}{
+		{"ack twice", (*Message).Ack, (*Message).Ack},
+		{"nack after ack", (*Message).Ack, (*Message).Nack},
+		{"ack after nack", (*Message).Nack, (*Message).Ack},
+		{"touch after ack", (*Message).Ack, (*Message).Touch},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := startFake(t)
+			c, fc, _ := connectTo(t, d, Config{})
+			fc.deliver(t, 1, "a")
+			fc.deliver(t, 2, "b")
+			m1, m2 := receive(t, c), receive(t, c)
+			if err := tt.first(m1); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.then(m1); !errors.Is(err, ErrAlreadyAcked) {
+				t.Errorf("second call: err = %v, want ErrAlreadyAcked", err)
+			}
+			// A later ack of another message proves nothing more was sent for m1.
+			if err := m2.Ack(); err != nil {
+				t.Fatal(err)
+			}
+			// Frames of one batch come in the order acks, nacks, touches.
+			var got []uint64
+			for !slices.Contains(got, 1) || !slices.Contains(got, 2) {
+				f := fc.next(t)
+				got = append(got, ackIDs(f)...)
+				got = append(got, nackIDs(f)...)
+				got = append(got, touchIDs(f)...)
+			}
+			if slices.Sort(got); !slices.Equal(got, []uint64{1, 2}) {
+				t.Errorf("ids sent = %v, want [1 2]", got)
+			}
+		})
+	}
+}
+
+func TestPingAnswered(t *testing.T) {
+	d := startFake(t)
+	_, fc, _ := connectTo(t, d, Config{})
+	for _, nonce := range []uint64{99, 1 << 60} {
+		fc.send(t, protocol.PingFrame(nonce))
+		f := fc.next(t)
+		if f.GetPong() == nil || f.GetPong().GetNonce() != nonce {
+			t.Errorf("answer to ping %d = %v, want pong %d", nonce, f, nonce)
+		}
+	}
+}
+
+func TestRedirectFollowed(t *testing.T) {
+	follower, leader := startFake(t), startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{follower.addr()}})
+	fc := follower.accept(t)
+	fc.expectHello(t)
+	fc.send(t, protocol.RedirectFrame(leader.addr(), "leader", 3))
+	_ = fc.nc.Close()
+	lc := leader.accept(t)
+	lc.handshake(t)
+	c := connected(t, ch)
+	lc.deliver(t, 5, "from leader")
+	if m := receive(t, c); string(m.Value) != "from leader" {
+		t.Errorf("value = %q", m.Value)
+	}
+	// After a disconnect the client goes back to the leader first.
+	_ = lc.nc.Close()
+	lc = leader.accept(t)
+	lc.handshake(t)
+}
+
+func TestNoLeaderRetriedAfterDelay(t *testing.T) {
+	const retry = 200 * time.Millisecond
+	d := startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{d.addr()}})
+	fc := d.accept(t)
+	fc.expectHello(t)
+	ef := protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_NO_LEADER, true, "no leader yet")
+	ef.GetError().RetryAfterMs = uint32(retry / time.Millisecond)
+	fc.send(t, ef)
+	refused := time.Now()
+	_ = fc.nc.Close()
+	fc = d.accept(t)
+	if waited := time.Since(refused); waited < retry {
+		t.Errorf("retried after %v, want at least %v", waited, retry)
+	}
+	fc.handshake(t)
+	connected(t, ch)
+}
+
+func TestReconnectAfterServerClose(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	fc.deliver(t, 1, "old")
+	old := receive(t, c)
+	_ = fc.nc.Close()
+
+	fc = d.accept(t)
+	fc.handshake(t)
+	fc.deliver(t, 2, "new")
+	if m := receive(t, c); string(m.Value) != "new" {
+		t.Errorf("value = %q, want new", m.Value)
+	}
+	for _, call := range []func(*Message) error{(*Message).Ack, (*Message).Nack, (*Message).Touch} {
+		if err := call(old); !errors.Is(err, ErrStale) {
+			t.Errorf("call on a message of the dead connection: err = %v, want ErrStale", err)
+		}
+	}
+	if _, err := fc.read(100 * time.Millisecond); err == nil {
+		t.Error("a stale ack reached the new connection")
+	}
+}
+
+func TestGoodbyeFromDaemonReconnects(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	fc.deliver(t, 1, "x")
+	m := receive(t, c)
+	fc.send(t, protocol.GoodbyeFrame("shutting down"))
+	// Acks are still taken until the daemon closes.
+	if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := fc.expectIDs(t, 1, ackIDs); !slices.Equal(ids, []uint64{1}) {
+		t.Errorf("acked %v", ids)
+	}
+	_ = fc.nc.Close()
+	d.accept(t).handshake(t)
+}
+
+func TestSilentDaemonDetected(t *testing.T) {
+	d := startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{d.addr()}})
+	fc := d.accept(t)
+	fc.expectHello(t)
+	w := testWelcome()
+	w.HeartbeatMs, w.LivenessIntervals = 50, 2
+	fc.send(t, protocol.WelcomeFrame(w))
+	connected(t, ch)
+	start := time.Now()
+	fc.expectEOF(t) // the client gave up on the silent connection
+	if took := time.Since(start); took < 100*time.Millisecond {
+		t.Errorf("connection dropped after %v, before two heartbeats", took)
+	}
+	d.accept(t).handshake(t)
+}
+
+func TestPingsKeepConnectionAlive(t *testing.T) {
+	d := startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{d.addr()}})
+	fc := d.accept(t)
+	fc.expectHello(t)
+	w := testWelcome()
+	w.HeartbeatMs, w.LivenessIntervals = 50, 2
+	fc.send(t, protocol.WelcomeFrame(w))
+	connected(t, ch)
+	// Ping for 5 liveness windows: the client must keep answering.
+	for i := range uint64(25) {
+		fc.send(t, protocol.PingFrame(i))
+		if f := fc.next(t); f.GetPong().GetNonce() != i {
+			t.Fatalf("answer = %v", f)
+		}
+		time.Sleep(20 * time.Millisecond) // the daemon's ping interval, not synchronisation
+	}
+}
+
+func TestCloseSendsAcksThenGoodbye(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	for i := uint64(1); i <= 3; i++ {
+		fc.deliver(t, i, "x")
+	}
+	var msgs []*Message
+	for range 3 {
+		msgs = append(msgs, receive(t, c))
+	}
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed := make(chan error, 2)
+	go func() { closed <- c.Close() }()
+	go func() { closed <- c.Close() }() // concurrent Close is safe
+	ids, _ := fc.expectIDs(t, 3, ackIDs)
+	if !slices.Equal(ids, []uint64{1, 2, 3}) {
+		t.Errorf("acked %v", ids)
+	}
+	if f := fc.next(t); f.GetGoodbye() == nil {
+		t.Errorf("after the acks: %v, want goodbye", f)
+	}
+	fc.expectEOF(t)
+	_ = fc.nc.Close()
+	for range 2 {
+		if err := <-closed; err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+	if _, ok := <-c.Messages(); ok {
+		t.Error("Messages not closed after Close")
+	}
+	if err := msgs[0].Nack(); !errors.Is(err, ErrClosed) && !errors.Is(err, ErrAlreadyAcked) {
+		t.Errorf("Nack after Close: %v", err)
+	}
+	if c.Err() != nil {
+		t.Errorf("Err after Close = %v, want nil", c.Err())
+	}
+}
+
+func TestAckAfterCloseFails(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	fc.deliver(t, 1, "x")
+	m := receive(t, c)
+	go func() {
+		fc.expectIDs(t, 0, ackIDs)
+		for {
+			if _, err := fc.read(testTimeout); err != nil {
+				_ = fc.nc.Close()
+				return
+			}
+		}
+	}()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Ack(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Ack after Close: err = %v, want ErrClosed", err)
+	}
+}
+
+func TestPermanentErrors(t *testing.T) {
+	tests := []struct {
+		code    protocol.ErrorCode
+		inDial  bool
+		wantErr bool
+	}{
+		{protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, true, true},
+		{protocol.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION, true, true},
+		{protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, false, true},
+		{protocol.ErrorCode_ERROR_CODE_SHUTTING_DOWN, false, false},
+		{protocol.ErrorCode_ERROR_CODE_INTERNAL, false, false},
+	}
+	for _, tt := range tests {
+		name := tt.code.String()
+		if tt.inDial {
+			name += "/dial"
+		}
+		t.Run(name, func(t *testing.T) {
+			d := startFake(t)
+			ef := protocol.ErrorFrame(tt.code, true, "no")
+			if tt.inDial {
+				ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+				defer cancel()
+				errc := make(chan error, 1)
+				go func() {
+					_, err := Dial(ctx, Config{Addrs: []string{d.addr()}})
+					errc <- err
+				}()
+				fc := d.accept(t)
+				fc.expectHello(t)
+				fc.send(t, ef)
+				err := <-errc
+				var re *protocol.RemoteError
+				if !errors.As(err, &re) || re.Code != tt.code {
+					t.Fatalf("Dial: err = %v, want a *protocol.RemoteError with %v", err, tt.code)
+				}
+				return
+			}
+			c, fc, _ := connectTo(t, d, Config{})
+			fc.send(t, ef)
+			_ = fc.nc.Close()
+			if !tt.wantErr {
+				d.accept(t).handshake(t) // reconnected
+				return
+			}
+			for range c.Messages() {
+			}
+			var re *protocol.RemoteError
+			if !errors.As(c.Err(), &re) || re.Code != tt.code {
+				t.Errorf("Err() = %v, want a *protocol.RemoteError with %v", c.Err(), tt.code)
+			}
+		})
+	}
+}
+
+func TestNoReconnect(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{NoReconnect: true})
+	_ = fc.nc.Close()
+	for range c.Messages() {
+	}
+	if c.Err() == nil {
+		t.Error("Err() = nil after the connection ended with NoReconnect")
+	}
+}
+
+func TestDialUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now
+	before := runtime.NumGoroutine()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	c, err := Dial(ctx, Config{Addrs: []string{addr}, MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	if err == nil {
+		_ = c.Close()
+		t.Fatal("Dial succeeded")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v, want it to wrap context.DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Dial took %v after its context ended", took)
+	}
+	t.Log(err)
+	waitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+func TestDialAllRefusedNoReconnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	if _, err := Dial(context.Background(), Config{Addrs: []string{addr, addr}, NoReconnect: true}); err == nil {
+		t.Fatal("Dial succeeded")
+	}
+}

@@ -1,0 +1,50 @@
+package client
+
+import (
+	"errors"
+	"time"
+
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+var (
+	// ErrStale is returned by Ack, Nack and Touch on a message that arrived on
+	// a connection that has since ended. Its delivery id meant something only
+	// to that connection's daemon, which will deliver the message again;
+	// nothing is sent.
+	ErrStale = errors.New("fanout client: message belongs to a closed connection")
+
+	// ErrAlreadyAcked is returned by Ack, Nack and Touch on a message that was
+	// already acked or nacked. Nothing is sent.
+	ErrAlreadyAcked = errors.New("fanout client: message already acked or nacked")
+
+	// ErrClosed is returned by Ack, Nack and Touch after Close.
+	ErrClosed = errors.New("fanout client: closed")
+
+	// ErrNoAddrs is returned by Dial when Config.Addrs is empty.
+	ErrNoAddrs = errors.New("fanout client: no daemon addresses configured")
+)
+
+// permanent reports whether err ends the client instead of a reconnect:
+// an Error frame saying the token is wrong or the protocol version is not
+// spoken. Every other failure, including other error codes, is retried.
+func permanent(err error) bool {
+	var re *protocol.RemoteError
+	if !errors.As(err, &re) {
+		return false
+	}
+	switch re.Code {
+	case protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, protocol.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION:
+		return true
+	}
+	return false
+}
+
+// retryAfter returns how long the daemon asked to wait before retrying, or 0.
+func retryAfter(err error) time.Duration {
+	var re *protocol.RemoteError
+	if errors.As(err, &re) {
+		return re.RetryAfter
+	}
+	return 0
+}

@@ -1,0 +1,73 @@
+package client
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Message is one delivery of a Kafka record. Ack, Nack and Touch are safe to
+// call from any goroutine; the other fields must not be modified.
+type Message struct {
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Timestamp time.Time // the Kafka record timestamp
+	// Attempt is 1 for the first delivery by the daemon, then 2, 3, ...
+	Attempt int
+	// DeliveryID names this delivery to the daemon that made it.
+	DeliveryID uint64
+
+	sess *session
+	done atomic.Bool // acked or nacked
+}
+
+// Ack tells the daemon the message is processed. It returns once the ack is
+// queued; the connection's writer sends it, batched with others. An ack
+// queued before the connection breaks may still be lost: the message is then
+// delivered again. Ack returns ErrAlreadyAcked after a previous Ack or Nack,
+// ErrStale if the message's connection has ended, and ErrClosed after Close;
+// in those cases nothing is sent.
+func (m *Message) Ack() error { return m.finish(opAck) }
+
+// Nack gives the message back to the daemon for redelivery at once, possibly
+// to another client. It fails like Ack.
+func (m *Message) Nack() error { return m.finish(opNack) }
+
+// Touch restarts the message's ack timeout on the daemon, for work that
+// takes longer. It fails like Ack, and with ErrAlreadyAcked after Ack or Nack.
+func (m *Message) Touch() error {
+	if err := m.usable(); err != nil {
+		return err
+	}
+	if m.done.Load() {
+		return ErrAlreadyAcked
+	}
+	return m.sess.enqueue(opTouch, m.DeliveryID)
+}
+
+func (m *Message) finish(op op) error {
+	if err := m.usable(); err != nil {
+		return err
+	}
+	if !m.done.CompareAndSwap(false, true) {
+		return ErrAlreadyAcked
+	}
+	return m.sess.enqueue(op, m.DeliveryID)
+}
+
+// usable checks, without changing anything, that the message's connection
+// still takes acks.
+func (m *Message) usable() error {
+	if m.sess == nil {
+		return ErrStale
+	}
+	return m.sess.state()
+}

@@ -1,0 +1,404 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/sirupsen/logrus"
+)
+
+// op is the kind of a queued delivery id.
+type op int
+
+const (
+	opAck op = iota
+	opNack
+	opTouch
+)
+
+// lingerTimeout bounds how long Close waits, after its Goodbye, for the
+// daemon to close the connection.
+const lingerTimeout = 2 * time.Second
+
+// defaultLivenessIntervals is used when a Welcome gives a heartbeat but no
+// liveness_intervals.
+const defaultLivenessIntervals = 3
+
+// redirectError ends a session whose daemon sent a Redirect after Welcome.
+type redirectError struct{ addr string }
+
+func (e *redirectError) Error() string { return "redirected to " + e.addr }
+
+// errDead reports a daemon silent for longer than its liveness window.
+var errDead = errors.New("daemon silent for too long")
+
+// session is one welcomed connection to a daemon. Its reader and writer are
+// the only goroutines touching the socket; the reader owns r and the writer
+// owns w.
+type session struct {
+	c       *Client
+	nc      net.Conn
+	addr    string
+	welcome *protocol.Welcome
+	r       *protocol.Reader
+	w       *protocol.Writer
+	log     *logrus.Entry
+
+	liveness     time.Duration // read deadline after each frame; 0 = none
+	writeTimeout time.Duration
+
+	wake chan struct{} // capacity 1: something was queued for the writer
+	quit chan struct{} // closed by fail: the session is over
+	// closing is set by the writer once it has sent Goodbye; the reader then
+	// only drains until EOF, and lingerUntil (Unix ns) bounds that.
+	closing     atomic.Bool
+	lingerUntil atomic.Int64
+
+	mu sync.Mutex // guards the fields below
+	// ended is nil while Ack and friends may queue ids; then ErrStale (the
+	// connection broke) or ErrClosed (Close sent Goodbye).
+	ended   error
+	acks    []uint64
+	nacks   []uint64
+	touches []uint64
+	pongs   []uint64
+
+	failOnce sync.Once
+	err      error // why the session ended; set once, read after both loops exit
+}
+
+func newSession(c *Client, nc net.Conn, addr string, r *protocol.Reader, w *protocol.Welcome) *session {
+	s := &session{
+		c:            c,
+		nc:           nc,
+		addr:         addr,
+		welcome:      w,
+		r:            r,
+		log:          c.log.WithFields(logrus.Fields{"addr": addr, "node": w.GetNodeId(), "session": w.GetSessionId()}),
+		writeTimeout: c.cfg.DialTimeout,
+		wake:         make(chan struct{}, 1),
+		quit:         make(chan struct{}),
+	}
+	maxFrame := int(w.GetMaxFrameSize())
+	if maxFrame <= 0 || (c.cfg.MaxFrameSize > 0 && c.cfg.MaxFrameSize < maxFrame) {
+		maxFrame = c.cfg.MaxFrameSize
+	}
+	s.w = protocol.NewWriter(nc, maxFrame)
+	if hb := time.Duration(w.GetHeartbeatMs()) * time.Millisecond; hb > 0 {
+		n := time.Duration(w.GetLivenessIntervals())
+		if n == 0 {
+			n = defaultLivenessIntervals
+		}
+		// One more interval of margin for scheduling and network delay.
+		s.liveness = hb * (n + 1)
+		s.writeTimeout = max(s.writeTimeout, s.liveness)
+	}
+	return s
+}
+
+// run serves the session until it ends and returns why. It returns when
+// both the reader and the writer have stopped and the socket is closed.
+func (s *session) run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		s.fail(s.readLoop(ctx))
+	}()
+	go func() {
+		defer wg.Done()
+		if err := s.writeLoop(ctx); err != nil {
+			s.fail(err)
+		}
+	}()
+	wg.Wait()
+	return s.err
+}
+
+// fail ends the session with err (the first reason wins): no more ids are
+// queued, the writer stops and the socket closes, which stops the reader.
+func (s *session) fail(err error) {
+	s.failOnce.Do(func() {
+		s.mu.Lock()
+		if s.ended == nil {
+			s.ended = ErrStale
+		}
+		s.mu.Unlock()
+		s.err = err
+		close(s.quit)
+		_ = s.nc.Close()
+	})
+}
+
+// state returns nil while the session takes acks, else why it does not.
+func (s *session) state() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ended
+}
+
+// enqueue queues a delivery id for the writer and wakes it.
+func (s *session) enqueue(o op, id uint64) error {
+	s.mu.Lock()
+	if s.ended != nil {
+		err := s.ended
+		s.mu.Unlock()
+		return err
+	}
+	switch o {
+	case opAck:
+		s.acks = append(s.acks, id)
+	case opNack:
+		s.nacks = append(s.nacks, id)
+	case opTouch:
+		s.touches = append(s.touches, id)
+	}
+	s.mu.Unlock()
+	s.signal()
+	return nil
+}
+
+func (s *session) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// readLoop decodes frames until the connection fails, the daemon goes
+// silent or ends the session, or Close has been handled.
+func (s *session) readLoop(ctx context.Context) error {
+	var f protocol.Frame
+	for {
+		if s.closing.Load() {
+			_ = s.nc.SetReadDeadline(time.Unix(0, s.lingerUntil.Load()))
+		} else if s.liveness > 0 && s.r.Buffered() == 0 {
+			_ = s.nc.SetReadDeadline(time.Now().Add(s.liveness))
+			if s.closing.Load() { // the writer may have set the linger deadline meanwhile
+				_ = s.nc.SetReadDeadline(time.Unix(0, s.lingerUntil.Load()))
+			}
+		}
+		if err := s.r.ReadFrame(&f); err != nil {
+			if s.closing.Load() {
+				return ErrClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return fmt.Errorf("read from %s: %w (%v)", s.addr, errDead, s.liveness)
+			}
+			return fmt.Errorf("read from %s: %w", s.addr, err)
+		}
+		if s.closing.Load() {
+			continue // Goodbye sent: drain until the daemon closes
+		}
+		switch b := f.Body.(type) {
+		case *protocol.Frame_Deliver:
+			if err := s.deliver(ctx, b.Deliver); err != nil {
+				return err
+			}
+		case *protocol.Frame_Ping:
+			s.mu.Lock()
+			s.pongs = append(s.pongs, b.Ping.GetNonce())
+			s.mu.Unlock()
+			s.signal()
+		case *protocol.Frame_Pong:
+			// Any frame counts as a sign of life.
+		case *protocol.Frame_Goodbye:
+			// The daemon sends nothing more but takes acks until it closes.
+			s.log.WithField("reason", b.Goodbye.GetReason()).Info("daemon said goodbye")
+		case *protocol.Frame_Error:
+			rerr := protocol.NewRemoteError(b.Error)
+			if rerr.Fatal {
+				return fmt.Errorf("daemon %s: %w", s.addr, rerr)
+			}
+			s.log.WithError(rerr).Warn("daemon reported an error")
+		case *protocol.Frame_Redirect:
+			return &redirectError{addr: b.Redirect.GetLeaderAddress()}
+		default:
+			s.log.Warnf("ignoring unexpected %T frame", b)
+		}
+	}
+}
+
+// deliver hands one delivery to Messages. The channel holds the in-flight
+// limit, so this blocks only if the daemon overruns it or the session ends.
+func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
+	m := &Message{
+		Partition:  d.GetPartition(),
+		Offset:     d.GetOffset(),
+		Key:        d.GetKey(),
+		Value:      d.GetValue(),
+		Timestamp:  time.UnixMilli(d.GetTimestampMs()),
+		Attempt:    int(d.GetAttempt()),
+		DeliveryID: d.GetDeliveryId(),
+		sess:       s,
+	}
+	if hs := d.GetHeaders(); len(hs) > 0 {
+		m.Headers = make([]Header, len(hs))
+		for i, h := range hs {
+			m.Headers[i] = Header{Key: h.GetKey(), Value: h.GetValue()}
+		}
+	}
+	select {
+	case s.c.msgs <- m:
+		return nil
+	default:
+	}
+	s.log.Debug("Messages is full; waiting for the consumer")
+	select {
+	case s.c.msgs <- m:
+	case <-ctx.Done(): // Close: the daemon redelivers it
+	case <-s.quit:
+	}
+	return nil
+}
+
+// writeLoop is the only writer of the socket. Each time it wakes it takes
+// everything queued and writes it as at most one frame per kind, then
+// flushes once. On Close it sends what is queued and a Goodbye.
+func (s *session) writeLoop(ctx context.Context) error {
+	b := newBatch()
+	for {
+		select {
+		case <-s.wake:
+		case <-s.quit:
+			return nil
+		case <-ctx.Done():
+			return s.goodbye(b)
+		}
+		s.mu.Lock()
+		b.take(s)
+		s.mu.Unlock()
+		if err := s.writeBatch(b); err != nil {
+			return err
+		}
+	}
+}
+
+// goodbye stops the queueing of ids, sends what was queued and a Goodbye,
+// half-closes the socket and lets the reader drain until the daemon closes.
+func (s *session) goodbye(b *batch) error {
+	s.mu.Lock()
+	s.ended = ErrClosed
+	b.take(s)
+	s.mu.Unlock()
+	b.pongs = b.pongs[:0]
+	err := s.writeFrames(b)
+	if err == nil {
+		err = s.w.WriteFrame(protocol.GoodbyeFrame("client closing"))
+	}
+	if err == nil {
+		err = s.flush()
+	}
+	if err != nil {
+		s.c.setCloseErr(err)
+		return err
+	}
+	s.lingerUntil.Store(time.Now().Add(lingerTimeout).UnixNano())
+	s.closing.Store(true)
+	_ = s.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+	if cw, ok := s.nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	return nil
+}
+
+// writeBatch writes the batch's frames and flushes once.
+func (s *session) writeBatch(b *batch) error {
+	if err := s.writeFrames(b); err != nil {
+		return err
+	}
+	return s.flush()
+}
+
+// writeFrames encodes the batch into the write buffer in the order pongs,
+// acks, nacks, touches.
+func (s *session) writeFrames(b *batch) error {
+	for _, n := range b.pongs {
+		b.pong.Pong.Nonce = n
+		if err := s.w.WriteFrame(b.pongFrame); err != nil {
+			return err
+		}
+	}
+	for _, part := range []struct {
+		ids *[]uint64
+		set func([]uint64)
+		f   *protocol.Frame
+	}{
+		{&b.acks, func(ids []uint64) { b.ack.Ack.DeliveryIds = ids }, b.ackFrame},
+		{&b.nacks, func(ids []uint64) { b.nack.Nack.DeliveryIds = ids }, b.nackFrame},
+		{&b.touches, func(ids []uint64) { b.touch.Touch.DeliveryIds = ids }, b.touchFrame},
+	} {
+		ids := *part.ids
+		for len(ids) > 0 {
+			n := min(len(ids), maxIDsPerFrame)
+			part.set(ids[:n])
+			if err := s.w.WriteFrame(part.f); err != nil {
+				return err
+			}
+			ids = ids[n:]
+		}
+	}
+	return nil
+}
+
+// flush writes out the buffered frames under the write timeout.
+func (s *session) flush() error {
+	if s.w.Buffered() == 0 {
+		return nil
+	}
+	_ = s.nc.SetWriteDeadline(time.Now().Add(s.writeTimeout))
+	if err := s.w.Flush(); err != nil {
+		return fmt.Errorf("write to %s: %w", s.addr, err)
+	}
+	return nil
+}
+
+// maxIDsPerFrame keeps an Ack frame well below the smallest sane maximum
+// frame size (a delivery id takes at most 10 bytes).
+const maxIDsPerFrame = 4096
+
+// batch is the writer's side of the queues, plus frames reused for every
+// write so that a batch allocates nothing.
+type batch struct {
+	acks, nacks, touches, pongs []uint64
+
+	ack        *protocol.Frame_Ack
+	nack       *protocol.Frame_Nack
+	touch      *protocol.Frame_Touch
+	pong       *protocol.Frame_Pong
+	ackFrame   *protocol.Frame
+	nackFrame  *protocol.Frame
+	touchFrame *protocol.Frame
+	pongFrame  *protocol.Frame
+}
+
+func newBatch() *batch {
+	b := &batch{
+		ack:   &protocol.Frame_Ack{Ack: &protocol.Ack{}},
+		nack:  &protocol.Frame_Nack{Nack: &protocol.Nack{}},
+		touch: &protocol.Frame_Touch{Touch: &protocol.Touch{}},
+		pong:  &protocol.Frame_Pong{Pong: &protocol.Pong{}},
+	}
+	b.ackFrame = &protocol.Frame{Body: b.ack}
+	b.nackFrame = &protocol.Frame{Body: b.nack}
+	b.touchFrame = &protocol.Frame{Body: b.touch}
+	b.pongFrame = &protocol.Frame{Body: b.pong}
+	return b
+}
+
+// take swaps the session's queues with the batch's emptied slices, so the
+// two sets of buffers alternate and neither side allocates once warm.
+// s.mu must be held.
+func (b *batch) take(s *session) {
+	b.acks, s.acks = s.acks, b.acks[:0]
+	b.nacks, s.nacks = s.nacks, b.nacks[:0]
+	b.touches, s.touches = s.touches, b.touches[:0]
+	b.pongs, s.pongs = s.pongs, b.pongs[:0]
+}
