@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/urfave/cli/v2"
+)
+
+// tailCommand returns the "tail" command: print the messages a daemon
+// delivers, acking each once it is written out.
+func tailCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "tail",
+		Usage: "print delivered messages, acking each once printed",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "connect", Value: "localhost:4987", EnvVars: []string{"FANOUT_CONNECT"},
+				Usage: "comma-separated host:port of daemons of the cluster"},
+			&cli.IntFlag{Name: "count", Usage: "exit after `N` messages (0: run until interrupted)"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per message"},
+			&cli.BoolFlag{Name: "meta", Usage: "prefix each value with partition/offset and attempt"},
+			&cli.BoolFlag{Name: "no-ack", Usage: "do not ack (the daemon redelivers after its ack timeout)"},
+			&cli.IntFlag{Name: "max-in-flight", Value: client.DefaultMaxInFlight, Usage: "unacked messages held at once"},
+			&cli.StringFlag{Name: "client-id", Usage: "client name in the daemon's logs (default hostname-pid)"},
+			&cli.StringFlag{Name: "auth-token", EnvVars: []string{"FANOUT_AUTH_TOKEN"}, Usage: "shared secret of the daemon"},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "give up when no daemon welcomes within this"},
+		},
+		Action: runTail,
+	}
+}
+
+func runTail(c *cli.Context) error {
+	if c.Int("count") < 0 {
+		return fmt.Errorf("tail: --count must not be negative")
+	}
+	addrs := splitAll([]string{c.String("connect")})
+	if len(addrs) == 0 {
+		return fmt.Errorf("tail: --connect names no address")
+	}
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	dialCtx, cancel := context.WithTimeout(ctx, c.Duration("timeout"))
+	defer cancel()
+	cl, err := client.Dial(dialCtx, client.Config{
+		Addrs:       addrs,
+		ClientID:    c.String("client-id"),
+		MaxInFlight: c.Int("max-in-flight"),
+		AuthToken:   c.String("auth-token"),
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while connecting
+		}
+		return fmt.Errorf("tail: cannot connect to %s within %v: %w", strings.Join(addrs, ","), c.Duration("timeout"), err)
+	}
+	t := &tailer{
+		out:   bufio.NewWriter(c.App.Writer),
+		json:  c.Bool("json"),
+		meta:  c.Bool("meta"),
+		ack:   !c.Bool("no-ack"),
+		count: c.Int("count"),
+	}
+	err = t.run(ctx, cl)
+	if cerr := cl.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("tail: close: %w", cerr)
+	}
+	return err
+}
+
+// tailer prints messages. Printed messages are acked only once the output
+// buffer holding them has been flushed, which happens whenever no further
+// message is waiting.
+type tailer struct {
+	out   *bufio.Writer
+	json  bool
+	meta  bool
+	ack   bool
+	count int // stop after this many; 0 = never
+
+	printed   int
+	unflushed []*client.Message
+}
+
+func (t *tailer) run(ctx context.Context, cl *client.Client) error {
+	msgs := cl.Messages()
+	for {
+		if len(msgs) == 0 {
+			if err := t.flush(); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return t.flush()
+		case m, ok := <-msgs:
+			if !ok {
+				if err := t.flush(); err != nil {
+					return err
+				}
+				if err := cl.Err(); err != nil {
+					return fmt.Errorf("tail: %w", err)
+				}
+				return nil
+			}
+			if err := t.print(m); err != nil {
+				return err
+			}
+			t.unflushed = append(t.unflushed, m)
+			t.printed++
+			if t.count > 0 && t.printed >= t.count {
+				return t.flush()
+			}
+		}
+	}
+}
+
+// flush writes out the printed messages, then acks them.
+func (t *tailer) flush() error {
+	if err := t.out.Flush(); err != nil {
+		return fmt.Errorf("tail: write: %w", err)
+	}
+	if t.ack {
+		for _, m := range t.unflushed {
+			// ErrStale: the connection broke and the daemon will redeliver it.
+			_ = m.Ack()
+		}
+	}
+	clear(t.unflushed)
+	t.unflushed = t.unflushed[:0]
+	return nil
+}
+
+// tailRecord is the --json form of a message. Key and value are text when
+// they are valid UTF-8 and base64 (key_b64, value_b64) otherwise.
+type tailRecord struct {
+	Partition int32   `json:"partition"`
+	Offset    int64   `json:"offset"`
+	Key       *string `json:"key,omitempty"`
+	KeyB64    []byte  `json:"key_b64,omitempty"`
+	Value     *string `json:"value,omitempty"`
+	ValueB64  []byte  `json:"value_b64,omitempty"`
+	Attempt   int     `json:"attempt"`
+	Timestamp string  `json:"timestamp"`
+}
+
+func (t *tailer) print(m *client.Message) error {
+	var err error
+	switch {
+	case t.json:
+		r := tailRecord{Partition: m.Partition, Offset: m.Offset, Attempt: m.Attempt,
+			Timestamp: m.Timestamp.UTC().Format(time.RFC3339Nano)}
+		r.Key, r.KeyB64 = textOrBytes(m.Key)
+		r.Value, r.ValueB64 = textOrBytes(m.Value)
+		enc := json.NewEncoder(t.out)
+		enc.SetEscapeHTML(false)
+		err = enc.Encode(&r)
+	case t.meta:
+		_, err = fmt.Fprintf(t.out, "%d/%d %d %s\n", m.Partition, m.Offset, m.Attempt, m.Value)
+	default:
+		if _, err = t.out.Write(m.Value); err == nil {
+			err = t.out.WriteByte('\n')
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("tail: write: %w", err)
+	}
+	return nil
+}
+
+// textOrBytes returns b as a string when it is valid UTF-8 (encoding/json
+// marshals []byte as base64), else as bytes.
+func textOrBytes(b []byte) (*string, []byte) {
+	if utf8.Valid(b) {
+		s := string(b)
+		return &s, nil
+	}
+	return nil, b
+}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/urfave/cli/v2"
+)
+
+const tailTestTimeout = 5 * time.Second
+
+// tailDaemon is a fake daemon for one client: it welcomes it, sends the
+// given deliveries and records the acked ids until the client leaves.
+type tailDaemon struct {
+	addr  string
+	acked chan []uint64 // every acked id, sent when the client has gone
+}
+
+func startTailDaemon(t *testing.T, deliveries ...*protocol.Deliver) *tailDaemon {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	d := &tailDaemon{addr: ln.Addr().String(), acked: make(chan []uint64, 1)}
+	go func() {
+		var acked []uint64
+		defer func() { d.acked <- acked }()
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(tailTestTimeout))
+		r, w := protocol.NewReader(nc, 0), protocol.NewWriter(nc, 0)
+		var f protocol.Frame
+		if err := r.ReadFrame(&f); err != nil || f.GetHello() == nil {
+			return
+		}
+		_ = w.WriteFrame(protocol.WelcomeFrame(&protocol.Welcome{
+			NodeId: "fake", ProtocolVersion: protocol.Version, MaxInFlight: 64,
+			HeartbeatMs: 10000, LivenessIntervals: 3,
+		}))
+		for _, dv := range deliveries {
+			_ = w.WriteFrame(protocol.DeliverFrame(dv))
+		}
+		if w.Flush() != nil {
+			return
+		}
+		for r.ReadFrame(&f) == nil && f.GetGoodbye() == nil {
+			acked = append(acked, f.GetAck().GetDeliveryIds()...)
+		}
+	}()
+	return d
+}
+
+// ackedIDs waits for the client to leave and returns the ids it acked.
+func (d *tailDaemon) ackedIDs(t *testing.T) []uint64 {
+	t.Helper()
+	select {
+	case ids := <-d.acked:
+		slices.Sort(ids)
+		return ids
+	case <-time.After(tailTestTimeout):
+		t.Fatal("the client did not leave")
+		return nil
+	}
+}
+
+func deliveries(values ...string) []*protocol.Deliver {
+	var ds []*protocol.Deliver
+	for i, v := range values {
+		ds = append(ds, &protocol.Deliver{DeliveryId: uint64(i + 1), Partition: 2, Offset: int64(10 + i),
+			Value: []byte(v), Attempt: 1, TimestampMs: 1700000000000})
+	}
+	return ds
+}
+
+// runTail runs the tail command with args and returns its output.
+func runTailCommand(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	app := &cli.App{Name: "fanout", Writer: &out, ErrWriter: &out, Commands: []*cli.Command{tailCommand()}}
+	ctx, cancel := context.WithTimeout(context.Background(), tailTestTimeout)
+	defer cancel()
+	err := app.RunContext(ctx, append([]string{"fanout", "tail"}, args...))
+	return out.String(), err
+}
+
+func TestTail(t *testing.T) {
+	tests := []struct {
+		name      string
+		values    []string
+		args      []string
+		want      string
+		wantAcked []uint64
+	}{
+		{"count", []string{"a", "b", "c"}, []string{"--count", "2"}, "a\nb\n", []uint64{1, 2}},
+		{"meta", []string{"a"}, []string{"--count", "1", "--meta"}, "2/10 1 a\n", []uint64{1}},
+		{"no-ack", []string{"a", "b"}, []string{"--count", "2", "--no-ack"}, "a\nb\n", nil},
+		{"json", []string{"text", "\xff\x00"}, []string{"--count", "2", "--json"},
+			`{"partition":2,"offset":10,"key":"","value":"text","attempt":1,"timestamp":"2023-11-14T22:13:20Z"}` + "\n" +
+				`{"partition":2,"offset":11,"key":"","value_b64":"/wA=","attempt":1,"timestamp":"2023-11-14T22:13:20Z"}` + "\n",
+			[]uint64{1, 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := startTailDaemon(t, deliveries(tt.values...)...)
+			out, err := runTailCommand(t, append([]string{"--connect", d.addr}, tt.args...)...)
+			if err != nil {
+				t.Fatalf("tail: %v", err)
+			}
+			if out != tt.want {
+				t.Errorf("output:\n%s\nwant:\n%s", out, tt.want)
+			}
+			if got := d.ackedIDs(t); !slices.Equal(got, tt.wantAcked) {
+				t.Errorf("acked %v, want %v", got, tt.wantAcked)
+			}
+		})
+	}
+}
+
+func TestTailJSONIsValid(t *testing.T) {
+	d := startTailDaemon(t, &protocol.Deliver{DeliveryId: 1, Key: []byte("\xfe"), Value: []byte(`{"x":"<y>"}`)})
+	out, err := runTailCommand(t, "--connect", d.addr, "--count", "1", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	if rec["key_b64"] != "/g==" || rec["value"] != `{"x":"<y>"}` || rec["key"] != nil {
+		t.Errorf("record = %v", rec)
+	}
+}
+
+func TestTailUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	start := time.Now()
+	_, err = runTailCommand(t, "--connect", addr, "--timeout", "300ms")
+	if err == nil {
+		t.Fatal("tail succeeded with nothing listening")
+	}
+	if !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "cannot connect") {
+		t.Errorf("error %q does not say what failed", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("took %v with --timeout 300ms", took)
+	}
+}
