@@ -45,7 +45,10 @@ type Config struct {
 	Heartbeat     time.Duration // interval between heartbeats; 0 means DefaultHeartbeat
 	LeaderTimeout time.Duration // silence after which a member is dead; 0 means 3 × Heartbeat
 
-	Client sarama.Client // Kafka client (from kafka.NewConfig); the caller owns it
+	// Client is the Kafka client (from kafka.NewConfig); the caller owns
+	// it. Its Consumer.MaxWaitTime delays every read of the log on a real
+	// broker (seen: the full wait per hop), so keep it near 50-100 ms.
+	Client sarama.Client
 	ZK     *zk.Conn      // ZooKeeper session for the fence; the caller owns it
 	Chroot string        // ZooKeeper chroot (from zkstore.ParseServers); "" for none
 
