@@ -49,8 +49,8 @@ type Config struct {
 	// it. Its Consumer.MaxWaitTime delays every read of the log on a real
 	// broker (seen: the full wait per hop), so keep it near 50-100 ms.
 	Client sarama.Client
-	ZK     *zk.Conn      // ZooKeeper session for the fence; the caller owns it
-	Chroot string        // ZooKeeper chroot (from zkstore.ParseServers); "" for none
+	ZK     *zk.Conn // ZooKeeper session for the fence; the caller owns it
+	Chroot string   // ZooKeeper chroot (from zkstore.ParseServers); "" for none
 
 	Logger *logrus.Entry    // nil means the logrus standard logger
 	Now    func() time.Time // clock; nil means time.Now
