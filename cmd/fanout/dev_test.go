@@ -252,3 +252,37 @@ func TestDialable(t *testing.T) {
 		}
 	}
 }
+
+// TestDevProduceThenTail follows both hints of fanout dev through the app:
+// produce a line, then tail prints it.
+func TestDevProduceThenTail(t *testing.T) {
+	if newApp(io.Discard, io.Discard).Command("tail") == nil {
+		t.Skip("the tail command is not registered in main.go yet")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out, outW := io.Pipe()
+	var stderr syncBuffer
+	exit := make(chan int, 1)
+	go func() {
+		defer outW.Close()
+		exit <- runAppTo(ctx, nil, outW, &stderr, "dev", "--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0")
+	}()
+	h := readDevHints(t, out)
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("hello tail\n"), h.produce...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	code, printed, errOut := runApp(ctx, t, nil, "tail", "--connect", h.connect, "--count", "1")
+	if code != 0 || !strings.Contains(printed, "hello tail") {
+		t.Fatalf("tail as hinted: exit code %d, printed %q\n%s", code, printed, errOut)
+	}
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(testWait):
+		t.Fatal("dev did not stop after cancel")
+	}
+}
