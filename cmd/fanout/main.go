@@ -78,6 +78,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			},
 			produceCommand(),
 			devCommand(),
+			tailCommand(),
 			// COMMANDS
 		},
 	}
