@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -27,7 +29,8 @@ type Daemon struct {
 	backend switchBackend
 	srv     *server.Server
 
-	serving   atomic.Bool   // a dispatcher is running: clients are welcome
+	serving   atomic.Bool // a dispatcher is running: clients are welcome
+	elector   atomic.Pointer[cluster.Elector]
 	listening chan struct{} // closed once the listener is bound
 	ready     chan struct{} // closed once this node first serves clients
 	readyOnce sync.Once
@@ -85,16 +88,31 @@ func (d *Daemon) Stats(ctx context.Context) (dispatch.Stats, bool) {
 	return dispatch.Stats{}, false
 }
 
-// leadership tells the server whether to welcome clients.
+// leadership tells the server whether to welcome clients: only while a
+// dispatcher runs. A follower redirects to the leader the election names;
+// a leader still starting up, or a cluster with no leader, tells clients to
+// retry shortly.
 func (d *Daemon) leadership() server.Leadership {
-	return server.Leadership{Leader: d.serving.Load()}
+	if d.serving.Load() {
+		return server.Leadership{Leader: true}
+	}
+	el := d.elector.Load()
+	if el == nil {
+		return server.Leadership{}
+	}
+	l := el.Leadership()
+	if l.Leader || l.LeaderID == d.opts.NodeID {
+		return server.Leadership{} // elected, not serving yet
+	}
+	return l
 }
 
 // Run serves until ctx ends, then shuts down gracefully: it stops accepting
 // clients and fetching, says goodbye to clients, waits up to DrainTimeout
-// for outstanding acks, commits and returns nil. Kafka, ZooKeeper or the
-// topic being out of reach is logged and retried with backoff; Run returns
-// an error only for what retrying cannot fix (the listen address is taken).
+// for outstanding acks, commits, hands leadership over and returns nil.
+// Kafka, ZooKeeper or the topic being out of reach is logged and retried
+// with backoff; Run returns an error only for what retrying cannot fix (the
+// listen address is taken).
 func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.srv.Start(context.Background()); err != nil {
 		return err
@@ -105,29 +123,136 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer stopAccepting()
 	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID}).Info("fanout starting")
 
-	client, err := d.connectKafka(ctx)
+	client, err := d.connectKafka(ctx, "fanout-"+d.opts.NodeID, nil)
 	if err != nil {
 		return nil // ctx ended
 	}
 	defer client.Close()
 
-	store, closeStore, err := d.openStore(ctx)
-	if err != nil {
-		return nil // ctx ended
+	if d.opts.Store != nil {
+		err = d.lead(ctx, client, d.opts.Store)
+	} else {
+		err = d.runCluster(ctx, client)
 	}
-	defer closeStore()
-
-	err = d.lead(ctx, client, store)
 	d.log.Info("fanout stopped")
 	return err
 }
 
-// connectKafka returns a client of the Kafka cluster, retrying until ctx ends.
-func (d *Daemon) connectKafka(ctx context.Context) (sarama.Client, error) {
+// runCluster connects to ZooKeeper, takes part in the election and leads
+// during every term this node wins, until ctx ends.
+func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
+	servers, chroot, err := zkstore.ParseServers(d.opts.ZooKeeper)
+	if err != nil {
+		return err
+	}
+	conn, err := d.connectZooKeeper(ctx, servers)
+	if err != nil {
+		return nil // ctx ended
+	}
+	defer conn.Close()
+	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
+
+	// The election reads its log with short fetch waits, so it gets a client
+	// of its own: the source's fetch settings are tuned for throughput.
+	elClient, err := d.connectKafka(ctx, "fanout-election-"+d.opts.NodeID, func(c *sarama.Config) {
+		c.Consumer.MaxWaitTime = 50 * time.Millisecond
+	})
+	if err != nil {
+		return nil // ctx ended
+	}
+	defer elClient.Close()
+	el, err := cluster.New(cluster.Config{
+		ID: d.opts.ID, Topic: d.opts.Topic, NodeID: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()),
+		Heartbeat: d.opts.ClusterHeartbeat, LeaderTimeout: d.opts.LeaderTimeout,
+		Client: elClient, ZK: conn, Chroot: chroot, Logger: d.log,
+	})
+	if err != nil {
+		return fmt.Errorf("election: %w", err)
+	}
+	d.elector.Store(el)
+
+	// The election outlives ctx: a leader first drains and commits, then
+	// resigns, so that a follower takes over at once.
+	elCtx, stopElection := context.WithCancel(context.Background())
+	elDone := make(chan error, 1)
+	go func() { elDone <- el.Run(elCtx) }()
+	defer func() {
+		resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := el.Resign(resignCtx); err != nil {
+			d.log.WithError(err).Warn("resigning from the cluster")
+		}
+		cancel()
+		stopElection()
+		if err := <-elDone; err != nil {
+			d.log.WithError(err).Warn("election stopped")
+		}
+	}()
+
+	for {
+		var term *cluster.Term
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-elDone:
+			elDone <- err // for the deferred wait
+			return fmt.Errorf("election stopped: %w", err)
+		case t, ok := <-el.Terms():
+			if !ok {
+				return nil
+			}
+			term = t
+		}
+		d.serveTerm(ctx, client, store, term)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// serveTerm leads for one term: until ctx ends (then it drains and commits
+// under the term's fence) or the term ends (then it abandons at once: another
+// node owns the offsets).
+func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store *zkstore.Store, term *cluster.Term) {
+	log := d.log.WithField("epoch", term.Epoch)
+	log.Info("elected leader")
+	store.SetFence(term.FencePath, term.FenceVersion)
+	defer store.ClearFence()
+
+	leadCtx, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	unhook := context.AfterFunc(ctx, func() { stop(context.Canceled) })
+	defer unhook()
+	go func() {
+		select {
+		case <-term.Lost():
+			stop(fmt.Errorf("%w: %w", dispatch.ErrAbandon, term.Cause()))
+		case <-leadCtx.Done():
+		}
+	}()
+
+	err := d.lead(leadCtx, client, store)
+	switch {
+	case err == nil:
+		log.Info("leadership term over")
+	case errors.Is(err, dispatch.ErrAbandon), errors.Is(err, offsets.ErrFenced):
+		log.WithError(err).Warn("lost leadership")
+	default:
+		log.WithError(err).Error("leading failed")
+	}
+	d.srv.RedirectAll(d.leadership())
+}
+
+// connectKafka returns a client of the Kafka cluster, retrying until ctx
+// ends. tune, when set, adjusts the configuration.
+func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*sarama.Config)) (sarama.Client, error) {
+	cfg := kafka.NewConfig(clientID)
+	if tune != nil {
+		tune(cfg)
+	}
 	var client sarama.Client
 	err := retry(ctx, d.log.WithField("kafka", d.opts.Kafka), "connect to Kafka", d.opts.ConnectBackoffMax,
 		func(context.Context) error {
-			c, err := sarama.NewClient(d.opts.Kafka, kafka.NewConfig("fanout-"+d.opts.NodeID))
+			c, err := sarama.NewClient(d.opts.Kafka, cfg)
 			if err != nil {
 				return fmt.Errorf("kafka unreachable at %v: %w", d.opts.Kafka, err)
 			}
@@ -137,30 +262,21 @@ func (d *Daemon) connectKafka(ctx context.Context) (sarama.Client, error) {
 	return client, err
 }
 
-// openStore returns the offset store: Options.Store, or ZooKeeper.
-func (d *Daemon) openStore(ctx context.Context) (offsets.Store, func(), error) {
-	if d.opts.Store != nil {
-		return d.opts.Store, func() {}, nil
-	}
-	servers, chroot, err := zkstore.ParseServers(d.opts.ZooKeeper)
-	if err != nil {
-		return nil, nil, err
-	}
-	var store *zkstore.Store
-	var closeConn func()
-	err = retry(ctx, d.log.WithField("zookeeper", d.opts.ZooKeeper), "connect to ZooKeeper", d.opts.ConnectBackoffMax,
+// connectZooKeeper returns a ZooKeeper session, retrying until ctx ends.
+func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Conn, error) {
+	var conn *zk.Conn
+	err := retry(ctx, d.log.WithField("zookeeper", d.opts.ZooKeeper), "connect to ZooKeeper", d.opts.ConnectBackoffMax,
 		func(ctx context.Context) error {
 			attempt, cancel := context.WithTimeout(ctx, 15*time.Second)
 			defer cancel()
-			conn, err := zkstore.Connect(attempt, servers, 10*time.Second, d.log)
+			c, err := zkstore.Connect(attempt, servers, 10*time.Second, d.log)
 			if err != nil {
 				return err
 			}
-			store = zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
-			closeConn = conn.Close
+			conn = c
 			return nil
 		})
-	return store, closeConn, err
+	return conn, err
 }
 
 // lead consumes the topic and serves clients until ctx ends or the store
@@ -218,9 +334,6 @@ func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.S
 	err = disp.Run(ctx)
 	d.serving.Store(false)
 	d.backend.set(nil)
-	if errors.Is(err, offsets.ErrFenced) {
-		d.srv.RedirectAll(d.leadership())
-	}
 	return err
 }
 

@@ -6,9 +6,11 @@ package fanout
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,7 +30,7 @@ type Options struct {
 
 	Listen    string // client listener address; default ":4987"
 	Advertise string // the address clients are told (redirects); default derived from Listen
-	NodeID    string // unique within the cluster; default hostname-pid
+	NodeID    string // unique within the cluster; default hostname-<random>
 
 	AckTimeout       time.Duration // redeliver without an ack after this; default 30s
 	Heartbeat        time.Duration // ping interval; default 5s
@@ -45,12 +47,19 @@ type Options struct {
 	CommitInterval time.Duration // default 1s
 	DrainTimeout   time.Duration // shutdown waits this long for outstanding acks; default 10s
 
+	// ClusterHeartbeat is how often this daemon publishes its heartbeat on
+	// fanout_<id>_<topic>; default 1s. LeaderTimeout is the silence after
+	// which the leader is considered dead; default 3 × ClusterHeartbeat.
+	ClusterHeartbeat time.Duration
+	LeaderTimeout    time.Duration
+
 	// ConnectBackoffMax bounds the wait between attempts to reach Kafka,
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
 	// Store replaces the ZooKeeper offset store when set (the dev mode's
-	// in-memory store, tests). ZooKeeper is then not used.
+	// in-memory store, tests). ZooKeeper is then not used, and neither is
+	// the election: the daemon leads alone.
 	Store offsets.Store
 
 	Logger *logrus.Entry // default: the standard logger
@@ -70,6 +79,7 @@ const (
 	DefaultCommitInterval   = time.Second
 	DefaultDrainTimeout     = 10 * time.Second
 	DefaultConnectBackoff   = 30 * time.Second
+	DefaultClusterHeartbeat = time.Second
 )
 
 // topicName is what Kafka accepts as a topic name.
@@ -102,7 +112,7 @@ func (o Options) withDefaults() Options {
 	}
 	if o.NodeID == "" {
 		host, _ := os.Hostname()
-		o.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
+		o.NodeID = fmt.Sprintf("%s-%08x", host, rand.Uint32())
 	}
 	set(&o.AckTimeout, DefaultAckTimeout)
 	set(&o.Heartbeat, DefaultHeartbeat)
@@ -118,6 +128,8 @@ func (o Options) withDefaults() Options {
 	set(&o.CommitInterval, DefaultCommitInterval)
 	set(&o.DrainTimeout, DefaultDrainTimeout)
 	set(&o.ConnectBackoffMax, DefaultConnectBackoff)
+	set(&o.ClusterHeartbeat, DefaultClusterHeartbeat)
+	set(&o.LeaderTimeout, 3*o.ClusterHeartbeat)
 	if o.Logger == nil {
 		o.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -164,6 +176,7 @@ func (o Options) Validate() error {
 	}{
 		{"--ack-timeout", o.AckTimeout}, {"--heartbeat", o.Heartbeat}, {"--write-timeout", o.WriteTimeout},
 		{"--commit-interval", o.CommitInterval}, {"--drain-timeout", o.DrainTimeout},
+		{"--cluster-heartbeat", o.ClusterHeartbeat}, {"--leader-timeout", o.LeaderTimeout},
 	} {
 		if d.value < 0 {
 			bad("%s %s: must be positive", d.flag, d.value)
@@ -171,6 +184,9 @@ func (o Options) Validate() error {
 	}
 	if o.AckTimeout > 0 && o.AckTimeout < 10*time.Millisecond {
 		bad("--ack-timeout %s: at least 10ms", o.AckTimeout)
+	}
+	if o.ClusterHeartbeat > 0 && o.LeaderTimeout < 2*o.ClusterHeartbeat {
+		bad("--leader-timeout %s: at least twice --cluster-heartbeat (%s)", o.LeaderTimeout, o.ClusterHeartbeat)
 	}
 	if o.Liveness < 1 {
 		bad("--liveness %d: at least 1", o.Liveness)
@@ -221,8 +237,8 @@ func checkHostPort(a string) error {
 	if host == "" {
 		return errors.New("missing host")
 	}
-	if port == "" {
-		return errors.New("missing port")
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
 	}
 	return nil
 }

@@ -60,7 +60,10 @@ func daemonOptions(t testing.TB, topic string) fanout.Options {
 		InitialOffset:  "oldest",
 		CommitInterval: 100 * time.Millisecond,
 		DrainTimeout:   5 * time.Second,
-		Logger:         testLogger(t),
+		// A fast election: a daemon leads about 1.5 s after it starts.
+		ClusterHeartbeat: 200 * time.Millisecond,
+		LeaderTimeout:    time.Second,
+		Logger:           testLogger(t),
 	}
 }
 

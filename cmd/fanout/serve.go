@@ -21,7 +21,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker link variables ZK_*_PORT_2181_TCP_*, else localhost:2181)", EnvVars: env("ZOOKEEPER")},
 		&cli.StringFlag{Name: "listen", Value: fanout.DefaultListen, Usage: "address for client connections", EnvVars: env("LISTEN")},
 		&cli.StringFlag{Name: "advertise", Usage: "host:port clients are told to use for this daemon (default: hostname and the listen port)", EnvVars: env("ADVERTISE")},
-		&cli.StringFlag{Name: "node-id", Usage: "this daemon's id in the cluster (default: hostname-pid)", EnvVars: env("NODE_ID")},
+		&cli.StringFlag{Name: "node-id", Usage: "this daemon's id in the cluster; the highest id is elected first (default: hostname-RANDOM)", EnvVars: env("NODE_ID")},
 		&cli.DurationFlag{Name: "ack-timeout", Value: fanout.DefaultAckTimeout, Usage: "redeliver a message not acked within this time", EnvVars: env("ACK_TIMEOUT")},
 		&cli.DurationFlag{Name: "heartbeat", Value: fanout.DefaultHeartbeat, Usage: "ping clients this often", EnvVars: env("HEARTBEAT")},
 		&cli.IntFlag{Name: "liveness", Value: fanout.DefaultLiveness, Usage: "drop a client silent for this many heartbeats", EnvVars: env("LIVENESS")},
@@ -34,6 +34,8 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "auth-token", Usage: "shared secret clients must send in hello", EnvVars: env("AUTH_TOKEN")},
 		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions with no stored offset start", EnvVars: env("INITIAL_OFFSET")},
 		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
+		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
+		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat (default 3 × --cluster-heartbeat)", EnvVars: env("LEADER_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
 	}
 }
@@ -68,6 +70,8 @@ func serveOptions(c *cli.Context, environ []string) fanout.Options {
 		InitialOffset:    c.String("initial-offset"),
 		CommitInterval:   c.Duration("commit-interval"),
 		DrainTimeout:     c.Duration("drain-timeout"),
+		ClusterHeartbeat: c.Duration("cluster-heartbeat"),
+		LeaderTimeout:    c.Duration("leader-timeout"),
 		Logger:           logrus.NewEntry(logrus.StandardLogger()),
 	}
 }

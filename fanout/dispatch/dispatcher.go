@@ -148,10 +148,16 @@ func (d *Dispatcher) send(r request) {
 	}
 }
 
+// ErrAbandon, as the cause of Run's context (context.WithCancelCause), makes
+// Run return at once: no drain, no final commit. The daemon abandons a
+// dispatcher when it loses leadership: another node owns the offsets then.
+var ErrAbandon = errors.New("dispatch: abandoned")
+
 // Run dispatches until ctx ends, then drains: it says goodbye to every
 // client, waits up to DrainTimeout for outstanding acks, commits and returns
 // nil. It returns early with an error wrapping offsets.ErrFenced, without a
-// final commit, when the store refuses a commit because another node leads.
+// final commit, when the store refuses a commit because another node leads,
+// and at once with ctx's cause when that wraps ErrAbandon.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
@@ -229,6 +235,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			s.drain("not the leader")
 			return err
 		case <-ctxDone:
+			if cause := context.Cause(ctx); errors.Is(cause, ErrAbandon) {
+				d.log.WithError(cause).WithField("in_flight", len(s.inflight)).
+					Warn("dispatcher abandoned: no drain, no final commit; unacked messages will be redelivered by the next leader")
+				return cause
+			}
 			ctxDone = nil
 			d.log.WithField("in_flight", len(s.inflight)).Info("draining: waiting for outstanding acks")
 			s.drain("shutting down")

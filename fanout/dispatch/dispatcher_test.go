@@ -299,3 +299,34 @@ func TestRunRetriesFailedCommits(t *testing.T) {
 	store.mu.Unlock()
 	waitFor(t, "commit after recovery", func() bool { return store.get()[0] == 42 })
 }
+
+func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
+	src, store := newFakeSource(), &recStore{}
+	d, err := New(Config{Store: store, CommitInterval: time.Hour, DrainTimeout: time.Hour}, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	k := newChanSink()
+	d.Join(1, "a", 10, k)
+	src.ch <- Batch{Partition: 0, Start: 0}
+	src.ch <- batch(0, 0, 2)
+	first := k.next(t)
+	k.next(t)
+	d.Ack(1, []uint64{first.ID})
+	waitFor(t, "ack", func() bool { st, _ := d.Stats(context.Background()); return st.Acked == 1 })
+	cancel(fmt.Errorf("superseded: %w", ErrAbandon))
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrAbandon) {
+			t.Fatalf("Run = %v, want ErrAbandon", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("abandoned dispatcher waited for its drain")
+	}
+	if store.commits != 0 {
+		t.Fatalf("abandoned dispatcher committed %v", store.get())
+	}
+}

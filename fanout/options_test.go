@@ -1,0 +1,66 @@
+package fanout
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidate(t *testing.T) {
+	ok := Options{ID: "service_x", Topic: "user_need"}
+	tests := []struct {
+		name   string
+		modify func(*Options)
+		want   string // substring of the error; "" for valid
+	}{
+		{"defaults are valid", func(*Options) {}, ""},
+		{"missing id", func(o *Options) { o.ID = "" }, "--id"},
+		{"id with a slash", func(o *Options) { o.ID = "a/b" }, "--id"},
+		{"missing topic", func(o *Options) { o.Topic = "" }, "--topic"},
+		{"topic dot", func(o *Options) { o.Topic = "." }, "--topic"},
+		{"kafka without port", func(o *Options) { o.Kafka = []string{"kafka"} }, "--kafka"},
+		{"zookeeper chroot on the last server", func(o *Options) { o.ZooKeeper = []string{"zk1:2181", "zk2:2181/fanout"} }, ""},
+		{"zookeeper chroot elsewhere", func(o *Options) { o.ZooKeeper = []string{"zk1:2181/x", "zk2:2181"} }, "--zookeeper"},
+		{"bad listen", func(o *Options) { o.Listen = "4987" }, "--listen"},
+		{"bad advertise", func(o *Options) { o.Advertise = ":4987" }, "--advertise"},
+		{"negative ack timeout", func(o *Options) { o.AckTimeout = -time.Second }, "--ack-timeout"},
+		{"tiny ack timeout", func(o *Options) { o.AckTimeout = time.Millisecond }, "--ack-timeout"},
+		{"leader timeout below two heartbeats", func(o *Options) {
+			o.ClusterHeartbeat, o.LeaderTimeout = time.Second, 1500*time.Millisecond
+		}, "--leader-timeout"},
+		{"zero liveness means default", func(o *Options) { o.Liveness = 0 }, ""},
+		{"negative liveness", func(o *Options) { o.Liveness = -1 }, "--liveness"},
+		{"negative in-flight", func(o *Options) { o.MaxInFlight = -5 }, "--max-in-flight"},
+		{"tiny frame size", func(o *Options) { o.MaxFrameSize = 10 }, "--max-frame-size"},
+		{"negative max clients", func(o *Options) { o.MaxClients = -1 }, "--max-clients"},
+		{"bad initial offset", func(o *Options) { o.InitialOffset = "latest" }, "--initial-offset"},
+		{"oldest is fine", func(o *Options) { o.InitialOffset = "OLDEST" }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := ok
+			tt.modify(&o)
+			err := o.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("Validate() = %v, want an error about %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	err := Options{}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "--id") || !strings.Contains(err.Error(), "--topic") {
+		t.Fatalf("Validate() = %v, want both --id and --topic named", err)
+	}
+}
+
+func TestNodeIDsDiffer(t *testing.T) {
+	a, b := Options{}.withDefaults(), Options{}.withDefaults()
+	if a.NodeID == b.NodeID {
+		t.Fatalf("two daemons got the same default node id %q", a.NodeID)
+	}
+}
