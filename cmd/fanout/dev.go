@@ -102,12 +102,11 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 		store = offsets.NewMemoryStore()
 		log.Warn("offsets are kept in memory only: they are not durable and are lost when fanout dev stops")
 	}
-	// fanout.New validates the rest (topic name, listen address, durations)
-	// before the broker starts.
+	// Validate the rest (topic name, listen address, durations) before the
+	// broker starts; the broker's address is known once it listens.
 	opts := fanout.Options{
 		ID:            devID,
 		Topic:         cfg.Topic,
-		Kafka:         []string{cfg.KafkaListen},
 		Store:         store,
 		Listen:        cfg.Listen,
 		NodeID:        devID,
