@@ -7,6 +7,8 @@ require (
 	github.com/go-zookeeper/zk v1.0.4
 )
 
+require github.com/prometheus/client_golang v1.25.0 // indirect
+
 require (
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
 	github.com/davecgh/go-spew v1.1.1 // indirect
