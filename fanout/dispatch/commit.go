@@ -22,8 +22,13 @@ type committer struct {
 	interval time.Duration // wait before retrying a failed commit
 	log      *logrus.Entry
 
-	mu      sync.Mutex      // guards pending
-	pending map[int32]int64 // offered, not yet stored
+	observe func(took time.Duration, err error) // Config.OnCommit; may be nil
+
+	mu           sync.Mutex      // guards pending, stored, failures and failingSince
+	pending      map[int32]int64 // offered, not yet stored
+	stored       map[int32]int64 // what the store holds, as far as this committer knows
+	failures     uint64          // failed commits, in total
+	failingSince time.Time       // first failure since the last success; zero after a success
 
 	kick   chan struct{} // capacity 1: pending has something new
 	fenced chan error    // capacity 1: the store refused us for good
@@ -31,12 +36,15 @@ type committer struct {
 	done   chan struct{}
 }
 
-func newCommitter(store offsets.Store, interval time.Duration, log *logrus.Entry) *committer {
+func newCommitter(store offsets.Store, interval time.Duration, log *logrus.Entry,
+	stored map[int32]int64, observe func(time.Duration, error)) *committer {
 	return &committer{
 		store:    store,
 		interval: interval,
 		log:      log,
+		observe:  observe,
 		pending:  map[int32]int64{},
+		stored:   maps.Clone(stored),
 		kick:     make(chan struct{}, 1),
 		fenced:   make(chan error, 1),
 	}
@@ -115,6 +123,7 @@ func (c *committer) run(ctx context.Context) {
 		}
 		start := time.Now()
 		err := c.store.Commit(ctx, m)
+		c.record(m, time.Since(start), err)
 		switch {
 		case err == nil:
 			if failures > 0 {
@@ -144,8 +153,41 @@ func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 	if all == nil {
 		return nil
 	}
-	if err := c.store.Commit(ctx, all); err != nil {
+	start := time.Now()
+	err := c.store.Commit(ctx, all)
+	c.record(all, time.Since(start), err)
+	if err != nil {
 		return fmt.Errorf("commit %v: %w", all, err)
 	}
 	return nil
+}
+
+// record notes the outcome of one commit of m, for report and OnCommit.
+func (c *committer) record(m map[int32]int64, took time.Duration, err error) {
+	if c.observe != nil {
+		c.observe(took, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.failures++
+		if c.failingSince.IsZero() {
+			c.failingSince = time.Now()
+		}
+		return
+	}
+	c.failingSince = time.Time{}
+	if c.stored == nil {
+		c.stored = map[int32]int64{}
+	}
+	maps.Copy(c.stored, m)
+}
+
+// report adds the committer's state to st.
+func (c *committer) report(st *Stats) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st.Committed = maps.Clone(c.stored)
+	st.CommitFailures = c.failures
+	st.CommitFailingSince = c.failingSince
 }

@@ -21,6 +21,13 @@ type Config struct {
 	Store            offsets.Store // where offsets are committed; required
 	Logger           *logrus.Entry // default: the standard logger
 	Now              func() time.Time
+
+	// Stored holds the offsets loaded from Store: Stats.Committed reports
+	// them until commits replace them.
+	Stored map[int32]int64
+	// OnCommit, when set, is called by the committer after each commit
+	// attempt (not per message) with its duration and error, for metrics.
+	OnCommit func(took time.Duration, err error)
 }
 
 func (c *Config) setDefaults() {
@@ -163,7 +170,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	s := newState(d.cfg.AckTimeout)
 	now := d.cfg.Now
 
-	cm := newCommitter(d.cfg.Store, d.cfg.CommitInterval, d.log)
+	cm := newCommitter(d.cfg.Store, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
 	cm.start()
 	defer cm.stop()
 
@@ -224,7 +231,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			}
 			s.addBatch(b)
 		case r := <-d.reqs:
-			d.handle(s, r, now())
+			d.handle(s, cm, r, now())
 		case <-ackTimer.C:
 			armed = time.Time{}
 			s.expire(now())
@@ -252,7 +259,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 }
 
-func (d *Dispatcher) handle(s *state, r request, now time.Time) {
+func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 	switch r.kind {
 	case reqJoin:
 		s.join(r.id, r.name, r.max, r.sink)
@@ -265,7 +272,9 @@ func (d *Dispatcher) handle(s *state, r request, now time.Time) {
 	case reqTouch:
 		s.touch(r.id, r.ids, now)
 	case reqStats:
-		r.reply <- s.snapshot()
+		st := s.snapshot()
+		cm.report(&st)
+		r.reply <- st
 	}
 }
 

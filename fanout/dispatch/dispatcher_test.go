@@ -330,3 +330,51 @@ func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
 		t.Fatalf("abandoned dispatcher committed %v", store.get())
 	}
 }
+
+func TestRunStatsReportCommits(t *testing.T) {
+	tests := []struct {
+		name          string
+		storeErr      error
+		wantCommitted map[int32]int64
+		wantFailing   bool
+	}{
+		{"commit succeeds", nil, map[int32]int64{0: 7, 1: 3}, false},
+		{"commit fails", errors.New("zookeeper down"), map[int32]int64{1: 3}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var observed atomic.Int32
+			var observedErr atomic.Bool
+			h := start(t, Config{
+				Store:  &recStore{err: tt.storeErr},
+				Stored: map[int32]int64{1: 3},
+				OnCommit: func(_ time.Duration, err error) {
+					observed.Add(1)
+					if err != nil {
+						observedErr.Store(true)
+					}
+				},
+			})
+			if got := h.stats(t).Committed; !maps.Equal(got, map[int32]int64{1: 3}) {
+				t.Fatalf("Committed before any commit = %v, want the stored offsets", got)
+			}
+			h.src.ch <- Batch{Partition: 0, Start: 7}
+			waitFor(t, "a commit attempt", func() bool { return observed.Load() > 0 })
+			waitFor(t, "stats to show the attempt", func() bool {
+				st := h.stats(t)
+				return st.CommitFailures > 0 || len(st.Committed) == 2
+			})
+			st := h.stats(t)
+			if !maps.Equal(st.Committed, tt.wantCommitted) {
+				t.Errorf("Committed = %v, want %v", st.Committed, tt.wantCommitted)
+			}
+			if failing := !st.CommitFailingSince.IsZero(); failing != tt.wantFailing {
+				t.Errorf("CommitFailingSince = %v, want failing %v", st.CommitFailingSince, tt.wantFailing)
+			}
+			if (st.CommitFailures > 0) != tt.wantFailing || observedErr.Load() != tt.wantFailing {
+				t.Errorf("CommitFailures = %d, OnCommit saw an error: %v; want failing %v",
+					st.CommitFailures, observedErr.Load(), tt.wantFailing)
+			}
+		})
+	}
+}

@@ -30,6 +30,13 @@ type Stats struct {
 	BufferBytes int                         // payload bytes of the buffered messages
 	Clients     int                         // clients joined
 	Paused      bool                        // fetching is paused
+
+	// Committed is the next offset to consume per partition as the store
+	// holds it, as far as this dispatcher knows: Config.Stored, updated by
+	// every successful commit.
+	Committed          map[int32]int64
+	CommitFailures     uint64    // offset commits that failed
+	CommitFailingSince time.Time // first failed commit since the last success; zero after a success
 }
 
 // client is the dispatcher's view of one connection.
