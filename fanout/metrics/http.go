@@ -1,0 +1,124 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Ready tells whether the daemon should receive traffic, and why not: a
+// leader is ready while it serves and its offset commits have not been
+// failing for longer than maxCommitFailing; a follower is ready while it
+// knows its leader (clients it redirects get there).
+func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, string) {
+	switch {
+	case s.Serving:
+		since := s.Stats.CommitFailingSince
+		if !since.IsZero() && now.Sub(since) > maxCommitFailing {
+			return false, fmt.Sprintf("leader: offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
+		}
+		return true, "leader: serving"
+	case s.Leader:
+		return false, "leader: elected, not serving yet"
+	case s.LeaderKnown:
+		return true, fmt.Sprintf("follower: leader %s (epoch %d)", s.LeaderID, s.Epoch)
+	case s.Clustered:
+		return false, "follower: no leader known"
+	default:
+		return false, "starting: Kafka or ZooKeeper not reached yet"
+	}
+}
+
+// HandlerConfig configures Handler.
+type HandlerConfig struct {
+	Collector *Collector                     // required
+	Snapshot  func(context.Context) Snapshot // for /readyz; required
+	Now       func() time.Time               // default time.Now
+	// MaxCommitFailing is how long a leader's commits may fail before
+	// /readyz reports it unready; default 30s.
+	MaxCommitFailing time.Duration
+}
+
+// Handler serves
+//
+//	/metrics  the Collector, Go runtime and process metrics (Prometheus text format)
+//	/healthz  200 "ok" while the process runs
+//	/readyz   200 with the role, or 503 with the reason (see Ready)
+func Handler(cfg HandlerConfig) http.Handler {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.MaxCommitFailing <= 0 {
+		cfg.MaxCommitFailing = 30 * time.Second
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(cfg.Collector,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), DefaultScrapeTimeout)
+		defer cancel()
+		ok, reason := Ready(cfg.Snapshot(ctx), cfg.Now(), cfg.MaxCommitFailing)
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		fmt.Fprintln(w, reason)
+	})
+	return mux
+}
+
+// Server is the HTTP listener of Handler.
+type Server struct {
+	ln  net.Listener
+	srv *http.Server
+}
+
+// Listen binds addr (host:port; port 0 picks a free one) for h. Serve
+// starts serving.
+func Listen(addr string, h http.Handler) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener on %s: %w", addr, err)
+	}
+	return &Server{ln: ln, srv: &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}}, nil
+}
+
+// Addr is the bound address.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Serve serves until Shutdown and then returns nil.
+func (s *Server) Serve() error {
+	if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops the listener and waits, until ctx ends, for requests
+// under way.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if err := s.srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("metrics server shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+// Package metrics exposes a fanout daemon to Prometheus and to Kubernetes
+// probes. The Collector reads a Snapshot of the daemon on every scrape, so
+// the hot path increments nothing: the dispatcher already keeps its
+// counters, the source its high watermarks, the elector its view of the
+// cluster. The one exception is the commit latency, which the committer
+// observes once per commit (ObserveCommit), never per message.
+//
+// Counters taken from the dispatcher start again at zero when a new
+// dispatcher starts (a new leadership term); Prometheus treats that as a
+// counter reset.
+package metrics
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+)
+
+// Snapshot is the daemon's state at one moment, as the Collector and the
+// readiness check see it.
+type Snapshot struct {
+	// Serving: a dispatcher runs and Stats holds its counters.
+	Serving bool
+	Stats   dispatch.Stats
+	// HighWaterMarks is, per partition, the offset the next produced
+	// message gets (the source's view as of its last fetch).
+	HighWaterMarks map[int32]int64
+	// Clients is the number of connected, welcomed clients.
+	Clients int
+
+	// Clustered: the daemon takes part in an election (not the dev mode).
+	// Before the election starts, Clustered is false and so is Serving.
+	Clustered bool
+	// Leader: this node leads (it may not serve yet).
+	Leader bool
+	// LeaderKnown: this node knows who leads; LeaderID and Epoch name it.
+	LeaderKnown bool
+	LeaderID    string
+	Epoch       uint64
+	Failovers   uint64 // leader changes seen after the first leader
+	Members     int    // cluster members heard from recently, this node included
+}
+
+// Namespace prefixes every metric name.
+const Namespace = "fanout"
+
+// DefaultScrapeTimeout bounds how long a scrape waits for a snapshot.
+const DefaultScrapeTimeout = 5 * time.Second
+
+// commitBuckets are the commit latency buckets, in seconds: ZooKeeper
+// multi-ops take milliseconds; seconds mean trouble.
+var commitBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// Collector is a prometheus.Collector of a fanout daemon. Create it with
+// NewCollector and register it; it is safe for concurrent use.
+type Collector struct {
+	snapshot func(context.Context) Snapshot
+	timeout  time.Duration
+
+	commitLatency  prometheus.Histogram
+	commitFailures prometheus.Counter
+
+	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
+	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
+	lag, committed, highWater                                    *prometheus.Desc
+	leader, epoch, failovers, members                            *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// NewCollector returns a Collector that calls snapshot on every scrape,
+// with a context that ends after DefaultScrapeTimeout.
+func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(Namespace+"_"+name, help, labels, nil)
+	}
+	return &Collector{
+		snapshot: snapshot,
+		timeout:  DefaultScrapeTimeout,
+		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "commit_duration_seconds",
+			Help:    "Duration of offset commits to the store, failed ones included.",
+			Buckets: commitBuckets,
+		}),
+		commitFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "commit_failures_total",
+			Help: "Offset commits that failed (they are retried).",
+		}),
+		consumed:      desc("messages_consumed_total", "Messages taken from Kafka by the current dispatcher."),
+		delivered:     desc("messages_delivered_total", "Deliveries sent to clients, first attempts and redeliveries."),
+		acked:         desc("messages_acked_total", "Deliveries acked by clients."),
+		nacked:        desc("messages_nacked_total", "Deliveries given back by clients (nack)."),
+		redelivered:   desc("messages_redelivered_total", "Messages queued for another delivery, by reason.", "reason"),
+		unknownAcks:   desc("unknown_acks_total", "Acks, nacks and touches naming no outstanding delivery of the client."),
+		inFlight:      desc("messages_in_flight", "Deliveries waiting for an ack."),
+		buffered:      desc("buffered_messages", "Messages waiting for a client."),
+		bufferedBytes: desc("buffered_bytes", "Payload bytes of the messages waiting for a client."),
+		paused:        desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
+		clients:       desc("clients_connected", "Connected clients."),
+		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
+		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
+		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
+		leader:        desc("leader", "1 while this node leads the cluster."),
+		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
+		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
+		members:       desc("cluster_members", "Cluster members heard from recently, this node included."),
+	}
+}
+
+// ObserveCommit records one commit attempt: its duration and, when err is
+// not nil, a failure. It is dispatch.Config.OnCommit.
+func (c *Collector) ObserveCommit(took time.Duration, err error) {
+	c.commitLatency.Observe(took.Seconds())
+	if err != nil {
+		c.commitFailures.Inc()
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	c.commitLatency.Describe(ch)
+	c.commitFailures.Describe(ch)
+	for _, d := range []*prometheus.Desc{
+		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
+		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients,
+		c.lag, c.committed, c.highWater, c.leader, c.epoch, c.failovers, c.members,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: it takes one snapshot.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	s := c.snapshot(ctx)
+	st := s.Stats
+
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter(c.consumed, st.Consumed)
+	counter(c.delivered, st.Delivered)
+	counter(c.acked, st.Acked)
+	counter(c.nacked, st.Nacked)
+	for i, reason := range dispatch.RedeliverReasons {
+		counter(c.redelivered, st.Redelivered[i], reason)
+	}
+	counter(c.unknownAcks, st.UnknownAcks)
+	gauge(c.inFlight, float64(st.InFlight))
+	gauge(c.buffered, float64(st.Buffered))
+	gauge(c.bufferedBytes, float64(st.BufferBytes))
+	gauge(c.paused, bool01(st.Paused))
+	gauge(c.clients, float64(s.Clients))
+
+	for p, hw := range s.HighWaterMarks {
+		gauge(c.highWater, float64(hw), partition(p))
+		if off, ok := st.Committed[p]; ok {
+			gauge(c.lag, float64(Lag(hw, off)), partition(p))
+		}
+	}
+	for p, off := range st.Committed {
+		gauge(c.committed, float64(off), partition(p))
+	}
+
+	gauge(c.leader, bool01(s.Leader))
+	gauge(c.epoch, float64(s.Epoch))
+	counter(c.failovers, s.Failovers)
+	gauge(c.members, float64(s.Members))
+
+	ch <- c.commitLatency
+	ch <- c.commitFailures
+}
+
+// Lag is the number of messages of a partition not yet committed: the high
+// watermark minus the committed offset, never negative (the high watermark
+// seen by the source may lag behind a commit).
+func Lag(highWatermark, committed int64) int64 { return max(0, highWatermark-committed) }
+
+func partition(p int32) string { return strconv.FormatInt(int64(p), 10) }
+
+func bool01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

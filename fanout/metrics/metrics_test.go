@@ -1,0 +1,234 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+)
+
+// leaderSnapshot is a serving leader with two partitions.
+func leaderSnapshot() Snapshot {
+	return Snapshot{
+		Serving: true,
+		Stats: dispatch.Stats{
+			Consumed: 10, Delivered: 12, Acked: 7, Nacked: 1,
+			Redelivered: [3]uint64{2, 0, 1}, UnknownAcks: 3,
+			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true,
+			Committed: map[int32]int64{0: 5, 1: 9},
+		},
+		HighWaterMarks: map[int32]int64{0: 8, 1: 9, 2: 4},
+		Clients:        2,
+		Clustered:      true, Leader: true, LeaderKnown: true, LeaderID: "a", Epoch: 7,
+		Failovers: 1, Members: 3,
+	}
+}
+
+func TestCollectorReportsSnapshot(t *testing.T) {
+	c := NewCollector(func(context.Context) Snapshot { return leaderSnapshot() })
+	c.ObserveCommit(3*time.Millisecond, nil)
+	c.ObserveCommit(20*time.Millisecond, errors.New("zookeeper down"))
+
+	const want = `
+# HELP fanout_messages_consumed_total Messages taken from Kafka by the current dispatcher.
+# TYPE fanout_messages_consumed_total counter
+fanout_messages_consumed_total 10
+# HELP fanout_messages_delivered_total Deliveries sent to clients, first attempts and redeliveries.
+# TYPE fanout_messages_delivered_total counter
+fanout_messages_delivered_total 12
+# HELP fanout_messages_acked_total Deliveries acked by clients.
+# TYPE fanout_messages_acked_total counter
+fanout_messages_acked_total 7
+# HELP fanout_messages_nacked_total Deliveries given back by clients (nack).
+# TYPE fanout_messages_nacked_total counter
+fanout_messages_nacked_total 1
+# HELP fanout_messages_redelivered_total Messages queued for another delivery, by reason.
+# TYPE fanout_messages_redelivered_total counter
+fanout_messages_redelivered_total{reason="disconnect"} 0
+fanout_messages_redelivered_total{reason="nack"} 1
+fanout_messages_redelivered_total{reason="timeout"} 2
+# HELP fanout_unknown_acks_total Acks, nacks and touches naming no outstanding delivery of the client.
+# TYPE fanout_unknown_acks_total counter
+fanout_unknown_acks_total 3
+# HELP fanout_messages_in_flight Deliveries waiting for an ack.
+# TYPE fanout_messages_in_flight gauge
+fanout_messages_in_flight 2
+# HELP fanout_buffered_messages Messages waiting for a client.
+# TYPE fanout_buffered_messages gauge
+fanout_buffered_messages 4
+# HELP fanout_buffered_bytes Payload bytes of the messages waiting for a client.
+# TYPE fanout_buffered_bytes gauge
+fanout_buffered_bytes 400
+# HELP fanout_fetching_paused 1 while fetching from Kafka is paused (backpressure or no clients).
+# TYPE fanout_fetching_paused gauge
+fanout_fetching_paused 1
+# HELP fanout_clients_connected Connected clients.
+# TYPE fanout_clients_connected gauge
+fanout_clients_connected 2
+# HELP fanout_consumer_lag High watermark minus committed offset.
+# TYPE fanout_consumer_lag gauge
+fanout_consumer_lag{partition="0"} 3
+fanout_consumer_lag{partition="1"} 0
+# HELP fanout_committed_offset Next offset to consume as committed to the store.
+# TYPE fanout_committed_offset gauge
+fanout_committed_offset{partition="0"} 5
+fanout_committed_offset{partition="1"} 9
+# HELP fanout_high_watermark Offset the next message produced to the partition gets.
+# TYPE fanout_high_watermark gauge
+fanout_high_watermark{partition="0"} 8
+fanout_high_watermark{partition="1"} 9
+fanout_high_watermark{partition="2"} 4
+# HELP fanout_leader 1 while this node leads the cluster.
+# TYPE fanout_leader gauge
+fanout_leader 1
+# HELP fanout_leader_epoch Epoch of the leader this node knows (0: none).
+# TYPE fanout_leader_epoch gauge
+fanout_leader_epoch 7
+# HELP fanout_failovers_total Leader changes this node has seen after the first leader.
+# TYPE fanout_failovers_total counter
+fanout_failovers_total 1
+# HELP fanout_cluster_members Cluster members heard from recently, this node included.
+# TYPE fanout_cluster_members gauge
+fanout_cluster_members 3
+# HELP fanout_commit_failures_total Offset commits that failed (they are retried).
+# TYPE fanout_commit_failures_total counter
+fanout_commit_failures_total 1
+# HELP fanout_commit_duration_seconds Duration of offset commits to the store, failed ones included.
+# TYPE fanout_commit_duration_seconds histogram
+fanout_commit_duration_seconds_bucket{le="0.001"} 0
+fanout_commit_duration_seconds_bucket{le="0.0025"} 0
+fanout_commit_duration_seconds_bucket{le="0.005"} 1
+fanout_commit_duration_seconds_bucket{le="0.01"} 1
+fanout_commit_duration_seconds_bucket{le="0.025"} 2
+fanout_commit_duration_seconds_bucket{le="0.05"} 2
+fanout_commit_duration_seconds_bucket{le="0.1"} 2
+fanout_commit_duration_seconds_bucket{le="0.25"} 2
+fanout_commit_duration_seconds_bucket{le="0.5"} 2
+fanout_commit_duration_seconds_bucket{le="1"} 2
+fanout_commit_duration_seconds_bucket{le="2.5"} 2
+fanout_commit_duration_seconds_bucket{le="5"} 2
+fanout_commit_duration_seconds_bucket{le="10"} 2
+fanout_commit_duration_seconds_bucket{le="+Inf"} 2
+fanout_commit_duration_seconds_sum 0.023
+fanout_commit_duration_seconds_count 2
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCollectorLint(t *testing.T) {
+	c := NewCollector(func(context.Context) Snapshot { return leaderSnapshot() })
+	problems, err := testutil.CollectAndLint(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestReady(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	failing := func(d time.Duration) Snapshot {
+		s := leaderSnapshot()
+		s.Stats.CommitFailingSince = now.Add(-d)
+		return s
+	}
+	tests := []struct {
+		name   string
+		snap   Snapshot
+		want   bool
+		reason string
+	}{
+		{"leader serving", leaderSnapshot(), true, "leader: serving"},
+		{"leader commits failing briefly", failing(2 * time.Second), true, "leader: serving"},
+		{"leader commits failing too long", failing(11 * time.Second), false, "leader: offset commits failing for 11s"},
+		{"elected, not serving", Snapshot{Clustered: true, Leader: true, LeaderKnown: true, LeaderID: "a"}, false, "leader: elected, not serving yet"},
+		{"follower knows leader", Snapshot{Clustered: true, LeaderKnown: true, LeaderID: "b", Epoch: 4}, true, "follower: leader b (epoch 4)"},
+		{"follower without leader", Snapshot{Clustered: true}, false, "follower: no leader known"},
+		{"starting", Snapshot{}, false, "starting: Kafka or ZooKeeper not reached yet"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ok, reason := Ready(tt.snap, now, 10*time.Second)
+			if ok != tt.want || reason != tt.reason {
+				t.Errorf("Ready = %v %q, want %v %q", ok, reason, tt.want, tt.reason)
+			}
+		})
+	}
+}
+
+func TestHandlerEndpoints(t *testing.T) {
+	snap := Snapshot{Clustered: true}
+	h := Handler(HandlerConfig{
+		Collector: NewCollector(func(context.Context) Snapshot { return leaderSnapshot() }),
+		Snapshot:  func(context.Context) Snapshot { return snap },
+	})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	tests := []struct {
+		path     string
+		wantCode int
+		contains string
+	}{
+		{"/healthz", 200, "ok\n"},
+		{"/readyz", 503, "follower: no leader known\n"},
+		{"/metrics", 200, "fanout_messages_acked_total 7\n"},
+		{"/metrics", 200, "go_goroutines "},
+		{"/nope", 404, ""},
+	}
+	for _, tt := range tests {
+		code, body := get(tt.path)
+		if code != tt.wantCode || !strings.Contains(body, tt.contains) {
+			t.Errorf("GET %s = %d %q, want %d containing %q", tt.path, code, body, tt.wantCode, tt.contains)
+		}
+	}
+}
+
+func TestListenServesAndShutsDown(t *testing.T) {
+	s, err := Listen("127.0.0.1:0", Handler(HandlerConfig{
+		Collector: NewCollector(func(context.Context) Snapshot { return Snapshot{} }),
+		Snapshot:  func(context.Context) Snapshot { return Snapshot{} },
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve() }()
+	resp, err := http.Get("http://" + s.Addr().String() + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("/healthz = %d", resp.StatusCode)
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve = %v, want nil after Shutdown", err)
+	}
+}
