@@ -16,6 +16,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
@@ -34,6 +35,10 @@ type Daemon struct {
 	listening chan struct{} // closed once the listener is bound
 	ready     chan struct{} // closed once this node first serves clients
 	readyOnce sync.Once
+
+	source    atomic.Pointer[kafka.Source] // the running dispatcher's source, for metrics
+	collector *metrics.Collector
+	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -48,6 +53,7 @@ func New(opts Options) (*Daemon, error) {
 		listening: make(chan struct{}),
 		ready:     make(chan struct{}),
 	}
+	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	srv, err := server.New(server.Config{
 		Listen:       opts.Listen,
 		NodeID:       opts.NodeID,
@@ -117,8 +123,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.srv.Start(context.Background()); err != nil {
 		return err
 	}
-	close(d.listening)
 	defer d.srv.Close()
+	stopMetrics, err := d.startMetrics()
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
 	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID}).Info("fanout starting")
@@ -309,6 +320,8 @@ func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.S
 		DrainTimeout:     d.opts.DrainTimeout,
 		Store:            store,
 		Logger:           d.log,
+		Stored:           stored,
+		OnCommit:         d.collector.ObserveCommit,
 	}, src)
 	if err != nil {
 		return err
@@ -328,13 +341,79 @@ func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.S
 	}()
 
 	d.backend.set(disp)
+	d.source.Store(src)
 	d.serving.Store(true)
 	d.readyOnce.Do(func() { close(d.ready) })
 	d.log.WithField("stored_offsets", stored).Info("serving clients")
 	err = disp.Run(ctx)
 	d.serving.Store(false)
 	d.backend.set(nil)
+	d.source.Store(nil)
 	return err
+}
+
+// MetricsAddr returns the address of /metrics, /healthz and /readyz once
+// Listening is closed, or nil when Options.MetricsListen is "".
+func (d *Daemon) MetricsAddr() net.Addr {
+	if d.metrics == nil {
+		return nil
+	}
+	return d.metrics.Addr()
+}
+
+// startMetrics binds Options.MetricsListen, if set, and serves metrics and
+// health checks on it until stop is called.
+func (d *Daemon) startMetrics() (stop func(), err error) {
+	if d.opts.MetricsListen == "" {
+		return func() {}, nil
+	}
+	ms, err := metrics.Listen(d.opts.MetricsListen, metrics.Handler(metrics.HandlerConfig{
+		Collector:        d.collector,
+		Snapshot:         d.metricsSnapshot,
+		MaxCommitFailing: max(3*d.opts.CommitInterval, 10*time.Second),
+	}))
+	if err != nil {
+		return nil, err
+	}
+	d.metrics = ms
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if err := ms.Serve(); err != nil {
+			d.log.WithError(err).Error("metrics server stopped")
+		}
+	}()
+	d.log.WithField("metrics", ms.Addr().String()).Info("serving /metrics, /healthz and /readyz")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := ms.Shutdown(ctx); err != nil {
+			d.log.WithError(err).Warn("stopping the metrics server")
+		}
+		<-served
+	}, nil
+}
+
+// metricsSnapshot gathers the daemon's state for metrics and /readyz.
+func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
+	var s metrics.Snapshot
+	s.Stats, s.Serving = d.Stats(ctx)
+	if src := d.source.Load(); src != nil {
+		s.HighWaterMarks = src.HighWaterMarks()
+	}
+	s.Clients = d.srv.Clients()
+	if el := d.elector.Load(); el != nil {
+		l := el.Leadership()
+		s.Clustered = true
+		s.Leader = s.Serving || l.Leader
+		s.LeaderKnown = l.Known
+		s.LeaderID, s.Epoch = l.LeaderID, l.Epoch
+		s.Failovers = el.Failovers()
+		s.Members = len(el.Members())
+	} else if s.Serving { // alone, without an election (Options.Store)
+		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
+	}
+	return s
 }
 
 // switchBackend forwards the server's calls to the running dispatcher, if

@@ -32,6 +32,10 @@ type Options struct {
 	Advertise string // the address clients are told (redirects); default derived from Listen
 	NodeID    string // unique within the cluster; default hostname-<random>
 
+	// MetricsListen is the address of /metrics, /healthz and /readyz;
+	// "" disables them (the command line's default is DefaultMetricsListen).
+	MetricsListen string
+
 	AckTimeout       time.Duration // redeliver without an ack after this; default 30s
 	Heartbeat        time.Duration // ping interval; default 5s
 	Liveness         int           // heartbeats of silence before a client is dropped; default 2
@@ -68,6 +72,7 @@ type Options struct {
 // Defaults of Options.
 const (
 	DefaultListen           = ":4987"
+	DefaultMetricsListen    = ":9100" // the --metrics-listen flag's default
 	DefaultAckTimeout       = 30 * time.Second
 	DefaultHeartbeat        = 5 * time.Second
 	DefaultLiveness         = 2
@@ -164,6 +169,11 @@ func (o Options) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		bad("--listen %q: %v", o.Listen, err)
+	}
+	if o.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(o.MetricsListen); err != nil {
+			bad("--metrics-listen %q: %v", o.MetricsListen, err)
+		}
 	}
 	if o.Advertise != "" {
 		if err := checkHostPort(o.Advertise); err != nil {
