@@ -44,8 +44,7 @@ func devCommand() *cli.Command {
 			&cli.DurationFlag{Name: "ack-timeout", Value: fanout.DefaultAckTimeout, Usage: "redeliver a message not acked within this time", EnvVars: env("ACK_TIMEOUT")},
 			&cli.DurationFlag{Name: "heartbeat", Value: fanout.DefaultHeartbeat, Usage: "ping clients this often", EnvVars: env("HEARTBEAT")},
 			&cli.IntFlag{Name: "max-in-flight", Value: fanout.DefaultMaxInFlight, Usage: "most unacked messages per client", EnvVars: env("MAX_IN_FLIGHT")},
-			// --metrics-listen goes here once the daemon has a metrics
-			// endpoint; map it in devAction like the flags above.
+			&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz and /readyz (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
 		},
 		Action:       devAction,
 		OnUsageError: commandUsageError,
@@ -61,6 +60,9 @@ type devConfig struct {
 	AckTimeout  time.Duration
 	Heartbeat   time.Duration
 	MaxInFlight int
+	// MetricsListen is the address of /metrics, /healthz and /readyz; ""
+	// disables them.
+	MetricsListen string
 	// Store keeps offsets; nil means a new offsets.MemoryStore.
 	Store offsets.Store
 	Log   *logrus.Entry
@@ -80,6 +82,7 @@ func devAction(c *cli.Context) error {
 		MaxInFlight: c.Int("max-in-flight"),
 		Log:         logrus.NewEntry(logrus.StandardLogger()),
 	}
+	cfg.MetricsListen = devMetricsListen(c)
 	return runDev(c.Context, cfg, c.App.Writer)
 }
 
@@ -113,6 +116,7 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 		AckTimeout:    cfg.AckTimeout,
 		Heartbeat:     cfg.Heartbeat,
 		MaxInFlight:   cfg.MaxInFlight,
+		MetricsListen: cfg.MetricsListen,
 		InitialOffset: "oldest",
 		Logger:        cfg.Log,
 	}
@@ -153,6 +157,23 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 		return devStopped(err)
 	}
 	return devStopped(<-runErr)
+}
+
+// devMetricsListen returns --metrics-listen. Left at its default, a port
+// already taken (another fanout, a node exporter) only disables metrics, so
+// that fanout dev still starts; an address given explicitly must be free.
+func devMetricsListen(c *cli.Context) string {
+	addr := c.String("metrics-listen")
+	if addr == "" || c.IsSet("metrics-listen") {
+		return addr
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		logrus.WithError(err).Warnf("metrics disabled: %s is taken (set --metrics-listen to choose another address)", addr)
+		return ""
+	}
+	ln.Close()
+	return addr
 }
 
 // devStopped wraps the daemon's error, if any.
