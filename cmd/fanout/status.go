@@ -1,0 +1,335 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/go-zookeeper/zk"
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
+)
+
+// Defaults of the status command.
+const (
+	statusTimeout = 15 * time.Second
+	statusWindow  = 10 * time.Second
+)
+
+func statusCommand() *cli.Command {
+	env := func(name string) []string { return []string{"FANOUT_" + name} }
+	return &cli.Command{
+		Name:      "status",
+		Usage:     "show a fanout cluster: members, leader and epoch, committed offsets, high watermarks and lag",
+		UsageText: "fanout status --id SERVICE_ID --topic TOPIC [--kafka host:port] [--zookeeper host:port] [--json]",
+		Description: "Reads the last --window of heartbeats on fanout_<id>_<topic> (members), the leader record and\n" +
+			"the committed offsets in ZooKeeper, and each partition's high watermark from Kafka. What ZooKeeper\n" +
+			"does not hold yet is shown as none. Exits 1 when Kafka or ZooKeeper cannot be reached.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "id", Usage: "service id of the cluster", EnvVars: env("ID")},
+			&cli.StringFlag{Name: "topic", Usage: "the topic the cluster consumes", EnvVars: env("TOPIC")},
+			&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker links, else localhost:9092)", EnvVars: env("KAFKA")},
+			&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker links, else localhost:2181)", EnvVars: env("ZOOKEEPER")},
+			&cli.DurationFlag{Name: "window", Value: statusWindow, Usage: "members are those heard from within this window"},
+			&cli.DurationFlag{Name: "timeout", Value: statusTimeout, Usage: "give up reaching Kafka or ZooKeeper after this long"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON document"},
+		},
+		Action:       statusAction,
+		OnUsageError: commandUsageError,
+	}
+}
+
+// clusterStatus is what fanout status reports.
+type clusterStatus struct {
+	ID             string            `json:"id"`
+	Topic          string            `json:"topic"`
+	HeartbeatTopic string            `json:"heartbeat_topic"`
+	Leader         *leaderStatus     `json:"leader"` // nil: no leader recorded
+	Members        []memberStatus    `json:"members"`
+	Partitions     []partitionStatus `json:"partitions"`
+	TotalLag       int64             `json:"total_lag"` // over the partitions with a committed offset
+}
+
+// leaderStatus is the leader record in ZooKeeper.
+type leaderStatus struct {
+	Node  string `json:"node"`
+	Addr  string `json:"addr"`
+	Epoch uint64 `json:"epoch"`
+}
+
+// memberStatus is a member's last heartbeat within the window.
+type memberStatus struct {
+	NodeID   string    `json:"node_id"`
+	Addr     string    `json:"addr"`
+	Role     string    `json:"role"`
+	Epoch    uint64    `json:"epoch"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// partitionStatus is one partition's offsets; Committed and Lag are nil
+// when ZooKeeper holds no offset for it.
+type partitionStatus struct {
+	Partition     int32  `json:"partition"`
+	Committed     *int64 `json:"committed"`
+	HighWatermark int64  `json:"high_watermark"`
+	Lag           *int64 `json:"lag"`
+}
+
+func statusAction(c *cli.Context) error {
+	if c.Args().Present() {
+		return usageError(fmt.Errorf("unexpected argument %q", c.Args().First()))
+	}
+	kafkaAddrs, zkAddrs := c.StringSlice("kafka"), c.StringSlice("zookeeper")
+	if len(kafkaAddrs) == 0 {
+		kafkaAddrs = linkedAddrs(environ(), "KAFKA", 9092)
+	}
+	if len(zkAddrs) == 0 {
+		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
+	}
+	opts := fanout.Options{ID: c.String("id"), Topic: c.String("topic"), Kafka: splitAll(kafkaAddrs), ZooKeeper: splitAll(zkAddrs)}
+	if err := opts.Validate(); err != nil {
+		return usageError(err)
+	}
+	if len(opts.Kafka) == 0 {
+		opts.Kafka = []string{"localhost:9092"}
+	}
+	if len(opts.ZooKeeper) == 0 {
+		opts.ZooKeeper = []string{"localhost:2181"}
+	}
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	st, err := readStatus(ctx, opts, c.Duration("window"), time.Now())
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(st); err != nil {
+			return fmt.Errorf("write status: %w", err)
+		}
+		return nil
+	}
+	return writeStatus(c.App.Writer, st, time.Now())
+}
+
+// readStatus gathers the status of the cluster opts names. Data ZooKeeper
+// or Kafka does not hold yet is left empty; unreachable servers are errors.
+func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, now time.Time) (*clusterStatus, error) {
+	st := &clusterStatus{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic)}
+
+	// ZooKeeper first: its client gives up when ctx ends; sarama's retries
+	// are bounded by its configuration.
+	servers, chroot, err := zkstore.ParseServers(opts.ZooKeeper)
+	if err != nil {
+		return nil, err
+	}
+	quiet := logrus.New()
+	quiet.SetOutput(io.Discard)
+	conn, err := zkstore.Connect(ctx, servers, 10*time.Second, logrus.NewEntry(quiet))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	st.Leader, err = readLeader(conn, chroot+cluster.FencePath(opts.ID, opts.Topic))
+	if err != nil {
+		return nil, err
+	}
+	committed, err := zkstore.New(conn, chroot, opts.ID, opts.Topic).Load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("committed offsets: %w", err)
+	}
+
+	cfg := kafka.NewConfig("fanout-status")
+	cfg.Net.DialTimeout = 5 * time.Second
+	cfg.Metadata.Retry.Max = 2
+	client, err := sarama.NewClient(opts.Kafka, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kafka unreachable at %s: %w", strings.Join(opts.Kafka, ","), err)
+	}
+	defer client.Close()
+	parts, err := client.Partitions(opts.Topic)
+	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return nil, fmt.Errorf("topic %s does not exist in Kafka at %s", opts.Topic, strings.Join(opts.Kafka, ","))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("partitions of topic %s: %w", opts.Topic, err)
+	}
+	slices.Sort(parts)
+	for _, p := range parts {
+		hw, err := client.GetOffset(opts.Topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("high watermark of %s/%d: %w", opts.Topic, p, err)
+		}
+		ps := partitionStatus{Partition: p, HighWatermark: hw}
+		if off, ok := committed[p]; ok {
+			lag := metrics.Lag(hw, off)
+			ps.Committed, ps.Lag = &off, &lag
+			st.TotalLag += lag
+		}
+		st.Partitions = append(st.Partitions, ps)
+	}
+	st.Members, err = readMembers(ctx, client, st.HeartbeatTopic, now.Add(-window))
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// readLeader returns the leader record at path, or nil when there is none
+// (no znode, or epoch 0: created, never won).
+func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
+	data, _, err := conn.Get(path)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("leader record %s: %w", path, err)
+	}
+	var rec leaderStatus
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return nil, fmt.Errorf("leader record %s holds %q: %w", path, data, err)
+		}
+	}
+	if rec.Epoch == 0 {
+		return nil, nil
+	}
+	return &rec, nil
+}
+
+// readMembers reads the heartbeats on topic since from and returns each
+// member's last one, ordered by node id; members that left are dropped. A
+// missing topic means no members.
+func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time) ([]memberStatus, error) {
+	if _, err := client.Partitions(topic); errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("heartbeat topic %s: %w", topic, err)
+	}
+	start, err := client.GetOffset(topic, 0, from.UnixMilli())
+	if err != nil {
+		return nil, fmt.Errorf("heartbeat topic %s: offset at %s: %w", topic, from.Format(time.RFC3339), err)
+	}
+	end, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
+	if err != nil {
+		return nil, fmt.Errorf("heartbeat topic %s: high watermark: %w", topic, err)
+	}
+	if start < 0 || start >= end {
+		return nil, nil // nothing within the window
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, fmt.Errorf("heartbeat consumer: %w", err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition(topic, 0, start)
+	if err != nil {
+		return nil, fmt.Errorf("read heartbeat topic %s from %d: %w", topic, start, err)
+	}
+	defer pc.AsyncClose()
+
+	last := map[string]memberStatus{}
+	for next := start; next < end; {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read heartbeat topic %s (offsets %d to %d): %w", topic, start, end, ctx.Err())
+		case err := <-pc.Errors():
+			return nil, fmt.Errorf("read heartbeat topic %s: %w", topic, err)
+		case m := <-pc.Messages():
+			next = m.Offset + 1
+			var hb cluster.Heartbeat
+			if err := proto.Unmarshal(m.Value, &hb); err != nil || hb.GetNodeId() == "" {
+				continue // not a heartbeat: skip it, as the elector does
+			}
+			if hb.GetLeaving() {
+				delete(last, hb.GetNodeId())
+				continue
+			}
+			last[hb.GetNodeId()] = memberStatus{
+				NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: roleName(hb.GetRole()),
+				Epoch: hb.GetEpoch(), LastSeen: m.Timestamp,
+			}
+		}
+	}
+	out := make([]memberStatus, 0, len(last))
+	for _, m := range last {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b memberStatus) int { return strings.Compare(a.NodeID, b.NodeID) })
+	return out, nil
+}
+
+// roleName is a Role in lower case without its prefix: "leader".
+func roleName(r cluster.Role) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+}
+
+// writeStatus prints st as aligned tables; ages are relative to now.
+func writeStatus(w io.Writer, st *clusterStatus, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "cluster\t%s (id %s, topic %s)\n", st.HeartbeatTopic, st.ID, st.Topic)
+	if st.Leader != nil {
+		fmt.Fprintf(tw, "leader\t%s (epoch %d, %s)\n", st.Leader.Node, st.Leader.Epoch, orNone(st.Leader.Addr))
+	} else {
+		fmt.Fprintf(tw, "leader\tnone\n")
+	}
+	fmt.Fprintf(tw, "lag\t%d\n", st.TotalLag)
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tADDR\tROLE\tEPOCH\tLAST HEARTBEAT")
+	if len(st.Members) == 0 {
+		fmt.Fprintln(tw, "none")
+	}
+	for _, m := range st.Members {
+		age := now.Sub(m.LastSeen).Round(100 * time.Millisecond)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", m.NodeID, orNone(m.Addr), m.Role, m.Epoch, max(age, 0))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PARTITION\tCOMMITTED\tHIGH WATERMARK\tLAG")
+	for _, p := range st.Partitions {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\n", p.Partition, optInt(p.Committed), p.HighWatermark, optInt(p.Lag))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+func optInt(v *int64) string {
+	if v == nil {
+		return "none"
+	}
+	return strconv.FormatInt(*v, 10)
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWriteStatus(t *testing.T) {
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	i64 := func(v int64) *int64 { return &v }
+	tests := []struct {
+		name string
+		st   clusterStatus
+		want string
+	}{
+		{
+			name: "leader, two members, one partition without offset",
+			st: clusterStatus{
+				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
+				Leader: &leaderStatus{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
+				Members: []memberStatus{
+					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-400 * time.Millisecond)},
+					{NodeID: "node-b", Addr: "10.0.0.2:4987", Role: "leader", Epoch: 3, LastSeen: now.Add(-1200 * time.Millisecond)},
+				},
+				Partitions: []partitionStatus{
+					{Partition: 0, Committed: i64(1200), HighWatermark: 1250, Lag: i64(50)},
+					{Partition: 1, HighWatermark: 7},
+				},
+				TotalLag: 50,
+			},
+			want: `cluster  fanout_svc_t (id svc, topic t)
+leader   node-b (epoch 3, 10.0.0.2:4987)
+lag      50
+
+MEMBER  ADDR           ROLE      EPOCH  LAST HEARTBEAT
+node-a  10.0.0.1:4987  follower  3      400ms ago
+node-b  10.0.0.2:4987  leader    3      1.2s ago
+
+PARTITION  COMMITTED  HIGH WATERMARK  LAG
+0          1200       1250            50
+1          none       7               none
+`,
+		},
+		{
+			name: "nothing in ZooKeeper, no heartbeats",
+			st: clusterStatus{
+				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
+				Partitions: []partitionStatus{{Partition: 0, HighWatermark: 0}},
+			},
+			want: `cluster  fanout_svc_t (id svc, topic t)
+leader   none
+lag      0
+
+MEMBER  ADDR  ROLE  EPOCH  LAST HEARTBEAT
+none
+
+PARTITION  COMMITTED  HIGH WATERMARK  LAG
+0          none       0               none
+`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := writeStatus(&buf, &tt.st, now); err != nil {
+				t.Fatal(err)
+			}
+			if got := buf.String(); got != tt.want {
+				t.Errorf("writeStatus:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	tests := []struct {
+		name string
+		st   clusterStatus
+		want string
+	}{
+		{"none is null", clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
+			Partitions: []partitionStatus{{Partition: 0, HighWatermark: 5}}},
+			`{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":null,"members":null,` +
+				`"partitions":[{"partition":0,"committed":null,"high_watermark":5,"lag":null}],"total_lag":0}`},
+		{"leader", clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
+			Leader: &leaderStatus{Node: "a", Addr: "h:1", Epoch: 2}},
+			`{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":{"node":"a","addr":"h:1","epoch":2},` +
+				`"members":null,"partitions":null,"total_lag":0}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := json.Marshal(tt.st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := string(b); got != tt.want {
+				t.Errorf("JSON:\n%s\nwant:\n%s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestStatusCommandErrors(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{"missing id", []string{"status", "--topic", "t"}, 2, "--id"},
+		{"bad kafka address", []string{"status", "--id", "s", "--topic", "t", "--kafka", "nohost"}, 2, "--kafka"},
+		{"zookeeper unreachable", []string{"status", "--id", "s", "--topic", "t", "--kafka", "127.0.0.1:1",
+			"--zookeeper", "127.0.0.1:1", "--timeout", "300ms"}, 1, "zookeeper unreachable at 127.0.0.1:1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := runApp(t.Context(), t, nil, tt.args...)
+			if code != tt.wantCode || !strings.Contains(stderr, tt.wantErr) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, tt.wantCode, tt.wantErr)
+			}
+		})
+	}
+}
