@@ -386,8 +386,10 @@ func TestSemanticsAckTimeoutRedeliversToAnotherClient(t *testing.T) {
 	}
 	semWaitStats(t, d, 10*time.Second, "2 clients joined", func(s dispatch.Stats) bool { return s.Clients == 2 })
 
-	produceSeq(t, topic, "m", 1, 1)
+	// Taken before producing: the first delivery, and so its ack deadline,
+	// cannot be earlier.
 	sent := time.Now()
+	produceSeq(t, topic, "m", 1, 1)
 	first, a := semFirst(t, cs, 30*time.Second) // a holds it and does not ack
 	if first.Attempt != 1 {
 		t.Fatalf("first delivery has attempt %d, want 1", first.Attempt)
@@ -498,8 +500,9 @@ func TestSemanticsNoClientsBuffersAndPauses(t *testing.T) {
 	createTopic(t, topic, partitions)
 	d := startDaemon(t, daemonOptions(t, topic))
 
-	// Never a client: fetching is paused from the start, so messages
-	// produced now stay in Kafka (not even taken into the buffer).
+	// Never a client: fetching is paused from the start ("fetch only while
+	// someone can take messages", dispatch.Dispatcher.Run), so messages
+	// produced now stay in Kafka, not even taken into the buffer.
 	before := produceSeq(t, topic, "before", k, partitions)
 	semWaitStats(t, d, 10*time.Second, "fetching paused", func(s dispatch.Stats) bool { return s.Paused })
 	quiet := time.Now().Add(1500 * time.Millisecond)
@@ -690,9 +693,8 @@ func TestSemanticsDeadClientFoundByHeartbeat(t *testing.T) {
 	silentSince := time.Now()
 	select {
 	case <-a.stopped:
-		if !errors.Is(a.err, io.EOF) {
-			t.Logf("the daemon closed the silent client's connection: %v", a.err)
-		}
+		t.Logf("the daemon closed the silent client's connection %v after it went silent: %v",
+			time.Since(silentSince).Round(time.Millisecond), a.err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the silent client's connection is still open 10s later")
 	}
