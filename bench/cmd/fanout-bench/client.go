@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+// runClient is one fanout client process: it acks every message it receives
+// and, when standard input closes, closes the client (flushing the last acks)
+// and prints its Result. Only messages whose Ack succeeded are counted; the
+// receipt time is taken for latency before the ack.
+func runClient(args []string) error {
+	fs := flag.NewFlagSet("client", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:4987", "daemon address")
+	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello")
+	latency := fs.Bool("latency", false, "record produce-to-receipt latency of synthetic values")
+	_ = fs.Parse(args)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{*addr}, MaxInFlight: *inFlight,
+		ClientID: fmt.Sprintf("bench-%d", os.Getpid())})
+	if err != nil {
+		return err
+	}
+	cnt := &counter{measureLatency: *latency}
+	var redelivered, ackErrs atomic.Int64
+	stop := stdinClosed()
+	stopProgress := make(chan struct{})
+	go reportProgress(&cnt.n, 250*time.Millisecond, stopProgress)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range c.Messages() {
+			now := time.Now()
+			if m.Attempt > 1 {
+				redelivered.Add(1)
+			}
+			if err := m.Ack(); err != nil {
+				ackErrs.Add(1)
+				continue
+			}
+			cnt.add(m.Value, now)
+		}
+	}()
+	<-stop
+	closeErr := c.Close() // Messages is closed when Close returns
+	<-done
+	close(stopProgress)
+	r := cnt.result()
+	r.Redelivered, r.Errors = redelivered.Load(), ackErrs.Load()
+	if closeErr != nil {
+		r.Errors++
+		fmt.Fprintf(os.Stderr, "close: %v\n", closeErr)
+	}
+	return printResult(r)
+}
+
+// runIdle opens --conns raw protocol connections, each sending Hello and
+// answering the daemon's pings, and holds them until standard input closes.
+// It prints "connected N" on standard error once every session is welcomed
+// (or failed), and its Result (Connected, Errors) at the end.
+func runIdle(args []string) error {
+	fs := flag.NewFlagSet("idle", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:4987", "daemon address")
+	conns := fs.Int("conns", 10000, "connections")
+	parallel := fs.Int("parallel", 64, "handshakes in progress at once")
+	_ = fs.Parse(args)
+
+	var (
+		connected, failed atomic.Int64
+		firstErr          atomic.Pointer[error]
+		open              []net.Conn
+		mu                sync.Mutex // guards open
+		wg                sync.WaitGroup
+	)
+	sem := make(chan struct{}, *parallel)
+	for i := range *conns {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := idleHandshake(*addr, i)
+			<-sem
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
+				return
+			}
+			connected.Add(1)
+			mu.Lock()
+			open = append(open, conn)
+			mu.Unlock()
+			idleServe(conn)
+		}()
+		if (i+1)%1000 == 0 {
+			fmt.Fprintf(os.Stderr, "progress %d\n", connected.Load())
+		}
+	}
+	for connected.Load()+failed.Load() < int64(*conns) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Fprintf(os.Stderr, "connected %d\n", connected.Load())
+	if p := firstErr.Load(); p != nil {
+		fmt.Fprintf(os.Stderr, "%d connections failed, the first: %v\n", failed.Load(), *p)
+	}
+	<-stdinClosed()
+	// Sessions the daemon closed before now (a missed ping) count as lost.
+	closing.Store(true)
+	mu.Lock()
+	for _, c := range open {
+		_ = c.Close()
+	}
+	mu.Unlock()
+	wg.Wait()
+	return printResult(Result{Connected: int(connected.Load() - lost.Load()), Errors: failed.Load() + lost.Load()})
+}
+
+var (
+	lost    atomic.Int64 // idle sessions that ended before the driver said stop
+	closing atomic.Bool  // the driver said stop: connections end on our Close
+)
+
+// idleHandshake connects and waits for Welcome.
+func idleHandshake(addr string, i int) (net.Conn, error) {
+	conn, err := net.DialTimeout("tcp", addr, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	w := protocol.NewWriter(conn, 0)
+	r := protocol.NewReader(conn, 0)
+	_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
+	err = w.WriteFrame(protocol.HelloFrame(&protocol.Hello{ClientId: fmt.Sprintf("idle-%d", i), ProtocolVersion: 1, MaxInFlight: 1}))
+	if err == nil {
+		err = w.Flush()
+	}
+	var f protocol.Frame
+	if err == nil {
+		err = r.ReadFrame(&f)
+	}
+	if err == nil && f.GetWelcome() == nil {
+		err = fmt.Errorf("want Welcome, got %v", &f)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return conn, nil
+}
+
+// idleServe answers pings until the connection ends. A connection ended by
+// the daemon (not by our Close) counts as lost.
+func idleServe(conn net.Conn) {
+	w := protocol.NewWriter(conn, 0)
+	r := protocol.NewReader(conn, 0)
+	for {
+		var f protocol.Frame
+		if err := r.ReadFrame(&f); err != nil {
+			if !closing.Load() {
+				lost.Add(1)
+			}
+			return
+		}
+		if p := f.GetPing(); p != nil {
+			if w.WriteFrame(protocol.PongFrame(p.GetNonce())) != nil || w.Flush() != nil {
+				lost.Add(1)
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,729 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+)
+
+// plan is what one run measures.
+type plan struct {
+	Quick       bool          `json:"quick"`
+	Sizes       []int         `json:"sizes"`          // record sizes, bytes
+	Messages    map[int]int   `json:"messages"`       // per size
+	Ks          []int         `json:"consumers"`      // clients (C) and share threads (D)
+	InFlight    int           `json:"max_in_flight"`  // credit of each fanout client
+	Rates       []int         `json:"latency_rates"`  // msg/s
+	RateFor     time.Duration `json:"latency_window"` // per rate
+	LatencySize int           `json:"latency_size"`
+	IdleConns   int           `json:"idle_clients"`
+	IdleFor     time.Duration `json:"idle_window"`
+}
+
+func fullPlan() plan {
+	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 1_000_000, 1024: 300_000},
+		Ks: []int{1, 4, 16}, InFlight: 1000, Rates: []int{1000, 10000}, RateFor: 10 * time.Second,
+		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second}
+}
+
+func quickPlan() plan {
+	return plan{Quick: true, Sizes: []int{100, 1024}, Messages: map[int]int{100: 20000, 1024: 20000},
+		Ks: []int{1, 4}, InFlight: 1000, Rates: []int{1000}, RateFor: 3 * time.Second,
+		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second}
+}
+
+// env is where the driver finds the servers, the tools and its own binaries.
+type env struct {
+	kafka, zk string
+	libs      string // Kafka jars
+	fanout    string // the daemon binary
+	self      string // this binary, for worker processes
+	out       string // bench-results
+	runID     string
+	admin     sarama.ClusterAdmin
+	client    sarama.Client
+}
+
+func runDriver(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	quick := fs.Bool("quick", false, "small data; asserts only that every message arrived")
+	var e env
+	fs.StringVar(&e.kafka, "kafka", "127.0.0.1:9092", "Kafka bootstrap broker")
+	fs.StringVar(&e.zk, "zookeeper", "127.0.0.1:2181", "ZooKeeper")
+	fs.StringVar(&e.libs, "libs", ".cache/kafka-4.4.0/libs", "Kafka jars (for the perf tools)")
+	fs.StringVar(&e.fanout, "fanout", "", "the fanout daemon binary")
+	fs.StringVar(&e.out, "out", "bench-results", "output directory")
+	_ = fs.Parse(args)
+	p := fullPlan()
+	if *quick {
+		p = quickPlan()
+	}
+	var err error
+	if e.self, err = os.Executable(); err != nil {
+		return err
+	}
+	if e.fanout == "" {
+		return errors.New("--fanout: required")
+	}
+	if err := os.MkdirAll(filepath.Join(e.out, "logs"), 0o755); err != nil {
+		return err
+	}
+	e.runID = fmt.Sprintf("%d", time.Now().Unix())
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "bench: %v: stopping what I started\n", s)
+		killAll()
+		os.Exit(130)
+	}()
+	defer killAll()
+
+	cfg := kafka.NewConfig("fanout-bench")
+	if e.client, err = sarama.NewClient([]string{e.kafka}, cfg); err != nil {
+		return fmt.Errorf("kafka at %s: %w", e.kafka, err)
+	}
+	defer e.client.Close()
+	if e.admin, err = sarama.NewClusterAdminFromClient(e.client); err != nil {
+		return err
+	}
+
+	rep := &report{Plan: p, Started: time.Now().UTC(), LoadBefore: loadavg(), Host: hostInfo()}
+	t0 := time.Now()
+	if err := measure(&e, p, rep); err != nil {
+		return err
+	}
+	rep.LoadAfter = loadavg()
+	rep.WallSeconds = time.Since(t0).Seconds()
+	if err := rep.write(e.out); err != nil {
+		return err
+	}
+	say("done in %s: %s/results.md, results.json, throughput.png", time.Since(t0).Round(time.Second), e.out)
+	if fails := rep.failures(); len(fails) > 0 {
+		return fmt.Errorf("not every message was delivered:\n  %s", strings.Join(fails, "\n  "))
+	}
+	return nil
+}
+
+func measure(e *env, p plan, rep *report) error {
+	for _, size := range p.Sizes {
+		n := p.Messages[size]
+		topic := fmt.Sprintf("bench-%s-%d", e.runID, size)
+		say("== %s: %d messages of %d B on 8 partitions", topic, n, size)
+		if err := e.createTopic(topic); err != nil {
+			return err
+		}
+		if err := e.preload(topic, n, size); err != nil {
+			return err
+		}
+		total, err := e.highWater(topic)
+		if err != nil {
+			return err
+		}
+		if total != int64(n) {
+			return fmt.Errorf("%s holds %d messages after preloading %d", topic, total, n)
+		}
+		row := func(r Row) {
+			r.Size, r.Expected = size, int64(n)
+			r.finish()
+			say("   %-34s %9.0f msg/s %8.1f MB/s", r.label(), r.MsgPerS, r.MBPerS)
+			rep.Throughput = append(rep.Throughput, r)
+		}
+		a, err := e.consumerPerf(topic, n)
+		if err != nil {
+			return err
+		}
+		row(a)
+		b, err := e.saramaRun(topic, n)
+		if err != nil {
+			return err
+		}
+		row(b)
+		for _, k := range p.Ks {
+			c, err := e.fanoutRun(topic, n, k, p.InFlight)
+			if err != nil {
+				return err
+			}
+			row(c)
+		}
+		for _, k := range p.Ks {
+			d, err := e.sharePerf(topic, n, k)
+			if err != nil {
+				return err
+			}
+			row(d)
+		}
+	}
+	for _, rate := range p.Rates {
+		ls, err := e.latencyRun(rate, p.RateFor, p.LatencySize)
+		if err != nil {
+			return err
+		}
+		rep.Latency = append(rep.Latency, ls...)
+	}
+	idle, err := e.idleRun(p.IdleConns, p.IdleFor)
+	if err != nil {
+		return err
+	}
+	rep.Idle = idle
+	return nil
+}
+
+// ---------------------------------------------------------------------------------------------------- Kafka
+
+func (e *env) createTopic(topic string) error {
+	err := e.admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 8, ReplicationFactor: 1}, false)
+	if err != nil {
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_ = e.client.RefreshMetadata(topic)
+		if parts, err := e.client.Partitions(topic); err == nil && len(parts) == 8 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topic %s: partitions not ready after 30 s", topic)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// highWater is the sum of the partitions' newest offsets (the message count
+// of a fresh topic).
+func (e *env) highWater(topic string) (int64, error) {
+	hw, err := e.highWaters(topic)
+	var sum int64
+	for _, v := range hw {
+		sum += v
+	}
+	return sum, err
+}
+
+func (e *env) highWaters(topic string) (map[int32]int64, error) {
+	parts, err := e.client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	hw := map[int32]int64{}
+	for _, p := range parts {
+		o, err := e.client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
+		}
+		hw[p] = o
+	}
+	return hw, nil
+}
+
+// java runs one of Kafka's tools and returns its standard output; on failure
+// the error carries the tail of its output.
+func (e *env) java(timeout time.Duration, class string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	full := append([]string{"-Xmx1g", "-cp", e.libs + "/*", class}, args...)
+	cmd := exec.CommandContext(ctx, "java", full...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("java %s: %w", class, err)
+	}
+	track(cmd)
+	err := cmd.Wait()
+	untrack(cmd)
+	if err != nil {
+		return out.String(), fmt.Errorf("java %s %s: %v; output:\n%s", class, strings.Join(args, " "), err, tail(out.String(), 30))
+	}
+	return out.String(), nil
+}
+
+func (e *env) preload(topic string, n, size int) error {
+	say("   preloading with ProducerPerformance")
+	out, err := e.java(10*time.Minute, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+		"--num-records", strconv.Itoa(n), "--record-size", strconv.Itoa(size), "--throughput", "-1",
+		"--producer-props", "bootstrap.servers="+e.kafka, "acks=1", "linger.ms=5", "batch.size=262144")
+	if err != nil {
+		return err
+	}
+	say("   %s", lastLine(out))
+	return nil
+}
+
+// perfColumns parses the header line and the line after it of a Kafka perf
+// tool's output into a map.
+func perfColumns(out, firstColumn string) (map[string]string, error) {
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, firstColumn) && i+1 < len(lines) {
+			keys, vals := strings.Split(l, ","), strings.Split(lines[i+1], ",")
+			if len(keys) != len(vals) {
+				break
+			}
+			m := map[string]string{}
+			for j := range keys {
+				m[strings.TrimSpace(keys[j])] = strings.TrimSpace(vals[j])
+			}
+			return m, nil
+		}
+	}
+	return nil, fmt.Errorf("no result in the tool's output:\n%s", tail(out, 20))
+}
+
+// consumerPerf is (A): Kafka's classic consumer with a fresh group. Its rate
+// is the tool's fetch.nMsg.sec (the group join excluded).
+func (e *env) consumerPerf(topic string, n int) (Row, error) {
+	r := Row{Consumer: "A ConsumerPerformance", K: 1}
+	say("   A: ConsumerPerformance")
+	out, err := e.java(10*time.Minute, "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", e.kafka,
+		"--topic", topic, "--messages", strconv.Itoa(n), "--group", "g-"+topic, "--timeout", "60000")
+	if err != nil {
+		return r, err
+	}
+	m, err := perfColumns(out, "start.time")
+	if err != nil {
+		return r, err
+	}
+	r.Messages, _ = strconv.ParseInt(m["data.consumed.in.nMsg"], 10, 64)
+	ms, _ := strconv.ParseFloat(m["fetch.time.ms"], 64)
+	r.Seconds = ms / 1000
+	return r, nil
+}
+
+// sharePerf is (D): Kafka's share consumer (KIP-932) with k threads in a fresh
+// share group. Its time is the tool's own (from start to the last record).
+func (e *env) sharePerf(topic string, n, k int) (Row, error) {
+	r := Row{Consumer: "D ShareConsumerPerformance", K: k}
+	group := fmt.Sprintf("sg-%s-k%d", topic, k)
+	say("   D: ShareConsumerPerformance, %d threads", k)
+	if _, err := e.java(2*time.Minute, "org.apache.kafka.tools.ConfigCommand", "--bootstrap-server", e.kafka,
+		"--alter", "--entity-type", "groups", "--entity-name", group, "--add-config", "share.auto.offset.reset=earliest"); err != nil {
+		return r, err
+	}
+	out, err := e.java(10*time.Minute, "org.apache.kafka.tools.ShareConsumerPerformance", "--bootstrap-server", e.kafka,
+		"--topic", topic, "--group", group, "--num-records", strconv.Itoa(n), "--threads", strconv.Itoa(k),
+		"--timeout", "60000")
+	if err != nil {
+		return r, err
+	}
+	m, err := perfColumns(out, "start.time")
+	if err != nil {
+		return r, err
+	}
+	r.Messages, _ = strconv.ParseInt(m["data.consumed.in.nMsg"], 10, 64)
+	ms, _ := strconv.ParseFloat(m["fetch.time.ms"], 64)
+	r.Seconds = ms / 1000
+	return r, nil
+}
+
+// saramaRun is (B): the plain sarama consumer, a separate process.
+func (e *env) saramaRun(topic string, n int) (Row, error) {
+	r := Row{Consumer: "B sarama", K: 1}
+	say("   B: plain sarama consumer")
+	w, err := startWorker("sarama", e.self, "sarama", "--kafka", e.kafka, "--topic", topic, "--count", strconv.Itoa(n))
+	if err != nil {
+		return r, err
+	}
+	stop := showProgress("B sarama", int64(n), []*worker{w})
+	<-w.exited
+	stop()
+	res, err := w.finish(time.Second)
+	if err != nil {
+		return r, err
+	}
+	r.Messages, r.Seconds = res.Messages, float64(res.LastNS-res.FirstNS)/1e9
+	return r, nil
+}
+
+// ---------------------------------------------------------------------------------------------------- fanout
+
+// daemon is a fanout daemon process.
+type daemon struct {
+	id, topic, addr, log string
+	cmd                  *exec.Cmd
+	exited               chan struct{}
+}
+
+func (e *env) startDaemon(id, topic string, extra ...string) (*daemon, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	metricsPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{id: id, topic: topic, addr: fmt.Sprintf("127.0.0.1:%d", port),
+		log: filepath.Join(e.out, "logs", id+".log"), exited: make(chan struct{})}
+	f, err := os.Create(d.log)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"--id", id, "--topic", topic, "--kafka", e.kafka, "--zookeeper", e.zk,
+		"--listen", d.addr, "--advertise", d.addr, "--node-id", "bench", "--initial-offset", "oldest",
+		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, extra...)
+	d.cmd = exec.Command(e.fanout, args...)
+	d.cmd.Stdout, d.cmd.Stderr = f, f
+	if err := d.cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", e.fanout, err)
+	}
+	track(d.cmd)
+	go func() {
+		_ = d.cmd.Wait()
+		untrack(d.cmd)
+		f.Close()
+		close(d.exited)
+	}()
+	// Ready once it leads and serves (the log line of fanout/daemon.go).
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		b, _ := os.ReadFile(d.log)
+		if strings.Contains(string(b), "serving clients") {
+			return d, nil
+		}
+		select {
+		case <-d.exited:
+			b, _ = os.ReadFile(d.log)
+			return nil, fmt.Errorf("daemon %s exited during startup (%v); %s:\n%s", id, d.cmd.ProcessState, d.log, tail(string(b), 30))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			d.stop()
+			return nil, fmt.Errorf("daemon %s not serving after 90 s; %s:\n%s", id, d.log, tail(string(b), 30))
+		}
+	}
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+// stop sends SIGTERM (the daemon drains and commits) and waits, then kills.
+func (d *daemon) stop() {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+	}
+}
+
+// fanoutRun is (C): the daemon and k client processes that ack every message.
+// The rate counts acked messages from the first ack to the last (of any client).
+// After the daemon's shutdown commit, every partition's committed offset in
+// ZooKeeper must be its high-water mark: every message was acked.
+func (e *env) fanoutRun(topic string, n, k, inFlight int) (Row, error) {
+	r := Row{Consumer: "C fanout", K: k}
+	id := fmt.Sprintf("%s-k%d", topic, k)
+	say("   C: fanout daemon + %d client processes", k)
+	d, err := e.startDaemon(id, topic)
+	if err != nil {
+		return r, err
+	}
+	defer d.stop()
+	cpu0, err := cpuSeconds(d.pid())
+	if err != nil {
+		return r, err
+	}
+	var ws []*worker
+	for i := range k {
+		w, err := startWorker(fmt.Sprintf("client %d", i), e.self, "client", "--addr", d.addr,
+			"--max-in-flight", strconv.Itoa(inFlight))
+		if err != nil {
+			return r, err
+		}
+		ws = append(ws, w)
+	}
+	stop := showProgress(fmt.Sprintf("C fanout K=%d", k), int64(n), ws)
+	err = waitSum(ws, int64(n), 5*time.Minute)
+	stop()
+	cpu1, _ := cpuSeconds(d.pid())
+	_, hwm, _ := memMB(d.pid())
+	var first, last int64
+	for _, w := range ws {
+		res, ferr := w.finish(30 * time.Second)
+		if ferr != nil {
+			err = errors.Join(err, ferr)
+			continue
+		}
+		r.Messages += res.Messages
+		r.Redelivered += res.Redelivered
+		if res.Messages > 0 {
+			if first == 0 || res.FirstNS < first {
+				first = res.FirstNS
+			}
+			last = max(last, res.LastNS)
+		}
+	}
+	if err != nil {
+		return r, fmt.Errorf("%w\n(daemon log: %s)", err, d.log)
+	}
+	r.Seconds = float64(last-first) / 1e9
+	r.DaemonCPUPerM = (cpu1 - cpu0) / float64(max(r.Messages, 1)) * 1e6
+	r.DaemonPeakRSSMB = hwm
+	d.stop()
+	r.Committed, err = e.committedAll(id, topic)
+	return r, err
+}
+
+// waitSum waits until the workers' progress adds up to n, or one exits, or
+// the timeout passes.
+func waitSum(ws []*worker, n int64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var sum int64
+		for _, w := range ws {
+			sum += w.progress.Load()
+			select {
+			case <-w.exited:
+				return fmt.Errorf("%s exited early: %v; its stderr:\n%s", w.name, w.err, w.stderr.String())
+			default:
+			}
+		}
+		if sum >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d messages after %s", sum, n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ---------------------------------------------------------------------------------------------------- latency
+
+// latencyRun produces at a fixed rate into a fresh topic while a fanout client
+// (through a daemon) and a plain sarama consumer both read it, and reports the
+// produce-to-receipt latency of each.
+func (e *env) latencyRun(rate int, window time.Duration, size int) ([]Latency, error) {
+	topic := fmt.Sprintf("lat-%s-%d", e.runID, rate)
+	n := int(float64(rate) * window.Seconds())
+	say("== latency at %d msg/s for %s (%d messages of %d B): fanout (1 client) and plain sarama", rate, window, n, size)
+	if err := e.createTopic(topic); err != nil {
+		return nil, err
+	}
+	d, err := e.startDaemon(topic, topic)
+	if err != nil {
+		return nil, err
+	}
+	defer d.stop()
+	fc, err := startWorker("latency client", e.self, "client", "--addr", d.addr, "--latency")
+	if err != nil {
+		return nil, err
+	}
+	sc, err := startWorker("latency sarama", e.self, "sarama", "--kafka", e.kafka, "--topic", topic,
+		"--count", strconv.Itoa(n), "--latency")
+	if err != nil {
+		return nil, err
+	}
+	time.Sleep(2 * time.Second) // both consumers connected and fetching
+	stop := showProgress(fmt.Sprintf("latency %d/s", rate), int64(n), []*worker{fc})
+	perr := e.producePaced(topic, n, rate, size)
+	werr := waitSum([]*worker{fc}, int64(n), 60*time.Second)
+	stop()
+	<-sc.exited
+	fres, ferr := fc.finish(30 * time.Second)
+	sres, serr := sc.finish(time.Second)
+	if err := errors.Join(perr, werr, ferr, serr); err != nil {
+		return nil, err
+	}
+	out := []Latency{latencyOf(rate, "B sarama", int64(n), sres), latencyOf(rate, "C fanout", int64(n), fres)}
+	for _, l := range out {
+		say("   %-10s p50 %.2f ms  p99 %.2f ms  p99.9 %.2f ms  (%d of %d)", l.Consumer, l.P50, l.P99, l.P999, l.Messages, l.Expected)
+	}
+	return out, nil
+}
+
+// producePaced sends n synthetic messages ("SEQ UNIXNANOS ...", stamped when
+// sent) at rate per second, in 1 ms steps.
+func (e *env) producePaced(topic string, n, rate, size int) error {
+	cfg := kafka.NewConfig("fanout-bench-producer")
+	cfg.Producer.RequiredAcks = sarama.WaitForLocal
+	p, err := sarama.NewAsyncProducer([]string{e.kafka}, cfg)
+	if err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		var first error
+		for range p.Successes() {
+		}
+		done <- first
+	}()
+	errs := make(chan error, 1)
+	go func() {
+		var first error
+		for pe := range p.Errors() {
+			if first == nil {
+				first = pe
+			}
+		}
+		errs <- first
+	}()
+	start := time.Now()
+	for seq := 0; seq < n; {
+		due := min(n, int(time.Since(start).Seconds()*float64(rate))+1)
+		for ; seq < due; seq++ {
+			p.Input() <- &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(syntheticValue(seq, time.Now(), size))}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.AsyncClose()
+	<-done
+	return <-errs
+}
+
+func latencyOf(rate int, consumer string, expected int64, r Result) Latency {
+	l := Latency{Rate: rate, Consumer: consumer, Expected: expected, Messages: int64(len(r.LatencyUS))}
+	v := slices.Clone(r.LatencyUS)
+	slices.Sort(v)
+	q := func(f float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		return float64(v[min(len(v)-1, int(f*float64(len(v))))]) / 1000
+	}
+	l.P50, l.P99, l.P999, l.Max = q(0.5), q(0.99), q(0.999), q(1)
+	return l
+}
+
+// ---------------------------------------------------------------------------------------------------- idle
+
+// idleRun connects conns idle clients (one process) to a daemon on an empty
+// topic and reports the daemon's memory and CPU.
+func (e *env) idleRun(conns int, window time.Duration) (*Idle, error) {
+	topic := fmt.Sprintf("idle-%s", e.runID)
+	say("== %d idle clients (one process, raw connections answering pings)", conns)
+	if err := e.createTopic(topic); err != nil {
+		return nil, err
+	}
+	d, err := e.startDaemon(topic, topic)
+	if err != nil {
+		return nil, err
+	}
+	defer d.stop()
+	res := &Idle{Clients: conns, WindowSeconds: window.Seconds()}
+	res.RSSBeforeMB, _, _ = memMB(d.pid())
+	w, err := startWorker("idle", e.self, "idle", "--addr", d.addr, "--conns", strconv.Itoa(conns))
+	if err != nil {
+		return nil, err
+	}
+	stop := showProgress("idle connect", int64(conns), []*worker{w})
+	select {
+	case line := <-w.events:
+		stop()
+		say("   %s", line)
+	case <-w.exited:
+		stop()
+		return nil, fmt.Errorf("idle worker exited: %v\n%s", w.err, w.stderr.String())
+	case <-time.After(5 * time.Minute):
+		stop()
+		return nil, fmt.Errorf("idle clients not connected after 5 min\n%s", w.stderr.String())
+	}
+	cpu0, _ := cpuSeconds(d.pid())
+	say("   holding for %s (the daemon pings each client every 5 s)", window)
+	time.Sleep(window)
+	cpu1, _ := cpuSeconds(d.pid())
+	res.RSSMB, res.PeakRSSMB, _ = memMB(d.pid())
+	res.CPUPercent = (cpu1 - cpu0) / window.Seconds() * 100
+	r, err := w.finish(time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	res.Connected = r.Connected
+	say("   daemon RSS %.1f MB (peak %.1f MB, %.1f MB before), CPU %.1f%%, %d of %d clients stayed connected",
+		res.RSSMB, res.PeakRSSMB, res.RSSBeforeMB, res.CPUPercent, res.Connected, conns)
+	return res, nil
+}
+
+// ---------------------------------------------------------------------------------------------------- helpers
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func say(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench %s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// showProgress prints the workers' summed progress every second until stop.
+func showProgress(what string, n int64, ws []*worker) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		var last int64
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				var sum int64
+				for _, w := range ws {
+					sum += w.progress.Load()
+				}
+				say("   ... %s: %d/%d (%d/s)", what, sum, n, sum-last)
+				last = sum
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func lastLine(s string) string { return tail(s, 1) }
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+var memTotal = regexp.MustCompile(`MemTotal:\s+(\d+) kB`)
+
+func hostInfo() string {
+	b, _ := os.ReadFile("/proc/meminfo")
+	gb := 0.0
+	if m := memTotal.FindSubmatch(b); m != nil {
+		kb, _ := strconv.ParseFloat(string(m[1]), 64)
+		gb = kb / 1024 / 1024
+	}
+	return fmt.Sprintf("%d CPUs, %.0f GiB RAM, %s, %s", runtime.NumCPU(), gb, runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH)
+}
+
+func jsonDecode(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Row is one throughput measurement.
+type Row struct {
+	Size            int     `json:"size"`
+	Consumer        string  `json:"consumer"` // "A ConsumerPerformance", "B sarama", "C fanout", "D ShareConsumerPerformance"
+	K               int     `json:"k"`        // fanout clients or share-consumer threads
+	Expected        int64   `json:"expected"`
+	Messages        int64   `json:"messages"`
+	Redelivered     int64   `json:"redelivered,omitempty"`
+	Committed       int64   `json:"committed,omitempty"` // C: sum of offsets committed in ZooKeeper
+	Seconds         float64 `json:"seconds"`
+	MsgPerS         float64 `json:"msg_per_s"`
+	MBPerS          float64 `json:"mb_per_s"` // 10^6 bytes of record value per second
+	DaemonCPUPerM   float64 `json:"daemon_cpu_s_per_million,omitempty"`
+	DaemonPeakRSSMB float64 `json:"daemon_peak_rss_mb,omitempty"`
+	CoverB          float64 `json:"c_over_b,omitempty"`
+	CoverD          float64 `json:"c_over_d,omitempty"`
+}
+
+func (r *Row) finish() {
+	if r.Seconds > 0 {
+		r.MsgPerS = float64(r.Messages) / r.Seconds
+		r.MBPerS = r.MsgPerS * float64(r.Size) / 1e6
+	}
+}
+
+func (r Row) label() string {
+	if strings.HasPrefix(r.Consumer, "C") {
+		return fmt.Sprintf("%s, %d client(s)", r.Consumer, r.K)
+	}
+	if strings.HasPrefix(r.Consumer, "D") {
+		return fmt.Sprintf("%s, %d thread(s)", r.Consumer, r.K)
+	}
+	return r.Consumer
+}
+
+// Latency is produce-to-receipt latency of one consumer at one rate.
+type Latency struct {
+	Rate     int     `json:"rate"`
+	Consumer string  `json:"consumer"`
+	Expected int64   `json:"expected"`
+	Messages int64   `json:"messages"`
+	P50      float64 `json:"p50_ms"`
+	P99      float64 `json:"p99_ms"`
+	P999     float64 `json:"p999_ms"`
+	Max      float64 `json:"max_ms"`
+}
+
+// Idle is the daemon's footprint with many idle clients.
+type Idle struct {
+	Clients       int     `json:"clients"`
+	Connected     int     `json:"connected"` // still connected at the end
+	RSSBeforeMB   float64 `json:"rss_before_mb"`
+	RSSMB         float64 `json:"rss_mb"`
+	PeakRSSMB     float64 `json:"peak_rss_mb"`
+	CPUPercent    float64 `json:"cpu_percent"` // of one core, over the window
+	WindowSeconds float64 `json:"window_seconds"`
+}
+
+type report struct {
+	Plan        plan      `json:"plan"`
+	Started     time.Time `json:"started"`
+	Host        string    `json:"host"`
+	LoadBefore  string    `json:"load_before"` // /proc/loadavg 1, 5, 15 min
+	LoadAfter   string    `json:"load_after"`
+	WallSeconds float64   `json:"wall_seconds"`
+	Throughput  []Row     `json:"throughput"`
+	Latency     []Latency `json:"latency"`
+	Idle        *Idle     `json:"idle"`
+}
+
+// ratios fills C/B and C/D of every fanout row (D at the same K).
+func (r *report) ratios() {
+	find := func(size int, consumer string, k int) *Row {
+		for i := range r.Throughput {
+			t := &r.Throughput[i]
+			if t.Size == size && strings.HasPrefix(t.Consumer, consumer) && (k == 0 || t.K == k) {
+				return t
+			}
+		}
+		return nil
+	}
+	for i := range r.Throughput {
+		c := &r.Throughput[i]
+		if !strings.HasPrefix(c.Consumer, "C") {
+			continue
+		}
+		if b := find(c.Size, "B", 0); b != nil && b.MsgPerS > 0 {
+			c.CoverB = c.MsgPerS / b.MsgPerS
+		}
+		if d := find(c.Size, "D", c.K); d != nil && d.MsgPerS > 0 {
+			c.CoverD = c.MsgPerS / d.MsgPerS
+		}
+	}
+}
+
+// failures lists every measurement that missed a message.
+func (r *report) failures() []string {
+	var out []string
+	for _, t := range r.Throughput {
+		if t.Messages < t.Expected {
+			out = append(out, fmt.Sprintf("%d B, %s: %d of %d messages", t.Size, t.label(), t.Messages, t.Expected))
+		}
+		if strings.HasPrefix(t.Consumer, "C") && t.Committed != t.Expected {
+			out = append(out, fmt.Sprintf("%d B, %s: committed offsets sum to %d, want %d", t.Size, t.label(), t.Committed, t.Expected))
+		}
+	}
+	for _, l := range r.Latency {
+		if l.Messages < l.Expected {
+			out = append(out, fmt.Sprintf("latency at %d/s, %s: %d of %d messages", l.Rate, l.Consumer, l.Messages, l.Expected))
+		}
+	}
+	if r.Idle != nil && r.Idle.Connected < r.Idle.Clients {
+		out = append(out, fmt.Sprintf("idle: %d of %d clients stayed connected", r.Idle.Connected, r.Idle.Clients))
+	}
+	return out
+}
+
+func sizeLabel(size int) string {
+	if size%1024 == 0 {
+		return fmt.Sprintf("%d KiB", size/1024)
+	}
+	return fmt.Sprintf("%d B", size)
+}
+
+func (r *report) write(dir string) error {
+	r.ratios()
+	j, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644); err != nil {
+		return err
+	}
+	return drawChart(filepath.Join(dir, "throughput.png"), r)
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	mode := "full"
+	if r.Plan.Quick {
+		mode = "quick (small data: do not read anything into the timings)"
+	}
+	p("# fanout benchmark (%s)", mode)
+	p("")
+	p("%s UTC, %s; load average (1, 5, 15 min) %s before, %s after; %.0f s wall.",
+		r.Started.Format("2006-01-02 15:04"), r.Host, r.LoadBefore, r.LoadAfter, r.WallSeconds)
+	p("Kafka 4.4.0 (KRaft, one broker on loopback) and ZooKeeper 3.9 of `bin/services`; every topic has 8 partitions.")
+	p("")
+	p("## Throughput")
+	p("")
+	p("A: `ConsumerPerformance` (fetch rate, group join excluded). B: a plain sarama consumer of every partition")
+	p("(`kafka.NewConfig`). C: the fanout daemon and K client processes acking every message, from the first ack to")
+	p("the last; every committed offset checked in ZooKeeper afterwards. D: `ShareConsumerPerformance` with K threads")
+	p("(its own timing, from start to the last record). MB/s counts record values (10^6 bytes). Client credit: %d.", r.Plan.InFlight)
+	p("")
+	p("| size | consumer | K | messages | msg/s | MB/s | C/B | C/D | daemon CPU s / 10^6 msg | daemon peak RSS MB |")
+	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, t := range r.Throughput {
+		opt := func(v float64, f string) string {
+			if v == 0 {
+				return ""
+			}
+			return fmt.Sprintf(f, v)
+		}
+		p("| %s | %s | %d | %d | %.0f | %.1f | %s | %s | %s | %s |", sizeLabel(t.Size), t.Consumer, t.K, t.Messages,
+			t.MsgPerS, t.MBPerS, opt(t.CoverB, "%.2f"), opt(t.CoverD, "%.2f"), opt(t.DaemonCPUPerM, "%.1f"),
+			opt(t.DaemonPeakRSSMB, "%.0f"))
+	}
+	p("")
+	p("![throughput](throughput.png)")
+	p("")
+	p("## Latency")
+	p("")
+	p("Produce to receipt (the produce time travels in the value), %d B messages produced at a fixed rate for %s,", r.Plan.LatencySize, r.Plan.RateFor)
+	p("read at the same time by a plain sarama consumer and by one fanout client (acking) through the daemon.")
+	p("")
+	p("| rate msg/s | consumer | messages | p50 ms | p99 ms | p99.9 ms | max ms |")
+	p("|--:|---|--:|--:|--:|--:|--:|")
+	for _, l := range r.Latency {
+		p("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f |", l.Rate, l.Consumer, l.Messages, l.P50, l.P99, l.P999, l.Max)
+	}
+	if r.Idle != nil {
+		i := r.Idle
+		p("")
+		p("## Idle clients")
+		p("")
+		p("%d connections from one process, each welcomed and answering the daemon's pings (every 5 s); CPU over %.0f s.", i.Clients, i.WindowSeconds)
+		p("")
+		p("| clients | still connected | daemon RSS before MB | daemon RSS MB | daemon peak RSS MB | daemon CPU %% of a core |")
+		p("|--:|--:|--:|--:|--:|--:|")
+		p("| %d | %d | %.1f | %.1f | %.1f | %.1f |", i.Clients, i.Connected, i.RSSBeforeMB, i.RSSMB, i.PeakRSSMB, i.CPUPercent)
+	}
+	p("")
+	p("## Targets (reported, not enforced)")
+	p("")
+	p("| target | measured | met |")
+	p("|---|---|---|")
+	for _, t := range r.targets() {
+		p("| %s | %s | %s |", t[0], t[1], t[2])
+	}
+	return b.String()
+}
+
+// targets compares the results with the team's goals.
+func (r *report) targets() [][3]string {
+	yes := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "no"
+	}
+	var out [][3]string
+	for _, t := range r.Throughput {
+		if strings.HasPrefix(t.Consumer, "C") && t.K == 4 && t.Size == 1024 {
+			out = append(out, [3]string{"C/B >= 0.8, 4 clients, 1 KiB", fmt.Sprintf("%.2f", t.CoverB), yes(t.CoverB >= 0.8)})
+		}
+	}
+	for _, t := range r.Throughput {
+		if strings.HasPrefix(t.Consumer, "C") && t.CoverD > 0 {
+			out = append(out, [3]string{fmt.Sprintf("C >= D, K=%d, %s", t.K, sizeLabel(t.Size)), fmt.Sprintf("C/D %.2f", t.CoverD), yes(t.CoverD >= 1)})
+		}
+	}
+	var sp99, fp99 float64
+	for _, l := range r.Latency {
+		if l.Rate == 10000 && strings.HasPrefix(l.Consumer, "B") {
+			sp99 = l.P99
+		}
+		if l.Rate == 10000 && strings.HasPrefix(l.Consumer, "C") {
+			fp99 = l.P99
+		}
+	}
+	if fp99 > 0 {
+		out = append(out, [3]string{"added p99 < 2 ms at 10k msg/s", fmt.Sprintf("%.2f ms", fp99-sp99), yes(fp99-sp99 < 2)})
+	}
+	if r.Idle != nil && r.Idle.Clients >= 10000 {
+		out = append(out, [3]string{"10,000 idle clients < 500 MB RSS", fmt.Sprintf("%.0f MB", r.Idle.PeakRSSMB), yes(r.Idle.PeakRSSMB < 500)})
+	}
+	return out
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Result is what a worker process prints on standard output when it ends.
+type Result struct {
+	Messages    int64   `json:"messages"`    // acked (client) or received (sarama)
+	Bytes       int64   `json:"bytes"`       // value bytes of those
+	Redelivered int64   `json:"redelivered"` // deliveries with Attempt > 1 (client)
+	FirstNS     int64   `json:"first_ns"`    // Unix ns of the first ack / receipt
+	LastNS      int64   `json:"last_ns"`     // Unix ns of the last ack / receipt
+	LatencyUS   []int64 `json:"latency_us,omitempty"`
+	Connected   int     `json:"connected,omitempty"` // idle: sessions welcomed
+	Errors      int64   `json:"errors,omitempty"`
+}
+
+// counter counts messages for progress lines and the result.
+type counter struct {
+	n, bytes       atomic.Int64
+	first, last    atomic.Int64
+	measureLatency bool
+	mu             sync.Mutex // guards latency
+	latency        []int64    // µs from produce to receipt
+}
+
+// add records one message of value v handled at now.
+func (c *counter) add(v []byte, now time.Time) {
+	ns := now.UnixNano()
+	c.first.CompareAndSwap(0, ns)
+	c.last.Store(ns)
+	c.n.Add(1)
+	c.bytes.Add(int64(len(v)))
+	if c.measureLatency {
+		if at, ok := producedAt(v); ok {
+			c.mu.Lock()
+			c.latency = append(c.latency, now.Sub(at).Microseconds())
+			c.mu.Unlock()
+		}
+	}
+}
+
+func (c *counter) result() Result {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Result{Messages: c.n.Load(), Bytes: c.bytes.Load(), FirstNS: c.first.Load(), LastNS: c.last.Load(), LatencyUS: c.latency}
+}
+
+// reportProgress writes "progress N" to standard error every interval until
+// stop is closed.
+func reportProgress(n *atomic.Int64, every time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			fmt.Fprintf(os.Stderr, "progress %d\n", n.Load())
+		}
+	}
+}
+
+// stdinClosed is closed when standard input reaches EOF: the driver's signal
+// to stop.
+func stdinClosed() <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(ch)
+	}()
+	return ch
+}
+
+func printResult(r Result) error {
+	return json.NewEncoder(os.Stdout).Encode(r)
+}
+
+// producedAt reads the produce time from a synthetic value "SEQ UNIXNANOS ..."
+// (the format of `fanout produce --count`, cmd/fanout/produce.go, and of the
+// driver's paced producer).
+func producedAt(v []byte) (time.Time, bool) {
+	_, rest, ok1 := bytes.Cut(v, []byte{' '})
+	ns, _, ok2 := bytes.Cut(rest, []byte{' '})
+	if !ok1 || !ok2 {
+		return time.Time{}, false
+	}
+	t, err := strconv.ParseInt(string(ns), 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, t), true
+}
+
+// syntheticValue is "SEQ UNIXNANOS " padded with '.' to size bytes.
+func syntheticValue(seq int, at time.Time, size int) []byte {
+	v := make([]byte, 0, size)
+	v = strconv.AppendInt(v, int64(seq), 10)
+	v = append(v, ' ')
+	v = strconv.AppendInt(v, at.UnixNano(), 10)
+	v = append(v, ' ')
+	for len(v) < size {
+		v = append(v, '.')
+	}
+	return v
+}
