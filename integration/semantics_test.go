@@ -264,10 +264,12 @@ func semEnd(n, partitions int) map[int32]int64 {
 
 // Three equally fast clients share the messages evenly.
 func TestSemanticsFairShare(t *testing.T) {
-	const partitions, n, nClients, maxInFlight = 4, 3000, 3, 1000
+	const partitions, n, nClients = 4, 3000, 3
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
-	d := startDaemon(t, daemonOptions(t, topic))
+	opts := daemonOptions(t, topic)
+	opts.MaxInFlight = n
+	d := startDaemon(t, opts)
 
 	// All clients are connected before anything is produced, so that none
 	// gets a head start.
@@ -280,7 +282,7 @@ func TestSemanticsFairShare(t *testing.T) {
 	var wg sync.WaitGroup
 	t.Cleanup(func() { close(stop); wg.Wait() })
 	for i := range nClients {
-		c := dial(t, client.Config{MaxInFlight: maxInFlight}, d.addr)
+		c := dial(t, client.Config{MaxInFlight: n}, d.addr)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -327,16 +329,17 @@ func TestSemanticsFairShare(t *testing.T) {
 		}
 	}
 	// The daemon deals messages round-robin to the clients with room. Each
-	// client may hold a full third (maxInFlight x 3 = n), so none is ever
-	// skipped for being full, and the turns alone decide: exactly 1000 each
-	// today, whatever the scheduling of the clients on a loaded machine.
-	// (With a small in-flight limit every client is full most of the time
-	// and gets one message per ack: the shares then follow each client's ack
-	// throughput, which on 2 cores under -race varies from 26% to 38%, so
-	// that setting measures the scheduler, not the daemon.) 31%..36% allows
-	// a dispatcher that balances by load rather than strict turns, and fails
-	// if one client is favoured or skipped (e.g. every other round: 25/37.5/
-	// 37.5, or the first to join taking a whole batch).
+	// client may hold all n messages, so none is ever full and the turns
+	// alone decide, whatever the scheduling of the clients on a loaded
+	// machine: exactly 1000 each today. (A limit of n/3 would not do: any
+	// policy that fills one client before the next also ends at n/3 each.
+	// With a small limit every client is full most of the time and gets
+	// one message per ack; the shares then follow each client's ack
+	// throughput, which on 2 cores under -race varied from 26% to 38%: that
+	// measures the scheduler, not the daemon.) 31%..36% allows a dispatcher
+	// that balances by load rather than strict turns, and fails if a client
+	// is favoured or skipped: one taking two turns (50/25/25), the first to
+	// join keeping its turn while it has room (100/0/0).
 	t.Logf("shares of %d: %v", n, share)
 	for i, k := range share {
 		if pct := 100 * float64(k) / n; pct < 31 || pct > 36 {
