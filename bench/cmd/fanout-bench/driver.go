@@ -39,7 +39,7 @@ type plan struct {
 }
 
 func fullPlan() plan {
-	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 1_000_000, 1024: 300_000},
+	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 2_000_000, 1024: 500_000},
 		Ks: []int{1, 4, 16}, InFlight: 1000, Rates: []int{1000, 10000}, RateFor: 10 * time.Second,
 		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second}
 }
@@ -58,6 +58,7 @@ type env struct {
 	self      string // this binary, for worker processes
 	out       string // bench-results
 	runID     string
+	perf      bool // profile the daemon with perf during C with 4 clients on the largest size
 	admin     sarama.ClusterAdmin
 	client    sarama.Client
 }
@@ -71,6 +72,7 @@ func runDriver(args []string) error {
 	fs.StringVar(&e.libs, "libs", ".cache/kafka-4.4.0/libs", "Kafka jars (for the perf tools)")
 	fs.StringVar(&e.fanout, "fanout", "", "the fanout daemon binary")
 	fs.StringVar(&e.out, "out", "bench-results", "output directory")
+	fs.BoolVar(&e.perf, "perf", false, "record a perf profile of the daemon during C with 4 clients, largest size")
 	_ = fs.Parse(args)
 	p := fullPlan()
 	if *quick {
@@ -159,7 +161,8 @@ func measure(e *env, p plan, rep *report) error {
 		}
 		row(b)
 		for _, k := range p.Ks {
-			c, err := e.fanoutRun(topic, n, k, p.InFlight)
+			profile := e.perf && k == 4 && size == p.Sizes[len(p.Sizes)-1]
+			c, err := e.fanoutRun(topic, n, k, p.InFlight, profile)
 			if err != nil {
 				return err
 			}
@@ -309,7 +312,11 @@ func (e *env) consumerPerf(topic string, n int) (Row, error) {
 }
 
 // sharePerf is (D): Kafka's share consumer (KIP-932) with k threads in a fresh
-// share group. Its time is the tool's own (from start to the last record).
+// share group. A share group's start-up takes seconds (members join, then
+// wait for their assignment; each may get a record first and then stall), so
+// the rate is taken after it, as fanout's is taken from the first ack: from
+// the first reporting interval with a real share of the records to the end
+// (shareSteady). The tool's own figure, start-up included, is kept too.
 func (e *env) sharePerf(topic string, n, k int) (Row, error) {
 	r := Row{Consumer: "D ShareConsumerPerformance", K: k}
 	group := fmt.Sprintf("sg-%s-k%d", topic, k)
@@ -320,17 +327,74 @@ func (e *env) sharePerf(topic string, n, k int) (Row, error) {
 	}
 	out, err := e.java(10*time.Minute, "org.apache.kafka.tools.ShareConsumerPerformance", "--bootstrap-server", e.kafka,
 		"--topic", topic, "--group", group, "--num-records", strconv.Itoa(n), "--threads", strconv.Itoa(k),
-		"--timeout", "60000")
+		"--timeout", "60000", "--show-detailed-stats", "--reporting-interval", "500")
 	if err != nil {
 		return r, err
 	}
-	m, err := perfColumns(out, "start.time")
-	if err != nil {
-		return r, err
+	_ = os.WriteFile(filepath.Join(e.out, "logs", group+".out"), []byte(out), 0o644)
+	return shareSteady(r, out, n)
+}
+
+var (
+	perfTime      = `(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d:\d{3})`
+	shareInterval = regexp.MustCompile(perfTime + `, ` + perfTime + `, [\d.]+, [\d.]+, [\d.]+, (\d+), \d+ for share consumer`)
+	shareSummary  = regexp.MustCompile(`(?m)^` + perfTime + `, ` + perfTime + `, [\d.]+, [\d.]+, [\d.]+, (\d+), (\d+)\s*$`)
+)
+
+// perfTimeOf parses the tools' default date format, yyyy-MM-dd HH:mm:ss:SSS.
+func perfTimeOf(s string) time.Time {
+	if i := strings.LastIndexByte(s, ':'); i > 0 {
+		s = s[:i] + "." + s[i+1:]
 	}
-	r.Messages, _ = strconv.ParseInt(m["data.consumed.in.nMsg"], 10, 64)
-	ms, _ := strconv.ParseFloat(m["fetch.time.ms"], 64)
-	r.Seconds = ms / 1000
+	t, _ := time.ParseInLocation("2006-01-02 15:04:05.000", s, time.Local)
+	return t
+}
+
+// shareSteady reads ShareConsumerPerformance's --show-detailed-stats output:
+// per-thread intervals "start, end, MB, MB.sec, nMsg.sec, nMsg, ms for share
+// consumer N" (lines of different threads may run together) and the summary.
+// The steady period starts with the first interval that carries at least 1%
+// of the records and ends at the summary's end time.
+func shareSteady(r Row, out string, n int) (Row, error) {
+	sum := shareSummary.FindAllStringSubmatch(out, -1)
+	if len(sum) == 0 {
+		return r, fmt.Errorf("no result in ShareConsumerPerformance's output:\n%s", tail(out, 20))
+	}
+	last := sum[len(sum)-1]
+	start, end := perfTimeOf(last[1]), perfTimeOf(last[2])
+	r.Messages, _ = strconv.ParseInt(last[3], 10, 64)
+	if ms := end.Sub(start).Seconds(); ms > 0 {
+		r.ToolMsgPerS = float64(r.Messages) / ms
+	}
+	type interval struct {
+		start time.Time
+		n     int64
+	}
+	var ivs []interval
+	warm := time.Time{}
+	for _, m := range shareInterval.FindAllStringSubmatch(out, -1) {
+		st := perfTimeOf(m[1])
+		c, _ := strconv.ParseInt(m[3], 10, 64)
+		ivs = append(ivs, interval{st, c})
+		if c*100 >= int64(n) && (warm.IsZero() || st.Before(warm)) {
+			warm = st
+		}
+	}
+	if warm.IsZero() { // everything in the last, partial interval: no steady period to see
+		r.Seconds = end.Sub(start).Seconds()
+		return r, nil
+	}
+	before := int64(0)
+	for _, iv := range ivs {
+		if iv.start.Before(warm.Add(-50 * time.Millisecond)) {
+			before += iv.n
+		}
+	}
+	r.Seconds = end.Sub(warm).Seconds()
+	r.Messages -= before // the rate counts only the steady period's records ...
+	r.finish()
+	r.Messages += before // ... the row reports them all
+	r.Seconds = float64(r.Messages) / r.MsgPerS
 	return r, nil
 }
 
@@ -430,7 +494,7 @@ func (d *daemon) stop() {
 // The rate counts acked messages from the first ack to the last (of any client).
 // After the daemon's shutdown commit, every partition's committed offset in
 // ZooKeeper must be its high-water mark: every message was acked.
-func (e *env) fanoutRun(topic string, n, k, inFlight int) (Row, error) {
+func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, error) {
 	r := Row{Consumer: "C fanout", K: k}
 	id := fmt.Sprintf("%s-k%d", topic, k)
 	say("   C: fanout daemon + %d client processes", k)
@@ -442,6 +506,13 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int) (Row, error) {
 	cpu0, err := cpuSeconds(d.pid())
 	if err != nil {
 		return r, err
+	}
+	if profile {
+		stopPerf, err := e.perfRecord(d)
+		if err != nil {
+			return r, err
+		}
+		defer stopPerf()
 	}
 	var ws []*worker
 	for i := range k {
@@ -482,6 +553,32 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int) (Row, error) {
 	d.stop()
 	r.Committed, err = e.committedAll(id, topic)
 	return r, err
+}
+
+// perfRecord samples the daemon's stacks with perf until the returned stop
+// is called; the profile goes to <out>/perf-<id>.data (read it with
+// perf report -i ... --no-children).
+func (e *env) perfRecord(d *daemon) (stop func(), err error) {
+	out := filepath.Join(e.out, "perf-"+d.id+".data")
+	cmd := exec.Command("perf", "record", "-F", "499", "-g", "-p", strconv.Itoa(d.pid()), "-o", out)
+	logf, err := os.Create(filepath.Join(e.out, "logs", "perf-"+d.id+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("perf: %w", err)
+	}
+	track(cmd)
+	say("   recording a perf profile of the daemon to %s", out)
+	time.Sleep(500 * time.Millisecond)
+	return func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+		untrack(cmd)
+		logf.Close()
+	}, nil
 }
 
 // waitSum waits until the workers' progress adds up to n, or one exits, or

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"math"
+	"testing"
+)
+
+// Output of ShareConsumerPerformance --threads 4 --show-detailed-stats with
+// 300,000 records, as Kafka 4.4 printed it (two threads' lines run together).
+const shareOut = `start.time, end.time, data.consumed.in.MB, MB.sec, nMsg.sec, data.consumed.in.nMsg, fetch.time.ms
+2026-12-02 12:22:06:299, 2026-12-02 12:22:11:489, 0.0001, 0.0000, 0.1927, 1, 5190 for share consumer 12026-12-02 12:22:06:298, 2026-12-02 12:22:11:488, 0.0001, 0.0000, 0.1927, 1, 5190 for share consumer 3
+
+2026-12-02 12:22:06:294, 2026-12-02 12:22:11:495, 0.0001, 0.0000, 0.1923, 1, 5201 for share consumer 4
+2026-12-02 12:22:06:298, 2026-12-02 12:22:11:498, 0.0001, 0.0000, 0.1923, 1, 5200 for share consumer 2
+2026-12-02 12:22:11:495, 2026-12-02 12:22:11:998, 4.3180, 8.5844, 90013.9165, 45278, 503 for share consumer 4
+2026-12-02 12:22:11:488, 2026-12-02 12:22:12:005, 3.7701, 7.2920, 76462.2824, 39532, 517 for share consumer 3
+2026-12-02 12:22:11:489, 2026-12-02 12:22:12:008, 3.8578, 7.4330, 77940.2697, 40452, 519 for share consumer 1
+2026-12-02 12:22:11:498, 2026-12-02 12:22:12:005, 3.6825, 7.2632, 76159.7633, 38614, 507 for share consumer 2
+2026-12-02 12:22:06:038, 2026-12-02 12:22:12:454, 28.6102, 4.4592, 46758.1047, 300000, 6416
+`
+
+func TestShareSteady(t *testing.T) {
+	r, err := shareSteady(Row{Size: 100}, shareOut, 300000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.finish()
+	if r.Messages != 300000 {
+		t.Errorf("messages %d, want 300000", r.Messages)
+	}
+	// Steady: 299,996 records from 12:22:11.488 to 12:22:12.454 (966 ms).
+	if want := 299996 / 0.966; math.Abs(r.MsgPerS-want) > 1 {
+		t.Errorf("rate %.0f, want %.0f", r.MsgPerS, want)
+	}
+	if want := 300000 / 6.416; math.Abs(r.ToolMsgPerS-want) > 1 {
+		t.Errorf("tool rate %.0f, want %.0f", r.ToolMsgPerS, want)
+	}
+}
