@@ -523,10 +523,20 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 		}
 		ws = append(ws, w)
 	}
+	busy0, total0 := machineCPU()
+	t0 := time.Now()
 	stop := showProgress(fmt.Sprintf("C fanout K=%d", k), int64(n), ws)
 	err = waitSum(ws, int64(n), 5*time.Minute)
 	stop()
 	cpu1, _ := cpuSeconds(d.pid())
+	busy1, total1 := machineCPU()
+	r.MachineBusyPct = float64(busy1-busy0) / float64(max(total1-total0, 1)) * 100
+	r.DaemonCores = (cpu1 - cpu0) / time.Since(t0).Seconds()
+	var clientCPU float64
+	for _, w := range ws {
+		c, _ := cpuSeconds(w.cmd.Process.Pid)
+		clientCPU += c
+	}
 	_, hwm, _ := memMB(d.pid())
 	var first, last int64
 	for _, w := range ws {
@@ -550,6 +560,7 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 	r.Seconds = float64(last-first) / 1e9
 	r.DaemonCPUPerM = (cpu1 - cpu0) / float64(max(r.Messages, 1)) * 1e6
 	r.DaemonPeakRSSMB = hwm
+	r.ClientCPUPerM = clientCPU / float64(max(r.Messages, 1)) * 1e6
 	d.stop()
 	r.Committed, err = e.committedAll(id, topic)
 	return r, err

@@ -36,6 +36,23 @@ func cpuSeconds(pid int) (float64, error) {
 	return float64(ut+st) / clockTicks, nil
 }
 
+// machineCPU returns the busy and total jiffies of all CPUs (/proc/stat).
+func machineCPU() (busy, total int64) {
+	b, _ := os.ReadFile("/proc/stat")
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i < 8 {
+			total += n
+		}
+		if i != 3 && i != 4 && i < 8 {
+			busy += n
+		}
+	}
+	return busy, total
+}
+
 // memMB returns VmRSS and VmHWM (peak RSS) of a process in MB (10^6 bytes).
 func memMB(pid int) (rss, hwm float64, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

@@ -24,6 +24,9 @@ type Row struct {
 	ToolMsgPerS     float64 `json:"tool_msg_per_s,omitempty"` // D: the tool's own rate, start-up included
 	DaemonCPUPerM   float64 `json:"daemon_cpu_s_per_million,omitempty"`
 	DaemonPeakRSSMB float64 `json:"daemon_peak_rss_mb,omitempty"`
+	DaemonCores     float64 `json:"daemon_cores,omitempty"`              // C: daemon CPU seconds per second during the run
+	ClientCPUPerM   float64 `json:"clients_cpu_s_per_million,omitempty"` // C: all client processes together
+	MachineBusyPct  float64 `json:"machine_busy_pct,omitempty"`          // C: all CPUs of the machine, everybody's load
 	CoverB          float64 `json:"c_over_b,omitempty"`
 	CoverD          float64 `json:"c_over_d,omitempty"`
 }
@@ -169,10 +172,12 @@ func (r *report) markdown() string {
 	p("the last; every committed offset checked in ZooKeeper afterwards. D: `ShareConsumerPerformance` with K threads,")
 	p("timed after the share group's start-up (from the first 0.5 s interval carrying >= 1%% of the records to the end;")
 	p("the tool's own rate, start-up of several seconds included, is in the last column). MB/s counts record values")
-	p("(10^6 bytes). Credit of each fanout client: %d.", r.Plan.InFlight)
+	p("(10^6 bytes). Credit of each fanout client: %d. For C, also the daemon's CPU seconds per second of the run", r.Plan.InFlight)
+	p("(daemon cores), the client processes' CPU, and how busy the whole machine was (everything on it, including")
+	p("the broker and other people's work).")
 	p("")
-	p("| size | consumer | K | messages | msg/s | MB/s | C/B | C/D | daemon CPU s / 10^6 msg | daemon peak RSS MB | D: tool's msg/s |")
-	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	p("| size | consumer | K | messages | msg/s | MB/s | C/B | C/D | daemon CPU s / 10^6 msg | daemon peak RSS MB | daemon cores | clients CPU s / 10^6 msg | machine busy %% | D: tool's msg/s |")
+	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, t := range r.Throughput {
 		opt := func(v float64, f string) string {
 			if v == 0 {
@@ -180,9 +185,10 @@ func (r *report) markdown() string {
 			}
 			return fmt.Sprintf(f, v)
 		}
-		p("| %s | %s | %d | %d | %.0f | %.1f | %s | %s | %s | %s | %s |", sizeLabel(t.Size), t.Consumer, t.K, t.Messages,
+		p("| %s | %s | %d | %d | %.0f | %.1f | %s | %s | %s | %s | %s | %s | %s | %s |", sizeLabel(t.Size), t.Consumer, t.K, t.Messages,
 			t.MsgPerS, t.MBPerS, opt(t.CoverB, "%.2f"), opt(t.CoverD, "%.2f"), opt(t.DaemonCPUPerM, "%.1f"),
-			opt(t.DaemonPeakRSSMB, "%.0f"), opt(t.ToolMsgPerS, "%.0f"))
+			opt(t.DaemonPeakRSSMB, "%.0f"), opt(t.DaemonCores, "%.2f"), opt(t.ClientCPUPerM, "%.1f"),
+			opt(t.MachineBusyPct, "%.0f"), opt(t.ToolMsgPerS, "%.0f"))
 	}
 	p("")
 	p("![throughput](throughput.png)")
