@@ -262,8 +262,8 @@ func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*s
 	}
 	var client sarama.Client
 	err := retry(ctx, d.log.WithField("kafka", d.opts.Kafka), "connect to Kafka", d.opts.ConnectBackoffMax,
-		func(context.Context) error {
-			c, err := sarama.NewClient(d.opts.Kafka, cfg)
+		func(ctx context.Context) error {
+			c, err := newKafkaClient(ctx, d.opts.Kafka, cfg)
 			if err != nil {
 				return fmt.Errorf("kafka unreachable at %v: %w", d.opts.Kafka, err)
 			}
@@ -271,6 +271,33 @@ func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*s
 			return nil
 		})
 	return client, err
+}
+
+// newKafkaClient is sarama.NewClient, given up when ctx ends first: with
+// kafka.NewConfig's metadata retries an unreachable cluster takes sarama
+// about 13 s to report, and a shutdown must not wait for that. A client
+// that connects after it was given up is closed.
+func newKafkaClient(ctx context.Context, addrs []string, cfg *sarama.Config) (sarama.Client, error) {
+	type result struct {
+		client sarama.Client
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := sarama.NewClient(addrs, cfg)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		return r.client, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.err == nil {
+				_ = r.client.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
 }
 
 // connectZooKeeper returns a ZooKeeper session, retrying until ctx ends.
