@@ -132,7 +132,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID}).Info("fanout starting")
+	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka, "zookeeper": d.opts.ZooKeeper}).
+		Info("fanout starting: connecting to Kafka and ZooKeeper")
 
 	client, err := d.connectKafka(ctx, "fanout-"+d.opts.NodeID, nil)
 	if err != nil {
@@ -305,7 +306,7 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 	var conn *zk.Conn
 	err := retry(ctx, d.log.WithField("zookeeper", d.opts.ZooKeeper), "connect to ZooKeeper", d.opts.ConnectBackoffMax,
 		func(ctx context.Context) error {
-			attempt, cancel := context.WithTimeout(ctx, 15*time.Second)
+			attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			c, err := zkstore.Connect(attempt, servers, 10*time.Second, d.log)
 			if err != nil {

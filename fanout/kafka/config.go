@@ -31,9 +31,10 @@ func NewConfig(clientID string) *sarama.Config {
 	cfg.Producer.RequiredAcks = sarama.WaitForAll
 
 	// Metadata: a broker restart or a freshly created topic needs a few
-	// retries before partitions have leaders; back off so that ~10 s are
-	// covered rather than sarama's default 3 × 250 ms.
-	cfg.Metadata.Retry.Max = 10
+	// retries before partitions have leaders. Keep them short (about 1.5 s in
+	// all): whoever calls retries again with its own, logged backoff, so an
+	// operator hears about a missing topic or an unreachable broker at once.
+	cfg.Metadata.Retry.Max = 4
 	cfg.Metadata.Retry.Backoff = 0
 	cfg.Metadata.Retry.BackoffFunc = metadataBackoff
 	// Asking for a topic's metadata must not create it: a missing topic is
