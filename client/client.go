@@ -258,6 +258,11 @@ func (c *Client) run(ready chan<- error) {
 		}
 		s.log.WithError(err).Warn("disconnected")
 		prefer = s.addr
+		if retryAfter(err) > 0 && len(c.cfg.Addrs) > 1 {
+			// That daemon stopped leading (NO_LEADER, shutting down):
+			// the next leader is more likely among the others.
+			prefer = ""
+		}
 		var redirect *redirectError
 		if errors.As(err, &redirect) {
 			prefer = redirect.addr

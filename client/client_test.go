@@ -226,6 +226,22 @@ func TestNoLeaderRetriedAfterDelay(t *testing.T) {
 	connected(t, ch)
 }
 
+// A leader that steps down closes its clients with NO_LEADER; the client
+// then tries the other daemons it knows instead of the one that refused.
+func TestNoLeaderAfterWelcomeTriesAnotherDaemon(t *testing.T) {
+	old, next := startFake(t), startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{old.addr(), next.addr()}})
+	fc := old.accept(t)
+	fc.handshake(t)
+	connected(t, ch)
+	ef := protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_NO_LEADER, true, "stepping down")
+	ef.GetError().RetryAfterMs = 50
+	fc.send(t, ef)
+	_ = fc.nc.Close()
+	nc := next.accept(t)
+	nc.handshake(t)
+}
+
 func TestReconnectAfterServerClose(t *testing.T) {
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})

@@ -102,14 +102,18 @@ func (d *Daemon) leadership() server.Leadership {
 	if d.serving.Load() {
 		return server.Leadership{Leader: true}
 	}
+	// Without a leader, clients retry after about one cluster heartbeat: a
+	// handover (the old leader resigned) takes about that long.
+	none := server.Leadership{RetryAfter: d.opts.ClusterHeartbeat}
 	el := d.elector.Load()
 	if el == nil {
-		return server.Leadership{}
+		return none
 	}
 	l := el.Leadership()
 	if l.Leader || l.LeaderID == d.opts.NodeID {
-		return server.Leadership{} // elected, not serving yet
+		return none // elected, not serving yet; or resigning
 	}
+	l.RetryAfter = d.opts.ClusterHeartbeat
 	return l
 }
 

@@ -34,7 +34,8 @@ const (
 	DefaultHelloTimeout = 10 * time.Second
 )
 
-// noLeaderRetry is the retry_after_ms told to clients when no leader is known.
+// noLeaderRetry is the retry_after_ms told to clients when no leader is
+// known and Leadership.RetryAfter is zero.
 const noLeaderRetry = time.Second
 
 // Config configures a Server. Zero durations and counts take the defaults
@@ -65,6 +66,10 @@ type Leadership struct {
 	LeaderID   string // the leader's node id, when Known
 	Epoch      uint64 // the leader's epoch, when Known
 	Known      bool   // a follower knows who leads: clients are redirected there
+	// RetryAfter is how long clients should wait before retrying when no
+	// leader is known (an election takes about a cluster heartbeat or a
+	// leader timeout); zero means one second.
+	RetryAfter time.Duration
 }
 
 // withDefaults returns c with the zero values replaced by defaults.
@@ -281,7 +286,11 @@ func leadershipFrame(l Leadership) (*protocol.Frame, error) {
 			fmt.Errorf("redirected to leader %s at %s (epoch %d)", l.LeaderID, l.LeaderAddr, l.Epoch)
 	}
 	f := protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_NO_LEADER, true, "no leader is elected; retry later")
-	f.GetError().RetryAfterMs = uint32(noLeaderRetry / time.Millisecond)
+	retry := l.RetryAfter
+	if retry <= 0 {
+		retry = noLeaderRetry
+	}
+	f.GetError().RetryAfterMs = uint32(retry / time.Millisecond)
 	return f, errors.New("no leader is known")
 }
 

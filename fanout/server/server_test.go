@@ -624,6 +624,7 @@ func TestRedirectAll(t *testing.T) {
 			}
 		}},
 		{"no leader", Leadership{}, wantError(protocol.ErrorCode_ERROR_CODE_NO_LEADER, 1000)},
+		{"no leader, retry after 200ms", Leadership{RetryAfter: 200 * time.Millisecond}, wantError(protocol.ErrorCode_ERROR_CODE_NO_LEADER, 200)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
