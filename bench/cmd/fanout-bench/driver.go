@@ -414,6 +414,9 @@ func (e *env) saramaRun(topic string, n int) (Row, error) {
 		return r, err
 	}
 	r.Messages, r.Seconds = res.Messages, float64(res.LastNS-res.FirstNS)/1e9
+	if st := w.cmd.ProcessState; st != nil {
+		r.ClientCPUPerM = (st.UserTime() + st.SystemTime()).Seconds() / float64(max(r.Messages, 1)) * 1e6
+	}
 	return r, nil
 }
 

@@ -25,7 +25,7 @@ type Row struct {
 	DaemonCPUPerM   float64 `json:"daemon_cpu_s_per_million,omitempty"`
 	DaemonPeakRSSMB float64 `json:"daemon_peak_rss_mb,omitempty"`
 	DaemonCores     float64 `json:"daemon_cores,omitempty"`              // C: daemon CPU seconds per second during the run
-	ClientCPUPerM   float64 `json:"clients_cpu_s_per_million,omitempty"` // C: all client processes together
+	ClientCPUPerM   float64 `json:"clients_cpu_s_per_million,omitempty"` // C: all client processes together; B: the consumer process
 	MachineBusyPct  float64 `json:"machine_busy_pct,omitempty"`          // C: all CPUs of the machine, everybody's load
 	CoverB          float64 `json:"c_over_b,omitempty"`
 	CoverD          float64 `json:"c_over_d,omitempty"`
@@ -173,10 +173,11 @@ func (r *report) markdown() string {
 	p("timed after the share group's start-up (from the first 0.5 s interval carrying >= 1%% of the records to the end;")
 	p("the tool's own rate, start-up of several seconds included, is in the last column). MB/s counts record values")
 	p("(10^6 bytes). Credit of each fanout client: %d. For C, also the daemon's CPU seconds per second of the run", r.Plan.InFlight)
-	p("(daemon cores), the client processes' CPU, and how busy the whole machine was (everything on it, including")
+	p("(daemon cores), the client processes' CPU (for B: the consumer process's, start-up included), and how busy")
+	p("the whole machine was (everything on it, including")
 	p("the broker and other people's work).")
 	p("")
-	p("| size | consumer | K | messages | msg/s | MB/s | C/B | C/D | daemon CPU s / 10^6 msg | daemon peak RSS MB | daemon cores | clients CPU s / 10^6 msg | machine busy %% | D: tool's msg/s |")
+	p("| size | consumer | K | messages | msg/s | MB/s | C/B | C/D | daemon CPU s / 10^6 msg | daemon peak RSS MB | daemon cores | clients (B: consumer) CPU s / 10^6 msg | machine busy %% | D: tool's msg/s |")
 	p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, t := range r.Throughput {
 		opt := func(v float64, f string) string {
