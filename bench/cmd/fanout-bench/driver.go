@@ -61,6 +61,16 @@ type env struct {
 	perf      bool // profile the daemon with perf during C with 4 clients on the largest size
 	admin     sarama.ClusterAdmin
 	client    sarama.Client
+	topics    []string // created by this run (and the daemons' fanout_<id>_<topic>), deleted at the end
+}
+
+// deleteTopics removes this run's topics from the shared broker (best effort).
+func (e *env) deleteTopics() {
+	for _, t := range e.topics {
+		if err := e.admin.DeleteTopic(t); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+			say("could not delete topic %s: %v", t, err)
+		}
+	}
 }
 
 func runDriver(args []string) error {
@@ -111,7 +121,10 @@ func runDriver(args []string) error {
 
 	rep := &report{Plan: p, Started: time.Now().UTC(), LoadBefore: loadavg(), Host: hostInfo()}
 	t0 := time.Now()
-	if err := measure(&e, p, rep); err != nil {
+	err = measure(&e, p, rep)
+	killAll() // anything left after a failure, before its topics go
+	e.deleteTopics()
+	if err != nil {
 		return err
 	}
 	rep.LoadAfter = loadavg()
@@ -198,6 +211,7 @@ func (e *env) createTopic(topic string) error {
 	if err != nil {
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
+	e.topics = append(e.topics, topic)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_ = e.client.RefreshMetadata(topic)
@@ -447,6 +461,7 @@ func (e *env) startDaemon(id, topic string, extra ...string) (*daemon, error) {
 	args := append([]string{"--id", id, "--topic", topic, "--kafka", e.kafka, "--zookeeper", e.zk,
 		"--listen", d.addr, "--advertise", d.addr, "--node-id", "bench", "--initial-offset", "oldest",
 		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, extra...)
+	e.topics = append(e.topics, "fanout_"+id+"_"+topic) // the daemon's heartbeat topic
 	d.cmd = exec.Command(e.fanout, args...)
 	d.cmd.Stdout, d.cmd.Stderr = f, f
 	if err := d.cmd.Start(); err != nil {
