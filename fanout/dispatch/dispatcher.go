@@ -218,7 +218,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			armed = dl
 		}
 
-		if s.draining && len(s.inflight) == 0 {
+		if s.draining && s.flights.live == 0 {
 			return d.finalCommit(s, cm)
 		}
 
@@ -243,16 +243,16 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			return err
 		case <-ctxDone:
 			if cause := context.Cause(ctx); errors.Is(cause, ErrAbandon) {
-				d.log.WithError(cause).WithField("in_flight", len(s.inflight)).
+				d.log.WithError(cause).WithField("in_flight", s.flights.live).
 					Warn("dispatcher abandoned: no drain, no final commit; unacked messages will be redelivered by the next leader")
 				return cause
 			}
 			ctxDone = nil
-			d.log.WithField("in_flight", len(s.inflight)).Info("draining: waiting for outstanding acks")
+			d.log.WithField("in_flight", s.flights.live).Info("draining: waiting for outstanding acks")
 			s.drain("shutting down")
 			drainTimer = time.After(d.cfg.DrainTimeout)
 		case <-drainTimer:
-			d.log.WithField("in_flight", len(s.inflight)).Warn("drain timeout: unacked messages will be redelivered after restart")
+			d.log.WithField("in_flight", s.flights.live).Warn("drain timeout: unacked messages will be redelivered after restart")
 			return d.finalCommit(s, cm)
 		}
 		s.dispatch(now())

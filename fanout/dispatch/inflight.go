@@ -1,13 +1,16 @@
 package dispatch
 
-import "time"
+import (
+	"math/rand/v2"
+	"time"
+)
 
 // flight is one delivery waiting for its ack. It sits in three structures at
-// once: the dispatcher's map by delivery id, the deadline heap (index), and
-// its client's list (prev/next), so that an ack, an expiry and a disconnect
-// each find it without a scan.
+// once: the flight table by delivery id, the deadline heap (index), and its
+// client's list (prev/next), so that an ack, an expiry and a disconnect each
+// find it without a scan.
 type flight struct {
-	id       uint64
+	id       uint64 // generation << 32 | slot; 0 while free
 	msg      *Message
 	attempt  uint32
 	client   *client
@@ -97,4 +100,60 @@ func (h deadlineHeap) down(i0 int) bool {
 		i = j
 	}
 	return i > i0
+}
+
+// flightTable finds flights by delivery id without hashing: an id is the
+// flight's slot in the table and a generation that changes each time the
+// slot is reused, so an id names one delivery only. Freed flights are kept
+// for reuse: a steady flow allocates nothing.
+type flightTable struct {
+	slots []*flight
+	gens  []uint32 // generation of each slot's next id
+	free  []uint32 // free slots
+	live  int      // flights in use
+}
+
+func newFlightTable() flightTable { return flightTable{} }
+
+// take returns a free flight with a fresh id.
+func (t *flightTable) take() *flight {
+	var slot uint32
+	if n := len(t.free); n > 0 {
+		slot, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		slot = uint32(len(t.slots))
+		t.slots = append(t.slots, new(flight))
+		// Generations start at random, so that ids from another dispatcher
+		// (another leader, another run) are unlikely to name one of ours.
+		t.gens = append(t.gens, rand.Uint32()|1)
+	}
+	f := t.slots[slot]
+	gen := t.gens[slot]
+	t.gens[slot] = gen + 1
+	if t.gens[slot] == 0 {
+		t.gens[slot] = 1 // id 0 is never used
+	}
+	*f = flight{id: uint64(gen)<<32 | uint64(slot), index: -1}
+	t.live++
+	return f
+}
+
+// get returns the live flight with id, or nil.
+func (t *flightTable) get(id uint64) *flight {
+	slot := uint32(id)
+	if int(slot) >= len(t.slots) {
+		return nil
+	}
+	if f := t.slots[slot]; f.id == id && id != 0 {
+		return f
+	}
+	return nil
+}
+
+// release frees f: its id is unknown from now on.
+func (t *flightTable) release(f *flight) {
+	slot := uint32(f.id)
+	*f = flight{index: -1}
+	t.free = append(t.free, slot)
+	t.live--
 }

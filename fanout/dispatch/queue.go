@@ -1,6 +1,7 @@
 package dispatch
 
-// ring is a FIFO queue on a growable ring buffer. The zero value is empty.
+// ring is a FIFO queue on a growable ring buffer whose size is a power of
+// two. The zero value is empty.
 type ring[T any] struct {
 	buf  []T
 	head int
@@ -17,11 +18,11 @@ func (q *ring[T]) push(v T) {
 		}
 		buf := make([]T, size)
 		for i := 0; i < q.n; i++ {
-			buf[i] = q.buf[(q.head+i)%len(q.buf)]
+			buf[i] = q.buf[(q.head+i)&(len(q.buf)-1)]
 		}
 		q.buf, q.head = buf, 0
 	}
-	q.buf[(q.head+q.n)%len(q.buf)] = v
+	q.buf[(q.head+q.n)&(len(q.buf)-1)] = v
 	q.n++
 }
 
@@ -33,7 +34,7 @@ func (q *ring[T]) pop() T {
 	var zero T
 	v := q.buf[q.head]
 	q.buf[q.head] = zero // let the GC have it
-	q.head = (q.head + 1) % len(q.buf)
+	q.head = (q.head + 1) & (len(q.buf) - 1)
 	q.n--
 	return v
 }

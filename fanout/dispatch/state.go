@@ -76,10 +76,8 @@ type state struct {
 	fresh   ring[*Message]
 	bytes   int // payload bytes in retries and fresh
 
-	inflight map[uint64]*flight
-	heap     deadlineHeap
-	free     []*flight // recycled flights
-	nextID   uint64
+	flights flightTable // outstanding deliveries by id
+	heap    deadlineHeap
 
 	draining bool      // no more deliveries
 	paused   bool      // the source is paused
@@ -92,7 +90,7 @@ func newState(ackTimeout time.Duration) *state {
 		ackTimeout: ackTimeout,
 		tracker:    offsets.NewTracker(),
 		clients:    map[uint64]*client{},
-		inflight:   map[uint64]*flight{},
+		flights:    newFlightTable(),
 	}
 }
 
@@ -211,7 +209,7 @@ func (s *state) nextDeadline() (time.Time, bool) {
 
 // own returns the outstanding flight did if it belongs to client id.
 func (s *state) own(id, did uint64) *flight {
-	f := s.inflight[did]
+	f := s.flights.get(did)
 	if f == nil || f.client.id != id {
 		s.stats.UnknownAcks++
 		return nil
@@ -243,13 +241,10 @@ func (s *state) unlink(f *flight) {
 		c.last = f.prev
 	}
 	c.n--
-	delete(s.inflight, f.id)
 }
 
-func (s *state) recycle(f *flight) {
-	*f = flight{index: -1}
-	s.free = append(s.free, f)
-}
+// recycle frees f's id; a later ack naming it is unknown.
+func (s *state) recycle(f *flight) { s.flights.release(f) }
 
 // makeReady queues c for deliveries if it has room and is not queued.
 func (s *state) makeReady(c *client) {
@@ -324,14 +319,8 @@ func (s *state) dispatch(now time.Time) {
 
 // deliver records a flight of msg to c and queues the delivery.
 func (s *state) deliver(c *client, msg *Message, attempt uint32, deadline time.Time) {
-	var f *flight
-	if n := len(s.free); n > 0 {
-		f, s.free = s.free[n-1], s.free[:n-1]
-	} else {
-		f = new(flight)
-	}
-	s.nextID++
-	*f = flight{id: s.nextID, msg: msg, attempt: attempt, client: c, deadline: deadline, prev: c.last}
+	f := s.flights.take()
+	f.msg, f.attempt, f.client, f.deadline, f.prev = msg, attempt, c, deadline, c.last
 	if c.last != nil {
 		c.last.next = f
 	} else {
@@ -339,7 +328,6 @@ func (s *state) deliver(c *client, msg *Message, attempt uint32, deadline time.T
 	}
 	c.last = f
 	c.n++
-	s.inflight[f.id] = f
 	s.heap.push(f)
 	if !c.touched {
 		c.touched = true
@@ -363,7 +351,7 @@ func (s *state) drain(reason string) {
 // snapshot returns the current Stats.
 func (s *state) snapshot() Stats {
 	st := s.stats
-	st.InFlight = len(s.inflight)
+	st.InFlight = s.flights.live
 	st.Buffered = s.buffered()
 	st.BufferBytes = s.bytes
 	st.Clients = len(s.clients)

@@ -349,3 +349,36 @@ func (d *discardSink) Send(ds []Delivery) {
 	}
 }
 func (d *discardSink) Goodbye(string) {}
+
+func TestFlightIDsAreNeverReused(t *testing.T) {
+	var tab flightTable
+	seen := map[uint64]bool{}
+	var live []*flight
+	for i := range 1000 {
+		f := tab.take()
+		if f.id == 0 || seen[f.id] {
+			t.Fatalf("take %d: id %#x is zero or was used before", i, f.id)
+		}
+		seen[f.id] = true
+		if tab.get(f.id) != f {
+			t.Fatalf("get(%#x) does not find the flight", f.id)
+		}
+		live = append(live, f)
+		if i%3 == 2 { // free two of every three: slots are reused
+			for _, g := range live[:2] {
+				id := g.id
+				tab.release(g)
+				if tab.get(id) != nil {
+					t.Fatalf("released id %#x still found", id)
+				}
+			}
+			live = live[2:]
+		}
+	}
+	if tab.live != len(live) || len(tab.slots) >= 1000 {
+		t.Fatalf("live %d (want %d), %d slots for 1000 takes", tab.live, len(live), len(tab.slots))
+	}
+	if tab.get(0) != nil || tab.get(1<<40) != nil {
+		t.Fatal("ids never issued are found")
+	}
+}

@@ -98,7 +98,7 @@ func (t *Tracker) Ack(p int32, offset int64) bool {
 	e.acked = true
 	for pt.n > 0 && pt.at(0).acked {
 		pt.next = pt.at(0).offset + 1
-		pt.head = (pt.head + 1) % len(pt.buf)
+		pt.head = (pt.head + 1) & (len(pt.buf) - 1)
 		pt.n--
 		pt.dirty = true
 	}
@@ -162,7 +162,8 @@ func (pt *partition) committable() int64 {
 	return pt.next
 }
 
-func (pt *partition) at(i int) *entry { return &pt.buf[(pt.head+i)%len(pt.buf)] }
+// at returns the i-th pending entry; len(buf) is a power of two.
+func (pt *partition) at(i int) *entry { return &pt.buf[(pt.head+i)&(len(pt.buf)-1)] }
 
 func (pt *partition) grow() {
 	size := 2 * len(pt.buf)
