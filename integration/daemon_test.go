@@ -18,7 +18,6 @@ import (
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
@@ -134,12 +133,7 @@ func dial(t testing.TB, cfg client.Config, addrs ...string) *client.Client {
 // partition i % partitions, and returns the values.
 func produceSeq(t testing.TB, topic, prefix string, n, partitions int) []string {
 	t.Helper()
-	cfg := kafka.NewConfig("fanout-integration-producer")
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), cfg)
-	if err != nil {
-		t.Fatalf("sarama.NewSyncProducer: %v", err)
-	}
+	producer := manualProducer(t)
 	defer producer.Close()
 	values := make([]string, n)
 	msgs := make([]*sarama.ProducerMessage, n)

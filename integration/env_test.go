@@ -120,6 +120,19 @@ func createTopic(t testing.TB, name string, partitions int32) {
 	})
 }
 
+// manualProducer returns a synchronous producer (acks=all) that sends each
+// message to the partition it names. The caller closes it.
+func manualProducer(t testing.TB) sarama.SyncProducer {
+	t.Helper()
+	cfg := kafka.NewConfig("fanout-integration-producer")
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), cfg)
+	if err != nil {
+		t.Fatalf("sarama.NewSyncProducer: %v", err)
+	}
+	return producer
+}
+
 // produce sends msgs to topic with a synchronous producer (acks=all) and
 // fails the test on any error. A message's Topic is set to topic.
 func produce(t testing.TB, topic string, msgs ...*sarama.ProducerMessage) {

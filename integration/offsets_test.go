@@ -80,12 +80,7 @@ func procHookLogs(logger *logrus.Entry) *procLogHook {
 // offsets.
 func procProduceTo(t testing.TB, topic string, partition int32, values ...string) []int64 {
 	t.Helper()
-	cfg := kafka.NewConfig("fanout-integration-producer")
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), cfg)
-	if err != nil {
-		t.Fatalf("sarama.NewSyncProducer: %v", err)
-	}
+	producer := manualProducer(t)
 	defer producer.Close()
 	offs := make([]int64, len(values))
 	for i, v := range values {

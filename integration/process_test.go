@@ -23,7 +23,6 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
@@ -194,12 +193,7 @@ func procDial(t testing.TB, cfg client.Config, addr string) *client.Client {
 // produced.
 func procProducePaced(t testing.TB, topic string, n, partitions, batch int, interval time.Duration) <-chan error {
 	t.Helper()
-	cfg := kafka.NewConfig("fanout-integration-producer")
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), cfg)
-	if err != nil {
-		t.Fatalf("sarama.NewSyncProducer: %v", err)
-	}
+	producer := manualProducer(t)
 	errc := make(chan error, 1)
 	go func() {
 		defer close(errc)

@@ -217,12 +217,7 @@ func semWaitOffsets(t testing.TB, d *testDaemon, want map[int32]int64) {
 // those prefixes.
 func semProduceSized(t testing.TB, topic, prefix string, n, partitions, size int) []string {
 	t.Helper()
-	cfg := kafka.NewConfig("fanout-integration-producer")
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), cfg)
-	if err != nil {
-		t.Fatalf("sarama.NewSyncProducer: %v", err)
-	}
+	producer := manualProducer(t)
 	defer producer.Close()
 	names := make([]string, n)
 	msgs := make([]*sarama.ProducerMessage, n)
