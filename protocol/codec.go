@@ -87,6 +87,14 @@ func (r *Reader) ReadFrame(f *Frame) error {
 		}
 		return err
 	}
+	if d := decodeDeliver(body); d != nil {
+		// The fast path for the hot frame; the result is what
+		// proto.Unmarshal would give. Reset, as Unmarshal does, drops what
+		// f held before.
+		f.Reset()
+		f.Body = d
+		return nil
+	}
 	if err := proto.Unmarshal(body, f); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadFrame, err)
 	}

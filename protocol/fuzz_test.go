@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -41,6 +42,16 @@ func readFrameSeeds(tb testing.TB) [][]byte {
 		rawFrame(5, []byte{0x5a, 0x03, 0x0a, 0x01, 0xff}),       // goodbye, invalid UTF-8
 		[]byte("\x00\x00\x00\x10GET / HTTP/1.1\r\n"),
 	)
+	// Deliver frames for the fast path, and bodies it must leave to
+	// proto.Unmarshal.
+	for _, tc := range deliverCases() {
+		if b, err := marshalDeliver(tb, tc.d); err == nil && len(b) <= 4<<10 {
+			seeds = append(seeds, b)
+		}
+	}
+	for _, tc := range rawDeliverCases() {
+		seeds = append(seeds, rawFrame(uint32(len(tc.body)), tc.body))
+	}
 	return seeds
 }
 
@@ -56,6 +67,9 @@ func FuzzReadFrame(f *testing.F) {
 			err := r.ReadFrame(&got)
 			// A reference parse of the same frame.
 			want, size, wantErr := referenceFrame(rest)
+			if len(rest) >= HeaderSize+size && decodeDeliver(rest[HeaderSize:HeaderSize+size]) != nil && wantErr != nil {
+				t.Fatalf("Deliver fast path decoded a frame proto.Unmarshal refuses: %v", wantErr)
+			}
 			if wantErr != nil {
 				if !sameError(err, wantErr) {
 					t.Fatalf("ReadFrame error %v, reference says %v", err, wantErr)
@@ -69,10 +83,13 @@ func FuzzReadFrame(f *testing.F) {
 			if err != nil {
 				t.Fatalf("ReadFrame: %v, reference decoded %v", err, want)
 			}
+			body := rest[HeaderSize : HeaderSize+size]
 			rest = rest[HeaderSize+size:]
 			if !proto.Equal(&got, want) {
 				t.Fatalf("ReadFrame = %v, reference decoded %v", &got, want)
 			}
+			// Also nil against empty bytes, for the Deliver fast path.
+			checkSameAsUnmarshal(t, body, &got)
 			checkReencode(t, &got)
 		}
 	})
@@ -260,5 +277,73 @@ func FuzzSplitFrames(f *testing.F) {
 				t.Fatalf("%s: after %d frames: %v, want io.EOF", src.name, len(sent), err)
 			}
 		}
+	})
+}
+
+// FuzzWriteDeliver builds a Deliver from fuzzed field values: WriteDeliver
+// must write exactly what proto.Marshal encodes (or fail when it fails), and
+// ReadFrame must decode it back to an equal message, exactly as
+// proto.Unmarshal does.
+func FuzzWriteDeliver(f *testing.F) {
+	f.Add(uint64(1<<40), int32(7), int64(123456789), []byte("order-42"), bytes.Repeat([]byte{'x'}, 1024),
+		"trace-id", []byte("0af7651916cd43dd8448eb211c80319c"), uint8(1), int64(1764672000000), uint32(1))
+	f.Add(uint64(0), int32(0), int64(0), []byte(nil), []byte{}, "", []byte(nil), uint8(0), int64(0), uint32(0))
+	f.Add(uint64(math.MaxUint64), int32(math.MinInt32), int64(math.MinInt64), []byte{0}, []byte{0xff},
+		"a\xffb", []byte{1, 2, 3}, uint8(3), int64(-1), uint32(math.MaxUint32))
+	f.Add(uint64(127), int32(-1), int64(128), bytes.Repeat([]byte{'k'}, 300), []byte("v"),
+		"k1k2k3", []byte("v1v2v3v4"), uint8(200), int64(1<<14), uint32(1<<21))
+	f.Fuzz(func(t *testing.T, id uint64, partition int32, offset int64, key, value []byte,
+		hkeys string, hvals []byte, nheaders uint8, timestamp int64, attempt uint32) {
+		d := &Deliver{DeliveryId: id, Partition: partition, Offset: offset, Key: key, Value: value,
+			TimestampMs: timestamp, Attempt: attempt}
+		// Header i takes overlapping cuts of hkeys and hvals; every fifth
+		// is empty, every seventh nil.
+		for i := range int(nheaders % 32) {
+			switch {
+			case i%7 == 6:
+				d.Headers = append(d.Headers, nil)
+			case i%5 == 4:
+				d.Headers = append(d.Headers, &Header{})
+			default:
+				h := &Header{}
+				if len(hkeys) > 0 {
+					a := i % len(hkeys)
+					h.Key = hkeys[a : a+(len(hkeys)-a+i)%(len(hkeys)-a+1)]
+				}
+				if len(hvals) > 0 {
+					a := (i * 3) % len(hvals)
+					h.Value = hvals[a : a+(len(hvals)-a+i)%(len(hvals)-a+1)]
+				}
+				d.Headers = append(d.Headers, h)
+			}
+		}
+		want, wantErr := marshalDeliver(t, d)
+		got, err := writeDeliver(t, d, fuzzMax)
+		if wantErr != nil {
+			if err == nil {
+				t.Fatalf("WriteDeliver accepted what proto.Marshal refuses (%v): %x", wantErr, got)
+			}
+			return
+		}
+		if len(want)-HeaderSize > fuzzMax {
+			if !isTooLarge(uint64(len(want)-HeaderSize), fuzzMax)(err) {
+				t.Fatalf("WriteDeliver of %d bytes: %v, want *FrameTooLargeError", len(want)-HeaderSize, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("WriteDeliver: %v", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("WriteDeliver wrote\n%x\nproto.Marshal gives\n%x", got, want)
+		}
+		var fr Frame
+		if err := NewReader(bytes.NewReader(got), fuzzMax).ReadFrame(&fr); err != nil {
+			t.Fatalf("ReadFrame: %v", err)
+		}
+		if !proto.Equal(fr.GetDeliver(), d) {
+			t.Fatalf("read back %v, want %v", fr.GetDeliver(), d)
+		}
+		checkSameAsUnmarshal(t, got[HeaderSize:], &fr)
 	})
 }
