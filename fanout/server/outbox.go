@@ -93,7 +93,6 @@ type pumpState struct {
 	dw      deadlineWriter
 	w       *protocol.Writer
 	deliver protocol.Deliver
-	dframe  *protocol.Frame // wraps deliver
 	headers []*protocol.Header
 	ping    protocol.Ping
 	pframe  *protocol.Frame // wraps ping
@@ -107,7 +106,6 @@ func (c *conn) pump() {
 	// Frames to clients are limited only by the 4-byte length prefix: a
 	// message Kafka accepted is delivered whatever its size.
 	p.w = protocol.NewWriter(&p.dw, math.MaxInt)
-	p.dframe = protocol.DeliverFrame(&p.deliver)
 	p.pframe = protocol.PingFrame(0)
 	clean := c.pumpLoop(p)
 	c.finish(p, clean)
@@ -204,7 +202,8 @@ func (p *pumpState) writeBatch(batch []outItem) (welcomed bool, err error) {
 	return welcomed, nil
 }
 
-// writeDelivery encodes one delivery into the reused Deliver message.
+// writeDelivery fills the reused Deliver message with one delivery and
+// encodes it with WriteDeliver, which copies the payload once.
 func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
 	dv := &p.deliver
 	dv.DeliveryId, dv.Attempt = d.ID, d.Attempt
@@ -218,7 +217,7 @@ func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
 	} else {
 		dv.Partition, dv.Offset, dv.Key, dv.Value, dv.TimestampMs, dv.Headers = 0, 0, nil, nil, 0, nil
 	}
-	return p.w.WriteFrame(p.dframe)
+	return p.w.WriteDeliver(&p.deliver)
 }
 
 // fillHeaders converts headers into reused protocol.Header messages. Keys
