@@ -414,3 +414,39 @@ func TestWriteDeliverReadFrameStream(t *testing.T) {
 		t.Fatalf("after the last frame: %v", err)
 	}
 }
+
+func TestDeliverSchema(t *testing.T) {
+	// deliver.go encodes and decodes Deliver and Header by hand: a field
+	// added to either, or changed, must be added there too.
+	want := map[protoreflect.FullName][]string{
+		"fanout.v1.Frame": {"deliver 4 message"}, // the only Frame field deliver.go knows
+		"fanout.v1.Deliver": {"delivery_id 1 uint64", "partition 2 int32", "offset 3 int64", "key 4 bytes",
+			"value 5 bytes", "headers 6 message repeated", "timestamp_ms 7 int64", "attempt 8 uint32"},
+		"fanout.v1.Header": {"key 1 string", "value 2 bytes"},
+	}
+	for _, m := range []protoreflect.MessageDescriptor{
+		(&Deliver{}).ProtoReflect().Descriptor(), (&Header{}).ProtoReflect().Descriptor(),
+	} {
+		var got []string
+		fs := m.Fields()
+		for i := range fs.Len() {
+			f := fs.Get(i)
+			s := fmt.Sprintf("%s %d %s", f.Name(), f.Number(), f.Kind())
+			if f.IsList() {
+				s += " repeated"
+			}
+			if f.IsPacked() || f.HasPresence() && f.ContainingOneof() == nil && f.Kind() != protoreflect.MessageKind {
+				s += " with presence or packed"
+			}
+			got = append(got, s)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want[m.FullName()]) {
+			t.Errorf("%s fields are %q; deliver.go handles %q", m.FullName(), got, want[m.FullName()])
+		}
+	}
+	f := (&Frame{}).ProtoReflect().Descriptor().Fields().ByName("deliver")
+	got := fmt.Sprintf("%s %d %s", f.Name(), f.Number(), f.Kind())
+	if got != want["fanout.v1.Frame"][0] {
+		t.Errorf("Frame field %q; deliver.go handles %q", got, want["fanout.v1.Frame"][0])
+	}
+}
