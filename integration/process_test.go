@@ -34,6 +34,15 @@ var (
 
 // procBinary builds cmd/fanout once per package run and returns its path.
 // The module root is the parent of this package's directory.
+// TestMain removes the binary procBinary built, once every test is done.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if procBinPath != "" {
+		_ = os.RemoveAll(filepath.Dir(procBinPath))
+	}
+	os.Exit(code)
+}
+
 func procBinary(t testing.TB) string {
 	t.Helper()
 	procBuildOnce.Do(func() {
