@@ -27,6 +27,10 @@ const (
 // maxRedirects bounds the Redirect frames followed in one connection attempt.
 const maxRedirects = 5
 
+// stableSession is how long a session must last for the reconnect backoff
+// to start over.
+const stableSession = 2 * time.Second
+
 // Config configures a Client. Only Addrs is required.
 type Config struct {
 	// Addrs are host:port addresses of daemons of one cluster. They are tried
@@ -245,12 +249,12 @@ func (c *Client) run(ready chan<- error) {
 			connected = true
 			ready <- nil
 		}
-		failures = 0
 		s.log.WithFields(logrus.Fields{
 			"max_in_flight": s.welcome.GetMaxInFlight(),
 			"heartbeat_ms":  s.welcome.GetHeartbeatMs(),
 			"topic":         s.welcome.GetTopic(),
 		}).Info("connected")
+		began := time.Now()
 		err = s.run(c.ctx)
 		if c.ctx.Err() != nil {
 			s.log.Info("closed")
@@ -272,7 +276,14 @@ func (c *Client) run(ready chan<- error) {
 			return
 		}
 		c.dropStale()
-		wait = c.backoff(1)
+		// A session that ends right after its welcome counts as a failed
+		// attempt, so that a daemon that keeps dropping the client (a
+		// message the client cannot take, say) is not hammered.
+		if time.Since(began) >= stableSession {
+			failures = 0
+		}
+		failures++
+		wait = c.backoff(failures)
 		if ra := retryAfter(err); ra > 0 {
 			wait = ra
 		}
@@ -296,8 +307,8 @@ func (c *Client) dropStale() {
 // from MinBackoff, capped at MaxBackoff, with the upper half jittered.
 func (c *Client) backoff(n int) time.Duration {
 	d := c.cfg.MaxBackoff
-	if n < 30 {
-		d = min(c.cfg.MinBackoff<<(n-1), c.cfg.MaxBackoff)
+	if shift := n - 1; shift < 62 && c.cfg.MinBackoff <= c.cfg.MaxBackoff>>shift {
+		d = c.cfg.MinBackoff << shift // no overflow: at most MaxBackoff
 	}
 	return d/2 + rand.N(d/2+1)
 }

@@ -487,3 +487,35 @@ func TestDialAllRefusedNoReconnect(t *testing.T) {
 		t.Fatal("Dial succeeded")
 	}
 }
+
+func TestBackoffNeverOverflows(t *testing.T) {
+	c := &Client{cfg: Config{MinBackoff: time.Minute, MaxBackoff: 10 * time.Minute}}
+	for n := 1; n < 100; n++ {
+		if d := c.backoff(n); d < 30*time.Second || d > 10*time.Minute {
+			t.Fatalf("backoff(%d) = %v, want between MinBackoff/2 and MaxBackoff", n, d)
+		}
+	}
+	c.cfg = Config{MinBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second}
+	if d := c.backoff(3); d < 200*time.Millisecond || d > 400*time.Millisecond {
+		t.Fatalf("backoff(3) = %v, want 200-400ms", d)
+	}
+}
+
+func TestIDsPerFrameFitTheLimit(t *testing.T) {
+	for _, max := range []int{0, 100, 1024, 20000, protocol.DefaultMaxFrameSize} {
+		n := idsPerFrame(max)
+		ids := make([]uint64, n)
+		for i := range ids {
+			ids[i] = ^uint64(0) // the longest varint
+		}
+		limit := max
+		if limit <= 0 {
+			limit = protocol.DefaultMaxFrameSize
+		}
+		var buf bytes.Buffer
+		w := protocol.NewWriter(&buf, limit)
+		if err := w.WriteFrame(protocol.AckFrame(ids)); err != nil {
+			t.Errorf("max frame %d: %d ids of 10 bytes do not fit: %v", max, n, err)
+		}
+	}
+}

@@ -48,6 +48,7 @@ type session struct {
 	welcome *protocol.Welcome
 	r       *protocol.Reader
 	w       *protocol.Writer
+	maxIDs  int // ids per Ack/Nack/Touch frame that fit the frame limit
 	log     *logrus.Entry
 
 	liveness     time.Duration // read deadline after each frame; 0 = none
@@ -90,6 +91,7 @@ func newSession(c *Client, nc net.Conn, addr string, r *protocol.Reader, w *prot
 		maxFrame = c.cfg.MaxFrameSize
 	}
 	s.w = protocol.NewWriter(nc, maxFrame)
+	s.maxIDs = idsPerFrame(maxFrame)
 	if hb := time.Duration(w.GetHeartbeatMs()) * time.Millisecond; hb > 0 {
 		n := time.Duration(w.GetLivenessIntervals())
 		if n == 0 {
@@ -337,7 +339,7 @@ func (s *session) writeFrames(b *batch) error {
 	} {
 		ids := *part.ids
 		for len(ids) > 0 {
-			n := min(len(ids), maxIDsPerFrame)
+			n := min(len(ids), s.maxIDs)
 			part.set(ids[:n])
 			if err := s.w.WriteFrame(part.f); err != nil {
 				return err
@@ -360,9 +362,18 @@ func (s *session) flush() error {
 	return nil
 }
 
-// maxIDsPerFrame keeps an Ack frame well below the smallest sane maximum
-// frame size (a delivery id takes at most 10 bytes).
+// maxIDsPerFrame bounds the ids of one Ack, Nack or Touch frame.
 const maxIDsPerFrame = 4096
+
+// idsPerFrame returns how many delivery ids one Ack, Nack or Touch frame may
+// carry under a frame limit of maxFrame bytes: an id takes at most 10 bytes
+// (a varint), and the frame's tags and lengths fewer than 16.
+func idsPerFrame(maxFrame int) int {
+	if maxFrame <= 0 {
+		maxFrame = protocol.DefaultMaxFrameSize
+	}
+	return max(1, min(maxIDsPerFrame, (maxFrame-16)/10))
+}
 
 // batch is the writer's side of the queues, plus frames reused for every
 // write so that a batch allocates nothing.

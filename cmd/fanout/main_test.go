@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"testing"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/nanoservice/core-fanout/fanout"
 )
 
 func TestBadFlagsExitTwo(t *testing.T) {
@@ -47,5 +52,55 @@ func TestVersion(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), version) {
 		t.Fatalf("version output %q", stdout.String())
+	}
+}
+
+// Daemon flags count at either level: before the serve command or after it.
+func TestServeFlagsAtEitherLevel(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		kafka      string
+		listen, id string
+	}{
+		{"root", []string{"--id", "a", "--topic", "t", "--kafka", "k1:9092", "--listen", ":5000"}, "k1:9092", ":5000", "a"},
+		{"serve", []string{"serve", "--id", "a", "--topic", "t", "--kafka", "k1:9092", "--listen", ":5000"}, "k1:9092", ":5000", "a"},
+		{"before serve", []string{"--kafka", "k1:9092", "--listen", ":5000", "--id", "b", "serve", "--topic", "t"}, "k1:9092", ":5000", "b"},
+		{"serve wins", []string{"--listen", ":5000", "serve", "--id", "a", "--topic", "t", "--listen", ":6000"}, "localhost:9092", ":6000", "a"},
+		{"defaults", []string{"serve", "--id", "a", "--topic", "t"}, "localhost:9092", ":4987", "a"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got fanout.Options
+			app := newApp(io.Discard, io.Discard)
+			capture := func(c *cli.Context) error { got = serveOptions(c, nil); return nil }
+			app.Action = capture
+			app.Command("serve").Action = capture
+			if err := app.Run(append([]string{"fanout"}, tt.args...)); err != nil {
+				t.Fatal(err)
+			}
+			kafka := "localhost:9092"
+			if len(got.Kafka) > 0 {
+				kafka = strings.Join(got.Kafka, ",")
+			}
+			if kafka != tt.kafka || got.Listen != tt.listen || got.ID != tt.id || got.Topic != "t" {
+				t.Fatalf("options: kafka %q listen %q id %q topic %q; want %q %q %q t", kafka, got.Listen, got.ID, got.Topic, tt.kafka, tt.listen, tt.id)
+			}
+		})
+	}
+}
+
+func TestTailBadUsageExitsTwo(t *testing.T) {
+	for _, args := range [][]string{
+		{"tail", "--count", "-1"},
+		{"tail", "--connect", ","},
+		{"tail", "--bogus"},
+		{"tail", "--max-in-flight", "-5"},
+		{"tail", "extra", "--connect", "127.0.0.1:1"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), append([]string{"fanout"}, args...), &stdout, &stderr); code != 2 {
+			t.Errorf("%v: exit code %d, want 2; stderr: %s", args, code, stderr.String())
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"fmt"
 
 	"github.com/sirupsen/logrus"
@@ -41,9 +43,22 @@ func serveFlags() []cli.Flag {
 	}
 }
 
-// serveOptions maps the flags onto fanout.Options.
+// serveOptions maps the flags onto fanout.Options. The daemon's flags exist
+// at the top level (fanout --id ...) and on the serve command (fanout serve
+// --id ...); a flag set at either level counts, the command's first.
 func serveOptions(c *cli.Context, environ []string) fanout.Options {
-	kafkaAddrs, zkAddrs := c.StringSlice("kafka"), c.StringSlice("zookeeper")
+	at := func(name string) *cli.Context {
+		for _, ctx := range c.Lineage() {
+			if ctx.IsSet(name) {
+				return ctx
+			}
+		}
+		return c
+	}
+	str := func(name string) string { return at(name).String(name) }
+	dur := func(name string) time.Duration { return at(name).Duration(name) }
+	num := func(name string) int { return at(name).Int(name) }
+	kafkaAddrs, zkAddrs := at("kafka").StringSlice("kafka"), at("zookeeper").StringSlice("zookeeper")
 	if len(kafkaAddrs) == 0 {
 		kafkaAddrs = linkedAddrs(environ, "KAFKA", 9092)
 	}
@@ -51,29 +66,29 @@ func serveOptions(c *cli.Context, environ []string) fanout.Options {
 		zkAddrs = linkedAddrs(environ, "ZK", 2181)
 	}
 	return fanout.Options{
-		ID:               c.String("id"),
-		Topic:            c.String("topic"),
+		ID:               str("id"),
+		Topic:            str("topic"),
 		Kafka:            splitAll(kafkaAddrs),
 		ZooKeeper:        splitAll(zkAddrs),
-		Listen:           c.String("listen"),
-		MetricsListen:    c.String("metrics-listen"),
-		Advertise:        c.String("advertise"),
-		NodeID:           c.String("node-id"),
-		AckTimeout:       c.Duration("ack-timeout"),
-		Heartbeat:        c.Duration("heartbeat"),
-		Liveness:         c.Int("liveness"),
-		WriteTimeout:     c.Duration("write-timeout"),
-		MaxInFlight:      c.Int("max-in-flight"),
-		MaxBuffered:      c.Int("max-buffered"),
-		MaxBufferedBytes: c.Int("max-buffered-bytes"),
-		MaxFrameSize:     c.Int("max-frame-size"),
-		MaxClients:       c.Int("max-clients"),
-		AuthToken:        c.String("auth-token"),
-		InitialOffset:    c.String("initial-offset"),
-		CommitInterval:   c.Duration("commit-interval"),
-		DrainTimeout:     c.Duration("drain-timeout"),
-		ClusterHeartbeat: c.Duration("cluster-heartbeat"),
-		LeaderTimeout:    c.Duration("leader-timeout"),
+		Listen:           str("listen"),
+		Advertise:        str("advertise"),
+		NodeID:           str("node-id"),
+		AckTimeout:       dur("ack-timeout"),
+		Heartbeat:        dur("heartbeat"),
+		Liveness:         num("liveness"),
+		WriteTimeout:     dur("write-timeout"),
+		MaxInFlight:      num("max-in-flight"),
+		MaxBuffered:      num("max-buffered"),
+		MaxBufferedBytes: num("max-buffered-bytes"),
+		MaxFrameSize:     num("max-frame-size"),
+		MaxClients:       num("max-clients"),
+		AuthToken:        str("auth-token"),
+		InitialOffset:    str("initial-offset"),
+		CommitInterval:   dur("commit-interval"),
+		DrainTimeout:     dur("drain-timeout"),
+		ClusterHeartbeat: dur("cluster-heartbeat"),
+		LeaderTimeout:    dur("leader-timeout"),
+		MetricsListen:    str("metrics-listen"),
 		Logger:           logrus.NewEntry(logrus.StandardLogger()),
 	}
 }

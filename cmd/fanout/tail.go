@@ -34,17 +34,24 @@ func tailCommand() *cli.Command {
 			&cli.StringFlag{Name: "auth-token", EnvVars: []string{"FANOUT_AUTH_TOKEN"}, Usage: "shared secret of the daemon"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "give up when no daemon welcomes within this"},
 		},
-		Action: runTail,
+		Action:       runTail,
+		OnUsageError: commandUsageError,
 	}
 }
 
 func runTail(c *cli.Context) error {
+	if c.Args().Present() {
+		return usageError(fmt.Errorf("tail: unexpected argument %q (flags start with --)", c.Args().First()))
+	}
 	if c.Int("count") < 0 {
-		return fmt.Errorf("tail: --count must not be negative")
+		return usageError(fmt.Errorf("tail: --count must not be negative"))
+	}
+	if n := c.Int("max-in-flight"); n < 1 {
+		return usageError(fmt.Errorf("tail: --max-in-flight %d: at least 1", n))
 	}
 	addrs := splitAll([]string{c.String("connect")})
 	if len(addrs) == 0 {
-		return fmt.Errorf("tail: --connect names no address")
+		return usageError(fmt.Errorf("tail: --connect names no address"))
 	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
