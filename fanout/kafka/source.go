@@ -352,7 +352,8 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 
 // openPartition opens partition p at offset (a number, or a policy
 // constant resolved to a number here), retrying with backoff until ctx ends.
-// A numeric offset out of range is replaced by policy, and reset is true.
+// A numeric offset out of range is replaced, and reset is true: below the
+// log start by the oldest offset, beyond the end by policy.
 // It returns the numeric offset consumption starts at.
 func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, log *logrus.Entry,
 	p int32, offset, policy int64) (pc sarama.PartitionConsumer, at int64, reset bool, err error) {
@@ -363,8 +364,8 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 		if offset < 0 {
 			at, err = s.client.GetOffset(s.cfg.Topic, p, offset)
 			if err == nil && reset {
-				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": policyName(policy), "reset_to": at}).
-					Warn("offset out of range, resetting by policy")
+				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": policyName(offset), "reset_to": at}).
+					Warn("offset out of range, resetting")
 			}
 		}
 		if err == nil {
@@ -380,7 +381,15 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			return pc, at, reset, nil
 		}
 		if offset >= 0 && errors.Is(err, sarama.ErrOffsetOutOfRange) {
-			outOfRange, offset, reset = offset, policy, true
+			// Below the log start (retention removed those records): go on
+			// from the oldest record still there, whatever the policy, so that
+			// nothing still in Kafka is skipped. Beyond the end (the log was
+			// truncated): the policy decides.
+			target := policy
+			if oldest, oerr := s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest); oerr == nil && offset < oldest {
+				target = sarama.OffsetOldest
+			}
+			outOfRange, offset, reset = offset, target, true
 			continue // no backoff: the next attempt is a different one
 		}
 		log.WithError(err).WithField("offset", offset).WithField("retry_in", backoff).

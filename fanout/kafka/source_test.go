@@ -248,6 +248,10 @@ func TestSourceStartOffsets(t *testing.T) {
 			map[int32]int64{0: 5, 1: 5, 2: 5}},
 		{"stored below log start resets to oldest", sarama.OffsetOldest, map[int32]int64{0: 1, 1: 1},
 			map[int32]int64{0: 3}, map[int32]int64{0: 3, 1: 1, 2: 0}},
+		// Retention removed records the daemon never delivered: it goes on
+		// from the oldest left, even with the newest policy.
+		{"stored below log start resets to oldest whatever the policy", sarama.OffsetNewest, map[int32]int64{0: 1, 1: 1},
+			map[int32]int64{0: 3}, map[int32]int64{0: 3, 1: 1, 2: 5}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
