@@ -381,6 +381,11 @@ func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.S
 	d.serving.Store(false)
 	d.backend.set(nil)
 	d.source.Store(nil)
+	if err != nil {
+		// The term is lost: send the clients on now, before waiting for the
+		// source to stop (a broker out of reach can hold that up).
+		d.srv.RedirectAll(d.leadership())
+	}
 	return err
 }
 

@@ -69,6 +69,16 @@ func (c *committer) stop() {
 	}
 }
 
+// abandon ends the loop without waiting: a commit under way may hang on a
+// store that is out of reach, and after losing leadership it would be
+// refused anyway (fenced).
+func (c *committer) abandon() {
+	if c.cancel != nil {
+		c.cancel()
+		c.cancel = nil
+	}
+}
+
 // offer queues offsets for the next commit.
 func (c *committer) offer(m map[int32]int64) {
 	if len(m) == 0 {

@@ -240,11 +240,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		case err := <-cm.fenced:
 			d.log.WithError(err).Warn("offset commit fenced: stopping without a final commit")
 			s.drain("not the leader")
+			cm.abandon()
 			return err
 		case <-ctxDone:
 			if cause := context.Cause(ctx); errors.Is(cause, ErrAbandon) {
 				d.log.WithError(cause).WithField("in_flight", s.flights.live).
 					Warn("dispatcher abandoned: no drain, no final commit; unacked messages will be redelivered by the next leader")
+				cm.abandon()
 				return cause
 			}
 			ctxDone = nil

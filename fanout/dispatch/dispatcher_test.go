@@ -378,3 +378,48 @@ func TestRunStatsReportCommits(t *testing.T) {
 		})
 	}
 }
+
+// blockStore's commits hang until release is closed, like a ZooKeeper that
+// is out of reach.
+type blockStore struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockStore) Load(context.Context) (map[int32]int64, error) { return nil, nil }
+func (b *blockStore) Commit(context.Context, map[int32]int64) error {
+	select {
+	case b.entered <- struct{}{}:
+	default:
+	}
+	<-b.release
+	return nil
+}
+
+func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
+	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(store.release)
+	src := newFakeSource()
+	d, err := New(Config{Store: store, CommitInterval: 5 * time.Millisecond}, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	src.ch <- Batch{Partition: 0, Start: 7}
+	select {
+	case <-store.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no commit started")
+	}
+	cancel(fmt.Errorf("cut off: %w", ErrAbandon))
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrAbandon) {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("an abandoned dispatcher waited for a hanging commit")
+	}
+}
