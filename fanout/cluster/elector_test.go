@@ -42,6 +42,8 @@ func (n *nodeFence) fence(epoch uint64, _, _ string) (int32, uint64, error) {
 
 func (n *nodeFence) session() int64 { return n.sid.Load() }
 
+func (n *nodeFence) connected() bool { return n.sid.Load() != 0 }
+
 // newKafka starts an in-process Kafka (closed at cleanup).
 func newKafka(t *testing.T) *kfake.Cluster {
 	t.Helper()
@@ -306,5 +308,29 @@ func (n *node) cancelled() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// The highest id without ZooKeeper could never record a won epoch: it does
+// not claim, so the next id leads instead of nobody.
+func TestElectorHighestWithoutZooKeeperStandsAside(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b, cc := startNode(t, c, fence, "nozk", "a"), startNode(t, c, fence, "nozk", "b"), startNode(t, c, fence, "nozk", "c")
+	cc.fence.sid.Store(0) // before the startup grace ends: c never had a session
+	waitFor(t, 10*time.Second, "b to lead", func() bool {
+		l := b.e.Leadership()
+		return l.Leader && l.LeaderID == "b"
+	})
+	waitFor(t, 10*time.Second, "a and c to follow b", func() bool {
+		for _, n := range []*node{a, cc} {
+			if l := n.e.Leadership(); l.Leader || l.LeaderID != "b" {
+				return false
+			}
+		}
+		return true
+	})
+	if got := leaders(a, b, cc); len(got) != 1 || got[0] != b {
+		t.Fatalf("%d leaders, want only b", len(got))
 	}
 }

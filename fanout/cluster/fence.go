@@ -23,6 +23,9 @@ type fencer interface {
 	// session identifies the current ZooKeeper session; 0 when there is
 	// none. A term ends when it changes.
 	session() int64
+	// connected reports whether ZooKeeper answers now: a node that could
+	// not record a won epoch does not claim one.
+	connected() bool
 }
 
 // FencePath is the fence znode of fanout instance id on topic, below the
@@ -96,6 +99,9 @@ func (f *zkFencer) create() error {
 	}
 	return nil
 }
+
+// connected implements fencer.
+func (f *zkFencer) connected() bool { return f.conn.State() == zk.StateHasSession }
 
 // session implements fencer.
 func (f *zkFencer) session() int64 {

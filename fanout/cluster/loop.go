@@ -147,7 +147,10 @@ func (l *loop) update(now time.Time, tick bool) {
 		l.startFence(l.v.epoch)
 	}
 	l.claim = l.v.tick(now)
-	if l.left {
+	if l.left || l.fencing != 0 || !l.e.fence.connected() {
+		// Not while leaving, nor while recording a won epoch, nor without
+		// ZooKeeper: such a claim could not become a term, and as the
+		// highest live id this node would keep lower ids from claiming.
 		l.claim = 0
 	}
 	if !l.left {
