@@ -861,11 +861,11 @@ func TestClusterOneLeaderRedirects(t *testing.T) {
 	}
 }
 
-// 2. kill -9 of the leader while three clients consume: a follower takes
-// over within the leader timeout plus a margin; nothing is lost; only
-// messages at or above the committed offsets come again.
-func TestClusterLeaderCrash(t *testing.T) {
-	const n = 1500
+// clFlowingCluster starts three daemons of a new topic, waits for their
+// leader, and starts n sequenced messages over about 6 s with three
+// consumers; it returns once a third of them are acked.
+func clFlowingCluster(t *testing.T, n int) (*clCluster, *clNode, *clFlow) {
+	t.Helper()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
 	c := clNewCluster(t, topic, 3)
@@ -873,6 +873,16 @@ func TestClusterLeaderCrash(t *testing.T) {
 	leader := clWaitLeader(t, c.nodes, 60*time.Second)
 	f := clStartFlow(t, c, n, 6*time.Second)
 	f.waitAcked(n/3, 60*time.Second)
+	return c, leader, f
+}
+
+// 2. kill -9 of the leader while three clients consume: a follower takes
+// over within the leader timeout plus a margin; nothing is lost; only
+// messages at or above the committed offsets come again.
+func TestClusterLeaderCrash(t *testing.T) {
+	const n = 1500
+	c, leader, f := clFlowingCluster(t, n)
+	topic := c.topic
 
 	serving := clWatchWelcome(t, c.others(leader))
 	killed := time.Now()
@@ -913,13 +923,7 @@ func TestClusterLeaderCrash(t *testing.T) {
 // exits, and no acked message is delivered again.
 func TestClusterGracefulHandover(t *testing.T) {
 	const n = 1500
-	topic := uniqueName(t, "topic")
-	createTopic(t, topic, clPartitions)
-	c := clNewCluster(t, topic, 3)
-	c.startAll()
-	leader := clWaitLeader(t, c.nodes, 60*time.Second)
-	f := clStartFlow(t, c, n, 6*time.Second)
-	f.waitAcked(n/3, 60*time.Second)
+	c, leader, f := clFlowingCluster(t, n)
 
 	serving := clWatchWelcome(t, c.others(leader))
 	termAt := time.Now()
@@ -973,13 +977,8 @@ var clCommittedLine = regexp.MustCompile(`msg="offsets committed" .*offsets="?ma
 // backwards.
 func TestClusterPausedLeaderDeposed(t *testing.T) {
 	const n = 1500
-	topic := uniqueName(t, "topic")
-	createTopic(t, topic, clPartitions)
-	c := clNewCluster(t, topic, 3)
-	c.startAll()
-	leader := clWaitLeader(t, c.nodes, 60*time.Second)
-	f := clStartFlow(t, c, n, 6*time.Second)
-	f.waitAcked(n/3, 60*time.Second)
+	c, leader, f := clFlowingCluster(t, n)
+	topic := c.topic
 
 	serving := clWatchWelcome(t, c.others(leader))
 	stopAt := time.Now()
