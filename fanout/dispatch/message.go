@@ -23,6 +23,8 @@ type Message struct {
 	Value     []byte
 	Headers   []Header
 	Timestamp time.Time
+
+	gen uint32 // the tracker generation of its partition when received
 }
 
 // Size is the number of payload bytes the message holds, used for the

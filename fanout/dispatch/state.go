@@ -106,6 +106,7 @@ func (s *state) addBatch(b Batch) {
 		if !s.tracker.Received(m.Partition, m.Offset) {
 			continue // already tracked: a re-fetch
 		}
+		m.gen = s.tracker.Gen(m.Partition)
 		s.fresh.push(m)
 		s.bytes += m.Size()
 		s.stats.Consumed++
@@ -156,7 +157,7 @@ func (s *state) ack(id uint64, ids []uint64) {
 		s.heap.remove(f)
 		c := f.client
 		s.unlink(f)
-		s.tracker.Ack(f.msg.Partition, f.msg.Offset)
+		s.tracker.AckIn(f.msg.Partition, f.msg.Offset, f.msg.gen)
 		s.stats.Acked++
 		s.recycle(f)
 		s.makeReady(c)

@@ -382,3 +382,25 @@ func TestFlightIDsAreNeverReused(t *testing.T) {
 		t.Fatal("ids never issued are found")
 	}
 }
+
+// After a partition restarts lower (the log was truncated), an ack of a
+// delivery made before the restart does not count for the message that now
+// has the same offset.
+func TestAckFromBeforeARestartDoesNotCommitTheRefetch(t *testing.T) {
+	s, sinks := setup(10)
+	s.addBatch(Batch{Partition: 0, Start: 0})
+	s.addBatch(batch(0, 0, 2))
+	s.dispatch(t0)
+	before := sinks[0].got // offsets 0 and 1, not acked
+	s.addBatch(Batch{Partition: 0, Start: 0})
+	s.addBatch(batch(0, 0, 2)) // the same offsets, fetched again
+	s.dispatch(t0)
+	s.ack(1, ids(before))
+	if c, _ := s.tracker.Committable(0); c != 0 {
+		t.Fatalf("committable = %d after acks of deliveries from before the restart, want 0", c)
+	}
+	s.ack(1, ids(sinks[0].got[2:]))
+	if c, _ := s.tracker.Committable(0); c != 2 {
+		t.Fatalf("committable = %d after the refetched messages were acked, want 2", c)
+	}
+}

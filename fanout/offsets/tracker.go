@@ -23,9 +23,10 @@ type partition struct {
 	buf   []entry
 	head  int
 	n     int
-	next  int64 // committable offset when nothing is pending
-	dirty bool  // committable offset changed since the last Dirty call
-	last  int64 // committable offset reported by the last Dirty call
+	next  int64  // committable offset when nothing is pending
+	dirty bool   // committable offset changed since the last Dirty call
+	last  int64  // committable offset reported by the last Dirty call
+	gen   uint32 // counts Starts: offsets received before the last one are not acked by AckIn
 }
 
 type entry struct {
@@ -47,6 +48,16 @@ func (t *Tracker) Start(p int32, offset int64) {
 	pt.head, pt.n = 0, 0
 	pt.next = offset
 	pt.dirty = pt.last != offset
+	pt.gen++
+}
+
+// Gen returns how many times partition p was started: offsets received
+// since the last Start belong to that generation.
+func (t *Tracker) Gen(p int32) uint32 {
+	if pt := t.parts[p]; pt != nil {
+		return pt.gen
+	}
+	return 0
 }
 
 // Received records that offset of partition p entered the daemon. Offsets of
@@ -73,9 +84,14 @@ func (t *Tracker) Received(p int32, offset int64) bool {
 // Ack records that offset of partition p was processed. It reports false for
 // an offset that is not outstanding (never received, already acked, or from
 // before a Start).
-func (t *Tracker) Ack(p int32, offset int64) bool {
+func (t *Tracker) Ack(p int32, offset int64) bool { return t.AckIn(p, offset, t.Gen(p)) }
+
+// AckIn is Ack for an offset received in generation gen (Gen at the time):
+// after a restart of the partition at a lower offset the same offset can be
+// received again, and an ack of the earlier one must not count for it.
+func (t *Tracker) AckIn(p int32, offset int64, gen uint32) bool {
 	pt := t.parts[p]
-	if pt == nil || pt.n == 0 {
+	if pt == nil || pt.n == 0 || pt.gen != gen {
 		return false
 	}
 	// Binary search: pending offsets are increasing.

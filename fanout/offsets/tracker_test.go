@@ -143,3 +143,22 @@ func BenchmarkTrackerReceiveAck(b *testing.B) {
 		}
 	}
 }
+
+func TestTrackerAckOfAnEarlierGenerationIgnored(t *testing.T) {
+	tr := NewTracker()
+	tr.Start(0, 10)
+	tr.Received(0, 10)
+	old := tr.Gen(0)
+	tr.Start(0, 5) // the log was truncated: offsets 5.. come again
+	tr.Received(0, 5)
+	tr.Received(0, 10)
+	if tr.AckIn(0, 10, old) {
+		t.Fatal("an ack of offset 10 received before the restart counted for the new offset 10")
+	}
+	if !tr.AckIn(0, 5, tr.Gen(0)) || !tr.Ack(0, 10) {
+		t.Fatal("acks of the current generation refused")
+	}
+	if c, _ := tr.Committable(0); c != 11 {
+		t.Fatalf("committable = %d, want 11 (5 and 10 acked; 6-9 never received)", c)
+	}
+}
