@@ -23,15 +23,16 @@ type loop struct {
 	consumer sarama.Consumer
 	fenced   chan fenceOutcome // capacity 1: at most one CAS runs
 
-	v         *vote
-	pc        sarama.PartitionConsumer // nil while (re)opening
-	next      int64                    // offset to read from when reopening
-	term      *Term                    // the running term, if any
-	fencing   uint64                   // epoch whose CAS runs; 0 when none
-	attempted uint64                   // highest epoch whose CAS was started
-	claim     uint64                   // epoch this node claims; 0 when none
-	left      bool                     // Resign was called: no more heartbeats
-	sent      struct {                 // the last published heartbeat's state
+	v              *vote
+	pc             sarama.PartitionConsumer // nil while (re)opening
+	next           int64                    // offset to read from when reopening
+	reopenFailures int                      // failed reopen attempts in a row
+	term           *Term                    // the running term, if any
+	fencing        uint64                   // epoch whose CAS runs; 0 when none
+	attempted      uint64                   // highest epoch whose CAS was started
+	claim          uint64                   // epoch this node claims; 0 when none
+	left           bool                     // Resign was called: no more heartbeats
+	sent           struct {                 // the last published heartbeat's state
 		epoch, claim uint64
 		role         Role
 	}
@@ -96,8 +97,10 @@ func (l *loop) run(ctx context.Context) {
 		case err := <-errs:
 			e.log.WithError(err).Warn("heartbeat log consumer")
 		case <-ticker.C:
-			if l.pc == nil && !l.open(ctx) {
-				continue
+			if l.pc == nil {
+				// One attempt per tick, never a blocking retry: the loop
+				// must go on ending a term whose heartbeats stopped.
+				l.openOnce()
 			}
 			l.update(e.cfg.Now(), true)
 		case o := <-l.fenced:
@@ -111,18 +114,35 @@ func (l *loop) run(ctx context.Context) {
 
 // open opens the partition consumer at l.next, retrying until ctx ends.
 func (l *loop) open(ctx context.Context) bool {
-	err := l.e.retry(ctx, "read heartbeat log "+l.e.topic, func(context.Context) error {
-		pc, err := l.consumer.ConsumePartition(l.e.topic, 0, l.next)
-		if errors.Is(err, sarama.ErrOffsetOutOfRange) {
-			l.next = sarama.OffsetOldest
-		}
-		if err != nil {
-			return fmt.Errorf("consume %s/0 at %d: %w", l.e.topic, l.next, err)
-		}
-		l.pc = pc
-		return nil
-	})
+	err := l.e.retry(ctx, "read heartbeat log "+l.e.topic, func(context.Context) error { return l.consume() })
 	return err == nil
+}
+
+// openOnce makes one attempt to reopen the partition consumer, logging a
+// failure now and then.
+func (l *loop) openOnce() {
+	if err := l.consume(); err != nil {
+		if l.reopenFailures%10 == 0 {
+			l.e.log.WithError(err).WithField("failures", l.reopenFailures+1).Warn("cannot reopen the heartbeat log; retrying every heartbeat")
+		}
+		l.reopenFailures++
+		return
+	}
+	l.reopenFailures = 0
+}
+
+// consume opens the partition consumer at l.next; an offset out of range
+// starts over from the oldest heartbeat.
+func (l *loop) consume() error {
+	pc, err := l.consumer.ConsumePartition(l.e.topic, 0, l.next)
+	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
+		l.next = sarama.OffsetOldest
+	}
+	if err != nil {
+		return fmt.Errorf("consume %s/0 at %d: %w", l.e.topic, l.next, err)
+	}
+	l.pc = pc
+	return nil
 }
 
 // update brings everything in line with the vote at now: ends a term the log
