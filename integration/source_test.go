@@ -157,7 +157,16 @@ func TestSourceRealKafka(t *testing.T) {
 				t.Fatal(err)
 			}
 			log := runSource(t, src)
-			// One more message per partition after the start: reaches every case.
+			// Every partition has resolved where it starts (newest is a
+			// moment in time) before one more message is produced.
+			waitFor(t, 30*time.Second, "a start batch of every partition", func() bool {
+				for p := range int32(partitions) {
+					if starts, _ := log.get(p); len(starts) == 0 {
+						return false
+					}
+				}
+				return true
+			})
 			produce(t, topic, &sarama.ProducerMessage{Key: sarama.StringEncoder("key-0"), Value: sarama.StringEncoder("late")})
 			end := highWaterMarks(t, client, topic, partitions)
 			for p := range int32(partitions) {
