@@ -172,19 +172,24 @@ func ackIDs(f *protocol.Frame) []uint64   { return f.GetAck().GetDeliveryIds() }
 func nackIDs(f *protocol.Frame) []uint64  { return f.GetNack().GetDeliveryIds() }
 func touchIDs(f *protocol.Frame) []uint64 { return f.GetTouch().GetDeliveryIds() }
 
-// dial connects a client to addrs with test-friendly settings and closes it
-// when the test ends.
-func dial(tb testing.TB, cfg Config) *Client {
-	tb.Helper()
+// testConfig fills in a test client id and short reconnect backoffs.
+func testConfig(cfg Config) Config {
 	if cfg.ClientID == "" {
 		cfg.ClientID = "test-client"
 	}
 	if cfg.MaxBackoff == 0 {
 		cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	}
+	return cfg
+}
+
+// dial connects a client to addrs with test-friendly settings and closes it
+// when the test ends.
+func dial(tb testing.TB, cfg Config) *Client {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	c, err := Dial(ctx, cfg)
+	c, err := Dial(ctx, testConfig(cfg))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -199,15 +204,9 @@ func dialAsync(tb testing.TB, cfg Config) <-chan *Client {
 	ch := make(chan *Client, 1)
 	go func() {
 		defer close(ch)
-		if cfg.ClientID == "" {
-			cfg.ClientID = "test-client"
-		}
-		if cfg.MaxBackoff == 0 {
-			cfg.MinBackoff, cfg.MaxBackoff = 10*time.Millisecond, 50*time.Millisecond
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 		defer cancel()
-		c, err := Dial(ctx, cfg)
+		c, err := Dial(ctx, testConfig(cfg))
 		if err != nil {
 			tb.Error(err)
 			return

@@ -861,6 +861,22 @@ func TestClusterOneLeaderRedirects(t *testing.T) {
 	}
 }
 
+// clDeliveredBy counts the receipts from node after since, and reports each
+// one after stopped (with format, given the receipt) as an error.
+func clDeliveredBy(t *testing.T, f *clFlow, node *clNode, since, stopped time.Time, format string) int {
+	t.Helper()
+	n := 0
+	for _, rc := range f.rec.all() {
+		if rc.node == node.id && rc.at.After(since) {
+			n++
+			if rc.at.After(stopped) {
+				t.Errorf(format, rc)
+			}
+		}
+	}
+	return n
+}
+
 // clFlowingCluster starts three daemons of a new topic, waits for their
 // leader, and starts n sequenced messages over about 6 s with three
 // consumers; it returns once a third of them are acked.
@@ -1012,15 +1028,7 @@ func TestClusterPausedLeaderDeposed(t *testing.T) {
 		deposedAt.Sub(contAt).Milliseconds(), clGrep(leader.logAfter("paused"), "lost leadership"))
 
 	f.finish(60 * time.Second)
-	zombie := 0
-	for _, rc := range f.rec.all() {
-		if rc.node == leader.id && rc.at.After(contAt) {
-			zombie++
-			if rc.at.After(deposedAt) {
-				t.Errorf("the deposed leader delivered %+v after it redirected clients away", rc)
-			}
-		}
-	}
+	zombie := clDeliveredBy(t, f, leader, contAt, deposedAt, "the deposed leader delivered %+v after it redirected clients away")
 	t.Logf("messages the resumed old leader delivered after SIGCONT: %d", zombie)
 	// A commit the daemon logs after the pause is one made after SIGCONT,
 	// unless the pause fell between a commit and its log line (then it
@@ -1262,15 +1270,7 @@ func TestClusterLeaderCutOff(t *testing.T) {
 	})
 
 	f.finish(60 * time.Second)
-	late := 0
-	for _, rc := range f.rec.all() {
-		if rc.node == victim.id && rc.at.After(cutAt) {
-			late++
-			if rc.at.After(fencedAt) {
-				t.Errorf("the cut-off leader delivered %+v after it stopped welcoming clients", rc)
-			}
-		}
-	}
+	late := clDeliveredBy(t, f, victim, cutAt, fencedAt, "the cut-off leader delivered %+v after it stopped welcoming clients")
 	t.Logf("messages the cut-off leader delivered after the cut: %d", late)
 	if lines := clGrep(victim.logAfter("restoring"), `msg="offsets committed"`); len(lines) > 0 {
 		t.Errorf("the deposed leader committed after it was reconnected: %q", lines)
