@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 func TestHelloFields(t *testing.T) {
@@ -473,7 +475,7 @@ func TestDialUnreachable(t *testing.T) {
 		t.Errorf("Dial took %v after its context ended", took)
 	}
 	t.Log(err)
-	waitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+	testutil.WaitFor(t, testTimeout, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 func TestDialAllRefusedNoReconnect(t *testing.T) {

@@ -247,18 +247,6 @@ func receive(tb testing.TB, c *Client) *Message {
 	}
 }
 
-// waitFor polls cond until it holds or the test times out.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // connectTo dials d, lets it welcome the client and returns both ends.
 func connectTo(tb testing.TB, d *fakeDaemon, cfg Config) (*Client, *fakeConn, *protocol.Hello) {
 	tb.Helper()

@@ -2,39 +2,27 @@ package fanout
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
-// retry calls fn until it succeeds or ctx ends, waiting between attempts
-// with exponential backoff (500ms doubling up to max, with jitter) and
-// logging every failure as a warning naming what failed. It returns nil on
-// success and ctx.Err() when ctx ends first.
+// retry calls fn until it succeeds or ctx ends, with the daemon's backoff
+// (500ms doubling up to max, jittered), logging every failure as a warning
+// naming what failed. It returns nil on success and ctx.Err() when ctx ends
+// first.
 func retry(ctx context.Context, log *logrus.Entry, what string, max time.Duration, fn func(ctx context.Context) error) error {
-	wait := 500 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := fn(ctx)
-		if err == nil {
-			if attempt > 1 {
-				log.WithField("attempts", attempt).Infof("%s: succeeded", what)
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		jittered := wait/2 + rand.N(wait/2+1)
-		log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": jittered.Round(time.Millisecond)}).
-			Warnf("%s failed; retrying", what)
-		t := time.NewTimer(jittered)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		wait = min(2*wait, max)
+	failed := 0
+	err := backoff.Retry(ctx, backoff.Backoff{Min: 500 * time.Millisecond, Max: max, Jitter: true}, fn,
+		func(attempt int, err error, wait time.Duration) {
+			failed = attempt
+			log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait.Round(time.Millisecond)}).
+				Warnf("%s failed; retrying", what)
+		})
+	if err == nil && failed > 0 {
+		log.WithField("attempts", failed+1).Infof("%s: succeeded", what)
 	}
+	return err
 }

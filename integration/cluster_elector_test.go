@@ -18,6 +18,8 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 const (
@@ -161,7 +163,7 @@ func TestElectorRealKafkaAndZooKeeper(t *testing.T) {
 		t.Helper()
 		var leader *electorNode
 		var term *cluster.Term
-		waitFor(t, timeout, what, func() bool {
+		testutil.WaitFor(t, timeout, what, func() bool {
 			leader, term = nil, nil
 			for _, n := range running() {
 				if tm, ok := n.current(); ok {
@@ -238,7 +240,7 @@ func TestElectorRealKafkaAndZooKeeper(t *testing.T) {
 	}
 	var last *electorNode
 	var lastTerm *cluster.Term
-	waitFor(t, 10*time.Second, "node-a to lead after Resign", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "node-a to lead after Resign", func() bool {
 		tm, ok := nodes[0].current()
 		if ok {
 			last, lastTerm = nodes[0], tm

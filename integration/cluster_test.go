@@ -34,6 +34,8 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/protocol"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // The daemons' timing, as passed on their command lines.
@@ -740,7 +742,7 @@ func clStartFlow(t *testing.T, c *clCluster, n int, over time.Duration) *clFlow 
 // waitAcked waits until k distinct messages were acked.
 func (f *clFlow) waitAcked(k int, timeout time.Duration) {
 	f.t.Helper()
-	waitFor(f.t, timeout, fmt.Sprintf("%d messages acked", k), func() bool { return f.rec.ackedCount() >= k })
+	testutil.WaitFor(f.t, timeout, fmt.Sprintf("%d messages acked", k), func() bool { return f.rec.ackedCount() >= k })
 }
 
 // waitFirstAfter waits for the first message taken after t0 from a daemon
@@ -748,7 +750,7 @@ func (f *clFlow) waitAcked(k int, timeout time.Duration) {
 func (f *clFlow) waitFirstAfter(t0 time.Time, notNode string, timeout time.Duration) clReceipt {
 	f.t.Helper()
 	var rc clReceipt
-	waitFor(f.t, timeout, "a message from a daemon other than "+notNode, func() bool {
+	testutil.WaitFor(f.t, timeout, "a message from a daemon other than "+notNode, func() bool {
 		var ok bool
 		rc, ok = f.rec.firstAfter(t0, notNode)
 		return ok
@@ -787,7 +789,7 @@ func (f *clFlow) finish(timeout time.Duration) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	want := int64(f.n / clPartitions)
-	waitFor(t, 30*time.Second, fmt.Sprintf("committed offsets at %d on every partition", want), func() bool {
+	testutil.WaitFor(t, 30*time.Second, fmt.Sprintf("committed offsets at %d on every partition", want), func() bool {
 		offs := f.watch.latest()
 		for p := range int32(clPartitions) {
 			if offs[p] != want {
@@ -852,7 +854,7 @@ func TestClusterOneLeaderRedirects(t *testing.T) {
 	if want := []string{leader.id}; !slices.Equal(connects, want) {
 		t.Errorf("sessions welcomed by %q, want %q (the leader the redirect named)", connects, want)
 	}
-	waitFor(t, 30*time.Second, "the acks committed to the end of every partition", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "the acks committed to the end of every partition", func() bool {
 		offs := zkOffsets(t, c.id, topic)
 		return offs[0] == n/clPartitions && offs[1] == n/clPartitions && offs[2] == n/clPartitions
 	})
@@ -1015,11 +1017,11 @@ func TestClusterPausedLeaderDeposed(t *testing.T) {
 	contAt := time.Now()
 	leader.signal(t, syscall.SIGCONT)
 
-	waitFor(t, 15*time.Second, "the resumed leader to log that it lost leadership", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the resumed leader to log that it lost leadership", func() bool {
 		return len(clGrep(leader.logAfter("paused"), "lost leadership")) > 0
 	})
 	var deposedAt time.Time
-	waitFor(t, 15*time.Second, "the resumed leader to redirect to "+newLeader.id, func() bool {
+	testutil.WaitFor(t, 15*time.Second, "the resumed leader to redirect to "+newLeader.id, func() bool {
 		a := clHello(leader.addr)
 		deposedAt = time.Now()
 		return a.redirectTo == newLeader.addr
@@ -1054,7 +1056,7 @@ func TestClusterPausedLeaderDeposed(t *testing.T) {
 	t.Logf("fenced commit attempts of the deposed leader: %d", len(fenced))
 	// Its clients end up at the new leader (one may still wait out a
 	// NO_LEADER retry from the resumed node).
-	waitFor(t, 15*time.Second, "every consumer connected to "+newLeader.id, func() bool {
+	testutil.WaitFor(t, 15*time.Second, "every consumer connected to "+newLeader.id, func() bool {
 		for _, cons := range f.consumers {
 			if cons.hook.current() != newLeader.id {
 				return false
@@ -1244,7 +1246,7 @@ func TestClusterLeaderCutOff(t *testing.T) {
 
 	// It fenced itself: its own heartbeats stopped coming back, it
 	// abandoned its dispatcher and welcomes nobody.
-	waitFor(t, 15*time.Second, victim.id+" to log that it lost leadership", func() bool {
+	testutil.WaitFor(t, 15*time.Second, victim.id+" to log that it lost leadership", func() bool {
 		return len(clGrep(victim.logAfter(""), "lost leadership")) > 0
 	})
 	lost := clGrep(victim.logAfter(""), "lost leadership")
@@ -1252,7 +1254,7 @@ func TestClusterLeaderCutOff(t *testing.T) {
 		t.Errorf("the cut-off leader lost leadership for another reason than its own heartbeats missing: %q", lost)
 	}
 	var fencedAt time.Time
-	waitFor(t, 15*time.Second, victim.id+" to stop welcoming clients", func() bool {
+	testutil.WaitFor(t, 15*time.Second, victim.id+" to stop welcoming clients", func() bool {
 		a := clHello(victim.addr)
 		fencedAt = time.Now()
 		return a.welcome == "" && a.err != nil
@@ -1265,7 +1267,7 @@ func TestClusterLeaderCutOff(t *testing.T) {
 	victim.mark(t, "restoring")
 	kp.Restore()
 	zp.Restore()
-	waitFor(t, 30*time.Second, victim.id+" to rejoin as a follower of "+newLeader.id, func() bool {
+	testutil.WaitFor(t, 30*time.Second, victim.id+" to rejoin as a follower of "+newLeader.id, func() bool {
 		return clHello(victim.addr).redirectTo == newLeader.addr
 	})
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // Every partition is consumed and every message reaches the client.
@@ -36,7 +38,7 @@ func TestDaemonConsumesEveryPartition(t *testing.T) {
 	if len(parts) != partitions {
 		t.Fatalf("messages came from %d partitions, want %d: %v", len(parts), partitions, parts)
 	}
-	waitFor(t, 10*time.Second, "offsets committed to the end of every partition", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "offsets committed to the end of every partition", func() bool {
 		offs := zkOffsets(t, d.opts.ID, topic)
 		for p := range int32(partitions) {
 			if offs[p] != n/partitions {

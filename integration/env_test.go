@@ -17,6 +17,8 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // addrsFromEnv splits the comma-separated host:port list in the environment
@@ -103,7 +105,7 @@ func createTopic(t testing.TB, name string, partitions int32) {
 	})
 
 	client := newClient(t)
-	waitFor(t, 30*time.Second, "topic "+name+" to have a leader for each partition", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "topic "+name+" to have a leader for each partition", func() bool {
 		if err := client.RefreshMetadata(name); err != nil {
 			return false
 		}
@@ -147,18 +149,5 @@ func produce(t testing.TB, topic string, msgs ...*sarama.ProducerMessage) {
 	}
 	if err := producer.SendMessages(msgs); err != nil {
 		t.Fatalf("produce %d messages to %q: %v", len(msgs), topic, err)
-	}
-}
-
-// waitFor polls cond every 50 ms until it returns true, and fails the test
-// with "timed out after ... waiting for <what>" once timeout has passed.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // procPO names a Kafka record: partition and offset.
@@ -124,8 +126,8 @@ func TestCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
 			t.Fatalf("ack offset %d: %v", o, err)
 		}
 	}
-	waitFor(t, 10*time.Second, "the daemon to count 9 acks", func() bool { return d.stats(t).Acked == 9 })
-	waitFor(t, 10*time.Second, "offset 4 committed", func() bool { return zkOffsets(t, d.opts.ID, topic)[0] == 4 })
+	testutil.WaitFor(t, 10*time.Second, "the daemon to count 9 acks", func() bool { return d.stats(t).Acked == 9 })
+	testutil.WaitFor(t, 10*time.Second, "offset 4 committed", func() bool { return zkOffsets(t, d.opts.ID, topic)[0] == 4 })
 	// Ten commit intervals later it is still 4: acks beyond the gap are
 	// never committed.
 	for deadline := time.Now().Add(10 * d.opts.CommitInterval); time.Now().Before(deadline); {
@@ -138,7 +140,7 @@ func TestCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
 	if err := got[4].Ack(); err != nil {
 		t.Fatalf("ack offset 4: %v", err)
 	}
-	waitFor(t, 10*time.Second, "offset 10 committed once 4 is acked", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "offset 10 committed once 4 is acked", func() bool {
 		return zkOffsets(t, d.opts.ID, topic)[0] == 10
 	})
 }
@@ -185,7 +187,7 @@ func TestCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
 			t.Fatalf("ack %v: %v", po, err)
 		}
 	}
-	waitFor(t, 10*time.Second, fmt.Sprintf("the daemon to count %d acks", len(acks)), func() bool {
+	testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("the daemon to count %d acks", len(acks)), func() bool {
 		return d1.stats(t).Acked == uint64(len(acks))
 	})
 	if err := c1.Close(); err != nil {
@@ -227,7 +229,7 @@ func TestCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
 			t.Fatalf("ack: %v", err)
 		}
 	}
-	waitFor(t, 10*time.Second, "every partition committed to its end", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "every partition committed to its end", func() bool {
 		offs := zkOffsets(t, d1.opts.ID, topic)
 		for p := range int32(partitions) {
 			if offs[p] != n/partitions {
@@ -246,7 +248,7 @@ func TestMissingTopicIsWaitedFor(t *testing.T) {
 	opts.ConnectBackoffMax = time.Second
 	logs := procHookLogs(opts.Logger)
 	d := startDaemon(t, opts)
-	waitFor(t, 30*time.Second, "a warning naming the missing topic", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "a warning naming the missing topic", func() bool {
 		return logs.find(logrus.WarnLevel, topic, "not found") != nil
 	})
 	c := dial(t, client.Config{}, d.addr)
@@ -261,7 +263,7 @@ func TestMissingTopicIsWaitedFor(t *testing.T) {
 	if err := m.Ack(); err != nil {
 		t.Fatalf("ack: %v", err)
 	}
-	waitFor(t, 10*time.Second, "offset 1 committed", func() bool { return zkOffsets(t, opts.ID, topic)[0] == 1 })
+	testutil.WaitFor(t, 10*time.Second, "offset 1 committed", func() bool { return zkOffsets(t, opts.ID, topic)[0] == 1 })
 }
 
 // Partitions added to the topic while the daemon runs are found (within the
@@ -287,7 +289,7 @@ func TestPartitionsAddedWhileRunning(t *testing.T) {
 		t.Fatalf("CreatePartitions(%q, 4): %v", topic, err)
 	}
 	kc := newClient(t)
-	waitFor(t, 30*time.Second, "partitions 2 and 3 to have leaders", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "partitions 2 and 3 to have leaders", func() bool {
 		if kc.RefreshMetadata(topic) != nil {
 			return false
 		}
@@ -312,7 +314,7 @@ func TestPartitionsAddedWhileRunning(t *testing.T) {
 	if want := map[string]procPO{"new-2": {2, 0}, "new-3": {3, 0}}; !maps.Equal(got, want) {
 		t.Fatalf("from the new partitions got %v, want %v", got, want)
 	}
-	waitFor(t, 10*time.Second, "the new partitions committed", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the new partitions committed", func() bool {
 		offs := zkOffsets(t, d.opts.ID, topic)
 		return offs[2] == 1 && offs[3] == 1
 	})
@@ -367,7 +369,7 @@ func TestStoredOffsetOutOfRangeResetsToOldest(t *testing.T) {
 	if logs.find(logrus.WarnLevel, "out of range", fmt.Sprint(bogus), "oldest") == nil {
 		t.Errorf("no warning naming the out-of-range offset %d and the policy oldest", bogus)
 	}
-	waitFor(t, 10*time.Second, "offset 3 committed over the bogus one", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "offset 3 committed over the bogus one", func() bool {
 		return zkOffsets(t, opts.ID, topic)[0] == 3
 	})
 }

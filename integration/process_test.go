@@ -24,6 +24,8 @@ import (
 
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/protocol"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 var (
@@ -294,7 +296,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 			t.Fatalf("%s never acked", v)
 		}
 	}
-	waitFor(t, 15*time.Second, "every partition committed to its end", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "every partition committed to its end", func() bool {
 		offs := zkOffsets(t, id, topic)
 		for p := range int32(partitions) {
 			if offs[p] != n/partitions {
@@ -442,7 +444,7 @@ func TestUnreachableServicesAreRetried(t *testing.T) {
 			args[slices.Index(args, tc.flag)+1] = closed
 			p := procStart(t, args...)
 			var line string
-			waitFor(t, 60*time.Second, "a warning naming "+tc.service+" at "+closed, func() bool {
+			testutil.WaitFor(t, 60*time.Second, "a warning naming "+tc.service+" at "+closed, func() bool {
 				line = p.logLine("level=warning", tc.service, closed, "retrying")
 				return line != "" || p.exited()
 			})
@@ -542,5 +544,5 @@ func TestTailPrintsAndAcks(t *testing.T) {
 	if len(seen) != n {
 		t.Fatalf("tail printed %d records, want %d:\n%s", len(seen), n, stdout.String())
 	}
-	waitFor(t, 15*time.Second, "the tailed offsets committed", func() bool { return zkOffsets(t, id, topic)[0] == n })
+	testutil.WaitFor(t, 15*time.Second, "the tailed offsets committed", func() bool { return zkOffsets(t, id, topic)[0] == n })
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // batchLog records what a Source delivers, per partition, and the batches
@@ -159,7 +161,7 @@ func TestSourceRealKafka(t *testing.T) {
 			log := runSource(t, src)
 			// Every partition has resolved where it starts (newest is a
 			// moment in time) before one more message is produced.
-			waitFor(t, 30*time.Second, "a start batch of every partition", func() bool {
+			testutil.WaitFor(t, 30*time.Second, "a start batch of every partition", func() bool {
 				for p := range int32(partitions) {
 					if starts, _ := log.get(p); len(starts) == 0 {
 						return false
@@ -175,7 +177,7 @@ func TestSourceRealKafka(t *testing.T) {
 				for o := start; o < end[p]; o++ {
 					want = append(want, o)
 				}
-				waitFor(t, 30*time.Second, fmt.Sprintf("partition %d to deliver %d messages", p, len(want)), func() bool {
+				testutil.WaitFor(t, 30*time.Second, fmt.Sprintf("partition %d to deliver %d messages", p, len(want)), func() bool {
 					starts, _ := log.get(p)
 					_, got := log.get(p)
 					return len(starts) > 0 && len(got) >= len(want)
@@ -242,7 +244,7 @@ func TestSourceRealKafkaRetentionWhilePaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := runSource(t, src)
-	waitFor(t, 30*time.Second, "offsets 0..4", func() bool { _, got := log.get(0); return len(got) == 5 })
+	testutil.WaitFor(t, 30*time.Second, "offsets 0..4", func() bool { _, got := log.get(0); return len(got) == 5 })
 
 	src.Pause()
 	// Let the fetch that may be in flight come back: while every partition
@@ -251,14 +253,14 @@ func TestSourceRealKafkaRetentionWhilePaused(t *testing.T) {
 	if !ok {
 		t.Fatal("sarama metric requests-in-flight not found")
 	}
-	waitFor(t, 30*time.Second, "no request in flight", func() bool { return inFlight.Count() == 0 })
+	testutil.WaitFor(t, 30*time.Second, "no request in flight", func() bool { return inFlight.Count() == 0 })
 	produce(t, topic, value(5), value(6), value(7), value(8), value(9))
 	if err := admin.DeleteRecords(topic, map[int32]int64{0: 8}); err != nil {
 		t.Fatalf("DeleteRecords: %v", err)
 	}
 	src.Resume()
 
-	waitFor(t, 30*time.Second, "offsets 8 and 9", func() bool { _, got := log.get(0); return len(got) == 7 })
+	testutil.WaitFor(t, 30*time.Second, "offsets 8 and 9", func() bool { _, got := log.get(0); return len(got) == 7 })
 	starts, got := log.get(0)
 	if want := []int64{0, 8}; !slices.Equal(starts, want) {
 		t.Errorf("start batches %v, want %v", starts, want)

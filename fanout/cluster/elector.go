@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +20,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/server"
+	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
 // Defaults of Config.
@@ -115,7 +116,7 @@ type Elector struct {
 	running  atomic.Bool
 	snap     atomic.Pointer[snapshot]
 	failover atomic.Uint64
-	wg       sync.WaitGroup // goroutines started by spawn
+	routines actor.Group // goroutines of Run
 }
 
 // New validates cfg and returns an Elector. Nothing runs until Run.
@@ -198,7 +199,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	defer close(e.done)
 	defer close(e.terms)
 	// Goroutines must be done before terms is closed (LIFO defers).
-	defer e.wg.Wait()
+	defer e.routines.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -210,7 +211,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		return fmt.Errorf("cluster: heartbeat producer: %w", err)
 	}
 	pub := newPublisher(producer, e.topic)
-	e.spawn("heartbeat publisher", func() { pub.run(ctx) })
+	e.routines.Go(e.log, "heartbeat publisher", func() { pub.run(ctx) }, nil)
 
 	consumer, err := sarama.NewConsumerFromClient(e.cfg.Client)
 	if err != nil {
@@ -281,44 +282,10 @@ func (e *Elector) startOffset() int64 {
 // retry calls fn until it succeeds or ctx ends, backing off from 250 ms to
 // maxBackoff and logging each failure. It returns ctx.Err() if ctx ends.
 func (e *Elector) retry(ctx context.Context, what string, fn func(context.Context) error) error {
-	wait := 250 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		err := fn(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		e.log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait}).Warnf("%s failed; retrying", what)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		wait = min(2*wait, maxBackoff)
-	}
-}
-
-// spawn runs fn in a goroutine tracked by e.wg, logging its start, stop and
-// any panic (which it re-raises).
-func (e *Elector) spawn(name string, fn func()) {
-	log := e.log.WithField("goroutine", name)
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		defer func() {
-			if r := recover(); r != nil {
-				log.WithField("panic", r).Error("goroutine panicked")
-				panic(r)
-			}
-		}()
-		log.Debug("goroutine started")
-		defer log.Debug("goroutine stopped")
-		fn()
-	}()
+	return backoff.Retry(ctx, backoff.Backoff{Min: 250 * time.Millisecond, Max: maxBackoff}, fn,
+		func(attempt int, err error, wait time.Duration) {
+			e.log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait}).Warnf("%s failed; retrying", what)
+		})
 }
 
 // publisher sends heartbeats from one goroutine, one at a time: a newer

@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // memFence is an in-memory fence znode shared by the electors of a test.
@@ -138,18 +140,6 @@ func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID strin
 	return n
 }
 
-// waitFor polls cond every 10 ms until it holds, failing after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // leaders returns the nodes that hold a running term.
 func leaders(nodes ...*node) []*node {
 	var out []*node
@@ -164,7 +154,7 @@ func leaders(nodes ...*node) []*node {
 func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
 	c := newKafka(t)
 	n := startNode(t, c, &memFence{epoch: 4}, "solo", "n1")
-	waitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
+	testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
 
 	term := n.lastTerm()
 	if term.Epoch != 5 || term.FencePath != "/fanout/solo/jobs/leader" || term.FenceVersion != 1 {
@@ -178,7 +168,7 @@ func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
 	if err != nil || len(parts) != 1 {
 		t.Errorf("heartbeat topic partitions = %v, %v; want one", parts, err)
 	}
-	waitFor(t, 5*time.Second, "n1 in Members", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "n1 in Members", func() bool {
 		m := n.e.Members()
 		return len(m) == 1 && m[0].NodeID == "n1" && m[0].Role == Role_ROLE_LEADER
 	})
@@ -222,7 +212,7 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 			return true
 		}
 	}
-	waitFor(t, 10*time.Second, "all to agree that c leads epoch 1", agree("c", 1))
+	testutil.WaitFor(t, 10*time.Second, "all to agree that c leads epoch 1", agree("c", 1))
 	if got := leaders(all...); len(got) != 1 || got[0] != cc {
 		t.Fatalf("%d leaders, want only c", len(got))
 	}
@@ -234,7 +224,7 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 	cTerm := cc.lastTerm()
 	crashed := time.Now()
 	cc.stop()
-	waitFor(t, 10*time.Second, "b to lead epoch 2", agree("b", 2))
+	testutil.WaitFor(t, 10*time.Second, "b to lead epoch 2", agree("b", 2))
 	t.Logf("failover after a crash: %v (LeaderTimeout %v)", time.Since(crashed), testLeaderTTL)
 	if !errors.Is(cTerm.Cause(), ErrStopped) {
 		t.Errorf("c's term cause = %v, want ErrStopped", cTerm.Cause())
@@ -251,7 +241,7 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 	if err := b.e.Resign(ctx); err != nil {
 		t.Fatalf("b: Resign: %v", err)
 	}
-	waitFor(t, 10*time.Second, "a to lead epoch 3", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "a to lead epoch 3", func() bool {
 		l := a.e.Leadership()
 		return l.Leader && l.Epoch == 3
 	})
@@ -278,7 +268,7 @@ func TestElectorTermEnds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newKafka(t)
 			n := startNode(t, c, &memFence{}, "ends", "n1")
-			waitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
+			testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
 			term := n.lastTerm()
 			ended := time.Now()
 			tc.end(c, n)
@@ -318,11 +308,11 @@ func TestElectorHighestWithoutZooKeeperStandsAside(t *testing.T) {
 	fence := &memFence{}
 	a, b, cc := startNode(t, c, fence, "nozk", "a"), startNode(t, c, fence, "nozk", "b"), startNode(t, c, fence, "nozk", "c")
 	cc.fence.sid.Store(0) // before the startup grace ends: c never had a session
-	waitFor(t, 10*time.Second, "b to lead", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "b to lead", func() bool {
 		l := b.e.Leadership()
 		return l.Leader && l.LeaderID == "b"
 	})
-	waitFor(t, 10*time.Second, "a and c to follow b", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "a and c to follow b", func() bool {
 		for _, n := range []*node{a, cc} {
 			if l := n.e.Leadership(); l.Leader || l.LeaderID != "b" {
 				return false

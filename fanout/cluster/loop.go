@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/server"
+	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
 // loop is the one goroutine that owns the election state of an Elector:
@@ -230,17 +231,13 @@ func (l *loop) startFence(epoch uint64) {
 	l.fencing, l.attempted = epoch, epoch
 	e, out := l.e, l.fenced
 	e.log.WithField("epoch", epoch).Info("won the claim; recording the epoch in zookeeper")
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				e.log.WithField("panic", r).Error("fence goroutine panicked")
-				panic(r)
-			}
-		}()
+	// Not waited for by Run (e.routines): see above.
+	var detached actor.Group
+	detached.Go(e.log, "fence", func() {
 		o := fenceOutcome{epoch: epoch, session: e.fence.session()}
 		o.version, o.stored, o.err = e.fence.fence(epoch, e.cfg.NodeID, e.cfg.Addr)
 		out <- o
-	}()
+	}, nil)
 }
 
 // fenceDone takes the outcome of a fence CAS: a term, or a void win.

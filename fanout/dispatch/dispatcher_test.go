@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // fakeSource is a Source fed by the test.
@@ -54,17 +56,6 @@ func (c *chanSink) next(t *testing.T) Delivery {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no delivery within 5s")
 		return Delivery{}
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -150,9 +141,9 @@ func TestRunDeliversAcksAndCommits(t *testing.T) {
 		got = append(got, k.next(t))
 	}
 	h.d.Ack(1, []uint64{got[0].ID, got[2].ID})
-	waitFor(t, "commit of 6", func() bool { return h.store.get()[0] == 6 })
+	testutil.WaitFor(t, 5*time.Second, "commit of 6", func() bool { return h.store.get()[0] == 6 })
 	h.d.Ack(1, []uint64{got[1].ID})
-	waitFor(t, "commit of 8", func() bool { return h.store.get()[0] == 8 })
+	testutil.WaitFor(t, 5*time.Second, "commit of 8", func() bool { return h.store.get()[0] == 8 })
 }
 
 func TestRunRedeliversAfterAckTimeout(t *testing.T) {
@@ -179,7 +170,7 @@ func TestRunRedeliversAfterAckTimeout(t *testing.T) {
 
 func TestRunPausesWithoutClientsAndResumesOnJoin(t *testing.T) {
 	h := start(t, Config{})
-	waitFor(t, "pause with no clients", func() bool { return h.src.paused.Load() })
+	testutil.WaitFor(t, 5*time.Second, "pause with no clients", func() bool { return h.src.paused.Load() })
 	h.src.ch <- batch(0, 0, 3) // already fetched: buffered
 	if st := h.stats(t); st.Buffered != 3 || !st.Paused {
 		t.Fatalf("stats = %+v", st)
@@ -189,9 +180,9 @@ func TestRunPausesWithoutClientsAndResumesOnJoin(t *testing.T) {
 	for range 3 {
 		k.next(t)
 	}
-	waitFor(t, "resume", func() bool { return !h.src.paused.Load() })
+	testutil.WaitFor(t, 5*time.Second, "resume", func() bool { return !h.src.paused.Load() })
 	h.d.Leave(1, LeaveDisconnect)
-	waitFor(t, "pause after the last client left", func() bool { return h.src.paused.Load() })
+	testutil.WaitFor(t, 5*time.Second, "pause after the last client left", func() bool { return h.src.paused.Load() })
 	if st := h.stats(t); st.Buffered != 3 || st.Redelivered[RedeliverDisconnect] != 3 {
 		t.Fatalf("stats = %+v", st)
 	}
@@ -217,7 +208,7 @@ func TestRunStopsReadingWhenBufferFull(t *testing.T) {
 		d = k.next(t)
 	}
 	h.src.ch <- batch(0, 5, 6)
-	waitFor(t, "resume", func() bool { return !h.src.paused.Load() })
+	testutil.WaitFor(t, 5*time.Second, "resume", func() bool { return !h.src.paused.Load() })
 }
 
 func TestRunDrainsCommitsAndReturns(t *testing.T) {
@@ -260,7 +251,7 @@ func TestRunDrainTimeoutCommitsAckedPrefix(t *testing.T) {
 	h.src.ch <- batch(0, 0, 3)
 	ds := []Delivery{k.next(t), k.next(t), k.next(t)}
 	h.d.Ack(1, []uint64{ds[0].ID, ds[2].ID})
-	waitFor(t, "acks", func() bool { return h.stats(t).Acked == 2 })
+	testutil.WaitFor(t, 5*time.Second, "acks", func() bool { return h.stats(t).Acked == 2 })
 	h.cancel()
 	if err := <-h.done; err != nil {
 		t.Fatal(err)
@@ -297,7 +288,7 @@ func TestRunRetriesFailedCommits(t *testing.T) {
 	store.mu.Lock()
 	store.err = nil
 	store.mu.Unlock()
-	waitFor(t, "commit after recovery", func() bool { return store.get()[0] == 42 })
+	testutil.WaitFor(t, 5*time.Second, "commit after recovery", func() bool { return store.get()[0] == 42 })
 }
 
 func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
@@ -316,7 +307,7 @@ func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
 	first := k.next(t)
 	k.next(t)
 	d.Ack(1, []uint64{first.ID})
-	waitFor(t, "ack", func() bool { st, _ := d.Stats(context.Background()); return st.Acked == 1 })
+	testutil.WaitFor(t, 5*time.Second, "ack", func() bool { st, _ := d.Stats(context.Background()); return st.Acked == 1 })
 	cancel(fmt.Errorf("superseded: %w", ErrAbandon))
 	select {
 	case err := <-done:
@@ -359,8 +350,8 @@ func TestRunStatsReportCommits(t *testing.T) {
 				t.Fatalf("Committed before any commit = %v, want the stored offsets", got)
 			}
 			h.src.ch <- Batch{Partition: 0, Start: 7}
-			waitFor(t, "a commit attempt", func() bool { return observed.Load() > 0 })
-			waitFor(t, "stats to show the attempt", func() bool {
+			testutil.WaitFor(t, 5*time.Second, "a commit attempt", func() bool { return observed.Load() > 0 })
+			testutil.WaitFor(t, 5*time.Second, "stats to show the attempt", func() bool {
 				st := h.stats(t)
 				return st.CommitFailures > 0 || len(st.Committed) == 2
 			})

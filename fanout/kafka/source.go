@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
 // ErrTopicNotFound is returned (wrapped, with the topic name) by Source.Run
@@ -313,7 +314,7 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 		offset = policy
 	}
 	announce := true // the first start is always announced
-	backoff := retryMin
+	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
 		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, policy)
 		if err != nil {
@@ -339,12 +340,9 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 		// keeps saying "out of range" does not make us spin.
 		log.WithField("offset", next).Warn("partition consumer stopped, reopening")
 		if next != at {
-			backoff = retryMin
-		} else {
-			if !sleep(ctx, backoff) {
-				return
-			}
-			backoff = min(2*backoff, retryMax)
+			b.Reset()
+		} else if !backoff.Sleep(ctx, b.Next()) {
+			return
 		}
 		offset, announce = next, false
 	}
@@ -357,7 +355,7 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 // It returns the numeric offset consumption starts at.
 func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, log *logrus.Entry,
 	p int32, offset, policy int64) (pc sarama.PartitionConsumer, at int64, reset bool, err error) {
-	backoff := retryMin
+	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	var outOfRange int64 // the numeric offset found out of range, when reset
 	for {
 		at, err = offset, nil
@@ -392,12 +390,12 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			outOfRange, offset, reset = offset, target, true
 			continue // no backoff: the next attempt is a different one
 		}
-		log.WithError(err).WithField("offset", offset).WithField("retry_in", backoff).
+		wait := b.Next()
+		log.WithError(err).WithField("offset", offset).WithField("retry_in", wait).
 			Warn("cannot consume partition, retrying")
-		if !sleep(ctx, backoff) {
+		if !backoff.Sleep(ctx, wait) {
 			return nil, 0, false, ctx.Err()
 		}
-		backoff = min(2*backoff, retryMax)
 	}
 }
 
@@ -464,18 +462,6 @@ func (s *Source) send(ctx context.Context, b dispatch.Batch) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	}
-}
-
-// sleep waits d unless ctx ends first; it reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

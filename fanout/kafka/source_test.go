@@ -19,21 +19,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 const testWait = 15 * time.Second
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // newCluster starts an in-process Kafka with topic seeded with partitions.
 func newCluster(t *testing.T, topic string, partitions int32) *kfake.Cluster {
@@ -273,7 +263,7 @@ func TestSourceStartOffsets(t *testing.T) {
 			rec := newRecorder(3)
 			run(t, src, rec)
 
-			waitFor(t, testWait, "a start batch per partition", func() bool {
+			testutil.WaitFor(t, testWait, "a start batch per partition", func() bool {
 				for p := range tt.wantStart {
 					if len(rec.startsOf(p)) == 0 {
 						return false
@@ -284,7 +274,7 @@ func TestSourceStartOffsets(t *testing.T) {
 			prod.produce(topic, after, 0, 1, 2)
 			for p, start := range tt.wantStart {
 				want := offsetsFrom(start, before+after)
-				waitFor(t, testWait, fmt.Sprintf("offsets %v of partition %d", want, p), func() bool {
+				testutil.WaitFor(t, testWait, fmt.Sprintf("offsets %v of partition %d", want, p), func() bool {
 					return len(rec.offsetsOf(p)) >= len(want)
 				})
 				if got := rec.startsOf(p); !slices.Equal(got, []int64{start}) {
@@ -297,7 +287,7 @@ func TestSourceStartOffsets(t *testing.T) {
 			if got := src.Partitions(); !slices.Equal(got, []int32{0, 1, 2}) {
 				t.Errorf("Partitions() = %v, want [0 1 2]", got)
 			}
-			waitFor(t, testWait, "high water marks at 7", func() bool {
+			testutil.WaitFor(t, testWait, "high water marks at 7", func() bool {
 				hw := src.HighWaterMarks()
 				return len(hw) == 3 && hw[0] == 7 && hw[1] == 7 && hw[2] == 7
 			})
@@ -351,13 +341,13 @@ func TestSourceOutOfRangeWhileRunning(t *testing.T) {
 	rec := newRecorder(DefaultBatchSize)
 	run(t, src, rec)
 
-	waitFor(t, testWait, "an injected out-of-range fetch", func() bool { return injected.Load() > 0 })
+	testutil.WaitFor(t, testWait, "an injected out-of-range fetch", func() bool { return injected.Load() > 0 })
 	if err := prod.admin.DeleteRecords(topic, map[int32]int64{0: 6}); err != nil {
 		t.Fatalf("delete records: %v", err)
 	}
 	inject.Store(false)
 
-	waitFor(t, testWait, "offsets 6..9", func() bool { return len(rec.offsetsOf(0)) >= 4 })
+	testutil.WaitFor(t, testWait, "offsets 6..9", func() bool { return len(rec.offsetsOf(0)) >= 4 })
 	if got, want := rec.startsOf(0), []int64{0, 6}; !slices.Equal(got, want) {
 		t.Errorf("start batches %v, want %v", got, want)
 	}
@@ -399,20 +389,20 @@ func TestSourcePauseResume(t *testing.T) {
 				src.Pause()
 				prod.produce(topic, 3, 0, 1)
 				run(t, src, rec)
-				waitFor(t, testWait, "start batches", func() bool {
+				testutil.WaitFor(t, testWait, "start batches", func() bool {
 					return len(rec.startsOf(0)) == 1 && len(rec.startsOf(1)) == 1
 				})
 			} else {
 				run(t, src, rec)
 				prod.produce(topic, 3, 0, 1)
-				waitFor(t, testWait, "the first 6 messages", func() bool { return rec.count() == 6 })
+				testutil.WaitFor(t, testWait, "the first 6 messages", func() bool { return rec.count() == 6 })
 				seen = 6
 				src.Pause()
 				src.Pause() // idempotent
 			}
 			// With every partition paused sarama sends no fetch; wait for
 			// the one that may have been in flight to come back.
-			waitFor(t, testWait, "no request in flight", func() bool { return requestsInFlight(client) == 0 })
+			testutil.WaitFor(t, testWait, "no request in flight", func() bool { return requestsInFlight(client) == 0 })
 			prod.produce(topic, 1, 0, 1)
 			time.Sleep(time.Second) // the one bounded wait: nothing may arrive while paused
 			if got := rec.count(); got != seen {
@@ -421,7 +411,7 @@ func TestSourcePauseResume(t *testing.T) {
 			src.Resume()
 			src.Resume() // idempotent
 			total := 2 * 4
-			waitFor(t, testWait, "every message after Resume", func() bool { return rec.count() == total })
+			testutil.WaitFor(t, testWait, "every message after Resume", func() bool { return rec.count() == total })
 		})
 	}
 }
@@ -450,7 +440,7 @@ func TestSourceTopicNotFound(t *testing.T) {
 	}
 	rec := newRecorder(DefaultBatchSize)
 	run(t, src, rec)
-	waitFor(t, testWait, "start batches after the topic appeared", func() bool {
+	testutil.WaitFor(t, testWait, "start batches after the topic appeared", func() bool {
 		return slices.Equal(rec.startsOf(0), []int64{0}) && slices.Equal(rec.startsOf(1), []int64{0})
 	})
 }
@@ -468,7 +458,7 @@ func TestSourceNewPartition(t *testing.T) {
 	}
 	rec := newRecorder(DefaultBatchSize)
 	run(t, src, rec)
-	waitFor(t, testWait, "the start of partition 0", func() bool { return len(rec.startsOf(0)) == 1 })
+	testutil.WaitFor(t, testWait, "the start of partition 0", func() bool { return len(rec.startsOf(0)) == 1 })
 	if got := rec.startsOf(0); got[0] != 2 {
 		t.Fatalf("partition 0 starts at %d, want 2 (newest)", got[0])
 	}
@@ -478,7 +468,7 @@ func TestSourceNewPartition(t *testing.T) {
 	}
 	prod.produce(topic, 2, 1, 2) // possibly before the source notices: must not be skipped
 	for _, p := range []int32{1, 2} {
-		waitFor(t, testWait, fmt.Sprintf("messages of new partition %d", p), func() bool { return len(rec.offsetsOf(p)) == 2 })
+		testutil.WaitFor(t, testWait, fmt.Sprintf("messages of new partition %d", p), func() bool { return len(rec.offsetsOf(p)) == 2 })
 		if got := rec.startsOf(p); !slices.Equal(got, []int64{0}) {
 			t.Errorf("partition %d: start batches %v, want [0] (oldest)", p, got)
 		}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/protocol"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // testTimeout bounds every wait in the tests.
@@ -96,7 +98,7 @@ func (b *fakeBackend) find(op string, id uint64) []call {
 func (b *fakeBackend) waitCall(t testing.TB, op string, id uint64) call {
 	t.Helper()
 	var got call
-	wait(t, fmt.Sprintf("%s call for client %d", op, id), func() bool {
+	testutil.WaitFor(t, testTimeout, fmt.Sprintf("%s call for client %d", op, id), func() bool {
 		cs := b.find(op, id)
 		if len(cs) > 0 {
 			got = cs[0]
@@ -113,18 +115,6 @@ func (b *fakeBackend) sink(t testing.TB, id uint64) dispatch.ClientSink {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.sinks[id]
-}
-
-// wait polls cond until it holds, failing the test after testTimeout.
-func wait(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // testConfig is a Config for tests; opts adjust it.

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +22,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/backoff"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
@@ -131,9 +132,9 @@ type Server struct {
 	backend dispatch.Backend
 	log     *logrus.Entry
 
-	nextID  atomic.Uint64 // the last session id handed out
-	clients atomic.Int64  // welcomed (or being welcomed) clients, for MaxClients and Clients
-	wg      sync.WaitGroup
+	nextID   atomic.Uint64 // the last session id handed out
+	clients  atomic.Int64  // welcomed (or being welcomed) clients, for MaxClients and Clients
+	routines actor.Group   // every goroutine of the server
 
 	stopOnce sync.Once // closes the listener once
 
@@ -239,7 +240,7 @@ func (s *Server) Close() error {
 				protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_SHUTTING_DOWN, true, "the daemon is shutting down"))
 		}
 	}
-	s.wg.Wait()
+	s.routines.Wait()
 	return err
 }
 
@@ -307,7 +308,7 @@ func (s *Server) reserveClient() bool {
 // acceptLoop accepts connections until the listener is closed. Failures
 // such as running out of file descriptors are retried with a backoff.
 func (s *Server) acceptLoop(ln net.Listener, log *logrus.Entry) {
-	var backoff time.Duration
+	b := backoff.Backoff{Min: 5 * time.Millisecond, Max: time.Second}
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
@@ -315,12 +316,12 @@ func (s *Server) acceptLoop(ln net.Listener, log *logrus.Entry) {
 				log.Info("stopped accepting clients")
 				return
 			}
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			log.WithError(err).Warnf("accept failed; retrying in %v", backoff)
-			time.Sleep(backoff)
+			wait := b.Next()
+			log.WithError(err).Warnf("accept failed; retrying in %v", wait)
+			time.Sleep(wait)
 			continue
 		}
-		backoff = 0
+		b.Reset()
 		s.serveConn(nc)
 	}
 }
@@ -348,32 +349,12 @@ func (s *Server) forget(id uint64) {
 	s.mu.Unlock()
 }
 
-// spawn runs fn in a goroutine tracked by the server's WaitGroup. A panic in
-// fn is recovered, logged with its stack, and handed to onPanic (when not
-// nil) so that only the goroutine's own connection is closed.
+// spawn runs fn in a goroutine owned by the server. A panic in fn is
+// logged with its stack and handed to onPanic (when not nil) so that only
+// the goroutine's own connection is closed.
 func (s *Server) spawn(log *logrus.Entry, name string, fn func(), onPanic func(v any)) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			if v := recover(); v != nil {
-				log.WithFields(logrus.Fields{
-					"goroutine": name,
-					"panic":     fmt.Sprint(v),
-					"stack":     string(debug.Stack()),
-				}).Error("goroutine panicked")
-				if onPanic != nil {
-					onPanic(v)
-				}
-			}
-		}()
-		debugOn := log.Logger.IsLevelEnabled(logrus.DebugLevel)
-		if debugOn {
-			log.WithField("goroutine", name).Debug("goroutine started")
-		}
-		fn()
-		if debugOn {
-			log.WithField("goroutine", name).Debug("goroutine stopped")
-		}
-	}()
+	if onPanic == nil {
+		onPanic = func(any) {}
+	}
+	s.routines.Go(log, name, fn, onPanic)
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/protocol"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 func TestNewValidatesConfig(t *testing.T) {
@@ -410,7 +412,7 @@ func TestTooManyClients(t *testing.T) {
 	cn := s.Server.conns[id2]
 	s.Server.mu.Unlock()
 	cn.close(closeDisconnect, errors.New("test"), nil)
-	wait(t, "a free slot", func() bool { return s.Clients() == 1 })
+	testutil.WaitFor(t, testTimeout, "a free slot", func() bool { return s.Clients() == 1 })
 	connect(t, s)
 }
 
@@ -506,7 +508,7 @@ func TestClientGoodbye(t *testing.T) {
 		t.Fatalf("Leave reason %v, want %v", l.reason, dispatch.LeaveGoodbye)
 	}
 	c.expectClosed()
-	wait(t, "no clients", func() bool { return s.Clients() == 0 })
+	testutil.WaitFor(t, testTimeout, "no clients", func() bool { return s.Clients() == 0 })
 }
 
 func TestSinkGoodbyeKeepsConnectionForAcks(t *testing.T) {
@@ -560,7 +562,7 @@ func TestCloseLeavesEveryClient(t *testing.T) {
 		cs, ids = append(cs, c), append(ids, id)
 	}
 	half := dial(t, s) // connected, no hello yet
-	wait(t, "4 registered connections", func() bool {
+	testutil.WaitFor(t, testTimeout, "4 registered connections", func() bool {
 		s.Server.mu.Lock()
 		defer s.Server.mu.Unlock()
 		return len(s.Server.conns) == 4
@@ -588,7 +590,7 @@ func TestCloseLeavesEveryClient(t *testing.T) {
 	for _, c := range append(cs, half) {
 		_ = c.nc.Close()
 	}
-	wait(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+	testutil.WaitFor(t, testTimeout, "goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 func TestContextCancelClosesServer(t *testing.T) {
