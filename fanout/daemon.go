@@ -136,8 +136,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka, "zookeeper": d.opts.ZooKeeper}).
+	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka, "zookeeper": d.opts.ZooKeeper,
+		"kafka_security": d.opts.KafkaSecurity.String(), "zookeeper_security": d.opts.ZooKeeperSecurity.String()}).
 		Info("fanout starting: connecting to Kafka and ZooKeeper")
+	for _, w := range d.opts.securityWarnings() {
+		d.log.Warn(w)
+	}
 
 	client, err := d.connectKafka(ctx, "fanout-"+d.opts.NodeID, nil)
 	if err != nil {
@@ -167,6 +171,9 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	}
 	defer conn.Close()
 	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
+	acl := d.opts.ZooKeeperSecurity.ACL()
+	store.SetACL(acl)
+	acl.WarnOpen(conn, chroot, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic))
 
 	// The election reads its log with short fetch waits, so it gets a client
 	// of its own: the source's fetch settings are tuned for throughput.
@@ -180,7 +187,7 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	el, err := cluster.New(cluster.Config{
 		ID: d.opts.ID, Topic: d.opts.Topic, NodeID: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()),
 		Heartbeat: d.opts.ClusterHeartbeat, LeaderTimeout: d.opts.LeaderTimeout,
-		Client: elClient, ZK: conn, Chroot: chroot, Logger: d.log,
+		Client: elClient, ZK: conn, Chroot: chroot, ACL: acl, Logger: d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
@@ -261,16 +268,19 @@ func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store *zks
 // connectKafka returns a client of the Kafka cluster, retrying until ctx
 // ends. tune, when set, adjusts the configuration.
 func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*sarama.Config)) (sarama.Client, error) {
-	cfg := kafka.NewConfig(clientID)
-	if tune != nil {
-		tune(cfg)
-	}
 	var client sarama.Client
 	err := retry(ctx, d.log.WithField("kafka", d.opts.Kafka), "connect to Kafka", d.opts.ConnectBackoffMax,
 		func(ctx context.Context) error {
+			cfg, err := d.opts.KafkaSecurity.Config(clientID)
+			if err != nil {
+				return err
+			}
+			if tune != nil {
+				tune(cfg)
+			}
 			c, err := newKafkaClient(ctx, d.opts.Kafka, cfg)
 			if err != nil {
-				return fmt.Errorf("kafka unreachable at %v: %w", d.opts.Kafka, err)
+				return kafka.DescribeError(d.opts.Kafka, d.opts.KafkaSecurity, err)
 			}
 			client = c
 			return nil
@@ -312,7 +322,7 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 		func(ctx context.Context) error {
 			attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			c, err := zkstore.Connect(attempt, servers, 10*time.Second, d.log)
+			c, err := d.opts.ZooKeeperSecurity.Connect(attempt, servers, 10*time.Second, d.log)
 			if err != nil {
 				return err
 			}
@@ -408,6 +418,7 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 		Collector:        d.collector,
 		Snapshot:         d.metricsSnapshot,
 		MaxCommitFailing: max(3*d.opts.CommitInterval, 10*time.Second),
+		Token:            d.opts.MetricsToken,
 	}))
 	if err != nil {
 		return nil, err

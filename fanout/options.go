@@ -16,7 +16,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
@@ -28,6 +30,16 @@ type Options struct {
 	Kafka     []string // bootstrap brokers, host:port
 	ZooKeeper []string // ZooKeeper servers, host:port; the last may end in /chroot
 
+	// KafkaSecurity is the TLS and SASL of every Kafka connection: the
+	// source, the election, and the produce and status commands (the
+	// --kafka-tls* and --kafka-sasl-* flags). The zero value is plain text.
+	KafkaSecurity kafka.Security
+	// ZooKeeperSecurity is the digest identity, TLS and znode ACL of the
+	// ZooKeeper sessions (--zookeeper-auth, --zookeeper-acl-read,
+	// --zookeeper-tls*). The zero value is plain text and znodes anyone
+	// may change.
+	ZooKeeperSecurity zkstore.Security
+
 	Listen    string // client listener address; default ":4987"
 	Advertise string // the address clients are told (redirects); default derived from Listen
 	NodeID    string // unique within the cluster; default hostname-<random>
@@ -35,6 +47,9 @@ type Options struct {
 	// MetricsListen is the address of /metrics, /healthz and /readyz;
 	// "" disables them (the command line's default is DefaultMetricsListen).
 	MetricsListen string
+	// MetricsToken, when set, is the bearer token /metrics requires;
+	// /healthz and /readyz stay open. A secret: never logged.
+	MetricsToken string
 
 	AckTimeout       time.Duration // redeliver without an ack after this; default 30s
 	Heartbeat        time.Duration // ping interval; default 5s
@@ -219,7 +234,26 @@ func (o Options) Validate() error {
 	if s := strings.ToLower(o.InitialOffset); s != "newest" && s != "oldest" {
 		bad("--initial-offset %q: want newest or oldest", o.InitialOffset)
 	}
+	if err := o.KafkaSecurity.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.ZooKeeperSecurity.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.MetricsToken != "" && strings.TrimSpace(o.MetricsToken) != o.MetricsToken {
+		bad("the metrics token (FANOUT_METRICS_TOKEN or --metrics-token-file) starts or ends with white space")
+	}
 	return errors.Join(errs...)
+}
+
+// securityWarnings lists what is legal but unsafe in o, logged once at
+// start.
+func (o Options) securityWarnings() []string {
+	w := o.KafkaSecurity.Warnings()
+	if o.Store == nil {
+		w = append(w, o.ZooKeeperSecurity.Warnings()...)
+	}
+	return w
 }
 
 // advertised returns the address clients are told to connect to.

@@ -35,6 +35,9 @@ func TestValidate(t *testing.T) {
 		{"negative max clients", func(o *Options) { o.MaxClients = -1 }, "--max-clients"},
 		{"bad initial offset", func(o *Options) { o.InitialOffset = "latest" }, "--initial-offset"},
 		{"oldest is fine", func(o *Options) { o.InitialOffset = "OLDEST" }, ""},
+		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},
+		{"zookeeper security is validated", func(o *Options) { o.ZooKeeperSecurity.ReadACL = "auth" }, "--zookeeper-acl-read"},
+		{"metrics token with a line break", func(o *Options) { o.MetricsToken = "tok\n" }, "white space"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -76,9 +76,10 @@ func daemonOptions(t *testing.T, args []string) fanout.Options {
 		if c.Args().Present() {
 			t.Errorf("command %v: stray argument %q", args, c.Args().First())
 		}
-		opts = serveOptions(c, nil)
+		var err error
+		opts, err = serveOptions(c, nil)
 		parsed = true
-		return nil
+		return err
 	}
 	if err := app.Run(append([]string{"fanout"}, args...)); err != nil {
 		t.Fatalf("the daemon rejects command %v: %v", args, err)

@@ -73,7 +73,7 @@ func TestServeFlagsAtEitherLevel(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var got fanout.Options
 			app := newApp(io.Discard, io.Discard)
-			capture := func(c *cli.Context) error { got = serveOptions(c, nil); return nil }
+			capture := func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
 			app.Action = capture
 			app.Command("serve").Action = capture
 			if err := app.Run(append([]string{"fanout"}, tt.args...)); err != nil {

@@ -56,7 +56,7 @@ func produceCommand() *cli.Command {
 			"\"SEQ UNIXNANOS \" (sequence number, produce time) so consumers can measure latency.\n" +
 			"Progress goes to standard error every --progress; a summary to standard output at the end.\n" +
 			"The exit code is 1 if any message failed.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker link variables KAFKA_*_PORT_9092_TCP_*, else localhost:9092)", EnvVars: env("KAFKA")},
 			&cli.StringFlag{Name: "topic", Usage: "the topic to produce to (required)", EnvVars: env("TOPIC")},
 			&cli.StringFlag{Name: "key-separator", Usage: "split each line at the first SEP into key and value"},
@@ -64,7 +64,7 @@ func produceCommand() *cli.Command {
 			&cli.IntFlag{Name: "size", Value: 100, Usage: fmt.Sprintf("bytes per synthetic message (at least %d)", minSyntheticSize)},
 			&cli.IntFlag{Name: "partition", Value: -1, Usage: "send every message to this partition (default: by key hash, random without key)"},
 			&cli.DurationFlag{Name: "progress", Value: time.Second, Usage: "print progress to standard error this often (0: never)"},
-		},
+		}, kafkaSecurityFlags()...),
 		Action:       produce,
 		OnUsageError: commandUsageError,
 	}
@@ -79,6 +79,7 @@ type produceOptions struct {
 	size      int
 	partition int32 // -1: any
 	progress  time.Duration
+	security  kafka.Security
 }
 
 func parseProduceOptions(c *cli.Context) (produceOptions, error) {
@@ -101,6 +102,14 @@ func parseProduceOptions(c *cli.Context) (produceOptions, error) {
 	if c.Args().Present() {
 		errs = append(errs, fmt.Errorf("unexpected argument %q (messages come from standard input)", c.Args().First()))
 	}
+	sec, err := kafkaSecurity(environ(), contextValues(c))
+	if err == nil {
+		err = sec.Validate()
+	}
+	if err != nil {
+		errs = append(errs, err)
+	}
+	o.security = sec
 	if o.topic == "" {
 		errs = append(errs, errors.New("--topic: required"))
 	}
@@ -205,7 +214,10 @@ func runProducer(ctx context.Context, o produceOptions, src messageSource, progr
 	start := time.Now()
 	defer func() { st.elapsed = time.Since(start) }()
 
-	cfg := kafka.NewConfig("fanout-produce")
+	cfg, err := o.security.Config("fanout-produce")
+	if err != nil {
+		return st, err
+	}
 	cfg.Producer.Flush.Bytes = produceFlushBytes
 	cfg.Producer.Flush.Messages = produceFlushMessages
 	cfg.Producer.Flush.Frequency = produceFlushFrequency
@@ -222,7 +234,7 @@ func runProducer(ctx context.Context, o produceOptions, src messageSource, progr
 
 	client, err := sarama.NewClient(o.brokers, cfg)
 	if err != nil {
-		return st, fmt.Errorf("connect to Kafka at %v: %w", o.brokers, err)
+		return st, fmt.Errorf("connect to Kafka: %w", kafka.DescribeError(o.brokers, o.security, err))
 	}
 	defer client.Close()
 	if err := checkTopic(client, o.topic, o.partition); err != nil {

@@ -16,7 +16,7 @@ import (
 // environment variable.
 func serveFlags() []cli.Flag {
 	env := func(name string) []string { return []string{"FANOUT_" + name} }
-	return []cli.Flag{
+	flags := []cli.Flag{
 		&cli.StringFlag{Name: "id", Usage: "service id: daemons with the same id and topic form a cluster", EnvVars: env("ID")},
 		&cli.StringFlag{Name: "topic", Usage: "the Kafka topic to consume, every partition", EnvVars: env("TOPIC")},
 		&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker link variables KAFKA_*_PORT_9092_TCP_*, else localhost:9092)", EnvVars: env("KAFKA")},
@@ -40,13 +40,18 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
 		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat (default 3 × --cluster-heartbeat)", EnvVars: env("LEADER_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
+		metricsTokenFlag(),
 	}
+	flags = append(flags, kafkaSecurityFlags()...)
+	return append(flags, zookeeperSecurityFlags()...)
 }
 
-// serveOptions maps the flags onto fanout.Options. The daemon's flags exist
-// at the top level (fanout --id ...) and on the serve command (fanout serve
-// --id ...); a flag set at either level counts, the command's first.
-func serveOptions(c *cli.Context, environ []string) fanout.Options {
+// serveOptions maps the flags and secrets onto fanout.Options (not yet
+// validated). The daemon's flags exist at the top level (fanout --id ...)
+// and on the serve command (fanout serve --id ...); a flag set at either
+// level counts, the command's first. It fails only when a secret cannot be
+// read.
+func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	at := func(name string) *cli.Context {
 		for _, ctx := range c.Lineage() {
 			if ctx.IsSet(name) {
@@ -65,32 +70,48 @@ func serveOptions(c *cli.Context, environ []string) fanout.Options {
 	if len(zkAddrs) == 0 {
 		zkAddrs = linkedAddrs(environ, "ZK", 2181)
 	}
-	return fanout.Options{
-		ID:               str("id"),
-		Topic:            str("topic"),
-		Kafka:            splitAll(kafkaAddrs),
-		ZooKeeper:        splitAll(zkAddrs),
-		Listen:           str("listen"),
-		Advertise:        str("advertise"),
-		NodeID:           str("node-id"),
-		AckTimeout:       dur("ack-timeout"),
-		Heartbeat:        dur("heartbeat"),
-		Liveness:         num("liveness"),
-		WriteTimeout:     dur("write-timeout"),
-		MaxInFlight:      num("max-in-flight"),
-		MaxBuffered:      num("max-buffered"),
-		MaxBufferedBytes: num("max-buffered-bytes"),
-		MaxFrameSize:     num("max-frame-size"),
-		MaxClients:       num("max-clients"),
-		AuthToken:        str("auth-token"),
-		InitialOffset:    str("initial-offset"),
-		CommitInterval:   dur("commit-interval"),
-		DrainTimeout:     dur("drain-timeout"),
-		ClusterHeartbeat: dur("cluster-heartbeat"),
-		LeaderTimeout:    dur("leader-timeout"),
-		MetricsListen:    str("metrics-listen"),
-		Logger:           logrus.NewEntry(logrus.StandardLogger()),
+	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
+	kafkaSec, err := kafkaSecurity(environ, flags)
+	if err != nil {
+		return fanout.Options{}, err
 	}
+	zkSec, err := zookeeperSecurity(environ, flags)
+	if err != nil {
+		return fanout.Options{}, err
+	}
+	metricsToken, err := readSecret(environ, flags, secretMetricsToken)
+	if err != nil {
+		return fanout.Options{}, err
+	}
+	return fanout.Options{
+		ID:                str("id"),
+		Topic:             str("topic"),
+		Kafka:             splitAll(kafkaAddrs),
+		ZooKeeper:         splitAll(zkAddrs),
+		Listen:            str("listen"),
+		Advertise:         str("advertise"),
+		NodeID:            str("node-id"),
+		AckTimeout:        dur("ack-timeout"),
+		Heartbeat:         dur("heartbeat"),
+		Liveness:          num("liveness"),
+		WriteTimeout:      dur("write-timeout"),
+		MaxInFlight:       num("max-in-flight"),
+		MaxBuffered:       num("max-buffered"),
+		MaxBufferedBytes:  num("max-buffered-bytes"),
+		MaxFrameSize:      num("max-frame-size"),
+		MaxClients:        num("max-clients"),
+		AuthToken:         str("auth-token"),
+		InitialOffset:     str("initial-offset"),
+		CommitInterval:    dur("commit-interval"),
+		DrainTimeout:      dur("drain-timeout"),
+		ClusterHeartbeat:  dur("cluster-heartbeat"),
+		LeaderTimeout:     dur("leader-timeout"),
+		MetricsListen:     str("metrics-listen"),
+		MetricsToken:      metricsToken,
+		KafkaSecurity:     kafkaSec,
+		ZooKeeperSecurity: zkSec,
+		Logger:            logrus.NewEntry(logrus.StandardLogger()),
+	}, nil
 }
 
 // serve runs the daemon until SIGINT or SIGTERM.
@@ -98,7 +119,10 @@ func serve(c *cli.Context) error {
 	if c.Args().Present() {
 		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: serve, tail)", c.Args().First()))
 	}
-	opts := serveOptions(c, environ())
+	opts, err := serveOptions(c, environ())
+	if err != nil {
+		return usageError(err)
+	}
 	d, err := fanout.New(opts)
 	if err != nil {
 		return usageError(err)

@@ -40,7 +40,7 @@ func statusCommand() *cli.Command {
 		Description: "Reads the last --window of heartbeats on fanout_<id>_<topic> (members), the leader record and\n" +
 			"the committed offsets in ZooKeeper, and each partition's high watermark from Kafka. What ZooKeeper\n" +
 			"does not hold yet is shown as none. Exits 1 when Kafka or ZooKeeper cannot be reached.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "service id of the cluster", EnvVars: env("ID")},
 			&cli.StringFlag{Name: "topic", Usage: "the topic the cluster consumes", EnvVars: env("TOPIC")},
 			&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker links, else localhost:9092)", EnvVars: env("KAFKA")},
@@ -48,7 +48,7 @@ func statusCommand() *cli.Command {
 			&cli.DurationFlag{Name: "window", Value: statusWindow, Usage: "members are those heard from within this window"},
 			&cli.DurationFlag{Name: "timeout", Value: statusTimeout, Usage: "give up reaching Kafka or ZooKeeper after this long"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON document"},
-		},
+		}, append(kafkaSecurityFlags(), zookeeperSecurityFlags()...)...),
 		Action:       statusAction,
 		OnUsageError: commandUsageError,
 	}
@@ -101,7 +101,16 @@ func statusAction(c *cli.Context) error {
 	if len(zkAddrs) == 0 {
 		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
 	}
-	opts := fanout.Options{ID: c.String("id"), Topic: c.String("topic"), Kafka: splitAll(kafkaAddrs), ZooKeeper: splitAll(zkAddrs)}
+	kafkaSec, err := kafkaSecurity(environ(), contextValues(c))
+	if err != nil {
+		return usageError(err)
+	}
+	zkSec, err := zookeeperSecurity(environ(), contextValues(c))
+	if err != nil {
+		return usageError(err)
+	}
+	opts := fanout.Options{ID: c.String("id"), Topic: c.String("topic"), Kafka: splitAll(kafkaAddrs), ZooKeeper: splitAll(zkAddrs),
+		KafkaSecurity: kafkaSec, ZooKeeperSecurity: zkSec}
 	if err := opts.Validate(); err != nil {
 		return usageError(err)
 	}
@@ -141,7 +150,7 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 	}
 	quiet := logrus.New()
 	quiet.SetOutput(io.Discard)
-	conn, err := zkstore.Connect(ctx, servers, 10*time.Second, logrus.NewEntry(quiet))
+	conn, err := opts.ZooKeeperSecurity.Connect(ctx, servers, 10*time.Second, logrus.NewEntry(quiet))
 	if err != nil {
 		return nil, err
 	}
@@ -155,12 +164,15 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		return nil, fmt.Errorf("committed offsets: %w", err)
 	}
 
-	cfg := kafka.NewConfig("fanout-status")
+	cfg, err := opts.KafkaSecurity.Config("fanout-status")
+	if err != nil {
+		return nil, err
+	}
 	cfg.Net.DialTimeout = 5 * time.Second
 	cfg.Metadata.Retry.Max = 2
 	client, err := sarama.NewClient(opts.Kafka, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kafka unreachable at %s: %w", strings.Join(opts.Kafka, ","), err)
+		return nil, kafka.DescribeError(opts.Kafka, opts.KafkaSecurity, err)
 	}
 	defer client.Close()
 	parts, err := client.Partitions(opts.Topic)

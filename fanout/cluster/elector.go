@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/server"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
@@ -50,8 +51,9 @@ type Config struct {
 	// it. Its Consumer.MaxWaitTime delays every read of the log on a real
 	// broker (seen: the full wait per hop), so keep it near 50-100 ms.
 	Client sarama.Client
-	ZK     *zk.Conn // ZooKeeper session for the fence; the caller owns it
-	Chroot string   // ZooKeeper chroot (from zkstore.ParseServers); "" for none
+	ZK     *zk.Conn    // ZooKeeper session for the fence; the caller owns it
+	Chroot string      // ZooKeeper chroot (from zkstore.ParseServers); "" for none
+	ACL    zkstore.ACL // of the fence znode and the parents it creates; zero: anyone may change them
 
 	Logger *logrus.Entry    // nil means the logrus standard logger
 	Now    func() time.Time // clock; nil means time.Now
@@ -128,7 +130,7 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.ZK == nil {
 		return nil, errors.New("cluster: a ZooKeeper connection is required")
 	}
-	return newElector(cfg, &zkFencer{conn: cfg.ZK, path: cfg.Chroot + FencePath(cfg.ID, cfg.Topic)}), nil
+	return newElector(cfg, &zkFencer{conn: cfg.ZK, path: cfg.Chroot + FencePath(cfg.ID, cfg.Topic), acl: cfg.ACL}), nil
 }
 
 // newElector returns an Elector of the validated cfg that fences with f.

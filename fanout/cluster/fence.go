@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // errVoid: a won epoch cannot be recorded in ZooKeeper because an equal or
@@ -42,7 +44,8 @@ type fenceRecord struct {
 // zkFencer is the fencer of a ZooKeeper connection.
 type zkFencer struct {
 	conn *zk.Conn
-	path string // absolute: chroot + FencePath
+	path string      // absolute: chroot + FencePath
+	acl  zkstore.ACL // of the znodes create makes
 }
 
 // fence implements fencer.
@@ -92,7 +95,7 @@ func (f *zkFencer) create() error {
 		if i == len(f.path) {
 			data = []byte(`{"epoch":0}`)
 		}
-		_, err := f.conn.Create(f.path[:i], data, 0, zk.WorldACL(zk.PermAll))
+		_, err := f.conn.Create(f.path[:i], data, 0, f.acl.List())
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return fmt.Errorf("cluster: create %s: %w", f.path[:i], err)
 		}

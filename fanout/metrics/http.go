@@ -2,10 +2,13 @@ package metrics
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,11 +47,16 @@ type HandlerConfig struct {
 	// MaxCommitFailing is how long a leader's commits may fail before
 	// /readyz reports it unready; default 30s.
 	MaxCommitFailing time.Duration
+	// Token, when set, is the bearer token /metrics requires
+	// ("Authorization: Bearer <Token>"); /healthz and /readyz stay open
+	// for probes. A secret: it is never logged.
+	Token string
 }
 
 // Handler serves
 //
-//	/metrics  the Collector, Go runtime and process metrics (Prometheus text format)
+//	/metrics  the Collector, Go runtime and process metrics (Prometheus text format);
+//	          with cfg.Token, 401 unless the request carries it as a bearer token
 //	/healthz  200 "ok" while the process runs
 //	/readyz   200 with the role, or 503 with the reason (see Ready)
 func Handler(cfg HandlerConfig) http.Handler {
@@ -64,7 +72,7 @@ func Handler(cfg HandlerConfig) http.Handler {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", requireBearer(cfg.Token, promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -80,6 +88,26 @@ func Handler(cfg HandlerConfig) http.Handler {
 		fmt.Fprintln(w, reason)
 	})
 	return mux
+}
+
+// requireBearer answers 401 to requests without "Authorization: Bearer
+// token" and passes the others to h; an empty token lets every request
+// through. The comparison takes the same time whatever the presented token.
+func requireBearer(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="fanout metrics"`)
+			http.Error(w, "metrics need a bearer token (--metrics-token-file or FANOUT_METRICS_TOKEN)", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Server is the HTTP listener of Handler.

@@ -88,8 +88,14 @@ func (l zkLogger) Printf(format string, args ...any) { l.log.Debugf(format, args
 // chroot on the list is ignored here: give it to New) and waits until the
 // session is established. If ctx ends first it closes the connection and
 // returns an error naming the servers. After success a goroutine logs
-// session state changes until the connection is closed.
+// session state changes until the connection is closed. It is
+// Security{}.Connect: plain text, no authentication.
 func Connect(ctx context.Context, servers []string, sessionTimeout time.Duration, log *logrus.Entry) (*zk.Conn, error) {
+	return Security{}.Connect(ctx, servers, sessionTimeout, log)
+}
+
+// connect is Connect with a dialer (plain TCP or TLS).
+func connect(ctx context.Context, servers []string, sessionTimeout time.Duration, log *logrus.Entry, dial zk.Dialer) (*zk.Conn, error) {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -98,7 +104,7 @@ func Connect(ctx context.Context, servers []string, sessionTimeout time.Duration
 		return nil, err
 	}
 	log = log.WithField("zookeeper", strings.Join(hosts, ","))
-	conn, events, err := zk.Connect(hosts, sessionTimeout, zk.WithLogger(zkLogger{log}))
+	conn, events, err := zk.Connect(hosts, sessionTimeout, zk.WithLogger(zkLogger{log}), zk.WithDialer(dial))
 	if err != nil {
 		return nil, fmt.Errorf("zookeeper connect to %s: %w", strings.Join(hosts, ","), err)
 	}
@@ -152,6 +158,7 @@ type Store struct {
 	conn   *zk.Conn
 	chroot string
 	dir    string // OffsetsPath
+	acl    ACL    // of the znodes the Store creates; set before the first Commit
 
 	fenceMu      sync.Mutex // guards fencePath and fenceVersion
 	fencePath    string     // absolute; "" when no fence is set
@@ -167,6 +174,15 @@ type Store struct {
 func New(conn *zk.Conn, chroot, id, topic string) *Store {
 	chroot, _ = cleanChroot(chroot)
 	return &Store{conn: conn, chroot: chroot, dir: OffsetsPath(chroot, id, topic), known: map[int32]bool{}}
+}
+
+// SetACL sets the ACL of the znodes the Store creates (its offsets znode,
+// their parents and the partitions' znodes); the zero ACL, the default, lets
+// anyone change them. Call it before the first Commit.
+func (s *Store) SetACL(a ACL) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	s.acl = a
 }
 
 // Path is the znode under which the Store keeps its partitions' offsets.
@@ -200,7 +216,7 @@ func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
 		return map[int32]int64{}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("zkstore: list %s: %w", s.dir, err)
+		return nil, fmt.Errorf("zkstore: list %s: %w", s.dir, noAuthHint(err))
 	}
 	out := make(map[int32]int64, len(children))
 	for _, c := range children {
@@ -214,7 +230,7 @@ func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
 			continue // deleted since listed
 		}
 		if err != nil {
-			return nil, fmt.Errorf("zkstore: read %s: %w", znode, err)
+			return nil, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
 		}
 		o, err := parseOffset(data)
 		if err != nil {
@@ -280,7 +296,7 @@ func (s *Store) Commit(ctx context.Context, offs map[int32]int64) error {
 		}
 		raced := errors.Is(opErr, zk.ErrNodeExists) || errors.Is(opErr, zk.ErrNoNode)
 		if attempt > 0 || !raced {
-			return fmt.Errorf("zkstore: commit %d partitions to %s: %w", len(parts), s.dir, err)
+			return fmt.Errorf("zkstore: commit %d partitions to %s: %w", len(parts), s.dir, noAuthHint(err))
 		}
 		// A partition znode appeared (or vanished) behind our back: learn
 		// which exist and retry once.
@@ -303,7 +319,7 @@ func (s *Store) commitOps(fencePath string, fenceVersion int32, parts []int32, o
 		if s.known[p] {
 			ops = append(ops, &zk.SetDataRequest{Path: znode, Data: data, Version: -1})
 		} else {
-			ops = append(ops, &zk.CreateRequest{Path: znode, Data: data, Acl: zk.WorldACL(zk.PermAll)})
+			ops = append(ops, &zk.CreateRequest{Path: znode, Data: data, Acl: s.acl.List()})
 		}
 	}
 	return ops
@@ -347,9 +363,9 @@ func (s *Store) makeParents() error {
 
 // create creates an empty persistent znode, tolerating that it exists.
 func (s *Store) create(znode string) error {
-	_, err := s.conn.Create(znode, nil, 0, zk.WorldACL(zk.PermAll))
+	_, err := s.conn.Create(znode, nil, 0, s.acl.List())
 	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
-		return fmt.Errorf("zkstore: create %s: %w", znode, err)
+		return fmt.Errorf("zkstore: create %s: %w", znode, noAuthHint(err))
 	}
 	return nil
 }
