@@ -171,9 +171,9 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	}
 	defer conn.Close()
 	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
-	acl := d.opts.ZooKeeperSecurity.ACL()
+	acl := d.opts.ZooKeeperSecurity.ACL(chroot)
 	store.SetACL(acl)
-	acl.WarnOpen(conn, chroot, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic))
+	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic))
 
 	// The election reads its log with short fetch waits, so it gets a client
 	// of its own: the source's fetch settings are tuned for throughput.

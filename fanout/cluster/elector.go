@@ -53,7 +53,7 @@ type Config struct {
 	Client sarama.Client
 	ZK     *zk.Conn    // ZooKeeper session for the fence; the caller owns it
 	Chroot string      // ZooKeeper chroot (from zkstore.ParseServers); "" for none
-	ACL    zkstore.ACL // of the fence znode and the parents it creates; zero: anyone may change them
+	ACL    zkstore.ACL // of the fence znode and the parents it creates (Security.ACL(Chroot)); zero: anyone may change them
 
 	Logger *logrus.Entry    // nil means the logrus standard logger
 	Now    func() time.Time // clock; nil means time.Now

@@ -95,7 +95,7 @@ func (f *zkFencer) create() error {
 		if i == len(f.path) {
 			data = []byte(`{"epoch":0}`)
 		}
-		_, err := f.conn.Create(f.path[:i], data, 0, f.acl.List())
+		_, err := f.conn.Create(f.path[:i], data, 0, f.acl.For(f.path[:i]))
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return fmt.Errorf("cluster: create %s: %w", f.path[:i], err)
 		}

@@ -104,17 +104,23 @@ func (s Security) String() string {
 	if s.Auth == "" {
 		return t + ", no auth"
 	}
-	return fmt.Sprintf("%s, digest as %s, read %s", t, s.user(), s.ACL().read())
+	read := ReadWorld
+	if s.ReadACL == ReadAuth {
+		read = ReadAuth
+	}
+	return fmt.Sprintf("%s, digest as %s, read %s", t, s.user(), read)
 }
 
-// ACL returns the ACL of every znode created under s.
-func (s Security) ACL() ACL {
+// ACL returns the ACL of every znode created under s below chroot (from
+// ParseServers; "" for none).
+func (s Security) ACL(chroot string) ACL {
 	if s.Auth == "" {
 		return ACL{}
 	}
 	u, p, _ := strings.Cut(s.Auth, ":")
 	id := zk.DigestACL(zk.PermAll, u, p)[0].ID // user:base64(sha1(user:password))
-	return ACL{digest: id, worldRead: s.ReadACL != ReadAuth}
+	chroot, _ = cleanChroot(chroot)
+	return ACL{digest: id, worldRead: s.ReadACL != ReadAuth, chroot: chroot}
 }
 
 // Connect opens a ZooKeeper session with the servers, as the package's
@@ -164,30 +170,43 @@ func tlsDialer(cfg *tls.Config) zk.Dialer {
 // ACL is the access list of every znode fanout creates: the offsets znodes
 // and their parents (Store), the cluster's fence znode and its parents. It
 // is the one place that decides it; get it from Security.ACL. The zero
-// value lets anyone do anything (no --zookeeper-auth).
+// value lets anyone do anything (no --zookeeper-auth). With an identity:
+//
+//   - znodes of this fanout instance (/consumers/fanout_<id>/..., /fanout/<id>/...):
+//     the identity may do everything; anyone may read them with ReadWorld, nobody
+//     else with ReadAuth.
+//   - shared parents (the chroot, its ancestors, and the znodes right below it:
+//     /consumers, /fanout), which every fanout instance and other tools create
+//     children in: the identity may do everything, anyone may read them and
+//     create children (but not change, delete or re-permission them).
 type ACL struct {
 	digest    string // digest id user:base64(sha1(user:password)); "" for world:anyone
-	worldRead bool   // with digest: anyone may read
+	worldRead bool   // with digest: anyone may read this instance's znodes
+	chroot    string // znodes at or above it, and right below it, are shared
 }
 
-// List is the ACL to create znodes with.
-func (a ACL) List() []zk.ACL {
+// For is the ACL to create znode (an absolute path, chroot included) with.
+func (a ACL) For(znode string) []zk.ACL {
 	if a.digest == "" {
 		return zk.WorldACL(zk.PermAll)
 	}
 	l := []zk.ACL{{Perms: zk.PermAll, Scheme: "digest", ID: a.digest}}
-	if a.worldRead {
+	switch {
+	case a.shared(znode):
+		l = append(l, zk.ACL{Perms: zk.PermRead | zk.PermCreate, Scheme: "world", ID: "anyone"})
+	case a.worldRead:
 		l = append(l, zk.ACL{Perms: zk.PermRead, Scheme: "world", ID: "anyone"})
 	}
 	return l
 }
 
-// read names who may read: "world" or "auth".
-func (a ACL) read() string {
-	if a.digest == "" || a.worldRead {
-		return ReadWorld
+// shared reports whether znode is the chroot, above it, or right below it.
+func (a ACL) shared(znode string) bool {
+	if a.chroot == znode || strings.HasPrefix(a.chroot, znode+"/") {
+		return true
 	}
-	return ReadAuth
+	rel, ok := strings.CutPrefix(znode, a.chroot+"/")
+	return ok && !strings.Contains(rel, "/")
 }
 
 // lets reports whether acls let someone other than a's identity do more
@@ -205,22 +224,19 @@ func (a ACL) lets(acls []zk.ACL) bool {
 	return false
 }
 
-// Open returns the existing znodes among those fanout owns for paths (each
-// a Store's Path or a fence path, with the chroot) that someone other than
-// a's identity may change: each path, its children, and its ancestors
-// below the chroot's top-level znodes (/consumers and /fanout are shared
-// with others and not fanout's to guard). A zero a (no identity) owns
-// nothing and returns nil.
-func (a ACL) Open(conn *zk.Conn, chroot string, paths ...string) ([]string, error) {
+// Open returns the existing znodes among those this fanout instance owns
+// for paths (each a Store's Path or a fence path, with the chroot) that
+// someone other than a's identity may change: each path, its children, and
+// its ancestors below the shared parents (see ACL). A zero a (no identity)
+// owns nothing and returns nil.
+func (a ACL) Open(conn *zk.Conn, paths ...string) ([]string, error) {
 	if a.digest == "" {
 		return nil, nil
 	}
-	chroot, _ = cleanChroot(chroot)
 	var check []string
 	for _, p := range paths {
-		rel := strings.TrimPrefix(p, chroot)
-		for dir := path.Dir(rel); strings.Count(dir, "/") >= 2; dir = path.Dir(dir) {
-			check = append(check, chroot+dir)
+		for dir := path.Dir(p); !a.shared(dir) && dir != "/"; dir = path.Dir(dir) {
+			check = append(check, dir)
 		}
 		check = append(check, p)
 		children, _, err := conn.Children(p)
@@ -251,8 +267,8 @@ func (a ACL) Open(conn *zk.Conn, chroot string, paths ...string) ([]string, erro
 
 // WarnOpen logs, once, the znodes Open finds, or at debug level why it
 // could not look.
-func (a ACL) WarnOpen(conn *zk.Conn, chroot string, log *logrus.Entry, paths ...string) {
-	open, err := a.Open(conn, chroot, paths...)
+func (a ACL) WarnOpen(conn *zk.Conn, log *logrus.Entry, paths ...string) {
+	open, err := a.Open(conn, paths...)
 	switch {
 	case err != nil:
 		log.WithError(err).Debug("could not check the ACLs of existing znodes")

@@ -12,23 +12,35 @@ import (
 
 const testAuth = "fanout:zk-pa55word-never-logged"
 
-func TestACLList(t *testing.T) {
+func TestACLFor(t *testing.T) {
 	digest := zk.DigestACL(zk.PermAll, "fanout", "zk-pa55word-never-logged")[0]
-	world := zk.ACL{Perms: zk.PermRead, Scheme: "world", ID: "anyone"}
+	read := zk.ACL{Perms: zk.PermRead, Scheme: "world", ID: "anyone"}
+	readCreate := zk.ACL{Perms: zk.PermRead | zk.PermCreate, Scheme: "world", ID: "anyone"}
+	world, auth := Security{Auth: testAuth}, Security{Auth: testAuth, ReadACL: ReadAuth}
 	tests := []struct {
-		name string
-		sec  Security
-		want []zk.ACL
+		name   string
+		sec    Security
+		chroot string
+		znode  string
+		want   []zk.ACL
 	}{
-		{"no auth: open as before", Security{}, zk.WorldACL(zk.PermAll)},
-		{"auth, read world (default)", Security{Auth: testAuth}, []zk.ACL{digest, world}},
-		{"auth, read world", Security{Auth: testAuth, ReadACL: ReadWorld}, []zk.ACL{digest, world}},
-		{"auth, read auth", Security{Auth: testAuth, ReadACL: ReadAuth}, []zk.ACL{digest}},
+		{"no auth: open as before", Security{}, "", "/consumers/fanout_a/offsets/t/0", zk.WorldACL(zk.PermAll)},
+		{"no auth: shared parent", Security{}, "", "/consumers", zk.WorldACL(zk.PermAll)},
+		{"own znode, read world (default)", world, "", "/consumers/fanout_a/offsets/t/0", []zk.ACL{digest, read}},
+		{"own znode, read world", Security{Auth: testAuth, ReadACL: ReadWorld}, "", "/fanout/a", []zk.ACL{digest, read}},
+		{"own znode, read auth", auth, "", "/fanout/a/t/leader", []zk.ACL{digest}},
+		{"shared /consumers", auth, "", "/consumers", []zk.ACL{digest, readCreate}},
+		{"shared /fanout", world, "", "/fanout", []zk.ACL{digest, readCreate}},
+		{"chroot ancestor", auth, "/apps/fanout", "/apps", []zk.ACL{digest, readCreate}},
+		{"chroot", auth, "/apps/fanout/", "/apps/fanout", []zk.ACL{digest, readCreate}},
+		{"below the chroot", auth, "/apps/fanout", "/apps/fanout/consumers", []zk.ACL{digest, readCreate}},
+		{"own znode below the chroot", auth, "/apps/fanout", "/apps/fanout/consumers/fanout_a", []zk.ACL{digest}},
+		{"a sibling of the chroot is not shared", auth, "/apps/fanout", "/apps/fanoutx/consumers/fanout_a", []zk.ACL{digest}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.sec.ACL().List(); !slices.Equal(got, tt.want) {
-				t.Fatalf("ACL().List() = %+v, want %+v", got, tt.want)
+			if got := tt.sec.ACL(tt.chroot).For(tt.znode); !slices.Equal(got, tt.want) {
+				t.Fatalf("ACL(%q).For(%q) = %+v, want %+v", tt.chroot, tt.znode, got, tt.want)
 			}
 		})
 	}
@@ -38,7 +50,7 @@ func TestACLList(t *testing.T) {
 }
 
 func TestACLLets(t *testing.T) {
-	acl := Security{Auth: testAuth}.ACL()
+	acl := Security{Auth: testAuth}.ACL("")
 	ours := zk.DigestACL(zk.PermAll, "fanout", "zk-pa55word-never-logged")
 	theirs := zk.DigestACL(zk.PermAll, "mallory", "x")
 	tests := []struct {
@@ -50,7 +62,8 @@ func TestACLLets(t *testing.T) {
 		{"world may write", zk.WorldACL(zk.PermWrite), true},
 		{"world may only read", zk.WorldACL(zk.PermRead), false},
 		{"ours alone", ours, false},
-		{"ours and world read", acl.List(), false},
+		{"ours and world read", acl.For("/fanout/a"), false},
+		{"ours, and anyone may create children", acl.For("/fanout"), true},
 		{"another identity", theirs, true},
 		{"ours and another identity", append(slices.Clone(ours), theirs...), true},
 		{"world may change the ACL", zk.WorldACL(zk.PermAdmin), true},

@@ -177,8 +177,9 @@ func New(conn *zk.Conn, chroot, id, topic string) *Store {
 }
 
 // SetACL sets the ACL of the znodes the Store creates (its offsets znode,
-// their parents and the partitions' znodes); the zero ACL, the default, lets
-// anyone change them. Call it before the first Commit.
+// their parents and the partitions' znodes; Security.ACL of the Store's
+// chroot); the zero ACL, the default, lets anyone change them. Call it
+// before the first Commit.
 func (s *Store) SetACL(a ACL) {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
@@ -319,7 +320,7 @@ func (s *Store) commitOps(fencePath string, fenceVersion int32, parts []int32, o
 		if s.known[p] {
 			ops = append(ops, &zk.SetDataRequest{Path: znode, Data: data, Version: -1})
 		} else {
-			ops = append(ops, &zk.CreateRequest{Path: znode, Data: data, Acl: s.acl.List()})
+			ops = append(ops, &zk.CreateRequest{Path: znode, Data: data, Acl: s.acl.For(znode)})
 		}
 	}
 	return ops
@@ -363,7 +364,7 @@ func (s *Store) makeParents() error {
 
 // create creates an empty persistent znode, tolerating that it exists.
 func (s *Store) create(znode string) error {
-	_, err := s.conn.Create(znode, nil, 0, s.acl.List())
+	_, err := s.conn.Create(znode, nil, 0, s.acl.For(znode))
 	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 		return fmt.Errorf("zkstore: create %s: %w", znode, noAuthHint(err))
 	}
