@@ -15,9 +15,12 @@ var KafkaVersion = sarama.V4_0_0_0
 
 // NewConfig returns the sarama configuration that every fanout Kafka client
 // (producer, consumer, cluster admin) starts from, identified to the brokers
-// by clientID. Callers may adjust it further (for example consumer offsets or
-// channel buffer sizes) before use. It is the one place that builds a
-// sarama.Config: do not call sarama.NewConfig elsewhere.
+// by clientID, without TLS or SASL. Callers may adjust it further (for
+// example consumer offsets or channel buffer sizes) before use. It is the one
+// place that builds a sarama.Config: do not call sarama.NewConfig elsewhere.
+// The daemon, fanout produce and fanout status take it through
+// Security.Config, which adds the connection's TLS and SASL; tests and the
+// benchmark, on plain-text listeners, use it directly.
 func NewConfig(clientID string) *sarama.Config {
 	cfg := sarama.NewConfig()
 	cfg.ClientID = clientID

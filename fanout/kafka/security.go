@@ -104,8 +104,7 @@ func (s Security) String() string {
 }
 
 // Config returns NewConfig(clientID) with s applied: TLS and SASL. It reads
-// the TLS files on each call (a renewed client certificate is used by the
-// next connection).
+// the TLS files on each call; the client made from it keeps what it read.
 func (s Security) Config(clientID string) (*sarama.Config, error) {
 	cfg := NewConfig(clientID)
 	if s.TLSEnabled() {
