@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,6 +60,14 @@ func secureEnv(t testing.TB) secEnv {
 		if _, err := os.Stat(filepath.Join(e.dir, f)); err != nil {
 			t.Fatalf("FANOUT_TEST_TLS_DIR %s: %v (made by bin/services start)", e.dir, err)
 		}
+	}
+	for _, l := range []struct{ what, addr string }{{"Kafka SASL_SSL listener", e.kafkaSASL[0]}, {"ZooKeeper TLS port", e.zkTLS[0]}} {
+		c, err := net.DialTimeout("tcp", l.addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("the %s at %s does not answer (%v): the services were started without it; restart them with "+
+				"this checkout's bin/services", l.what, l.addr, err)
+		}
+		c.Close()
 	}
 	b, err := os.ReadFile(filepath.Join(e.dir, "kafka-password"))
 	if err != nil {
@@ -133,13 +142,40 @@ func (l *secLog) logger() *logrus.Entry {
 	return logrus.NewEntry(lg)
 }
 
-// captureSarama routes sarama's own loggers (silent by default) to l until
+// saramaSink receives sarama's own log lines (its debug lines included:
+// sarama.DebugLogger forwards to sarama.Logger) and passes them to the
+// capture of the test under way, or drops them. sarama.Logger is set once,
+// before any test runs: sarama reads it from goroutines that outlive their
+// clients, so swapping it during the run would race.
+type saramaSink struct {
+	mu sync.Mutex
+	to *secLog // nil: discard
+}
+
+func (s *saramaSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.to != nil {
+		_, _ = s.to.Write(p)
+	}
+	return len(p), nil
+}
+
+var saramaLogs saramaSink
+
+func init() { sarama.Logger = log.New(&saramaLogs, "[sarama] ", 0) }
+
+// captureSarama routes sarama's own logs (silent in the daemon) to l until
 // the test ends.
 func captureSarama(t testing.TB, l *secLog) {
-	oldLogger, oldDebug := sarama.Logger, sarama.DebugLogger
-	sarama.Logger = log.New(l, "[sarama] ", 0)
-	sarama.DebugLogger = log.New(l, "[sarama debug] ", 0)
-	t.Cleanup(func() { sarama.Logger, sarama.DebugLogger = oldLogger, oldDebug })
+	saramaLogs.mu.Lock()
+	saramaLogs.to = l
+	saramaLogs.mu.Unlock()
+	t.Cleanup(func() {
+		saramaLogs.mu.Lock()
+		saramaLogs.to = nil
+		saramaLogs.mu.Unlock()
+	})
 }
 
 // secProcess runs the fanout binary with args and extra environment
@@ -627,7 +663,7 @@ func TestSecurityNoSecretInLibraryLogs(t *testing.T) {
 	}
 	d.stop(t)
 	out := logs.String()
-	for _, want := range []string{"[sarama debug] SASL authentication succeeded", "zookeeper session established", "level=debug"} {
+	for _, want := range []string{"[sarama] SASL authentication succeeded", "zookeeper session established", "level=debug"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the captured logs lack %q: the check did not see what it must", want)
 		}
@@ -678,16 +714,28 @@ func TestSecurityKafkaMechanisms(t *testing.T) {
 func TestSecurityZooKeeperTLS(t *testing.T) {
 	env := secureEnv(t)
 	other := testutil.NewTLSFiles(t)
-	for name, files := range map[string]tlsconf.Files{
-		"no client certificate": {CA: env.file("ca.pem")},
-		"another CA":            {CA: other.CA, Cert: env.file("client.pem"), Key: env.file("client-key.pem")},
+	for _, tt := range []struct {
+		name  string
+		files tlsconf.Files
+		want  string // in the error
+	}{
+		{"no client certificate", tlsconf.Files{CA: env.file("ca.pem")}, "remote error: tls:"},
+		{"another CA", tlsconf.Files{CA: other.CA, Cert: env.file("client.pem"), Key: env.file("client-key.pem")},
+			"certificate signed by unknown authority"},
+		{"plain text to the TLS port", tlsconf.Files{}, "last attempt"},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		conn, err := zkstore.Security{TLSFiles: files}.Connect(ctx, env.zkTLS, 4*time.Second, testLogger(t))
+		sec := zkstore.Security{TLSFiles: tt.files}
+		if tt.files == (tlsconf.Files{}) {
+			sec = zkstore.Security{}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		conn, err := sec.Connect(ctx, env.zkTLS, 4*time.Second, testLogger(t))
 		cancel()
 		if err == nil {
 			conn.Close()
-			t.Errorf("%s: a ZooKeeper session over TLS was established", name)
+			t.Errorf("%s: a ZooKeeper session on the TLS port was established", tt.name)
+		} else if !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an error saying %q", tt.name, err, tt.want)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)

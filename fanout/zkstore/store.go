@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -79,10 +80,21 @@ func cleanChroot(chroot string) (string, error) {
 	return c, nil
 }
 
-// zkLogger routes go-zookeeper's logs to logrus at debug level.
-type zkLogger struct{ log *logrus.Entry }
+// zkLogger routes go-zookeeper's logs to logrus at debug level, and keeps
+// the last failure to connect (a refused dial, a failed TLS handshake) so
+// that Connect can say why it gave up.
+type zkLogger struct {
+	log  *logrus.Entry
+	last *atomic.Pointer[string]
+}
 
-func (l zkLogger) Printf(format string, args ...any) { l.log.Debugf(format, args...) }
+func (l zkLogger) Printf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if strings.HasPrefix(format, "failed to connect") || strings.HasPrefix(format, "authentication failed") {
+		l.last.Store(&msg)
+	}
+	l.log.Debug(msg)
+}
 
 // Connect opens a ZooKeeper session with the servers (see ParseServers; a
 // chroot on the list is ignored here: give it to New) and waits until the
@@ -104,7 +116,8 @@ func connect(ctx context.Context, servers []string, sessionTimeout time.Duration
 		return nil, err
 	}
 	log = log.WithField("zookeeper", strings.Join(hosts, ","))
-	conn, events, err := zk.Connect(hosts, sessionTimeout, zk.WithLogger(zkLogger{log}), zk.WithDialer(dial))
+	var lastFailure atomic.Pointer[string]
+	conn, events, err := zk.Connect(hosts, sessionTimeout, zk.WithLogger(zkLogger{log, &lastFailure}), zk.WithDialer(dial))
 	if err != nil {
 		return nil, fmt.Errorf("zookeeper connect to %s: %w", strings.Join(hosts, ","), err)
 	}
@@ -112,6 +125,9 @@ func connect(ctx context.Context, servers []string, sessionTimeout time.Duration
 		select {
 		case <-ctx.Done():
 			conn.Close()
+			if last := lastFailure.Load(); last != nil {
+				return nil, fmt.Errorf("zookeeper unreachable at %s: %w (last attempt: %s)", strings.Join(hosts, ","), ctx.Err(), *last)
+			}
 			return nil, fmt.Errorf("zookeeper unreachable at %s: %w", strings.Join(hosts, ","), ctx.Err())
 		case ev, ok := <-events:
 			if !ok {
