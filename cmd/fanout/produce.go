@@ -157,6 +157,7 @@ func produce(c *cli.Context) error {
 	if err != nil {
 		return usageError(err)
 	}
+	warn(c.App.ErrWriter, o.security.Warnings())
 	var src messageSource
 	if o.count > 0 {
 		src = newSyntheticSource(o.topic, o.count, o.size, time.Now)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -135,4 +136,12 @@ func zookeeperSecurity(env []string, f flagValues) (zkstore.Security, error) {
 // metricsTokenFlag is serve's --metrics-token-file.
 func metricsTokenFlag() cli.Flag {
 	return &cli.StringFlag{Name: secretFlag(secretMetricsToken), Usage: "file holding the bearer token /metrics requires (or set FANOUT_" + secretMetricsToken + "); /healthz and /readyz stay open", EnvVars: []string{"FANOUT_" + secretMetricsToken + "_FILE"}}
+}
+
+// warn prints what is legal but unsafe in a tool's options (produce,
+// status) to w, one line each.
+func warn(w io.Writer, warnings []string) {
+	for _, msg := range warnings {
+		fmt.Fprintln(w, "fanout: warning:", msg)
+	}
 }

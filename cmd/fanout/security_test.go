@@ -158,3 +158,22 @@ func TestBadSecurityFlagsExitTwo(t *testing.T) {
 		})
 	}
 }
+
+// produce and status warn, as the daemon does, about a broker certificate
+// that is not verified.
+func TestToolsWarnAboutInsecureTLS(t *testing.T) {
+	for _, args := range [][]string{
+		{"produce", "--topic", "t", "--kafka", "127.0.0.1:1", "--kafka-tls-insecure-skip-verify"},
+		{"status", "--id", "s", "--topic", "t", "--kafka", "127.0.0.1:1", "--zookeeper", "127.0.0.1:1",
+			"--timeout", "100ms", "--kafka-tls-insecure-skip-verify"},
+	} {
+		withEnviron(t)
+		var stdout, stderr bytes.Buffer
+		app := newApp(&stdout, &stderr)
+		app.Reader = strings.NewReader("")
+		_ = app.Run(append([]string{"fanout"}, args...))
+		if !strings.Contains(stderr.String(), "fanout: warning: --kafka-tls-insecure-skip-verify") {
+			t.Errorf("%s: no warning about --kafka-tls-insecure-skip-verify:\n%s", args[0], stderr.String())
+		}
+	}
+}

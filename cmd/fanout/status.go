@@ -114,6 +114,7 @@ func statusAction(c *cli.Context) error {
 	if err := opts.Validate(); err != nil {
 		return usageError(err)
 	}
+	warn(c.App.ErrWriter, opts.KafkaSecurity.Warnings())
 	if len(opts.Kafka) == 0 {
 		opts.Kafka = []string{"localhost:9092"}
 	}
