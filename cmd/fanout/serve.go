@@ -70,48 +70,45 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	if len(zkAddrs) == 0 {
 		zkAddrs = linkedAddrs(environ, "ZK", 2181)
 	}
+	opts := fanout.Options{
+		ID:               str("id"),
+		Topic:            str("topic"),
+		Kafka:            splitAll(kafkaAddrs),
+		ZooKeeper:        splitAll(zkAddrs),
+		Listen:           str("listen"),
+		Advertise:        str("advertise"),
+		NodeID:           str("node-id"),
+		AckTimeout:       dur("ack-timeout"),
+		Heartbeat:        dur("heartbeat"),
+		Liveness:         num("liveness"),
+		WriteTimeout:     dur("write-timeout"),
+		MaxInFlight:      num("max-in-flight"),
+		MaxBuffered:      num("max-buffered"),
+		MaxBufferedBytes: num("max-buffered-bytes"),
+		MaxFrameSize:     num("max-frame-size"),
+		MaxClients:       num("max-clients"),
+		AuthToken:        str("auth-token"),
+		InitialOffset:    str("initial-offset"),
+		CommitInterval:   dur("commit-interval"),
+		DrainTimeout:     dur("drain-timeout"),
+		ClusterHeartbeat: dur("cluster-heartbeat"),
+		LeaderTimeout:    dur("leader-timeout"),
+		MetricsListen:    str("metrics-listen"),
+		Logger:           logrus.NewEntry(logrus.StandardLogger()),
+	}
+	// Security: the flags, and the secrets from the environment or files.
 	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
-	kafkaSec, err := kafkaSecurity(environ, flags)
-	if err != nil {
+	var err error
+	if opts.KafkaSecurity, err = kafkaSecurity(environ, flags); err != nil {
 		return fanout.Options{}, err
 	}
-	zkSec, err := zookeeperSecurity(environ, flags)
-	if err != nil {
+	if opts.ZooKeeperSecurity, err = zookeeperSecurity(environ, flags); err != nil {
 		return fanout.Options{}, err
 	}
-	metricsToken, err := readSecret(environ, flags, secretMetricsToken)
-	if err != nil {
+	if opts.MetricsToken, err = readSecret(environ, flags, secretMetricsToken); err != nil {
 		return fanout.Options{}, err
 	}
-	return fanout.Options{
-		ID:                str("id"),
-		Topic:             str("topic"),
-		Kafka:             splitAll(kafkaAddrs),
-		ZooKeeper:         splitAll(zkAddrs),
-		Listen:            str("listen"),
-		Advertise:         str("advertise"),
-		NodeID:            str("node-id"),
-		AckTimeout:        dur("ack-timeout"),
-		Heartbeat:         dur("heartbeat"),
-		Liveness:          num("liveness"),
-		WriteTimeout:      dur("write-timeout"),
-		MaxInFlight:       num("max-in-flight"),
-		MaxBuffered:       num("max-buffered"),
-		MaxBufferedBytes:  num("max-buffered-bytes"),
-		MaxFrameSize:      num("max-frame-size"),
-		MaxClients:        num("max-clients"),
-		AuthToken:         str("auth-token"),
-		InitialOffset:     str("initial-offset"),
-		CommitInterval:    dur("commit-interval"),
-		DrainTimeout:      dur("drain-timeout"),
-		ClusterHeartbeat:  dur("cluster-heartbeat"),
-		LeaderTimeout:     dur("leader-timeout"),
-		MetricsListen:     str("metrics-listen"),
-		MetricsToken:      metricsToken,
-		KafkaSecurity:     kafkaSec,
-		ZooKeeperSecurity: zkSec,
-		Logger:            logrus.NewEntry(logrus.StandardLogger()),
-	}, nil
+	return opts, nil
 }
 
 // serve runs the daemon until SIGINT or SIGTERM.
