@@ -45,6 +45,7 @@ type Options struct {
 	MaxBufferedBytes int           // payload bytes buffered before fetching pauses; default 64 MiB
 	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
 	MaxClients       int           // 0 = unlimited
+	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
 	AuthToken        string        // when set, clients must present it in Hello
 
 	InitialOffset  string        // "newest" or "oldest", for partitions with no stored offset; default newest
@@ -80,6 +81,7 @@ const (
 	DefaultMaxInFlight      = 1000
 	DefaultMaxBuffered      = 10000
 	DefaultMaxBufferedBytes = 64 << 20
+	DefaultMaxHandshakes    = 1024
 	DefaultInitialOffset    = "newest"
 	DefaultCommitInterval   = time.Second
 	DefaultDrainTimeout     = 10 * time.Second
@@ -127,6 +129,7 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxBuffered, DefaultMaxBuffered)
 	seti(&o.MaxBufferedBytes, DefaultMaxBufferedBytes)
 	seti(&o.MaxFrameSize, protocol.DefaultMaxFrameSize)
+	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
 	if o.InitialOffset == "" {
 		o.InitialOffset = DefaultInitialOffset
 	}
@@ -215,6 +218,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxClients < 0 {
 		bad("--max-clients %d: must not be negative", o.MaxClients)
+	}
+	if o.MaxHandshakes < 1 {
+		bad("--max-handshakes %d: at least 1", o.MaxHandshakes)
 	}
 	if s := strings.ToLower(o.InitialOffset); s != "newest" && s != "oldest" {
 		bad("--initial-offset %q: want newest or oldest", o.InitialOffset)

@@ -32,12 +32,16 @@ const (
 	closeRedirected                    // this node does not lead
 	closeShutdown                      // Server.Close
 	closeInternal                      // a bug: a goroutine of the connection panicked
+	closeEvicted                       // no Hello yet, and the longest waiting when too many waited
+	numCloseReasons
 )
 
-var closeReasonNames = [...]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error"}
+// CloseReasons names the reasons a connection closes, as indexes of
+// Stats.Closed, for logs and metrics.
+var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted"}
 
 // String names the reason for logs.
-func (r closeReason) String() string { return closeReasonNames[r] }
+func (r closeReason) String() string { return CloseReasons[r] }
 
 // leave maps the reason to the backend's vocabulary.
 func (r closeReason) leave() dispatch.LeaveReason {
@@ -59,7 +63,7 @@ func (r closeReason) leave() dispatch.LeaveReason {
 // level is the log level of the one line logged when a connection closes.
 func (r closeReason) level() logrus.Level {
 	switch r {
-	case closeDead, closeSlow, closeProtocol, closeRejected:
+	case closeDead, closeSlow, closeProtocol, closeRejected, closeEvicted:
 		return logrus.WarnLevel
 	case closeInternal:
 		return logrus.ErrorLevel
@@ -97,6 +101,11 @@ type conn struct {
 	joinMu   sync.Mutex
 	joined   bool // backend.Join was called
 	reserved bool // a client slot is held (Server.reserveClient)
+
+	// In Server.waiting while the Hello has not been read; Server.mu guards
+	// these.
+	waiting              bool
+	helloPrev, helloNext *conn
 
 	mu       sync.Mutex // guards the outbox and the fields below it
 	out      []outItem  // frames and deliveries for the pump, in order
@@ -143,7 +152,8 @@ func (c *conn) close(reason closeReason, err error, final *protocol.Frame) {
 		_ = c.nc.SetReadDeadline(now)
 		_ = c.nc.SetWriteDeadline(now)
 		c.wake()
-		c.s.forget(c.id)
+		c.s.forget(c)
+		c.s.closedBy[reason].Add(1)
 
 		c.joinMu.Lock()
 		joined, reserved := c.joined, c.reserved
@@ -178,7 +188,9 @@ func (c *conn) wake() {
 // connection closes.
 func (c *conn) readLoop() {
 	defer close(c.readerDone)
-	rd := protocol.NewReader(c.nc, c.s.cfg.MaxFrameSize)
+	// A Hello is small: a connection that has not said hello cannot make
+	// the daemon read a large frame.
+	rd := protocol.NewReader(c.nc, min(protocol.MaxHelloSize, c.s.cfg.MaxFrameSize))
 	// One Frame is reused for every read. Decoding replaces its body with
 	// freshly allocated messages, so the id slices handed to the backend are
 	// never overwritten by a later frame.
@@ -259,7 +271,9 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if cfg.HelloTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(cfg.HelloTimeout))
 	}
-	if err := rd.ReadFrame(f); err != nil {
+	err := rd.ReadFrame(f)
+	c.s.helloRead(c)
+	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) && !c.closing.Load() {
 			c.close(closeProtocol, fmt.Errorf("no hello within %v", cfg.HelloTimeout), nil)
 			return false
@@ -303,6 +317,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	case joinClosing:
 		return false
 	}
+	rd.SetMaxFrameSize(cfg.MaxFrameSize)
 	// From here on the pump watches liveness; the reader waits without a deadline.
 	_ = c.nc.SetReadDeadline(time.Time{})
 	// close may have set its deadline just before ours replaced it.

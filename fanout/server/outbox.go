@@ -98,14 +98,22 @@ type pumpState struct {
 	pframe  *protocol.Frame // wraps ping
 }
 
+// writer returns the connection's Writer, created at the first write, so
+// that a connection that never says hello holds no write buffer.
+func (p *pumpState) writer() *protocol.Writer {
+	if p.w == nil {
+		// Frames to clients are limited only by the 4-byte length prefix: a
+		// message Kafka accepted is delivered whatever its size.
+		p.w = protocol.NewWriter(&p.dw, math.MaxInt)
+	}
+	return p.w
+}
+
 // pump is the connection's only writer. It waits for the outbox to fill or
 // the heartbeat to tick, writes everything queued, and flushes once per
 // batch. After close it writes the final frame, if any, and closes the socket.
 func (c *conn) pump() {
 	p := &pumpState{dw: deadlineWriter{c: c, timeout: c.s.cfg.WriteTimeout}}
-	// Frames to clients are limited only by the 4-byte length prefix: a
-	// message Kafka accepted is delivered whatever its size.
-	p.w = protocol.NewWriter(&p.dw, math.MaxInt)
 	p.pframe = protocol.PingFrame(0)
 	clean := c.pumpLoop(p)
 	c.finish(p, clean)
@@ -137,7 +145,7 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 				return true
 			}
 			p.pframe.GetPing().Nonce++
-			if err := p.w.WriteFrame(p.pframe); err != nil {
+			if err := p.writer().WriteFrame(p.pframe); err != nil {
 				c.writeFailed(err)
 				return false
 			}
@@ -154,7 +162,7 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 		welcomed, err := p.writeBatch(batch)
 		clear(batch) // drop references to the messages
 		spare = batch[:0]
-		if err == nil && p.w.Buffered() > 0 {
+		if err == nil && p.w != nil && p.w.Buffered() > 0 {
 			err = p.w.Flush()
 		}
 		if err != nil {
@@ -188,7 +196,7 @@ func (p *pumpState) writeBatch(batch []outItem) (welcomed bool, err error) {
 			if it.frame.GetWelcome() != nil {
 				welcomed = true
 			}
-			if err := p.w.WriteFrame(it.frame); err != nil {
+			if err := p.writer().WriteFrame(it.frame); err != nil {
 				return welcomed, err
 			}
 			continue
@@ -217,7 +225,7 @@ func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
 	} else {
 		dv.Partition, dv.Offset, dv.Key, dv.Value, dv.TimestampMs, dv.Headers = 0, 0, nil, nil, 0, nil
 	}
-	return p.w.WriteDeliver(&p.deliver)
+	return p.writer().WriteDeliver(&p.deliver)
 }
 
 // fillHeaders converts headers into reused protocol.Header messages. Keys
@@ -260,9 +268,9 @@ func (c *conn) finish(p *pumpState, clean bool) {
 	c.mu.Unlock()
 	if clean && final != nil {
 		p.dw.final, p.dw.timeout = true, min(lingerTimeout, c.s.cfg.WriteTimeout)
-		err := p.w.WriteFrame(final)
+		err := p.writer().WriteFrame(final)
 		if err == nil {
-			err = p.w.Flush()
+			err = p.writer().Flush()
 		}
 		if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && err == nil && cw.CloseWrite() == nil {
 			<-c.readerDone // the reader stopped at close's read deadline
