@@ -55,20 +55,21 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	srv, err := server.New(server.Config{
-		Listen:        opts.Listen,
-		NodeID:        opts.NodeID,
-		Topic:         opts.Topic,
-		MaxInFlight:   opts.MaxInFlight,
-		AckTimeout:    opts.AckTimeout,
-		Heartbeat:     opts.Heartbeat,
-		Liveness:      opts.Liveness,
-		WriteTimeout:  opts.WriteTimeout,
-		MaxFrameSize:  opts.MaxFrameSize,
-		MaxClients:    opts.MaxClients,
-		MaxHandshakes: opts.MaxHandshakes,
-		AuthToken:     opts.AuthToken,
-		Leadership:    d.leadership,
-		Logger:        d.log,
+		Listen:         opts.Listen,
+		NodeID:         opts.NodeID,
+		Topic:          opts.Topic,
+		MaxInFlight:    opts.MaxInFlight,
+		AckTimeout:     opts.AckTimeout,
+		Heartbeat:      opts.Heartbeat,
+		Liveness:       opts.Liveness,
+		WriteTimeout:   opts.WriteTimeout,
+		MaxFrameSize:   opts.MaxFrameSize,
+		MaxClients:     opts.MaxClients,
+		MaxHandshakes:  opts.MaxHandshakes,
+		MaxOutboxBytes: opts.MaxOutboxBytes,
+		AuthToken:      opts.AuthToken,
+		Leadership:     d.leadership,
+		Logger:         d.log,
 	}, &d.backend)
 	if err != nil {
 		return nil, fmt.Errorf("client server: %w", err)

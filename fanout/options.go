@@ -39,7 +39,8 @@ type Options struct {
 	AckTimeout       time.Duration // redeliver without an ack after this; default 30s
 	Heartbeat        time.Duration // ping interval; default 5s
 	Liveness         int           // heartbeats of silence before a client is dropped; default 2
-	WriteTimeout     time.Duration // a client write slower than this drops the client; default 10s
+	WriteTimeout     time.Duration // a client that has not read a frame this long after it was queued is dropped; default 10s
+	MaxOutboxBytes   int           // control frames (Pongs) queued for one client and not read; past it the client is dropped; default 256 KiB
 	MaxInFlight      int           // cap on any client's unacked messages; default 1000
 	MaxBuffered      int           // messages buffered before fetching pauses; default 10000
 	MaxBufferedBytes int           // payload bytes buffered before fetching pauses; default 64 MiB
@@ -82,6 +83,7 @@ const (
 	DefaultMaxBuffered      = 10000
 	DefaultMaxBufferedBytes = 64 << 20
 	DefaultMaxHandshakes    = 1024
+	DefaultMaxOutboxBytes   = 256 << 10
 	DefaultInitialOffset    = "newest"
 	DefaultCommitInterval   = time.Second
 	DefaultDrainTimeout     = 10 * time.Second
@@ -130,6 +132,7 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxBufferedBytes, DefaultMaxBufferedBytes)
 	seti(&o.MaxFrameSize, protocol.DefaultMaxFrameSize)
 	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
+	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
 	if o.InitialOffset == "" {
 		o.InitialOffset = DefaultInitialOffset
 	}
@@ -218,6 +221,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxClients < 0 {
 		bad("--max-clients %d: must not be negative", o.MaxClients)
+	}
+	if o.MaxOutboxBytes < 16<<10 {
+		bad("--max-outbox-bytes %d: at least 16 KiB", o.MaxOutboxBytes)
 	}
 	if o.MaxHandshakes < 1 {
 		bad("--max-handshakes %d: at least 1", o.MaxHandshakes)

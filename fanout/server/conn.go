@@ -26,7 +26,7 @@ const (
 	closeGoodbye    closeReason = iota // the client said goodbye
 	closeDisconnect                    // the client closed the connection, or it failed
 	closeDead                          // no frame within the liveness window
-	closeSlow                          // a write took longer than WriteTimeout
+	closeSlow                          // queued frames not read within WriteTimeout, or the outbox bound passed
 	closeProtocol                      // the client broke the protocol
 	closeRejected                      // the handshake was refused (version, auth, capacity)
 	closeRedirected                    // this node does not lead
@@ -109,6 +109,9 @@ type conn struct {
 
 	mu       sync.Mutex // guards the outbox and the fields below it
 	out      []outItem  // frames and deliveries for the pump, in order
+	outBytes int        // what the control entries of out are charged (MaxOutboxBytes)
+	outSince time.Time  // when out last became non-empty
+	overflow bool       // an entry was dropped at the MaxOutboxBytes bound: the pump closes
 	name     string     // the client id from Hello
 	final    *protocol.Frame
 	reason   closeReason
@@ -228,7 +231,7 @@ func (c *conn) handle(f *protocol.Frame) bool {
 			b.Touch(c.id, ids)
 		}
 	case *protocol.Frame_Ping:
-		c.queue(protocol.PongFrame(body.Ping.GetNonce()))
+		c.pong(body.Ping.GetNonce())
 	case *protocol.Frame_Pong:
 		// A sign of life; lastSeen is already updated.
 	case *protocol.Frame_Goodbye:

@@ -33,10 +33,17 @@ const (
 	DefaultLiveness     = 2
 	DefaultWriteTimeout = 10 * time.Second
 	DefaultHelloTimeout = 10 * time.Second
+	// DefaultMaxOutboxBytes bounds the control frames queued for one
+	// connection: thousands of Pongs, where a client that reads needs a few.
+	DefaultMaxOutboxBytes = 256 << 10
 	// DefaultMaxHandshakes bounds the connections that have not sent their
 	// Hello yet; each holds two goroutines and a read buffer (about 40 KiB).
 	DefaultMaxHandshakes = 1024
 )
+
+// minOutboxBytes is the smallest MaxOutboxBytes: room for a Welcome, an
+// Error and a Goodbye with long texts.
+const minOutboxBytes = 16 << 10
 
 // noLeaderRetry is the retry_after_ms told to clients when no leader is
 // known and Leadership.RetryAfter is zero.
@@ -52,10 +59,14 @@ type Config struct {
 	AckTimeout   time.Duration // the dispatcher's ack timeout, only told to clients in Welcome
 	Heartbeat    time.Duration // ping interval; default DefaultHeartbeat
 	Liveness     int           // heartbeats of silence before a client is dropped; default DefaultLiveness
-	WriteTimeout time.Duration // a socket write taking longer closes the client as slow; default DefaultWriteTimeout
+	WriteTimeout time.Duration // a queued frame not written within this closes the client as slow; default DefaultWriteTimeout
 	HelloTimeout time.Duration // time allowed to send Hello after connecting; default DefaultHelloTimeout
 	MaxFrameSize int           // largest frame accepted from a client; default protocol.DefaultMaxFrameSize
 	MaxClients   int           // welcomed clients allowed at once; 0 means unlimited
+	// MaxOutboxBytes bounds the control frames (Pongs above all) queued for
+	// one connection and not yet written; passing it closes the connection as
+	// a slow consumer. Default DefaultMaxOutboxBytes.
+	MaxOutboxBytes int
 	// MaxHandshakes bounds the connections accepted that have not sent their
 	// Hello yet; when one more arrives, the one that has waited longest is
 	// closed. Default DefaultMaxHandshakes.
@@ -97,6 +108,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxFrameSize == 0 {
 		c.MaxFrameSize = protocol.DefaultMaxFrameSize
 	}
+	if c.MaxOutboxBytes == 0 {
+		c.MaxOutboxBytes = DefaultMaxOutboxBytes
+	}
 	if c.MaxHandshakes == 0 {
 		c.MaxHandshakes = DefaultMaxHandshakes
 	}
@@ -132,6 +146,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("MaxFrameSize must be in [1, %d], got %d", uint32(math.MaxUint32), c.MaxFrameSize)
 	case c.MaxClients < 0:
 		return fmt.Errorf("MaxClients must not be negative, got %d", c.MaxClients)
+	case c.MaxOutboxBytes < minOutboxBytes:
+		return fmt.Errorf("MaxOutboxBytes must be at least %d, got %d", minOutboxBytes, c.MaxOutboxBytes)
 	case c.MaxHandshakes < 1:
 		return fmt.Errorf("MaxHandshakes must be at least 1, got %d", c.MaxHandshakes)
 	}
