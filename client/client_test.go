@@ -503,9 +503,53 @@ func TestBackoffNeverOverflows(t *testing.T) {
 	}
 }
 
+// The daemon refuses a frame naming more ids than Welcome.max_in_flight
+// (ERROR_CODE_TOO_MANY_IDS), and a client can hold more ids than that: a
+// delivery whose ack timed out plus its credit's new ones. Acks are split.
+func TestAckFramesWithinWelcomeInFlight(t *testing.T) {
+	const credit, n = 8, 200
+	if got := idsPerFrame(protocol.DefaultMaxFrameSize, credit); got != credit {
+		t.Fatalf("idsPerFrame(4 MiB, %d) = %d", credit, got)
+	}
+	d := startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{d.addr()}, MaxInFlight: n})
+	fc := d.accept(t)
+	fc.expectHello(t)
+	w := testWelcome()
+	w.MaxInFlight = credit
+	fc.send(t, protocol.WelcomeFrame(w))
+	c := connected(t, ch)
+	for i := 1; i <= n; i++ {
+		if err := fc.w.WriteFrame(protocol.DeliverFrame(&protocol.Deliver{DeliveryId: uint64(i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fc.w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]*Message, n)
+	for i := range msgs {
+		msgs[i] = receive(t, c)
+	}
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got int
+	for got < n {
+		f := fc.next(t)
+		ids := f.GetAck().GetDeliveryIds()
+		if len(ids) > credit {
+			t.Fatalf("an Ack frame named %d ids, more than the Welcome's max_in_flight %d", len(ids), credit)
+		}
+		got += len(ids)
+	}
+}
+
 func TestIDsPerFrameFitTheLimit(t *testing.T) {
 	for _, max := range []int{0, 100, 1024, 20000, protocol.DefaultMaxFrameSize} {
-		n := idsPerFrame(max)
+		n := idsPerFrame(max, 0)
 		ids := make([]uint64, n)
 		for i := range ids {
 			ids[i] = ^uint64(0) // the longest varint

@@ -2,13 +2,21 @@ package server
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/protocol"
@@ -250,4 +258,183 @@ func TestTrickleReaderDropped(t *testing.T) {
 	if ls := s.b.find("leave", fastID); len(ls) != 0 {
 		t.Fatalf("the fast reader left: %v", ls)
 	}
+}
+
+// An Ack, Nack or Touch naming more ids than the client's in-flight limit is
+// refused, fatally, before its ids are decoded; one at the limit is handed
+// to the backend.
+func TestIDsPerFrameCapped(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		frame func([]uint64) *protocol.Frame
+		op    string
+	}{
+		{"ack", protocol.AckFrame, "ack"},
+		{"nack", protocol.NackFrame, "nack"},
+		{"touch", protocol.TouchFrame, "touch"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startServer(t)
+			c := dial(t, s)
+			w := c.hello(&protocol.Hello{ClientId: "c", ProtocolVersion: protocol.Version, MaxInFlight: 10})
+			id := w.GetSessionId()
+			ids := make([]uint64, 11)
+			for i := range ids {
+				ids[i] = uint64(i + 1)
+			}
+			c.send(tt.frame(ids[:10]))
+			if got := s.b.waitCall(t, tt.op, id); len(got.ids) != 10 {
+				t.Fatalf("%s of %d ids reached the backend, want 10", tt.op, len(got.ids))
+			}
+			c.send(tt.frame(ids))
+			e := c.expectError(protocol.ErrorCode_ERROR_CODE_TOO_MANY_IDS)
+			if !strings.Contains(e.GetMessage(), "11") || !strings.Contains(e.GetMessage(), "10") {
+				t.Errorf("error %q does not name the count and the limit", e.GetMessage())
+			}
+			c.expectClosed()
+			if l := s.b.waitCall(t, "leave", id); l.reason != dispatch.LeaveProtocol {
+				t.Fatalf("Leave reason %v, want %v", l.reason, dispatch.LeaveProtocol)
+			}
+			if n := len(s.b.find(tt.op, id)); n != 1 {
+				t.Fatalf("%d %s calls, want only the one at the limit", n, tt.op)
+			}
+		})
+	}
+}
+
+// blockingBackend is a fakeBackend whose Ack blocks for the clients named
+// in block until release is closed, as when the dispatcher's queue is full.
+type blockingBackend struct {
+	*fakeBackend
+	block   map[string]bool // client names
+	release chan struct{}
+	mu      sync.Mutex
+	names   map[uint64]string
+	blocked atomic.Int64
+}
+
+func (b *blockingBackend) Join(id uint64, name string, maxInFlight int, sink dispatch.ClientSink) {
+	b.mu.Lock()
+	b.names[id] = name
+	b.mu.Unlock()
+	b.fakeBackend.Join(id, name, maxInFlight, sink)
+}
+
+func (b *blockingBackend) Ack(id uint64, ids []uint64) {
+	b.mu.Lock()
+	block := b.block[b.names[id]]
+	b.mu.Unlock()
+	if block {
+		b.blocked.Add(1)
+		<-b.release
+	}
+	b.fakeBackend.Ack(id, ids)
+}
+
+// A flood of Ack frames from clients whose acks the dispatcher does not take
+// (a full queue) pins at most one frame per reader, and a frame names at most
+// the client's credit of ids: the heap stays under a bound derived from the
+// in-flight limit, and another client is served.
+func TestAckFloodBounded(t *testing.T) {
+	const credit, flooders = 1000, 8
+	logger, hook := logtest.NewNullLogger()
+	b := &blockingBackend{fakeBackend: newFakeBackend(), block: map[string]bool{"flood": true},
+		release: make(chan struct{}), names: map[uint64]string{}}
+	cfg := testConfig(func(c *Config) { c.MaxInFlight = credit; c.MaxFrameSize = protocol.DefaultMaxFrameSize })
+	cfg.Logger = logrus.NewEntry(logger)
+	srv, err := New(cfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { close(b.release); _ = srv.Close() })
+	s := &testServer{Server: srv, b: b.fakeBackend, logs: hook}
+
+	// Half the flooders send frames at the limit (legal, each blocks its
+	// reader), half 4 MiB frames of one-byte ids: 4 million ids, 32 MiB
+	// decoded, were they decoded.
+	legal := make([]uint64, credit)
+	for i := range legal {
+		legal[i] = uint64(i + 1)
+	}
+	legalFrame := encodeFrame(t, protocol.AckFrame(legal))
+	const hugeIDs = protocol.DefaultMaxFrameSize - 32
+	huge := protowire.AppendTag(nil, 1, protowire.BytesType)
+	huge = protowire.AppendVarint(huge, hugeIDs)
+	huge = append(huge, bytes.Repeat([]byte{1}, hugeIDs)...)
+	hugeBody := protowire.AppendTag(nil, 5, protowire.BytesType) // Frame.ack
+	hugeBody = protowire.AppendVarint(hugeBody, uint64(len(huge)))
+	hugeBody = append(hugeBody, huge...)
+	hugeFrame := append(binary.BigEndian.AppendUint32(nil, uint32(len(hugeBody))), hugeBody...)
+
+	good, goodID := connect(t, s)
+	base := heapNow()
+	stop := heapPeak()
+	var wg sync.WaitGroup
+	for i := range flooders {
+		c := dial(t, s)
+		c.hello(&protocol.Hello{ClientId: "flood", ProtocolVersion: protocol.Version})
+		frame := legalFrame
+		if i%2 == 1 {
+			frame = hugeFrame
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// 32 MiB per flooder, or until the server stops reading.
+			for sent := 0; sent < 32<<20; sent += len(frame) {
+				_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+				if _, err := c.nc.Write(frame); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	testutil.WaitFor(t, testTimeout, "every flooder's reader blocked or closed", func() bool {
+		return b.blocked.Load()+int64(s.Stats().Closed[closeProtocol]) == flooders
+	})
+	wg.Wait() // every flooder's writes stopped: blocked readers, closed connections
+	peak := stop()
+	refused := 0
+	for _, e := range s.logs.AllEntries() {
+		if e.Message == "client connection closed" && strings.Contains(fmt.Sprint(e.Data["error"]), "names 4194272 delivery ids") {
+			refused++
+		}
+	}
+	if refused != flooders/2 {
+		t.Errorf("%d connections closed for too many ids, want %d", refused, flooders/2)
+	}
+	// The bound: a blocked reader holds one frame of at most credit ids
+	// (8 KiB) and its buffers (32 KiB read, at most 64 KiB kept after a
+	// frame); a refused frame is read whole into the read buffer (4 MiB,
+	// growing by doubling: 8 MiB allocated) and released. 8 flooders: under
+	// 40 MiB; with the GC's own slack and the test's allocations, 80 MiB.
+	// Decoding the refused frames' ids alone would take 4 x 32 MiB.
+	const bound = 80 << 20
+	if growth := int64(peak) - int64(base); growth > bound {
+		t.Errorf("heap grew by %d MiB during the ack flood, bound %d MiB", growth>>20, bound>>20)
+	}
+	t.Logf("ack flood: heap peak %d MiB above the baseline (bound %d MiB)", (int64(peak)-int64(base))>>20, bound>>20)
+
+	d := dispatch.Delivery{ID: 5, Attempt: 1, Msg: testMessage(0, 5, 100)}
+	s.b.sink(t, goodID).Send([]dispatch.Delivery{d})
+	good.expectDeliver(d)
+	good.send(protocol.AckFrame([]uint64{5}))
+	s.b.waitCall(t, "ack", goodID)
+}
+
+// encodeFrame returns f as bytes on the wire.
+func encodeFrame(t testing.TB, f *protocol.Frame) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	w := protocol.NewWriter(&buf, 0)
+	if err := w.WriteFrame(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }

@@ -260,7 +260,8 @@ func (c *conn) readFailed(err error) {
 	switch code := protocol.CodeOf(err); {
 	case errors.Is(err, io.EOF):
 		c.close(closeDisconnect, errors.New("connection closed by the client"), nil)
-	case code == protocol.ErrorCode_ERROR_CODE_BAD_FRAME || code == protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE:
+	case code == protocol.ErrorCode_ERROR_CODE_BAD_FRAME || code == protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE ||
+		code == protocol.ErrorCode_ERROR_CODE_TOO_MANY_IDS:
 		c.close(closeProtocol, fmt.Errorf("read frame: %w", err), protocol.ErrorFrame(code, true, "%v", err))
 	default:
 		c.close(closeDisconnect, fmt.Errorf("read frame: %w", err), nil)
@@ -321,6 +322,9 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 		return false
 	}
 	rd.SetMaxFrameSize(cfg.MaxFrameSize)
+	// A frame may name at most the ids the client can have in flight; the
+	// reader refuses more before decoding them.
+	rd.SetMaxIDs(maxInFlight)
 	// From here on the pump watches liveness; the reader waits without a deadline.
 	_ = c.nc.SetReadDeadline(time.Time{})
 	// close may have set its deadline just before ours replaced it.
