@@ -356,6 +356,7 @@ func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.S
 		Logger:           d.log,
 		Stored:           stored,
 		OnCommit:         d.collector.ObserveCommit,
+		FrameSize:        server.DeliverFrameSize,
 	}, src)
 	if err != nil {
 		return err

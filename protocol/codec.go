@@ -277,6 +277,10 @@ func NewWriter(w io.Writer, maxFrameSize int) *Writer {
 	}
 }
 
+// SetMaxFrameSize changes the largest frame the Writer encodes
+// (DefaultMaxFrameSize when maxFrameSize <= 0).
+func (w *Writer) SetMaxFrameSize(maxFrameSize int) { w.max = limit(maxFrameSize) }
+
 // WriteFrame encodes f into the buffer. It returns a *FrameTooLargeError,
 // without encoding or writing anything, when the encoded frame would exceed
 // the maximum. f must not be modified while WriteFrame runs.

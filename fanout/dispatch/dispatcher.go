@@ -28,6 +28,12 @@ type Config struct {
 	// OnCommit, when set, is called by the committer after each commit
 	// attempt (not per message) with its duration and error, for metrics.
 	OnCommit func(took time.Duration, err error)
+	// FrameSize, when set, returns the size of the largest frame that can
+	// carry a message to a client (the server's encoding). It is called once
+	// per message as it arrives; clients whose sink is a LimitedSink get only
+	// messages that fit their MaxFrameSize. Nil: every client takes every
+	// message.
+	FrameSize func(*Message) int
 }
 
 func (c *Config) setDefaults() {
@@ -184,6 +190,11 @@ var ErrAbandon = errors.New("dispatch: abandoned")
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
+	s.frameSize = d.cfg.FrameSize
+	s.onTooLarge = func(m *Message, largest int) {
+		d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame, "largest_client_limit": largest}).
+			Warn("message larger than any connected client accepts: it waits for a client that announces a large enough max_frame_size")
+	}
 	now := d.cfg.Now
 
 	cm := newCommitter(d.cfg.Store, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)

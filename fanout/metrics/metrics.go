@@ -72,7 +72,7 @@ type Collector struct {
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
-	handshaking, connsClosed                                     *prometheus.Desc
+	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
 }
@@ -110,6 +110,7 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		clients:       desc("clients_connected", "Connected clients."),
 		handshaking:   desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
 		connsClosed:   desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
+		tooLarge:      desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
 		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
 		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
 		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
@@ -135,7 +136,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.commitFailures.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed,
+		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.leader, c.epoch, c.failovers, c.members,
 	} {
 		ch <- d
@@ -166,6 +167,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.inFlight, float64(st.InFlight))
 	gauge(c.buffered, float64(st.Buffered))
 	gauge(c.bufferedBytes, float64(st.BufferBytes))
+	gauge(c.tooLarge, float64(st.TooLarge))
 	gauge(c.paused, bool01(st.Paused))
 	gauge(c.clients, float64(s.Clients))
 	gauge(c.handshaking, float64(s.Handshaking))

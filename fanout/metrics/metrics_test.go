@@ -22,7 +22,7 @@ func leaderSnapshot() Snapshot {
 		Stats: dispatch.Stats{
 			Consumed: 10, Delivered: 12, Acked: 7, Nacked: 1,
 			Redelivered: [3]uint64{2, 0, 1}, UnknownAcks: 3,
-			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true,
+			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true, TooLarge: 1,
 			Committed: map[int32]int64{0: 5, 1: 9},
 		},
 		HighWaterMarks:    map[int32]int64{0: 8, 1: 9, 2: 4},
@@ -69,6 +69,9 @@ fanout_buffered_messages 4
 # HELP fanout_buffered_bytes Payload bytes of the messages waiting for a client.
 # TYPE fanout_buffered_bytes gauge
 fanout_buffered_bytes 400
+# HELP fanout_messages_too_large Buffered messages larger than any connected client accepts: they wait for one that does.
+# TYPE fanout_messages_too_large gauge
+fanout_messages_too_large 1
 # HELP fanout_fetching_paused 1 while fetching from Kafka is paused (backpressure or no clients).
 # TYPE fanout_fetching_paused gauge
 fanout_fetching_paused 1

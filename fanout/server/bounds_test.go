@@ -438,3 +438,63 @@ func encodeFrame(t testing.TB, f *protocol.Frame) []byte {
 	}
 	return buf.Bytes()
 }
+
+// DeliverFrameSize bounds the Deliver frame of a message whatever its id and
+// attempt, and not by much.
+func TestDeliverFrameSizeBound(t *testing.T) {
+	msgs := []*dispatch.Message{
+		{},
+		{Partition: 7, Offset: 1 << 40, Value: []byte("v")},
+		testMessage(3, 99, 1000),
+		testMessage(0, 0, 300<<10),
+		{Partition: 1, Offset: 5, Key: make([]byte, 200), Value: make([]byte, 70000),
+			Headers:   []dispatch.Header{{Key: "\xff\xfe bad utf-8 \xfd", Value: make([]byte, 129)}, {}, {Key: "k"}},
+			Timestamp: time.Unix(1<<40, 0)},
+	}
+	for i, m := range msgs {
+		p := &pumpState{}
+		var buf bytes.Buffer
+		p.w = protocol.NewWriter(&buf, 0)
+		p.w.SetMaxFrameSize(1 << 30)
+		d := dispatch.Delivery{ID: ^uint64(0), Attempt: ^uint32(0), Msg: m}
+		if err := p.writeDelivery(&d); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if err := p.w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		got := buf.Len() - protocol.HeaderSize
+		bound := DeliverFrameSize(m)
+		if bound < got || bound > got+48 {
+			t.Errorf("message %d: DeliverFrameSize %d, frame of %d bytes", i, bound, got)
+		}
+	}
+}
+
+// A client's Hello.max_frame_size is its sink's limit (the dispatcher sends
+// it nothing larger) and the pump's: a delivery above it is never written,
+// whoever queued it.
+func TestClientFrameLimit(t *testing.T) {
+	s := startServer(t)
+	def, defID := connect(t, s)
+	if got := s.b.sink(t, defID).(dispatch.LimitedSink).MaxFrameSize(); got != protocol.DefaultMaxFrameSize {
+		t.Errorf("a Hello without max_frame_size: limit %d, want the default %d", got, protocol.DefaultMaxFrameSize)
+	}
+	c := dial(t, s)
+	id := c.hello(&protocol.Hello{ClientId: "small", ProtocolVersion: protocol.Version, MaxFrameSize: 8 << 10}).GetSessionId()
+	sink := s.b.sink(t, id)
+	if got := sink.(dispatch.LimitedSink).MaxFrameSize(); got != 8<<10 {
+		t.Fatalf("sink limit %d, want %d", got, 8<<10)
+	}
+	fits := dispatch.Delivery{ID: 1, Attempt: 1, Msg: testMessage(0, 1, 7<<10)}
+	sink.Send([]dispatch.Delivery{fits})
+	c.expectDeliver(fits)
+	big := dispatch.Delivery{ID: 2, Attempt: 1, Msg: testMessage(0, 2, 9<<10)}
+	sink.Send([]dispatch.Delivery{big})
+	c.expectError(protocol.ErrorCode_ERROR_CODE_INTERNAL)
+	c.expectClosed()
+	// The default client takes it.
+	big.ID = 3
+	s.b.sink(t, defID).Send([]dispatch.Delivery{big})
+	def.expectDeliver(big)
+}

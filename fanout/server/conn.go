@@ -107,6 +107,11 @@ type conn struct {
 	waiting              bool
 	helloPrev, helloNext *conn
 
+	// maxFrame is the largest frame the client accepts (Hello.max_frame_size,
+	// or the protocol's default). The reader sets it before queueing the
+	// Welcome; the pump reads it when it writes the Welcome.
+	maxFrame int
+
 	mu       sync.Mutex // guards the outbox and the fields below it
 	out      []outItem  // frames and deliveries for the pump, in order
 	outBytes int        // what the control entries of out are charged (MaxOutboxBytes)
@@ -314,6 +319,10 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if m := h.GetMaxInFlight(); m != 0 && uint64(m) < uint64(maxInFlight) {
 		maxInFlight = int(m)
 	}
+	c.maxFrame = protocol.DefaultMaxFrameSize
+	if m := h.GetMaxFrameSize(); m != 0 {
+		c.maxFrame = int(m)
+	}
 	switch c.join(h.GetClientId(), maxInFlight) {
 	case joinFull:
 		c.reject(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, "too many clients (at most %d)", cfg.MaxClients)
@@ -367,7 +376,7 @@ func (c *conn) join(name string, maxInFlight int) int {
 	}))
 	c.joined = true
 	c.s.backend.Join(c.id, name, maxInFlight, c)
-	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight}).Debug("client welcomed")
+	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame}).Debug("client welcomed")
 	return joinOK
 }
 

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
@@ -53,6 +54,31 @@ const (
 // the pump gives the whole batch one write deadline, the time the oldest
 // entry was queued plus WriteTimeout, so a client reading a trickle is
 // dropped even though each write call makes progress.
+
+// MaxFrameSize implements dispatch.LimitedSink: the largest frame the
+// client said it accepts. The dispatcher asks it at Join, after the Hello.
+func (c *conn) MaxFrameSize() int { return c.maxFrame }
+
+// DeliverFrameSize is dispatch.Config.FrameSize for this server: an upper
+// bound of the bytes (length prefix excluded) of the Deliver frame that
+// carries m, whatever its delivery id and attempt.
+func DeliverFrameSize(m *dispatch.Message) int {
+	field := func(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
+	n := 1 + 10 + // delivery_id
+		1 + protowire.SizeVarint(uint64(int64(m.Partition))) +
+		1 + protowire.SizeVarint(uint64(m.Offset)) +
+		field(len(m.Key)) + field(len(m.Value)) +
+		1 + 10 + // timestamp_ms
+		1 + 5 // attempt
+	for _, h := range m.Headers {
+		key := len(h.Key)
+		if !utf8.ValidString(h.Key) {
+			key *= 3 // each invalid byte becomes at most one U+FFFD
+		}
+		n += field(field(key) + field(len(h.Value)))
+	}
+	return field(n)
+}
 
 // Send queues deliveries for the pump. It never blocks and never touches
 // the socket. Deliveries sent after the connection started closing are
@@ -150,8 +176,8 @@ type pumpState struct {
 // that a connection that never says hello holds no write buffer.
 func (p *pumpState) writer() *protocol.Writer {
 	if p.w == nil {
-		// Frames to clients are limited only by the 4-byte length prefix: a
-		// message Kafka accepted is delivered whatever its size.
+		// Until the Welcome, frames are limited only by the 4-byte length
+		// prefix; then by the client's max_frame_size (writeBatch).
 		p.w = protocol.NewWriter(&p.dw, math.MaxInt)
 	}
 	return p.w
@@ -225,8 +251,11 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 			err = p.w.Flush()
 		}
 		if err != nil {
+			// An oversized frame is refused before any of its bytes are
+			// buffered: the stream is still between frames.
+			var tooLarge *protocol.FrameTooLargeError
 			c.writeFailed(err, p)
-			return false
+			return errors.As(err, &tooLarge)
 		}
 		p.since = time.Time{}
 		if welcomed && tick == nil {
@@ -239,6 +268,13 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 // writeFailed closes the connection after a write error: a timeout means the
 // client does not read fast enough.
 func (c *conn) writeFailed(err error, p *pumpState) {
+	var tooLarge *protocol.FrameTooLargeError
+	if errors.As(err, &tooLarge) {
+		// The dispatcher sends a client only messages that fit it.
+		c.close(closeInternal, fmt.Errorf("a delivery larger than the client accepts reached the pump: %w", err),
+			protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_INTERNAL, true, "internal error"))
+		return
+	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		c.close(closeSlow, fmt.Errorf("frames queued %v ago not yet read (--write-timeout %v): %w",
 			time.Since(p.since).Round(time.Millisecond), c.s.cfg.WriteTimeout, err), nil)
@@ -263,6 +299,9 @@ func (p *pumpState) writeBatch(batch []outItem) (welcomed bool, err error) {
 		if it.frame != nil {
 			if it.frame.GetWelcome() != nil {
 				welcomed = true
+				// From here on frames are Deliveries, which the client
+				// takes up to the size it announced.
+				p.writer().SetMaxFrameSize(p.dw.c.maxFrame)
 			}
 			if err := p.writer().WriteFrame(it.frame); err != nil {
 				return welcomed, err
