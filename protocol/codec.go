@@ -91,7 +91,15 @@ type Reader struct {
 // NewReader returns a Reader that refuses frames larger than maxFrameSize
 // bytes (DefaultMaxFrameSize when maxFrameSize <= 0). It buffers r.
 func NewReader(r io.Reader, maxFrameSize int) *Reader {
-	return &Reader{r: bufio.NewReaderSize(r, 32<<10), max: limit(maxFrameSize)}
+	return NewReaderSize(r, maxFrameSize, 32<<10)
+}
+
+// NewReaderSize is NewReader with a read-ahead buffer of bufSize bytes
+// instead of 32 KiB (at least 16). Frames larger than it are read straight
+// into the frame buffer, so a small one costs only more system calls for
+// streams of small frames.
+func NewReaderSize(r io.Reader, maxFrameSize, bufSize int) *Reader {
+	return &Reader{r: bufio.NewReaderSize(r, bufSize), max: limit(maxFrameSize)}
 }
 
 // SetMaxFrameSize changes the largest frame the Reader accepts from the next
@@ -267,8 +275,14 @@ type Writer struct {
 // NewWriter returns a Writer that refuses to encode frames larger than
 // maxFrameSize bytes (DefaultMaxFrameSize when maxFrameSize <= 0).
 func NewWriter(w io.Writer, maxFrameSize int) *Writer {
+	return NewWriterSize(w, maxFrameSize, 64<<10)
+}
+
+// NewWriterSize is NewWriter with a buffer of bufSize bytes instead of
+// 64 KiB: frames written before a Flush share system calls up to that size.
+func NewWriterSize(w io.Writer, maxFrameSize, bufSize int) *Writer {
 	return &Writer{
-		w:   bufio.NewWriterSize(w, 64<<10),
+		w:   bufio.NewWriterSize(w, bufSize),
 		max: limit(maxFrameSize),
 		buf: make([]byte, 0, 512),
 		// WriteFrame sizes f first (refreshing its size cache); marshal

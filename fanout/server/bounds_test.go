@@ -151,7 +151,7 @@ func TestPingFloodBounded(t *testing.T) {
 	peak := stop()
 	// The bound: the outbox and the batch the pump is writing hold at most
 	// MaxOutboxBytes of entries each, their slices as much again, plus the
-	// connection's buffers (32 KiB read, 64 KiB write) and the garbage of
+	// connection's buffers (4 KiB read-ahead, 64 KiB write) and the garbage of
 	// decoded Pings between collections (the GC's 4 MiB minimum heap goal);
 	// 8 MiB more for the test's own allocations and the sampling lag. Without
 	// the bound the heap grows by hundreds of MiB.
@@ -407,7 +407,7 @@ func TestAckFloodBounded(t *testing.T) {
 		t.Errorf("%d connections closed for too many ids, want %d", refused, flooders/2)
 	}
 	// The bound: a blocked reader holds one frame of at most credit ids
-	// (8 KiB) and its buffers (32 KiB read, at most 64 KiB kept after a
+	// (8 KiB) and its buffers (4 KiB read-ahead, at most 64 KiB kept after a
 	// frame); a refused frame is read whole into the read buffer (4 MiB,
 	// growing by doubling: 8 MiB allocated) and released. 8 flooders: under
 	// 40 MiB; with the GC's own slack and the test's allocations, 80 MiB.

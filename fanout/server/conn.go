@@ -79,6 +79,14 @@ const (
 	lingerBytes   = 256 << 10
 )
 
+// Buffer sizes of a connection: the reader's read-ahead, and the pump's
+// write buffer for a connection that ends before its Welcome (one final
+// frame; a welcomed one gets protocol.NewWriter's 64 KiB).
+const (
+	readAhead  = 4 << 10
+	finalWrite = 512
+)
+
 // conn is one client connection. It implements dispatch.ClientSink.
 type conn struct {
 	s      *Server
@@ -197,8 +205,9 @@ func (c *conn) wake() {
 func (c *conn) readLoop() {
 	defer close(c.readerDone)
 	// A Hello is small: a connection that has not said hello cannot make
-	// the daemon read a large frame.
-	rd := protocol.NewReader(c.nc, min(protocol.MaxHelloSize, c.s.cfg.MaxFrameSize))
+	// the daemon read a large frame. Clients send small frames (acks), so a
+	// small read-ahead buffer serves them as well as a large one.
+	rd := protocol.NewReaderSize(c.nc, min(protocol.MaxHelloSize, c.s.cfg.MaxFrameSize), readAhead)
 	// One Frame is reused for every read. Decoding replaces its body with
 	// freshly allocated messages, so the id slices handed to the backend are
 	// never overwritten by a later frame.

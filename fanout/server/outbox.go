@@ -375,6 +375,11 @@ func (c *conn) finish(p *pumpState, clean bool) {
 	c.mu.Unlock()
 	if clean && final != nil {
 		p.dw.final, p.dw.deadline = true, time.Now().Add(min(lingerTimeout, c.s.cfg.WriteTimeout))
+		if p.w == nil {
+			// Nothing written yet (a rejected or evicted connection): a
+			// small buffer for the one frame.
+			p.w = protocol.NewWriterSize(&p.dw, math.MaxInt, finalWrite)
+		}
 		err := p.writer().WriteFrame(final)
 		if err == nil {
 			err = p.writer().Flush()
