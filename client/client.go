@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -54,8 +55,12 @@ type Config struct {
 	MinBackoff  time.Duration // default DefaultMinBackoff
 	MaxBackoff  time.Duration // default DefaultMaxBackoff
 	// MaxFrameSize bounds frames in both directions; default
-	// protocol.DefaultMaxFrameSize. The daemon's Welcome may lower it for
-	// frames the client sends.
+	// protocol.DefaultMaxFrameSize. It is announced in Hello, and the daemon
+	// sends no larger frame: a message that fits no connected client waits
+	// at the daemon for one that announces a large enough limit. A larger
+	// frame arriving all the same stops the client with Err set (a
+	// *protocol.FrameTooLargeError). The daemon's Welcome may lower the
+	// limit for frames the client sends.
 	MaxFrameSize int
 	// Logger receives connection events; nil logs nothing.
 	Logger *logrus.Entry
@@ -70,12 +75,18 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > 1<<20 {
 		return cfg, fmt.Errorf("fanout client: MaxInFlight %d out of range 0..%d", cfg.MaxInFlight, 1<<20)
 	}
+	if cfg.MaxFrameSize != 0 && (cfg.MaxFrameSize < protocol.MaxHelloSize || cfg.MaxFrameSize > math.MaxUint32) {
+		return cfg, fmt.Errorf("fanout client: MaxFrameSize %d out of range %d..%d", cfg.MaxFrameSize, protocol.MaxHelloSize, uint32(math.MaxUint32))
+	}
 	if cfg.ClientID == "" {
 		host, _ := os.Hostname()
 		cfg.ClientID = host + "-" + strconv.Itoa(os.Getpid())
 	}
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.MaxFrameSize == 0 {
+		cfg.MaxFrameSize = protocol.DefaultMaxFrameSize
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
@@ -181,7 +192,8 @@ func (c *Client) Close() error {
 }
 
 // Err returns why the client stopped on its own (a permanent error from the
-// daemon, or a lost connection with NoReconnect), or nil.
+// daemon, a frame above MaxFrameSize, or a lost connection with
+// NoReconnect), or nil.
 func (c *Client) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -368,6 +380,7 @@ func (c *Client) handshake(addr string) (_ *session, redirect string, err error)
 		ProtocolVersion: protocol.Version,
 		MaxInFlight:     uint32(c.cfg.MaxInFlight),
 		AuthToken:       c.cfg.AuthToken,
+		MaxFrameSize:    uint32(c.cfg.MaxFrameSize),
 	})
 	if err := w.WriteFrame(hello); err != nil {
 		return nil, "", fmt.Errorf("hello to %s: %w", addr, err)

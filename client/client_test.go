@@ -21,17 +21,18 @@ func TestHelloFields(t *testing.T) {
 		cfg  Config
 		want *protocol.Hello
 	}{
-		{"explicit", Config{ClientID: "worker-7", MaxInFlight: 5, AuthToken: "s3cret"},
-			&protocol.Hello{ClientId: "worker-7", ProtocolVersion: 1, MaxInFlight: 5, AuthToken: "s3cret"}},
+		{"explicit", Config{ClientID: "worker-7", MaxInFlight: 5, AuthToken: "s3cret", MaxFrameSize: 1 << 20},
+			&protocol.Hello{ClientId: "worker-7", ProtocolVersion: 1, MaxInFlight: 5, AuthToken: "s3cret", MaxFrameSize: 1 << 20}},
 		{"defaults", Config{ClientID: "w"},
-			&protocol.Hello{ClientId: "w", ProtocolVersion: 1, MaxInFlight: DefaultMaxInFlight}},
+			&protocol.Hello{ClientId: "w", ProtocolVersion: 1, MaxInFlight: DefaultMaxInFlight, MaxFrameSize: protocol.DefaultMaxFrameSize}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := startFake(t)
 			c, _, h := connectTo(t, d, tt.cfg)
 			if h.GetClientId() != tt.want.ClientId || h.GetProtocolVersion() != tt.want.ProtocolVersion ||
-				h.GetMaxInFlight() != tt.want.MaxInFlight || h.GetAuthToken() != tt.want.AuthToken {
+				h.GetMaxInFlight() != tt.want.MaxInFlight || h.GetAuthToken() != tt.want.AuthToken ||
+				h.GetMaxFrameSize() != tt.want.MaxFrameSize {
 				t.Errorf("hello = %v, want %v", h, tt.want)
 			}
 			if got := cap(c.Messages()); got != int(tt.want.MaxInFlight) {
@@ -394,6 +395,8 @@ func TestPermanentErrors(t *testing.T) {
 		{protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, true, true},
 		{protocol.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION, true, true},
 		{protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, false, true},
+		{protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE, false, true},
+		{protocol.ErrorCode_ERROR_CODE_TOO_MANY_IDS, false, true},
 		{protocol.ErrorCode_ERROR_CODE_SHUTTING_DOWN, false, false},
 		{protocol.ErrorCode_ERROR_CODE_INTERNAL, false, false},
 	}
@@ -437,6 +440,45 @@ func TestPermanentErrors(t *testing.T) {
 				t.Errorf("Err() = %v, want a *protocol.RemoteError with %v", c.Err(), tt.code)
 			}
 		})
+	}
+}
+
+// A frame larger than the client's MaxFrameSize would come again after a
+// reconnect (the daemon redelivers the message): the client stops for good,
+// with Err saying why, instead of reconnecting forever.
+func TestFrameTooLargeIsPermanent(t *testing.T) {
+	d := startFake(t)
+	c, fc, h := connectTo(t, d, Config{MaxFrameSize: 64 << 10})
+	if h.GetMaxFrameSize() != 64<<10 {
+		t.Fatalf("Hello.max_frame_size = %d, want %d", h.GetMaxFrameSize(), 64<<10)
+	}
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 1, Value: make([]byte, 100<<10)}))
+	select {
+	case m, ok := <-c.Messages():
+		if ok {
+			t.Fatalf("message %d arrived", m.DeliveryID)
+		}
+	case <-time.After(testTimeout):
+		t.Fatalf("client still running %v after a frame above its limit (reconnecting?)", testTimeout)
+	}
+	var tooLarge *protocol.FrameTooLargeError
+	if !errors.As(c.Err(), &tooLarge) || tooLarge.Max != 64<<10 {
+		t.Fatalf("Err() = %v, want a *protocol.FrameTooLargeError over 64 KiB", c.Err())
+	}
+	select {
+	case fc2, ok := <-d.conns:
+		if ok {
+			t.Fatalf("the client reconnected (%v)", fc2.nc.RemoteAddr())
+		}
+	default:
+	}
+}
+
+func TestMaxFrameSizeChecked(t *testing.T) {
+	for _, n := range []int{-1, 100, protocol.MaxHelloSize - 1, 1 << 33} {
+		if _, err := Dial(context.Background(), Config{Addrs: []string{"127.0.0.1:1"}, MaxFrameSize: n}); err == nil {
+			t.Errorf("Dial with MaxFrameSize %d: no error", n)
+		}
 	}
 }
 
@@ -503,9 +545,53 @@ func TestBackoffNeverOverflows(t *testing.T) {
 	}
 }
 
+// The daemon refuses a frame naming more ids than Welcome.max_in_flight
+// (ERROR_CODE_TOO_MANY_IDS), and a client can hold more ids than that: a
+// delivery whose ack timed out plus its credit's new ones. Acks are split.
+func TestAckFramesWithinWelcomeInFlight(t *testing.T) {
+	const credit, n = 8, 200
+	if got := idsPerFrame(protocol.DefaultMaxFrameSize, credit); got != credit {
+		t.Fatalf("idsPerFrame(4 MiB, %d) = %d", credit, got)
+	}
+	d := startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{d.addr()}, MaxInFlight: n})
+	fc := d.accept(t)
+	fc.expectHello(t)
+	w := testWelcome()
+	w.MaxInFlight = credit
+	fc.send(t, protocol.WelcomeFrame(w))
+	c := connected(t, ch)
+	for i := 1; i <= n; i++ {
+		if err := fc.w.WriteFrame(protocol.DeliverFrame(&protocol.Deliver{DeliveryId: uint64(i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fc.w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]*Message, n)
+	for i := range msgs {
+		msgs[i] = receive(t, c)
+	}
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got int
+	for got < n {
+		f := fc.next(t)
+		ids := f.GetAck().GetDeliveryIds()
+		if len(ids) > credit {
+			t.Fatalf("an Ack frame named %d ids, more than the Welcome's max_in_flight %d", len(ids), credit)
+		}
+		got += len(ids)
+	}
+}
+
 func TestIDsPerFrameFitTheLimit(t *testing.T) {
 	for _, max := range []int{0, 100, 1024, 20000, protocol.DefaultMaxFrameSize} {
-		n := idsPerFrame(max)
+		n := idsPerFrame(max, 0)
 		ids := make([]uint64, n)
 		for i := range ids {
 			ids[i] = ^uint64(0) // the longest varint

@@ -27,14 +27,23 @@ var (
 
 // permanent reports whether err ends the client instead of a reconnect:
 // an Error frame saying the token is wrong or the protocol version is not
-// spoken. Every other failure, including other error codes, is retried.
+// spoken; a frame larger than the client accepts (Config.MaxFrameSize), which
+// the daemon would send again after a reconnect; and an Error frame saying
+// the client sent a frame too large or naming too many ids, which would
+// happen again too. Every other failure, including other error codes, is
+// retried.
 func permanent(err error) bool {
+	var tooLarge *protocol.FrameTooLargeError
+	if errors.As(err, &tooLarge) {
+		return true
+	}
 	var re *protocol.RemoteError
 	if !errors.As(err, &re) {
 		return false
 	}
 	switch re.Code {
-	case protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, protocol.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION:
+	case protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, protocol.ErrorCode_ERROR_CODE_UNSUPPORTED_VERSION,
+		protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE, protocol.ErrorCode_ERROR_CODE_TOO_MANY_IDS:
 		return true
 	}
 	return false

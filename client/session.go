@@ -91,7 +91,7 @@ func newSession(c *Client, nc net.Conn, addr string, r *protocol.Reader, w *prot
 		maxFrame = c.cfg.MaxFrameSize
 	}
 	s.w = protocol.NewWriter(nc, maxFrame)
-	s.maxIDs = idsPerFrame(maxFrame)
+	s.maxIDs = idsPerFrame(maxFrame, int(w.GetMaxInFlight()))
 	if hb := time.Duration(w.GetHeartbeatMs()) * time.Millisecond; hb > 0 {
 		n := time.Duration(w.GetLivenessIntervals())
 		if n == 0 {
@@ -366,13 +366,19 @@ func (s *session) flush() error {
 const maxIDsPerFrame = 4096
 
 // idsPerFrame returns how many delivery ids one Ack, Nack or Touch frame may
-// carry under a frame limit of maxFrame bytes: an id takes at most 10 bytes
-// (a varint), and the frame's tags and lengths fewer than 16.
-func idsPerFrame(maxFrame int) int {
+// carry under a frame limit of maxFrame bytes (an id takes at most 10 bytes,
+// a varint, and the frame's tags and lengths fewer than 16) and the
+// in-flight limit of the Welcome, which the daemon allows no frame to pass
+// (0: none told).
+func idsPerFrame(maxFrame, maxInFlight int) int {
 	if maxFrame <= 0 {
 		maxFrame = protocol.DefaultMaxFrameSize
 	}
-	return max(1, min(maxIDsPerFrame, (maxFrame-16)/10))
+	n := min(maxIDsPerFrame, (maxFrame-16)/10)
+	if maxInFlight > 0 {
+		n = min(n, maxInFlight)
+	}
+	return max(1, n)
 }
 
 // batch is the writer's side of the queues, plus frames reused for every

@@ -55,19 +55,21 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	srv, err := server.New(server.Config{
-		Listen:       opts.Listen,
-		NodeID:       opts.NodeID,
-		Topic:        opts.Topic,
-		MaxInFlight:  opts.MaxInFlight,
-		AckTimeout:   opts.AckTimeout,
-		Heartbeat:    opts.Heartbeat,
-		Liveness:     opts.Liveness,
-		WriteTimeout: opts.WriteTimeout,
-		MaxFrameSize: opts.MaxFrameSize,
-		MaxClients:   opts.MaxClients,
-		AuthToken:    opts.AuthToken,
-		Leadership:   d.leadership,
-		Logger:       d.log,
+		Listen:         opts.Listen,
+		NodeID:         opts.NodeID,
+		Topic:          opts.Topic,
+		MaxInFlight:    opts.MaxInFlight,
+		AckTimeout:     opts.AckTimeout,
+		Heartbeat:      opts.Heartbeat,
+		Liveness:       opts.Liveness,
+		WriteTimeout:   opts.WriteTimeout,
+		MaxFrameSize:   opts.MaxFrameSize,
+		MaxClients:     opts.MaxClients,
+		MaxHandshakes:  opts.MaxHandshakes,
+		MaxOutboxBytes: opts.MaxOutboxBytes,
+		AuthToken:      opts.AuthToken,
+		Leadership:     d.leadership,
+		Logger:         d.log,
 	}, &d.backend)
 	if err != nil {
 		return nil, fmt.Errorf("client server: %w", err)
@@ -364,6 +366,7 @@ func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.S
 		Logger:           d.log,
 		Stored:           stored,
 		OnCommit:         d.collector.ObserveCommit,
+		FrameSize:        server.DeliverFrameSize,
 	}, src)
 	if err != nil {
 		return err
@@ -450,6 +453,12 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.HighWaterMarks = src.HighWaterMarks()
 	}
 	s.Clients = d.srv.Clients()
+	ss := d.srv.Stats()
+	s.Handshaking = ss.Handshaking
+	s.ConnectionsClosed = make(map[string]uint64, len(ss.Closed))
+	for i, n := range ss.Closed {
+		s.ConnectionsClosed[server.CloseReasons[i]] = n
+	}
 	if el := d.elector.Load(); el != nil {
 		l := el.Leadership()
 		s.Clustered = true

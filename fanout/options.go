@@ -54,12 +54,14 @@ type Options struct {
 	AckTimeout       time.Duration // redeliver without an ack after this; default 30s
 	Heartbeat        time.Duration // ping interval; default 5s
 	Liveness         int           // heartbeats of silence before a client is dropped; default 2
-	WriteTimeout     time.Duration // a client write slower than this drops the client; default 10s
+	WriteTimeout     time.Duration // a client that has not read a frame this long after it was queued is dropped; default 10s
+	MaxOutboxBytes   int           // control frames (Pongs) queued for one client and not read; past it the client is dropped; default 256 KiB
 	MaxInFlight      int           // cap on any client's unacked messages; default 1000
 	MaxBuffered      int           // messages buffered before fetching pauses; default 10000
 	MaxBufferedBytes int           // payload bytes buffered before fetching pauses; default 64 MiB
 	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
 	MaxClients       int           // 0 = unlimited
+	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
 	AuthToken        string        // when set, clients must present it in Hello
 
 	InitialOffset  string        // "newest" or "oldest", for partitions with no stored offset; default newest
@@ -95,6 +97,8 @@ const (
 	DefaultMaxInFlight      = 1000
 	DefaultMaxBuffered      = 10000
 	DefaultMaxBufferedBytes = 64 << 20
+	DefaultMaxHandshakes    = 1024
+	DefaultMaxOutboxBytes   = 256 << 10
 	DefaultInitialOffset    = "newest"
 	DefaultCommitInterval   = time.Second
 	DefaultDrainTimeout     = 10 * time.Second
@@ -142,6 +146,8 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxBuffered, DefaultMaxBuffered)
 	seti(&o.MaxBufferedBytes, DefaultMaxBufferedBytes)
 	seti(&o.MaxFrameSize, protocol.DefaultMaxFrameSize)
+	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
+	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
 	if o.InitialOffset == "" {
 		o.InitialOffset = DefaultInitialOffset
 	}
@@ -230,6 +236,12 @@ func (o Options) Validate() error {
 	}
 	if o.MaxClients < 0 {
 		bad("--max-clients %d: must not be negative", o.MaxClients)
+	}
+	if o.MaxOutboxBytes < 16<<10 {
+		bad("--max-outbox-bytes %d: at least 16 KiB", o.MaxOutboxBytes)
+	}
+	if o.MaxHandshakes < 1 {
+		bad("--max-handshakes %d: at least 1", o.MaxHandshakes)
 	}
 	if s := strings.ToLower(o.InitialOffset); s != "newest" && s != "oldest" {
 		bad("--initial-offset %q: want newest or oldest", o.InitialOffset)

@@ -33,6 +33,8 @@ func TestValidate(t *testing.T) {
 		{"negative in-flight", func(o *Options) { o.MaxInFlight = -5 }, "--max-in-flight"},
 		{"tiny frame size", func(o *Options) { o.MaxFrameSize = 10 }, "--max-frame-size"},
 		{"negative max clients", func(o *Options) { o.MaxClients = -1 }, "--max-clients"},
+		{"negative max handshakes", func(o *Options) { o.MaxHandshakes = -1 }, "--max-handshakes"},
+		{"tiny outbox", func(o *Options) { o.MaxOutboxBytes = 1000 }, "--max-outbox-bytes"},
 		{"bad initial offset", func(o *Options) { o.InitialOffset = "latest" }, "--initial-offset"},
 		{"oldest is fine", func(o *Options) { o.InitialOffset = "OLDEST" }, ""},
 		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},

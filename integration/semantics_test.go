@@ -931,8 +931,11 @@ func TestSemanticsUnknownAcks(t *testing.T) {
 	theirs := recv(t, b, 30*time.Second)
 	never := mine.GetDeliveryId() + theirs.DeliveryID + 1000
 
-	// Ids never delivered, and B's delivery: none is the raw client's.
-	raw.mustSend(protocol.AckFrame([]uint64{never, never + 1, theirs.DeliveryID}))
+	// Ids never delivered, and B's delivery: none is the raw client's. A
+	// frame names at most the client's in-flight limit of ids: one here.
+	for _, id := range []uint64{never, never + 1, theirs.DeliveryID} {
+		raw.mustSend(protocol.AckFrame([]uint64{id}))
+	}
 	raw.mustSend(protocol.NackFrame([]uint64{theirs.DeliveryID}))
 	s := semWaitStats(t, d, 10*time.Second, "4 unknown acks", func(s dispatch.Stats) bool { return s.UnknownAcks == 4 })
 	if s.Acked != 0 || s.Nacked != 0 || s.InFlight != 2 || s.Redelivered != [3]uint64{} {
@@ -955,7 +958,8 @@ func TestSemanticsUnknownAcks(t *testing.T) {
 	}
 	semWaitStats(t, d, 10*time.Second, "both acked", func(s dispatch.Stats) bool { return s.Acked == 2 })
 	semWaitOffsets(t, d, map[int32]int64{0: 2})
-	raw.mustSend(protocol.AckFrame([]uint64{mine.GetDeliveryId(), theirs.DeliveryID}))
+	raw.mustSend(protocol.AckFrame([]uint64{mine.GetDeliveryId()}))
+	raw.mustSend(protocol.AckFrame([]uint64{theirs.DeliveryID}))
 	s = semWaitStats(t, d, 10*time.Second, "6 unknown acks", func(s dispatch.Stats) bool { return s.UnknownAcks == 6 })
 	if s.Acked != 2 || s.Clients != 2 || s.InFlight != 0 {
 		t.Fatalf("stats %s: want 2 acks, both clients connected, nothing in flight", semStats(s))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -17,6 +18,11 @@ const Version = 1
 // DefaultMaxFrameSize is the largest frame accepted when none is configured:
 // 4 MiB of protobuf bytes, not counting the 4-byte length prefix.
 const DefaultMaxFrameSize = 4 << 20
+
+// MaxHelloSize is the largest Hello frame a daemon accepts: a Hello holds a
+// client id and an auth token, and a connection that has not said hello yet
+// must not make the daemon read megabytes.
+const MaxHelloSize = 4 << 10
 
 // HeaderSize is the size of the big-endian length prefix of every frame.
 const HeaderSize = 4
@@ -36,6 +42,20 @@ func (e *FrameTooLargeError) Error() string {
 	return fmt.Sprintf("frame of %d bytes exceeds the maximum of %d", e.Size, e.Max)
 }
 
+// TooManyIDsError reports an Ack, Nack or Touch frame naming more delivery
+// ids than a Reader's limit (SetMaxIDs). The Reader returns it after reading
+// the frame's bytes and before decoding them, so the ids are never allocated
+// and the stream stays in step.
+type TooManyIDsError struct {
+	Count int // the ids the frame names
+	Max   int // the limit in force
+}
+
+// Error describes the counts.
+func (e *TooManyIDsError) Error() string {
+	return fmt.Sprintf("frame names %d delivery ids, more than the %d allowed", e.Count, e.Max)
+}
+
 // limit returns the frame size limit in force for a configured maximum: the
 // default for a non-positive one, and never more than a 4-byte length prefix
 // can express.
@@ -50,26 +70,52 @@ func limit(maxFrameSize int) int {
 // have actually arrived.
 const growStep = 64 << 10
 
+// keepBuffer is the largest frame buffer a Reader keeps between frames: after
+// a larger frame the buffer is released, so that one large frame does not pin
+// its size for the life of the connection.
+const keepBuffer = 64 << 10
+
 // Reader reads length-prefixed frames. It reuses one buffer for the frame
 // bytes; decoded messages never alias it. A Reader is not safe for
-// concurrent use. After any error other than one wrapping ErrBadFrame the
-// stream is out of step and the Reader must not be used again.
+// concurrent use. After any error other than one wrapping ErrBadFrame or a
+// *TooManyIDsError the stream is out of step and the Reader must not be used
+// again.
 type Reader struct {
-	r   *bufio.Reader
-	max int
-	hdr [HeaderSize]byte
-	buf []byte
+	r      *bufio.Reader
+	max    int
+	maxIDs int // 0: no limit
+	hdr    [HeaderSize]byte
+	buf    []byte
 }
 
 // NewReader returns a Reader that refuses frames larger than maxFrameSize
 // bytes (DefaultMaxFrameSize when maxFrameSize <= 0). It buffers r.
 func NewReader(r io.Reader, maxFrameSize int) *Reader {
-	return &Reader{r: bufio.NewReaderSize(r, 32<<10), max: limit(maxFrameSize)}
+	return NewReaderSize(r, maxFrameSize, 32<<10)
 }
+
+// NewReaderSize is NewReader with a read-ahead buffer of bufSize bytes
+// instead of 32 KiB (at least 16). Frames larger than it are read straight
+// into the frame buffer, so a small one costs only more system calls for
+// streams of small frames.
+func NewReaderSize(r io.Reader, maxFrameSize, bufSize int) *Reader {
+	return &Reader{r: bufio.NewReaderSize(r, bufSize), max: limit(maxFrameSize)}
+}
+
+// SetMaxFrameSize changes the largest frame the Reader accepts from the next
+// frame on (DefaultMaxFrameSize when maxFrameSize <= 0). The daemon reads a
+// Hello under a small limit and raises it once the session is open.
+func (r *Reader) SetMaxFrameSize(maxFrameSize int) { r.max = limit(maxFrameSize) }
+
+// SetMaxIDs limits the delivery ids one Ack, Nack or Touch frame may name;
+// 0 (the default) means no limit. A frame naming more is refused with a
+// *TooManyIDsError before its ids are decoded.
+func (r *Reader) SetMaxIDs(n int) { r.maxIDs = max(n, 0) }
 
 // ReadFrame reads the next frame into f, replacing its contents. It returns
 // io.EOF at a clean end between frames, io.ErrUnexpectedEOF for a frame cut
-// short, a *FrameTooLargeError for a declared length above the maximum, an
+// short, a *FrameTooLargeError for a declared length above the maximum, a
+// *TooManyIDsError for an Ack, Nack or Touch above the SetMaxIDs limit, an
 // error wrapping ErrBadFrame for bytes that do not decode, or the underlying
 // read error.
 func (r *Reader) ReadFrame(f *Frame) error {
@@ -87,6 +133,16 @@ func (r *Reader) ReadFrame(f *Frame) error {
 		}
 		return err
 	}
+	if cap(r.buf) > keepBuffer {
+		// Decoded messages never alias the buffer: the next frame starts
+		// from a small one again.
+		defer func() { r.buf = nil }()
+	}
+	if r.maxIDs > 0 {
+		if n := countIDs(body); n > r.maxIDs {
+			return &TooManyIDsError{Count: n, Max: r.maxIDs}
+		}
+	}
 	if d := decodeDeliver(body); d != nil {
 		// The fast path for the hot frame; the result is what
 		// proto.Unmarshal would give. Reset, as Unmarshal does, drops what
@@ -102,6 +158,77 @@ func (r *Reader) ReadFrame(f *Frame) error {
 		return fmt.Errorf("%w: frame has no body", ErrBadFrame)
 	}
 	return nil
+}
+
+// Field numbers of the Frame bodies that carry delivery ids.
+const (
+	fieldAck   = 5
+	fieldNack  = 6
+	fieldTouch = 7
+)
+
+// countIDs returns how many delivery ids the Ack, Nack and Touch bodies of
+// an encoded Frame hold, without decoding them: one per varint of field 1,
+// packed or not, in every occurrence of those bodies (protobuf merges
+// repeated occurrences). It stops at the first malformed field; Unmarshal
+// then reports the frame as bad.
+func countIDs(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		num, typ, tn := protowire.ConsumeTag(b)
+		if tn < 0 {
+			return n
+		}
+		b = b[tn:]
+		if typ == protowire.BytesType && (num == fieldAck || num == fieldNack || num == fieldTouch) {
+			msg, mn := protowire.ConsumeBytes(b)
+			if mn < 0 {
+				return n
+			}
+			n += countVarints(msg)
+			b = b[mn:]
+			continue
+		}
+		fn := protowire.ConsumeFieldValue(num, typ, b)
+		if fn < 0 {
+			return n
+		}
+		b = b[fn:]
+	}
+	return n
+}
+
+// countVarints counts the values of field 1 in an encoded Ack, Nack or
+// Touch: the varints of a packed run end in bytes below 0x80.
+func countVarints(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		num, typ, tn := protowire.ConsumeTag(b)
+		if tn < 0 {
+			return n
+		}
+		b = b[tn:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			n++
+		case num == 1 && typ == protowire.BytesType:
+			packed, pn := protowire.ConsumeBytes(b)
+			if pn < 0 {
+				return n
+			}
+			for _, c := range packed {
+				if c < 0x80 {
+					n++
+				}
+			}
+		}
+		fn := protowire.ConsumeFieldValue(num, typ, b)
+		if fn < 0 {
+			return n
+		}
+		b = b[fn:]
+	}
+	return n
 }
 
 // readBody reads the next n bytes into the reused buffer. A body larger than
@@ -148,8 +275,14 @@ type Writer struct {
 // NewWriter returns a Writer that refuses to encode frames larger than
 // maxFrameSize bytes (DefaultMaxFrameSize when maxFrameSize <= 0).
 func NewWriter(w io.Writer, maxFrameSize int) *Writer {
+	return NewWriterSize(w, maxFrameSize, 64<<10)
+}
+
+// NewWriterSize is NewWriter with a buffer of bufSize bytes instead of
+// 64 KiB: frames written before a Flush share system calls up to that size.
+func NewWriterSize(w io.Writer, maxFrameSize, bufSize int) *Writer {
 	return &Writer{
-		w:   bufio.NewWriterSize(w, 64<<10),
+		w:   bufio.NewWriterSize(w, bufSize),
 		max: limit(maxFrameSize),
 		buf: make([]byte, 0, 512),
 		// WriteFrame sizes f first (refreshing its size cache); marshal
@@ -157,6 +290,10 @@ func NewWriter(w io.Writer, maxFrameSize int) *Writer {
 		opt: proto.MarshalOptions{UseCachedSize: true},
 	}
 }
+
+// SetMaxFrameSize changes the largest frame the Writer encodes
+// (DefaultMaxFrameSize when maxFrameSize <= 0).
+func (w *Writer) SetMaxFrameSize(maxFrameSize int) { w.max = limit(maxFrameSize) }
 
 // WriteFrame encodes f into the buffer. It returns a *FrameTooLargeError,
 // without encoding or writing anything, when the encoded frame would exceed

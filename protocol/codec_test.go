@@ -497,6 +497,7 @@ func TestCodeOf(t *testing.T) {
 		{"too large", &FrameTooLargeError{Size: 10, Max: 5}, ErrorCode_ERROR_CODE_FRAME_TOO_LARGE},
 		{"wrapped too large", fmt.Errorf("read: %w", &FrameTooLargeError{Size: 10, Max: 5}), ErrorCode_ERROR_CODE_FRAME_TOO_LARGE},
 		{"bad frame", fmt.Errorf("%w: junk", ErrBadFrame), ErrorCode_ERROR_CODE_BAD_FRAME},
+		{"too many ids", fmt.Errorf("read: %w", &TooManyIDsError{Count: 10, Max: 5}), ErrorCode_ERROR_CODE_TOO_MANY_IDS},
 		{"EOF", io.ErrUnexpectedEOF, ErrorCode_ERROR_CODE_INTERNAL},
 		{"other", errors.New("disk on fire"), ErrorCode_ERROR_CODE_INTERNAL},
 	}

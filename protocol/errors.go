@@ -60,16 +60,20 @@ func Temporary(code ErrorCode) bool {
 
 // CodeOf returns the wire code to report err with: the code of a wrapped
 // *RemoteError, ERROR_CODE_FRAME_TOO_LARGE for a *FrameTooLargeError,
-// ERROR_CODE_BAD_FRAME for ErrBadFrame, ERROR_CODE_INTERNAL otherwise, and
-// ERROR_CODE_UNSPECIFIED for a nil err.
+// ERROR_CODE_TOO_MANY_IDS for a *TooManyIDsError, ERROR_CODE_BAD_FRAME for
+// ErrBadFrame, ERROR_CODE_INTERNAL otherwise, and ERROR_CODE_UNSPECIFIED for
+// a nil err.
 func CodeOf(err error) ErrorCode {
 	var tooLarge *FrameTooLargeError
+	var tooMany *TooManyIDsError
 	var remote *RemoteError
 	switch {
 	case err == nil:
 		return ErrorCode_ERROR_CODE_UNSPECIFIED
 	case errors.As(err, &tooLarge):
 		return ErrorCode_ERROR_CODE_FRAME_TOO_LARGE
+	case errors.As(err, &tooMany):
+		return ErrorCode_ERROR_CODE_TOO_MANY_IDS
 	case errors.Is(err, ErrBadFrame):
 		return ErrorCode_ERROR_CODE_BAD_FRAME
 	case errors.As(err, &remote):

@@ -49,21 +49,25 @@ const (
 	ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS ErrorCode = 8
 	// Something went wrong inside the daemon.
 	ErrorCode_ERROR_CODE_INTERNAL ErrorCode = 9
+	// An Ack, Nack or Touch frame named more delivery ids than the client may
+	// have in flight (Welcome.max_in_flight).
+	ErrorCode_ERROR_CODE_TOO_MANY_IDS ErrorCode = 10
 )
 
 // Enum value maps for ErrorCode.
 var (
 	ErrorCode_name = map[int32]string{
-		0: "ERROR_CODE_UNSPECIFIED",
-		1: "ERROR_CODE_BAD_FRAME",
-		2: "ERROR_CODE_FRAME_TOO_LARGE",
-		3: "ERROR_CODE_UNSUPPORTED_VERSION",
-		4: "ERROR_CODE_UNAUTHORIZED",
-		5: "ERROR_CODE_UNEXPECTED_FRAME",
-		6: "ERROR_CODE_NO_LEADER",
-		7: "ERROR_CODE_SHUTTING_DOWN",
-		8: "ERROR_CODE_TOO_MANY_CLIENTS",
-		9: "ERROR_CODE_INTERNAL",
+		0:  "ERROR_CODE_UNSPECIFIED",
+		1:  "ERROR_CODE_BAD_FRAME",
+		2:  "ERROR_CODE_FRAME_TOO_LARGE",
+		3:  "ERROR_CODE_UNSUPPORTED_VERSION",
+		4:  "ERROR_CODE_UNAUTHORIZED",
+		5:  "ERROR_CODE_UNEXPECTED_FRAME",
+		6:  "ERROR_CODE_NO_LEADER",
+		7:  "ERROR_CODE_SHUTTING_DOWN",
+		8:  "ERROR_CODE_TOO_MANY_CLIENTS",
+		9:  "ERROR_CODE_INTERNAL",
+		10: "ERROR_CODE_TOO_MANY_IDS",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":         0,
@@ -76,6 +80,7 @@ var (
 		"ERROR_CODE_SHUTTING_DOWN":       7,
 		"ERROR_CODE_TOO_MANY_CLIENTS":    8,
 		"ERROR_CODE_INTERNAL":            9,
+		"ERROR_CODE_TOO_MANY_IDS":        10,
 	}
 )
 
@@ -344,7 +349,11 @@ type Hello struct {
 	// The daemon caps it by its own --max-in-flight; 0 means the daemon's limit.
 	MaxInFlight uint32 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	// Optional shared secret; required when the daemon runs with --auth-token.
-	AuthToken     string `protobuf:"bytes,4,opt,name=auth_token,json=authToken,proto3" json:"auth_token,omitempty"`
+	AuthToken string `protobuf:"bytes,4,opt,name=auth_token,json=authToken,proto3" json:"auth_token,omitempty"`
+	// The largest frame the client accepts, in bytes (length prefix excluded).
+	// The daemon never sends this client a larger frame; 0 means the
+	// protocol's default, 4 MiB.
+	MaxFrameSize  uint32 `protobuf:"varint,5,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -405,6 +414,13 @@ func (x *Hello) GetAuthToken() string {
 		return x.AuthToken
 	}
 	return ""
+}
+
+func (x *Hello) GetMaxFrameSize() uint32 {
+	if x != nil {
+		return x.MaxFrameSize
+	}
+	return 0
 }
 
 // Welcome accepts a session. Deliveries may follow at once.
@@ -1109,13 +1125,14 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05error\x18\n" +
 	" \x01(\v2\x10.fanout.v1.ErrorH\x00R\x05error\x12.\n" +
 	"\agoodbye\x18\v \x01(\v2\x12.fanout.v1.GoodbyeH\x00R\agoodbyeB\x06\n" +
-	"\x04body\"\x92\x01\n" +
+	"\x04body\"\xb8\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12\"\n" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12\x1d\n" +
 	"\n" +
-	"auth_token\x18\x04 \x01(\tR\tauthToken\"\xc4\x02\n" +
+	"auth_token\x18\x04 \x01(\tR\tauthToken\x12$\n" +
+	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\"\xc4\x02\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1160,7 +1177,7 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05fatal\x18\x03 \x01(\bR\x05fatal\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"!\n" +
 	"\aGoodbye\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason*\xb5\x02\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason*\xd2\x02\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ERROR_CODE_BAD_FRAME\x10\x01\x12\x1e\n" +
@@ -1171,7 +1188,9 @@ const file_fanout_proto_rawDesc = "" +
 	"\x14ERROR_CODE_NO_LEADER\x10\x06\x12\x1c\n" +
 	"\x18ERROR_CODE_SHUTTING_DOWN\x10\a\x12\x1f\n" +
 	"\x1bERROR_CODE_TOO_MANY_CLIENTS\x10\b\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\tB6Z4github.com/nanoservice/core-fanout/protocol;protocolb\x06proto3"
+	"\x13ERROR_CODE_INTERNAL\x10\t\x12\x1b\n" +
+	"\x17ERROR_CODE_TOO_MANY_IDS\x10\n" +
+	"B6Z4github.com/nanoservice/core-fanout/protocol;protocolb\x06proto3"
 
 var (
 	file_fanout_proto_rawDescOnce sync.Once

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/protocol"
 	"github.com/urfave/cli/v2"
 )
 
@@ -30,6 +33,7 @@ func tailCommand() *cli.Command {
 			&cli.BoolFlag{Name: "meta", Usage: "prefix each value with partition/offset and attempt"},
 			&cli.BoolFlag{Name: "no-ack", Usage: "do not ack (the daemon redelivers after its ack timeout)"},
 			&cli.IntFlag{Name: "max-in-flight", Value: client.DefaultMaxInFlight, Usage: "unacked messages held at once"},
+			&cli.IntFlag{Name: "max-frame-size", Value: protocol.DefaultMaxFrameSize, Usage: "largest frame (message) accepted, in bytes; told to the daemon, which holds larger messages for other clients"},
 			&cli.StringFlag{Name: "client-id", Usage: "client name in the daemon's logs (default hostname-pid)"},
 			&cli.StringFlag{Name: "auth-token", EnvVars: []string{"FANOUT_AUTH_TOKEN"}, Usage: "shared secret of the daemon"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "give up when no daemon welcomes within this"},
@@ -49,6 +53,9 @@ func runTail(c *cli.Context) error {
 	if n := c.Int("max-in-flight"); n < 1 {
 		return usageError(fmt.Errorf("tail: --max-in-flight %d: at least 1", n))
 	}
+	if n := c.Int("max-frame-size"); n < protocol.MaxHelloSize || n > math.MaxUint32 {
+		return usageError(fmt.Errorf("tail: --max-frame-size %d: between %d and %d", n, protocol.MaxHelloSize, uint32(math.MaxUint32)))
+	}
 	addrs := splitAll([]string{c.String("connect")})
 	if len(addrs) == 0 {
 		return usageError(fmt.Errorf("tail: --connect names no address"))
@@ -59,10 +66,11 @@ func runTail(c *cli.Context) error {
 	dialCtx, cancel := context.WithTimeout(ctx, c.Duration("timeout"))
 	defer cancel()
 	cl, err := client.Dial(dialCtx, client.Config{
-		Addrs:       addrs,
-		ClientID:    c.String("client-id"),
-		MaxInFlight: c.Int("max-in-flight"),
-		AuthToken:   c.String("auth-token"),
+		Addrs:        addrs,
+		ClientID:     c.String("client-id"),
+		MaxInFlight:  c.Int("max-in-flight"),
+		AuthToken:    c.String("auth-token"),
+		MaxFrameSize: c.Int("max-frame-size"),
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -114,7 +122,11 @@ func (t *tailer) run(ctx context.Context, cl *client.Client) error {
 				if err := t.flush(); err != nil {
 					return err
 				}
-				if err := cl.Err(); err != nil {
+				var tooLarge *protocol.FrameTooLargeError
+				if err := cl.Err(); errors.As(err, &tooLarge) {
+					return fmt.Errorf("tail: the daemon sent a frame of %d bytes, more than --max-frame-size %d; "+
+						"run tail with a larger --max-frame-size: %w", tooLarge.Size, tooLarge.Max, err)
+				} else if err != nil {
 					return fmt.Errorf("tail: %w", err)
 				}
 				return nil

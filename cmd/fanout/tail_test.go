@@ -162,3 +162,22 @@ func TestTailUnreachable(t *testing.T) {
 		t.Errorf("took %v with --timeout 300ms", took)
 	}
 }
+
+// A message larger than tail accepts (a daemon that ignores Hello's
+// max_frame_size sent it) ends tail with a clear error, not a reconnect loop.
+func TestTailFrameTooLarge(t *testing.T) {
+	d := startTailDaemon(t, &protocol.Deliver{DeliveryId: 1, Value: make([]byte, 10<<10)})
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), tailTestTimeout)
+	defer cancel()
+	code := run(ctx, []string{"fanout", "tail", "--connect", d.addr, "--max-frame-size", "8192"}, &stdout, &stderr)
+	if code != 1 {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	if msg := stderr.String(); !strings.Contains(msg, "--max-frame-size 8192") || !strings.Contains(msg, "larger --max-frame-size") {
+		t.Errorf("stderr %q does not say what to do", msg)
+	}
+	if code := run(ctx, []string{"fanout", "tail", "--connect", d.addr, "--max-frame-size", "100"}, &stdout, &stderr); code != 2 {
+		t.Errorf("--max-frame-size 100: exit code %d, want 2", code)
+	}
+}

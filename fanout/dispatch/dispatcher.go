@@ -28,6 +28,12 @@ type Config struct {
 	// OnCommit, when set, is called by the committer after each commit
 	// attempt (not per message) with its duration and error, for metrics.
 	OnCommit func(took time.Duration, err error)
+	// FrameSize, when set, returns the size of the largest frame that can
+	// carry a message to a client (the server's encoding). It is called once
+	// per message as it arrives; clients whose sink is a LimitedSink get only
+	// messages that fit their MaxFrameSize. Nil: every client takes every
+	// message.
+	FrameSize func(*Message) int
 }
 
 func (c *Config) setDefaults() {
@@ -97,7 +103,7 @@ func New(cfg Config, src Source) (*Dispatcher, error) {
 		cfg:  cfg,
 		src:  src,
 		log:  cfg.Logger,
-		reqs: make(chan request, 1024),
+		reqs: make(chan request, reqQueue),
 		done: make(chan struct{}),
 	}, nil
 }
@@ -115,14 +121,30 @@ func (d *Dispatcher) Leave(id uint64, reason LeaveReason) {
 }
 
 // Ack implements Backend.
-func (d *Dispatcher) Ack(id uint64, ids []uint64) { d.send(request{kind: reqAck, id: id, ids: ids}) }
+func (d *Dispatcher) Ack(id uint64, ids []uint64) { d.sendIDs(reqAck, id, ids) }
 
 // Nack implements Backend.
-func (d *Dispatcher) Nack(id uint64, ids []uint64) { d.send(request{kind: reqNack, id: id, ids: ids}) }
+func (d *Dispatcher) Nack(id uint64, ids []uint64) { d.sendIDs(reqNack, id, ids) }
 
 // Touch implements Backend.
-func (d *Dispatcher) Touch(id uint64, ids []uint64) {
-	d.send(request{kind: reqTouch, id: id, ids: ids})
+func (d *Dispatcher) Touch(id uint64, ids []uint64) { d.sendIDs(reqTouch, id, ids) }
+
+// Bounds of the request queue: at most reqQueue requests wait, each naming
+// at most maxRequestIDs delivery ids, so the ids waiting in the queue take
+// at most 8 MiB whatever the clients' in-flight limits.
+const (
+	reqQueue      = 1024
+	maxRequestIDs = 1024
+)
+
+// sendIDs queues ids for the dispatcher in requests of at most
+// maxRequestIDs ids each.
+func (d *Dispatcher) sendIDs(kind reqKind, id uint64, ids []uint64) {
+	for len(ids) > 0 {
+		n := min(len(ids), maxRequestIDs)
+		d.send(request{kind: kind, id: id, ids: ids[:n:n]})
+		ids = ids[n:]
+	}
 }
 
 // Stats returns a snapshot of the counters, or false once Run has returned
@@ -168,6 +190,11 @@ var ErrAbandon = errors.New("dispatch: abandoned")
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
+	s.frameSize = d.cfg.FrameSize
+	s.onTooLarge = func(m *Message, largest int) {
+		d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame, "largest_client_limit": largest}).
+			Warn("message larger than any connected client accepts: it waits for a client that announces a large enough max_frame_size")
+	}
 	now := d.cfg.Now
 
 	cm := newCommitter(d.cfg.Store, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)

@@ -414,3 +414,43 @@ func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
 		t.Fatal("an abandoned dispatcher waited for a hanging commit")
 	}
 }
+
+// Acks, nacks and touches are queued in requests of at most maxRequestIDs
+// ids, so the ids waiting in the full request queue are bounded (8 MiB)
+// whatever a client's in-flight limit allows a frame to name.
+func TestIDRequestsBounded(t *testing.T) {
+	d, err := New(Config{Store: offsets.NewMemoryStore()}, newFakeSource())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not running: nothing takes requests, as when the queue is full.
+	const n = 3*maxRequestIDs + 5
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = uint64(i)
+	}
+	for _, call := range []func(uint64, []uint64){d.Ack, d.Nack, d.Touch} {
+		call(7, ids)
+	}
+	if got, want := len(d.reqs), 3*4; got != want {
+		t.Fatalf("%d requests queued, want %d", got, want)
+	}
+	var next uint64
+	for range len(d.reqs) {
+		r := <-d.reqs
+		if len(r.ids) > maxRequestIDs || r.id != 7 {
+			t.Fatalf("request of client %d with %d ids, want at most %d", r.id, len(r.ids), maxRequestIDs)
+		}
+		for _, id := range r.ids {
+			if id != next {
+				t.Fatalf("id %d, want %d: ids reordered or lost", id, next)
+			}
+			next = (next + 1) % n
+		}
+	}
+	// A request's ids cannot be appended to in place by a later request.
+	d.Ack(7, ids[:maxRequestIDs+1])
+	if r := <-d.reqs; cap(r.ids) != len(r.ids) {
+		t.Errorf("request ids of len %d have cap %d", len(r.ids), cap(r.ids))
+	}
+}

@@ -24,7 +24,8 @@ type Message struct {
 	Headers   []Header
 	Timestamp time.Time
 
-	gen uint32 // the tracker generation of its partition when received
+	gen   uint32 // the tracker generation of its partition when received
+	frame int    // Config.FrameSize of the message, computed once when received; 0 when not configured
 }
 
 // Size is the number of payload bytes the message holds, used for the

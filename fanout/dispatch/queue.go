@@ -26,6 +26,9 @@ func (q *ring[T]) push(v T) {
 	q.n++
 }
 
+// at returns the i-th oldest element; i must be below len.
+func (q *ring[T]) at(i int) T { return q.buf[(q.head+i)&(len(q.buf)-1)] }
+
 // front returns the oldest element; the queue must not be empty.
 func (q *ring[T]) front() T { return q.buf[q.head] }
 

@@ -19,6 +19,18 @@ type ClientSink interface {
 	Goodbye(reason string)
 }
 
+// LimitedSink is a ClientSink whose client takes only frames up to a size.
+// The dispatcher asks MaxFrameSize once, at Join, and never sends the client
+// a message whose Config.FrameSize is larger: such a message waits for a
+// client that takes it, while the messages behind it go on to others. A sink
+// that does not implement LimitedSink takes any size.
+type LimitedSink interface {
+	ClientSink
+	// MaxFrameSize is the largest frame the client accepts, in the unit of
+	// Config.FrameSize; 0 means no limit.
+	MaxFrameSize() int
+}
+
 // Backend is the dispatcher as the TCP server sees it. Every method only
 // queues a request for the dispatcher's goroutine and returns at once;
 // requests from one caller are handled in the order they were made.

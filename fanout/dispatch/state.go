@@ -30,6 +30,9 @@ type Stats struct {
 	BufferBytes int                         // payload bytes of the buffered messages
 	Clients     int                         // clients joined
 	Paused      bool                        // fetching is paused
+	// TooLarge is the number of buffered messages larger than any joined
+	// client accepts (LimitedSink): they wait for a client that takes them.
+	TooLarge int
 
 	// Committed is the next offset to consume per partition as the store
 	// holds it, as far as this dispatcher knows: Config.Stored, updated by
@@ -45,6 +48,7 @@ type client struct {
 	name    string
 	sink    ClientSink
 	max     int     // in-flight limit
+	maxSize int     // largest frame it accepts (LimitedSink); 0 means any
 	n       int     // deliveries in flight
 	first   *flight // oldest of its flights; a doubly linked list
 	last    *flight
@@ -55,6 +59,9 @@ type client struct {
 }
 
 func (c *client) hasRoom() bool { return !c.gone && c.n < c.max }
+
+// fits reports whether c accepts m's frame size.
+func (c *client) fits(m *Message) bool { return c.maxSize == 0 || m.frame <= c.maxSize }
 
 // retry is a message waiting to be delivered again.
 type retry struct {
@@ -74,7 +81,21 @@ type state struct {
 	ready   ring[*client] // clients with room, in round-robin order
 	retries ring[retry]   // redeliveries; they go before fresh messages
 	fresh   ring[*Message]
-	bytes   int // payload bytes in retries and fresh
+	bytes   int // payload bytes in retries, fresh and large
+
+	// large holds messages that were larger than the client whose turn it
+	// was; they wait, in order, for a client they fit, while the messages
+	// behind them go on. largeBlocked is set when no client with room fits
+	// large's first message, and cleared when one might: a client that fits
+	// it gets room, or the first message changes.
+	large        ring[retry]
+	largeBlocked bool
+	frameSize    func(*Message) int            // Config.FrameSize; nil: messages have no size
+	onTooLarge   func(m *Message, largest int) // a message fits no joined client; nil: nothing
+	// largest is the largest maxSize of the joined clients (0 when one takes
+	// any size, -1 with no client); stale after a leave until recomputed.
+	largest      int
+	largestStale bool
 
 	flights flightTable // outstanding deliveries by id
 	heap    deadlineHeap
@@ -91,11 +112,33 @@ func newState(ackTimeout time.Duration) *state {
 		tracker:    offsets.NewTracker(),
 		clients:    map[uint64]*client{},
 		flights:    newFlightTable(),
+		largest:    -1,
 	}
 }
 
 // buffered returns the number of messages waiting for a client.
-func (s *state) buffered() int { return s.retries.len() + s.fresh.len() }
+func (s *state) buffered() int { return s.retries.len() + s.fresh.len() + s.large.len() }
+
+// largestSize returns the largest frame size a joined client accepts: 0
+// when one accepts any, -1 with no client.
+func (s *state) largestSize() int {
+	if s.largestStale {
+		s.largest = -1
+		for _, c := range s.clients {
+			if s.largest = max(s.largest, c.maxSize); c.maxSize == 0 {
+				break
+			}
+		}
+		s.largestStale = false
+	}
+	return s.largest
+}
+
+// fitsAnyone reports whether some joined client accepts m.
+func (s *state) fitsAnyone(m *Message) bool {
+	l := s.largestSize()
+	return l == 0 || (l > 0 && m.frame <= l)
+}
 
 // addBatch takes messages from the source.
 func (s *state) addBatch(b Batch) {
@@ -107,6 +150,9 @@ func (s *state) addBatch(b Batch) {
 			continue // already tracked: a re-fetch
 		}
 		m.gen = s.tracker.Gen(m.Partition)
+		if s.frameSize != nil {
+			m.frame = s.frameSize(m)
+		}
 		s.fresh.push(m)
 		s.bytes += m.Size()
 		s.stats.Consumed++
@@ -122,7 +168,13 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 		s.leave(id) // a reused id replaces the old client
 	}
 	c := &client{id: id, name: name, sink: sink, max: max}
+	if ls, ok := sink.(LimitedSink); ok && ls.MaxFrameSize() > 0 {
+		c.maxSize = ls.MaxFrameSize()
+	}
 	s.clients[id] = c
+	if l := s.largestSize(); l != 0 && (c.maxSize == 0 || c.maxSize > l) {
+		s.largest = c.maxSize
+	}
 	if s.draining {
 		sink.Goodbye("draining")
 		return
@@ -138,6 +190,9 @@ func (s *state) leave(id uint64) {
 	}
 	delete(s.clients, id)
 	c.gone = true
+	if c.maxSize == s.largest {
+		s.largestStale = true
+	}
 	for f := c.first; f != nil; {
 		next := f.next
 		s.heap.remove(f)
@@ -252,6 +307,21 @@ func (s *state) makeReady(c *client) {
 	if !c.inReady && c.hasRoom() && !s.draining {
 		c.inReady = true
 		s.ready.push(c)
+		if s.largeBlocked && c.fits(s.large.front().msg) {
+			s.largeBlocked = false
+		}
+	}
+}
+
+// wait puts a message that does not fit client c into large, to wait for a
+// client it fits, and reports it when no joined client accepts it.
+func (s *state) wait(msg *Message, attempt uint32, c uint64) {
+	if s.large.len() == 0 {
+		s.largeBlocked = false
+	}
+	s.large.push(retry{msg: msg, attempt: attempt, last: c})
+	if s.onTooLarge != nil && !s.fitsAnyone(msg) {
+		s.onTooLarge(msg, s.largestSize())
 	}
 }
 
@@ -270,20 +340,31 @@ func (s *state) nextReady() *client {
 }
 
 // dispatch hands buffered messages to clients with room, redeliveries first,
-// round-robin, and sends each client its deliveries in one batch.
+// round-robin, and sends each client its deliveries in one batch. A message
+// larger than the client whose turn it is waits in large for a client it
+// fits; each client's turn first offers it large's first message.
 func (s *state) dispatch(now time.Time) {
 	if s.draining {
 		return
 	}
 	deadline := now.Add(s.ackTimeout)
-	for s.buffered() > 0 {
+	misses := 0 // consecutive clients that fit nothing left
+	for s.retries.len()+s.fresh.len() > 0 || (s.large.len() > 0 && !s.largeBlocked) {
 		c := s.nextReady()
 		if c == nil {
 			break
 		}
+		if s.large.len() > 0 && !s.largeBlocked && c.fits(s.large.front().msg) {
+			r := s.large.pop()
+			s.largeBlocked = false // a new first message
+			s.give(c, r.msg, r.attempt, deadline)
+			misses = 0
+			continue
+		}
 		var msg *Message
 		attempt := uint32(1)
-		if s.retries.len() > 0 {
+		switch {
+		case s.retries.len() > 0:
 			r := s.retries.front()
 			if r.last == c.id && s.ready.len() > 1 {
 				// Prefer another client for a redelivery: c goes to the
@@ -295,18 +376,25 @@ func (s *state) dispatch(now time.Time) {
 			}
 			s.retries.pop()
 			msg, attempt = r.msg, r.attempt
-		} else {
+		case s.fresh.len() > 0:
 			msg = s.fresh.pop()
-		}
-		s.bytes -= msg.Size()
-		s.deliver(c, msg, attempt, deadline)
-		// c had its turn: to the back of the queue, or out when full.
-		s.ready.pop()
-		if c.hasRoom() {
+		default:
+			// Only large messages are left and c does not fit the first:
+			// try the next client, until every one has had its turn.
+			if misses++; misses >= s.ready.len() {
+				s.largeBlocked = true
+				continue
+			}
+			s.ready.pop()
 			s.ready.push(c)
-		} else {
-			c.inReady = false
+			continue
 		}
+		if !c.fits(msg) {
+			s.wait(msg, attempt, c.id)
+			continue
+		}
+		s.give(c, msg, attempt, deadline)
+		misses = 0
 	}
 	for _, c := range s.touched {
 		c.touched = false
@@ -316,6 +404,19 @@ func (s *state) dispatch(now time.Time) {
 		c.out = nil
 	}
 	s.touched = s.touched[:0]
+}
+
+// give delivers msg to c, the first client of ready, and moves c to the back
+// of ready, or out of it when full.
+func (s *state) give(c *client, msg *Message, attempt uint32, deadline time.Time) {
+	s.bytes -= msg.Size()
+	s.deliver(c, msg, attempt, deadline)
+	s.ready.pop()
+	if c.hasRoom() {
+		s.ready.push(c)
+	} else {
+		c.inReady = false
+	}
 }
 
 // deliver records a flight of msg to c and queues the delivery.
@@ -357,5 +458,10 @@ func (s *state) snapshot() Stats {
 	st.BufferBytes = s.bytes
 	st.Clients = len(s.clients)
 	st.Paused = s.paused
+	for i := range s.large.len() {
+		if m := s.large.at(i).msg; !s.fitsAnyone(m) {
+			st.TooLarge++
+		}
+	}
 	return st
 }

@@ -313,11 +313,26 @@ func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 // BenchmarkDispatchAck measures one message through the dispatcher's state:
 // received, delivered round-robin to 4 clients, acked.
 func BenchmarkDispatchAck(b *testing.B) {
+	b.Run("sizes=none", func(b *testing.B) { benchDispatchAck(b, false) })
+	// Clients announce a frame limit and every message has a frame size,
+	// as in the daemon.
+	b.Run("sizes=limited", func(b *testing.B) { benchDispatchAck(b, true) })
+}
+
+func benchDispatchAck(b *testing.B, sized bool) {
 	const clients, batchSize = 4, 64
 	s := newState(timeout)
-	sinks := make([]*discardSink, clients)
+	if sized {
+		s.frameSize = func(m *Message) int { return 64 + m.Size() }
+	}
+	sinks := make([]ClientSink, clients)
+	discards := make([]*discardSink, clients)
 	for i := range sinks {
-		sinks[i] = &discardSink{}
+		discards[i] = &discardSink{}
+		sinks[i] = discards[i]
+		if sized {
+			sinks[i] = &sizedDiscardSink{discards[i]}
+		}
 		s.join(uint64(i+1), "c", 1000, sinks[i])
 	}
 	msgs := make([]*Message, batchSize)
@@ -334,12 +349,16 @@ func BenchmarkDispatchAck(b *testing.B) {
 		}
 		s.addBatch(Batch{Start: -1, Messages: msgs})
 		s.dispatch(t0)
-		for j, k := range sinks {
+		for j, k := range discards {
 			s.ack(uint64(j+1), k.ids)
 			k.ids = k.ids[:0]
 		}
 	}
 }
+
+type sizedDiscardSink struct{ *discardSink }
+
+func (sizedDiscardSink) MaxFrameSize() int { return 4 << 20 }
 
 type discardSink struct{ ids []uint64 }
 
@@ -402,5 +421,151 @@ func TestAckFromBeforeARestartDoesNotCommitTheRefetch(t *testing.T) {
 	s.ack(1, ids(sinks[0].got[2:]))
 	if c, _ := s.tracker.Committable(0); c != 2 {
 		t.Fatalf("committable = %d after the refetched messages were acked, want 2", c)
+	}
+}
+
+// sizedSink is a recSink whose client takes frames up to max bytes.
+type sizedSink struct {
+	recSink
+	max int
+}
+
+func (s *sizedSink) MaxFrameSize() int { return s.max }
+
+// sizedBatch returns messages of partition 0 whose frame size is their
+// value's length.
+func sizedBatch(from int64, sizes ...int) Batch {
+	b := Batch{Partition: 0, Start: -1}
+	for i, n := range sizes {
+		b.Messages = append(b.Messages, &Message{Partition: 0, Offset: from + int64(i), Value: make([]byte, n)})
+	}
+	return b
+}
+
+func sizedState() *state {
+	s := newState(timeout)
+	s.frameSize = func(m *Message) int { return len(m.Value) }
+	return s
+}
+
+// A message larger than every client accepts waits, reported once, while the
+// messages behind it flow; a client that announces a large enough limit
+// gets it.
+func TestTooLargeWaitsWhileSmallerFlow(t *testing.T) {
+	s := sizedState()
+	var reported []int64
+	s.onTooLarge = func(m *Message, largest int) {
+		if largest != 100 {
+			t.Errorf("largest limit reported %d, want 100", largest)
+		}
+		reported = append(reported, m.Offset)
+	}
+	small := &sizedSink{max: 100}
+	s.join(1, "small", 10, small)
+	s.addBatch(sizedBatch(0, 10, 500, 20, 30))
+	s.dispatch(t0)
+	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 2, 3}) {
+		t.Fatalf("small client got %v, want 0, 2, 3 (1 is 500 bytes)", got)
+	}
+	if !slices.Equal(reported, []int64{1}) {
+		t.Fatalf("reported too large: %v, want [1]", reported)
+	}
+	if st := s.snapshot(); st.TooLarge != 1 || st.Buffered != 1 || st.BufferBytes != 500 {
+		t.Fatalf("stats: too large %d, buffered %d (%d bytes); want 1, 1 (500)", st.TooLarge, st.Buffered, st.BufferBytes)
+	}
+	// More traffic: the waiting message stays put and is not reported again.
+	s.ack(1, ids(small.got))
+	s.addBatch(sizedBatch(4, 40))
+	s.dispatch(t0)
+	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 2, 3, 4}) {
+		t.Fatalf("small client got %v, want 0, 2, 3, 4", got)
+	}
+	if len(reported) != 1 {
+		t.Fatalf("reported %v, want the one message once", reported)
+	}
+
+	big := &sizedSink{max: 1000}
+	s.join(2, "big", 10, big)
+	s.dispatch(t0)
+	if got := offsetsOf(big.got); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("big client got %v, want the waiting message 1", got)
+	}
+	if st := s.snapshot(); st.TooLarge != 0 || st.Buffered != 0 || st.BufferBytes != 0 {
+		t.Fatalf("stats after: too large %d, buffered %d (%d bytes)", st.TooLarge, st.Buffered, st.BufferBytes)
+	}
+	// Acked, it is committed with the rest.
+	s.ack(1, ids(small.got[3:]))
+	s.ack(2, ids(big.got))
+	if off, _ := s.tracker.Committable(0); off != 5 {
+		t.Fatalf("committable offset %d, want 5", off)
+	}
+}
+
+// A message that fits only a client that is full waits for it without
+// holding up the others, and is the first thing that client gets when it
+// has room again; it is not reported as too large.
+func TestLargeWaitsForTheClientItFits(t *testing.T) {
+	s := sizedState()
+	var reported []int64
+	s.onTooLarge = func(m *Message, _ int) { reported = append(reported, m.Offset) }
+	small, big := &sizedSink{max: 100}, &sizedSink{max: 1000}
+	s.join(1, "small", 10, small)
+	s.join(2, "big", 1, big)
+	s.addBatch(sizedBatch(0, 10, 20, 500, 30, 600, 40))
+	s.dispatch(t0)
+	// Round-robin: 0 small, 1 big (now full), 2 large waits, 3 small, 4
+	// waits, 5 small.
+	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 3, 5}) {
+		t.Fatalf("small client got %v, want 0, 3, 5", got)
+	}
+	if got := offsetsOf(big.got); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("big client got %v, want 1", got)
+	}
+	if st := s.snapshot(); st.TooLarge != 0 || st.Buffered != 2 {
+		t.Fatalf("too large %d, buffered %d; want 0, 2", st.TooLarge, st.Buffered)
+	}
+	// Acks of the small client change nothing for the large messages.
+	s.ack(1, ids(small.got))
+	s.dispatch(t0)
+	if len(small.got) != 3 {
+		t.Fatalf("small client got %v", offsetsOf(small.got))
+	}
+	for _, want := range []int64{2, 4} {
+		s.ack(2, ids(big.got[len(big.got)-1:]))
+		s.dispatch(t0)
+		if got := big.got[len(big.got)-1].Msg.Offset; got != want {
+			t.Fatalf("big client's next delivery %d, want %d", got, want)
+		}
+	}
+	if len(reported) != 0 {
+		t.Fatalf("reported too large %v while a client that takes them was joined", reported)
+	}
+	// When the only client that fits leaves, the large message it held is
+	// too large for everyone left.
+	s.leave(2)
+	s.dispatch(t0)
+	if st := s.snapshot(); st.TooLarge != 1 || !slices.Equal(reported, []int64{4}) {
+		t.Fatalf("too large %d, reported %v after the big client left; want 1, [4]", st.TooLarge, reported)
+	}
+}
+
+// Clients that take any size (not a LimitedSink) and messages without a
+// size (no FrameSize) are never held back.
+func TestNoLimitsNoWaiting(t *testing.T) {
+	s := sizedState()
+	any := &recSink{}
+	s.join(1, "any", 10, any)
+	s.addBatch(sizedBatch(0, 10, 1<<30))
+	s.dispatch(t0)
+	if got := offsetsOf(any.got); !slices.Equal(got, []int64{0, 1}) {
+		t.Fatalf("unlimited client got %v", got)
+	}
+	s = newState(timeout) // no FrameSize
+	small := &sizedSink{max: 1}
+	s.join(1, "small", 10, small)
+	s.addBatch(sizedBatch(0, 10, 1<<20))
+	s.dispatch(t0)
+	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 1}) {
+		t.Fatalf("client got %v without FrameSize", got)
 	}
 }

@@ -31,6 +31,12 @@ type Snapshot struct {
 	HighWaterMarks map[int32]int64
 	// Clients is the number of connected, welcomed clients.
 	Clients int
+	// Handshaking is the number of connections that have not sent their
+	// Hello yet.
+	Handshaking int
+	// ConnectionsClosed counts the client connections closed since the
+	// daemon started, by reason ("slow consumer", "handshake evicted", ...).
+	ConnectionsClosed map[string]uint64
 
 	// Clustered: the daemon takes part in an election (not the dev mode).
 	// Before the election starts, Clustered is false and so is Serving.
@@ -66,6 +72,7 @@ type Collector struct {
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
+	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
 }
@@ -101,6 +108,9 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		bufferedBytes: desc("buffered_bytes", "Payload bytes of the messages waiting for a client."),
 		paused:        desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
 		clients:       desc("clients_connected", "Connected clients."),
+		handshaking:   desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
+		connsClosed:   desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
+		tooLarge:      desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
 		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
 		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
 		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
@@ -126,7 +136,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.commitFailures.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients,
+		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.leader, c.epoch, c.failovers, c.members,
 	} {
 		ch <- d
@@ -157,8 +167,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.inFlight, float64(st.InFlight))
 	gauge(c.buffered, float64(st.Buffered))
 	gauge(c.bufferedBytes, float64(st.BufferBytes))
+	gauge(c.tooLarge, float64(st.TooLarge))
 	gauge(c.paused, bool01(st.Paused))
 	gauge(c.clients, float64(s.Clients))
+	gauge(c.handshaking, float64(s.Handshaking))
+	for reason, n := range s.ConnectionsClosed {
+		counter(c.connsClosed, n, reason)
+	}
 
 	for p, hw := range s.HighWaterMarks {
 		gauge(c.highWater, float64(hw), partition(p))

@@ -22,12 +22,14 @@ func leaderSnapshot() Snapshot {
 		Stats: dispatch.Stats{
 			Consumed: 10, Delivered: 12, Acked: 7, Nacked: 1,
 			Redelivered: [3]uint64{2, 0, 1}, UnknownAcks: 3,
-			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true,
+			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true, TooLarge: 1,
 			Committed: map[int32]int64{0: 5, 1: 9},
 		},
-		HighWaterMarks: map[int32]int64{0: 8, 1: 9, 2: 4},
-		Clients:        2,
-		Clustered:      true, Leader: true, LeaderKnown: true, LeaderID: "a", Epoch: 7,
+		HighWaterMarks:    map[int32]int64{0: 8, 1: 9, 2: 4},
+		Clients:           2,
+		Handshaking:       5,
+		ConnectionsClosed: map[string]uint64{"slow consumer": 2, "handshake evicted": 4},
+		Clustered:         true, Leader: true, LeaderKnown: true, LeaderID: "a", Epoch: 7,
 		Failovers: 1, Members: 3,
 	}
 }
@@ -67,12 +69,22 @@ fanout_buffered_messages 4
 # HELP fanout_buffered_bytes Payload bytes of the messages waiting for a client.
 # TYPE fanout_buffered_bytes gauge
 fanout_buffered_bytes 400
+# HELP fanout_messages_too_large Buffered messages larger than any connected client accepts: they wait for one that does.
+# TYPE fanout_messages_too_large gauge
+fanout_messages_too_large 1
 # HELP fanout_fetching_paused 1 while fetching from Kafka is paused (backpressure or no clients).
 # TYPE fanout_fetching_paused gauge
 fanout_fetching_paused 1
 # HELP fanout_clients_connected Connected clients.
 # TYPE fanout_clients_connected gauge
 fanout_clients_connected 2
+# HELP fanout_client_handshakes_waiting Client connections that have not sent their Hello yet.
+# TYPE fanout_client_handshakes_waiting gauge
+fanout_client_handshakes_waiting 5
+# HELP fanout_client_connections_closed_total Client connections closed since the daemon started, by reason.
+# TYPE fanout_client_connections_closed_total counter
+fanout_client_connections_closed_total{reason="handshake evicted"} 4
+fanout_client_connections_closed_total{reason="slow consumer"} 2
 # HELP fanout_consumer_lag High watermark minus committed offset.
 # TYPE fanout_consumer_lag gauge
 fanout_consumer_lag{partition="0"} 3

@@ -26,18 +26,22 @@ const (
 	closeGoodbye    closeReason = iota // the client said goodbye
 	closeDisconnect                    // the client closed the connection, or it failed
 	closeDead                          // no frame within the liveness window
-	closeSlow                          // a write took longer than WriteTimeout
+	closeSlow                          // queued frames not read within WriteTimeout, or the outbox bound passed
 	closeProtocol                      // the client broke the protocol
 	closeRejected                      // the handshake was refused (version, auth, capacity)
 	closeRedirected                    // this node does not lead
 	closeShutdown                      // Server.Close
 	closeInternal                      // a bug: a goroutine of the connection panicked
+	closeEvicted                       // no Hello yet, and the longest waiting when too many waited
+	numCloseReasons
 )
 
-var closeReasonNames = [...]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error"}
+// CloseReasons names the reasons a connection closes, as indexes of
+// Stats.Closed, for logs and metrics.
+var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted"}
 
 // String names the reason for logs.
-func (r closeReason) String() string { return closeReasonNames[r] }
+func (r closeReason) String() string { return CloseReasons[r] }
 
 // leave maps the reason to the backend's vocabulary.
 func (r closeReason) leave() dispatch.LeaveReason {
@@ -59,7 +63,7 @@ func (r closeReason) leave() dispatch.LeaveReason {
 // level is the log level of the one line logged when a connection closes.
 func (r closeReason) level() logrus.Level {
 	switch r {
-	case closeDead, closeSlow, closeProtocol, closeRejected:
+	case closeDead, closeSlow, closeProtocol, closeRejected, closeEvicted:
 		return logrus.WarnLevel
 	case closeInternal:
 		return logrus.ErrorLevel
@@ -73,6 +77,14 @@ func (r closeReason) level() logrus.Level {
 const (
 	lingerTimeout = 500 * time.Millisecond
 	lingerBytes   = 256 << 10
+)
+
+// Buffer sizes of a connection: the reader's read-ahead, and the pump's
+// write buffer for a connection that ends before its Welcome (one final
+// frame; a welcomed one gets protocol.NewWriter's 64 KiB).
+const (
+	readAhead  = 4 << 10
+	finalWrite = 512
 )
 
 // conn is one client connection. It implements dispatch.ClientSink.
@@ -98,8 +110,21 @@ type conn struct {
 	joined   bool // backend.Join was called
 	reserved bool // a client slot is held (Server.reserveClient)
 
+	// In Server.waiting while the Hello has not been read; Server.mu guards
+	// these.
+	waiting              bool
+	helloPrev, helloNext *conn
+
+	// maxFrame is the largest frame the client accepts (Hello.max_frame_size,
+	// or the protocol's default). The reader sets it before queueing the
+	// Welcome; the pump reads it when it writes the Welcome.
+	maxFrame int
+
 	mu       sync.Mutex // guards the outbox and the fields below it
 	out      []outItem  // frames and deliveries for the pump, in order
+	outBytes int        // what the control entries of out are charged (MaxOutboxBytes)
+	outSince time.Time  // when out last became non-empty
+	overflow bool       // an entry was dropped at the MaxOutboxBytes bound: the pump closes
 	name     string     // the client id from Hello
 	final    *protocol.Frame
 	reason   closeReason
@@ -143,7 +168,8 @@ func (c *conn) close(reason closeReason, err error, final *protocol.Frame) {
 		_ = c.nc.SetReadDeadline(now)
 		_ = c.nc.SetWriteDeadline(now)
 		c.wake()
-		c.s.forget(c.id)
+		c.s.forget(c)
+		c.s.closedBy[reason].Add(1)
 
 		c.joinMu.Lock()
 		joined, reserved := c.joined, c.reserved
@@ -178,7 +204,10 @@ func (c *conn) wake() {
 // connection closes.
 func (c *conn) readLoop() {
 	defer close(c.readerDone)
-	rd := protocol.NewReader(c.nc, c.s.cfg.MaxFrameSize)
+	// A Hello is small: a connection that has not said hello cannot make
+	// the daemon read a large frame. Clients send small frames (acks), so a
+	// small read-ahead buffer serves them as well as a large one.
+	rd := protocol.NewReaderSize(c.nc, min(protocol.MaxHelloSize, c.s.cfg.MaxFrameSize), readAhead)
 	// One Frame is reused for every read. Decoding replaces its body with
 	// freshly allocated messages, so the id slices handed to the backend are
 	// never overwritten by a later frame.
@@ -216,7 +245,7 @@ func (c *conn) handle(f *protocol.Frame) bool {
 			b.Touch(c.id, ids)
 		}
 	case *protocol.Frame_Ping:
-		c.queue(protocol.PongFrame(body.Ping.GetNonce()))
+		c.pong(body.Ping.GetNonce())
 	case *protocol.Frame_Pong:
 		// A sign of life; lastSeen is already updated.
 	case *protocol.Frame_Goodbye:
@@ -245,7 +274,8 @@ func (c *conn) readFailed(err error) {
 	switch code := protocol.CodeOf(err); {
 	case errors.Is(err, io.EOF):
 		c.close(closeDisconnect, errors.New("connection closed by the client"), nil)
-	case code == protocol.ErrorCode_ERROR_CODE_BAD_FRAME || code == protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE:
+	case code == protocol.ErrorCode_ERROR_CODE_BAD_FRAME || code == protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE ||
+		code == protocol.ErrorCode_ERROR_CODE_TOO_MANY_IDS:
 		c.close(closeProtocol, fmt.Errorf("read frame: %w", err), protocol.ErrorFrame(code, true, "%v", err))
 	default:
 		c.close(closeDisconnect, fmt.Errorf("read frame: %w", err), nil)
@@ -259,7 +289,9 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if cfg.HelloTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(cfg.HelloTimeout))
 	}
-	if err := rd.ReadFrame(f); err != nil {
+	err := rd.ReadFrame(f)
+	c.s.helloRead(c)
+	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) && !c.closing.Load() {
 			c.close(closeProtocol, fmt.Errorf("no hello within %v", cfg.HelloTimeout), nil)
 			return false
@@ -296,6 +328,10 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if m := h.GetMaxInFlight(); m != 0 && uint64(m) < uint64(maxInFlight) {
 		maxInFlight = int(m)
 	}
+	c.maxFrame = protocol.DefaultMaxFrameSize
+	if m := h.GetMaxFrameSize(); m != 0 {
+		c.maxFrame = int(m)
+	}
 	switch c.join(h.GetClientId(), maxInFlight) {
 	case joinFull:
 		c.reject(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, "too many clients (at most %d)", cfg.MaxClients)
@@ -303,6 +339,10 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	case joinClosing:
 		return false
 	}
+	rd.SetMaxFrameSize(cfg.MaxFrameSize)
+	// A frame may name at most the ids the client can have in flight; the
+	// reader refuses more before decoding them.
+	rd.SetMaxIDs(maxInFlight)
 	// From here on the pump watches liveness; the reader waits without a deadline.
 	_ = c.nc.SetReadDeadline(time.Time{})
 	// close may have set its deadline just before ours replaced it.
@@ -345,7 +385,7 @@ func (c *conn) join(name string, maxInFlight int) int {
 	}))
 	c.joined = true
 	c.s.backend.Join(c.id, name, maxInFlight, c)
-	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight}).Debug("client welcomed")
+	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame}).Debug("client welcomed")
 	return joinOK
 }
 

@@ -9,30 +9,83 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
-// outItem is one entry of a connection's outbox: either a control frame or
-// a slice of deliveries handed over by one Send.
+// outItem is one entry of a connection's outbox: a control frame, a Pong
+// (kept as its nonce: a flood of Pings queues no frames), or the deliveries
+// handed over by one Send.
 type outItem struct {
-	frame *protocol.Frame
-	ds    []dispatch.Delivery
+	frame  *protocol.Frame
+	ds     []dispatch.Delivery
+	nonce  uint64
+	isPong bool
 }
 
-// The outbox is bounded without a limit of its own: the dispatcher never
-// has more than a client's in-flight limit (at most Config.MaxInFlight)
-// deliveries outstanding on it, so at most that many deliveries wait here,
-// plus a few control frames (Welcome, Pongs, Goodbye; a client that sends
-// Pings faster than it reads Pongs is cut off by WriteTimeout).
+// What the outbox charges its entries against Config.MaxOutboxBytes: the
+// memory a control entry holds, an upper bound. A Pong is at most 13 bytes
+// of protobuf after the prefix.
+const (
+	outItemSize = int(unsafe.Sizeof(outItem{}))
+	pongCost    = outItemSize + protocol.HeaderSize + 13
+	// frameOverhead bounds the Go structs around a control frame's bytes.
+	frameOverhead = 128
+)
+
+// The outbox holds two kinds of entries, bounded differently:
+//
+//   - Deliveries are bounded by credit: the dispatcher never has more than
+//     the client's in-flight limit outstanding on it. Their payload is the
+//     dispatcher's message, held until acked wherever the delivery waits,
+//     so they are not charged to the outbox.
+//   - Control frames (Welcome, Pong, Goodbye) are what a client can make
+//     the daemon queue by sending frames and not reading. They are charged
+//     what they hold; when one more would take the outbox past
+//     Config.MaxOutboxBytes it is dropped and the pump closes the connection
+//     as a slow consumer.
+//
+// Whatever is queued must be written within WriteTimeout of being queued:
+// the pump gives the whole batch one write deadline, the time the oldest
+// entry was queued plus WriteTimeout, so a client reading a trickle is
+// dropped even though each write call makes progress.
+
+// MaxFrameSize implements dispatch.LimitedSink: the largest frame the
+// client said it accepts. The dispatcher asks it at Join, after the Hello.
+func (c *conn) MaxFrameSize() int { return c.maxFrame }
+
+// DeliverFrameSize is dispatch.Config.FrameSize for this server: an upper
+// bound of the bytes (length prefix excluded) of the Deliver frame that
+// carries m, whatever its delivery id and attempt.
+func DeliverFrameSize(m *dispatch.Message) int {
+	field := func(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
+	n := 1 + 10 + // delivery_id
+		1 + protowire.SizeVarint(uint64(int64(m.Partition))) +
+		1 + protowire.SizeVarint(uint64(m.Offset)) +
+		field(len(m.Key)) + field(len(m.Value)) +
+		1 + 10 + // timestamp_ms
+		1 + 5 // attempt
+	for _, h := range m.Headers {
+		key := len(h.Key)
+		if !utf8.ValidString(h.Key) {
+			key *= 3 // each invalid byte becomes at most one U+FFFD
+		}
+		n += field(field(key) + field(len(h.Value)))
+	}
+	return field(n)
+}
 
 // Send queues deliveries for the pump. It never blocks and never touches
 // the socket. Deliveries sent after the connection started closing are
 // dropped: the backend redelivers them after Leave.
 func (c *conn) Send(ds []dispatch.Delivery) {
 	if len(ds) > 0 {
-		c.enqueue(outItem{ds: ds})
+		c.enqueue(outItem{ds: ds}, 0)
 	}
 }
 
@@ -41,19 +94,37 @@ func (c *conn) Send(ds []dispatch.Delivery) {
 func (c *conn) Goodbye(reason string) { c.queue(protocol.GoodbyeFrame(reason)) }
 
 // queue queues a control frame for the pump.
-func (c *conn) queue(f *protocol.Frame) { c.enqueue(outItem{frame: f}) }
+func (c *conn) queue(f *protocol.Frame) {
+	c.enqueue(outItem{frame: f}, outItemSize+frameOverhead+proto.Size(f))
+}
 
-// enqueue appends to the outbox and wakes the pump when the outbox was empty:
-// the pump empties the whole outbox whenever it wakes, so one signal per
-// empty-to-non-empty transition is enough.
-func (c *conn) enqueue(it outItem) {
+// pong queues the answer to a client's Ping.
+func (c *conn) pong(nonce uint64) { c.enqueue(outItem{nonce: nonce, isPong: true}, pongCost) }
+
+// enqueue appends to the outbox, charging cost against MaxOutboxBytes, and
+// wakes the pump when the outbox was empty: the pump empties the whole
+// outbox whenever it wakes, so one signal per empty-to-non-empty transition
+// is enough. An entry that would pass the bound is dropped and the pump is
+// told to close the connection: enqueue runs on the dispatcher's goroutine
+// too, which must not call close (it calls back into the backend).
+func (c *conn) enqueue(it outItem, cost int) {
 	c.mu.Lock()
-	if c.closing.Load() {
+	if c.closing.Load() || c.overflow {
 		c.mu.Unlock()
 		return
 	}
 	wasEmpty := len(c.out) == 0
+	if c.outBytes+cost > c.s.cfg.MaxOutboxBytes {
+		c.overflow = true
+		c.mu.Unlock()
+		c.wake()
+		return
+	}
+	if wasEmpty {
+		c.outSince = time.Now()
+	}
 	c.out = append(c.out, it)
+	c.outBytes += cost
 	c.mu.Unlock()
 	if wasEmpty {
 		c.wake()
@@ -63,20 +134,20 @@ func (c *conn) enqueue(it outItem) {
 // errClosing aborts writes once the connection is closing.
 var errClosing = errors.New("connection closing")
 
-// deadlineWriter gives every write to the socket its own deadline, so that
-// WriteTimeout bounds each write system call rather than a whole batch, and
-// fails writes once the connection is closing (except the final frame's).
+// deadlineWriter writes to the socket under the deadline the pump set for
+// the current batch, and fails writes once the connection is closing
+// (except the final frame's).
 type deadlineWriter struct {
-	c       *conn
-	timeout time.Duration
-	final   bool
+	c        *conn
+	deadline time.Time
+	final    bool
 }
 
 func (w *deadlineWriter) Write(p []byte) (int, error) {
 	if !w.final && w.c.closing.Load() {
 		return 0, errClosing
 	}
-	if err := w.c.nc.SetWriteDeadline(time.Now().Add(w.timeout)); err != nil {
+	if err := w.c.nc.SetWriteDeadline(w.deadline); err != nil {
 		return 0, err
 	}
 	// close sets closing before it resets the deadline; checking again
@@ -88,25 +159,35 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 }
 
 // pumpState is owned by the pump goroutine: the writer and the messages
-// reused to encode every Deliver and Ping.
+// reused to encode every Deliver, Ping and Pong.
 type pumpState struct {
 	dw      deadlineWriter
 	w       *protocol.Writer
 	deliver protocol.Deliver
 	headers []*protocol.Header
-	ping    protocol.Ping
-	pframe  *protocol.Frame // wraps ping
+	pframe  *protocol.Frame // a Ping
+	pong    *protocol.Frame // a Pong
+	// since is when the oldest frame not yet written was queued (zero when
+	// everything is written); the writes must end by since + WriteTimeout.
+	since time.Time
+}
+
+// writer returns the connection's Writer, created at the first write, so
+// that a connection that never says hello holds no write buffer.
+func (p *pumpState) writer() *protocol.Writer {
+	if p.w == nil {
+		// Until the Welcome, frames are limited only by the 4-byte length
+		// prefix; then by the client's max_frame_size (writeBatch).
+		p.w = protocol.NewWriter(&p.dw, math.MaxInt)
+	}
+	return p.w
 }
 
 // pump is the connection's only writer. It waits for the outbox to fill or
 // the heartbeat to tick, writes everything queued, and flushes once per
 // batch. After close it writes the final frame, if any, and closes the socket.
 func (c *conn) pump() {
-	p := &pumpState{dw: deadlineWriter{c: c, timeout: c.s.cfg.WriteTimeout}}
-	// Frames to clients are limited only by the 4-byte length prefix: a
-	// message Kafka accepted is delivered whatever its size.
-	p.w = protocol.NewWriter(&p.dw, math.MaxInt)
-	p.pframe = protocol.PingFrame(0)
+	p := &pumpState{dw: deadlineWriter{c: c}, pframe: protocol.PingFrame(0), pong: protocol.PongFrame(0)}
 	clean := c.pumpLoop(p)
 	c.finish(p, clean)
 }
@@ -137,9 +218,12 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 				return true
 			}
 			p.pframe.GetPing().Nonce++
-			if err := p.w.WriteFrame(p.pframe); err != nil {
-				c.writeFailed(err)
+			if err := p.writer().WriteFrame(p.pframe); err != nil {
+				c.writeFailed(err, p)
 				return false
+			}
+			if p.since.IsZero() {
+				p.since = time.Now()
 			}
 		}
 		if c.closing.Load() {
@@ -148,19 +232,32 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 			return true
 		}
 		c.mu.Lock()
-		batch := c.out
-		c.out = spare[:0]
+		batch, since, overflow := c.out, c.outSince, c.overflow
+		c.out, c.outBytes = spare[:0], 0
 		c.mu.Unlock()
+		if overflow {
+			c.close(closeSlow, fmt.Errorf("more than %d bytes of control frames queued and not read (--max-outbox-bytes)",
+				cfg.MaxOutboxBytes), nil)
+			return true
+		}
+		if len(batch) > 0 && (p.since.IsZero() || since.Before(p.since)) {
+			p.since = since
+		}
+		p.dw.deadline = p.since.Add(cfg.WriteTimeout)
 		welcomed, err := p.writeBatch(batch)
 		clear(batch) // drop references to the messages
 		spare = batch[:0]
-		if err == nil && p.w.Buffered() > 0 {
+		if err == nil && p.w != nil && p.w.Buffered() > 0 {
 			err = p.w.Flush()
 		}
 		if err != nil {
-			c.writeFailed(err)
-			return false
+			// An oversized frame is refused before any of its bytes are
+			// buffered: the stream is still between frames.
+			var tooLarge *protocol.FrameTooLargeError
+			c.writeFailed(err, p)
+			return errors.As(err, &tooLarge)
 		}
+		p.since = time.Time{}
 		if welcomed && tick == nil {
 			ticker = time.NewTicker(cfg.Heartbeat)
 			tick = ticker.C
@@ -170,9 +267,17 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 
 // writeFailed closes the connection after a write error: a timeout means the
 // client does not read fast enough.
-func (c *conn) writeFailed(err error) {
+func (c *conn) writeFailed(err error, p *pumpState) {
+	var tooLarge *protocol.FrameTooLargeError
+	if errors.As(err, &tooLarge) {
+		// The dispatcher sends a client only messages that fit it.
+		c.close(closeInternal, fmt.Errorf("a delivery larger than the client accepts reached the pump: %w", err),
+			protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_INTERNAL, true, "internal error"))
+		return
+	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		c.close(closeSlow, fmt.Errorf("write blocked for more than %v: %w", c.s.cfg.WriteTimeout, err), nil)
+		c.close(closeSlow, fmt.Errorf("frames queued %v ago not yet read (--write-timeout %v): %w",
+			time.Since(p.since).Round(time.Millisecond), c.s.cfg.WriteTimeout, err), nil)
 		return
 	}
 	c.close(closeDisconnect, err, nil)
@@ -184,11 +289,21 @@ func (p *pumpState) writeBatch(batch []outItem) (welcomed bool, err error) {
 	defer p.release()
 	for i := range batch {
 		it := &batch[i]
+		if it.isPong {
+			p.pong.GetPong().Nonce = it.nonce
+			if err := p.writer().WriteFrame(p.pong); err != nil {
+				return welcomed, err
+			}
+			continue
+		}
 		if it.frame != nil {
 			if it.frame.GetWelcome() != nil {
 				welcomed = true
+				// From here on frames are Deliveries, which the client
+				// takes up to the size it announced.
+				p.writer().SetMaxFrameSize(p.dw.c.maxFrame)
 			}
-			if err := p.w.WriteFrame(it.frame); err != nil {
+			if err := p.writer().WriteFrame(it.frame); err != nil {
 				return welcomed, err
 			}
 			continue
@@ -217,7 +332,7 @@ func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
 	} else {
 		dv.Partition, dv.Offset, dv.Key, dv.Value, dv.TimestampMs, dv.Headers = 0, 0, nil, nil, 0, nil
 	}
-	return p.w.WriteDeliver(&p.deliver)
+	return p.writer().WriteDeliver(&p.deliver)
 }
 
 // fillHeaders converts headers into reused protocol.Header messages. Keys
@@ -259,10 +374,15 @@ func (c *conn) finish(p *pumpState, clean bool) {
 	final := c.final
 	c.mu.Unlock()
 	if clean && final != nil {
-		p.dw.final, p.dw.timeout = true, min(lingerTimeout, c.s.cfg.WriteTimeout)
-		err := p.w.WriteFrame(final)
+		p.dw.final, p.dw.deadline = true, time.Now().Add(min(lingerTimeout, c.s.cfg.WriteTimeout))
+		if p.w == nil {
+			// Nothing written yet (a rejected or evicted connection): a
+			// small buffer for the one frame.
+			p.w = protocol.NewWriterSize(&p.dw, math.MaxInt, finalWrite)
+		}
+		err := p.writer().WriteFrame(final)
 		if err == nil {
-			err = p.w.Flush()
+			err = p.writer().Flush()
 		}
 		if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && err == nil && cw.CloseWrite() == nil {
 			<-c.readerDone // the reader stopped at close's read deadline

@@ -33,7 +33,17 @@ const (
 	DefaultLiveness     = 2
 	DefaultWriteTimeout = 10 * time.Second
 	DefaultHelloTimeout = 10 * time.Second
+	// DefaultMaxOutboxBytes bounds the control frames queued for one
+	// connection: thousands of Pongs, where a client that reads needs a few.
+	DefaultMaxOutboxBytes = 256 << 10
+	// DefaultMaxHandshakes bounds the connections that have not sent their
+	// Hello yet; each holds two goroutines and a read buffer (about 40 KiB).
+	DefaultMaxHandshakes = 1024
 )
+
+// minOutboxBytes is the smallest MaxOutboxBytes: room for a Welcome, an
+// Error and a Goodbye with long texts.
+const minOutboxBytes = 16 << 10
 
 // noLeaderRetry is the retry_after_ms told to clients when no leader is
 // known and Leadership.RetryAfter is zero.
@@ -49,11 +59,19 @@ type Config struct {
 	AckTimeout   time.Duration // the dispatcher's ack timeout, only told to clients in Welcome
 	Heartbeat    time.Duration // ping interval; default DefaultHeartbeat
 	Liveness     int           // heartbeats of silence before a client is dropped; default DefaultLiveness
-	WriteTimeout time.Duration // a socket write taking longer closes the client as slow; default DefaultWriteTimeout
+	WriteTimeout time.Duration // a queued frame not written within this closes the client as slow; default DefaultWriteTimeout
 	HelloTimeout time.Duration // time allowed to send Hello after connecting; default DefaultHelloTimeout
 	MaxFrameSize int           // largest frame accepted from a client; default protocol.DefaultMaxFrameSize
 	MaxClients   int           // welcomed clients allowed at once; 0 means unlimited
-	AuthToken    string        // when set, Hello.auth_token must equal it
+	// MaxOutboxBytes bounds the control frames (Pongs above all) queued for
+	// one connection and not yet written; passing it closes the connection as
+	// a slow consumer. Default DefaultMaxOutboxBytes.
+	MaxOutboxBytes int
+	// MaxHandshakes bounds the connections accepted that have not sent their
+	// Hello yet; when one more arrives, the one that has waited longest is
+	// closed. Default DefaultMaxHandshakes.
+	MaxHandshakes int
+	AuthToken     string // when set, Hello.auth_token must equal it
 	// Leadership reports whether this node leads the cluster. It is asked at
 	// every Hello; nil means this node always leads.
 	Leadership func() Leadership
@@ -90,6 +108,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxFrameSize == 0 {
 		c.MaxFrameSize = protocol.DefaultMaxFrameSize
 	}
+	if c.MaxOutboxBytes == 0 {
+		c.MaxOutboxBytes = DefaultMaxOutboxBytes
+	}
+	if c.MaxHandshakes == 0 {
+		c.MaxHandshakes = DefaultMaxHandshakes
+	}
 	if c.Logger == nil {
 		c.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -122,6 +146,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("MaxFrameSize must be in [1, %d], got %d", uint32(math.MaxUint32), c.MaxFrameSize)
 	case c.MaxClients < 0:
 		return fmt.Errorf("MaxClients must not be negative, got %d", c.MaxClients)
+	case c.MaxOutboxBytes < minOutboxBytes:
+		return fmt.Errorf("MaxOutboxBytes must be at least %d, got %d", minOutboxBytes, c.MaxOutboxBytes)
+	case c.MaxHandshakes < 1:
+		return fmt.Errorf("MaxHandshakes must be at least 1, got %d", c.MaxHandshakes)
 	}
 	return nil
 }
@@ -135,6 +163,7 @@ type Server struct {
 	nextID   atomic.Uint64 // the last session id handed out
 	clients  atomic.Int64  // welcomed (or being welcomed) clients, for MaxClients and Clients
 	routines actor.Group   // every goroutine of the server
+	closedBy [numCloseReasons]atomic.Uint64
 
 	stopOnce sync.Once // closes the listener once
 
@@ -143,6 +172,63 @@ type Server struct {
 	stopCtx func() bool // unregisters the context.AfterFunc of Start
 	closed  bool
 	conns   map[uint64]*conn // open connections by session id
+	waiting hello            // connections that have not sent their Hello, oldest first
+}
+
+// hello is the list of connections waiting for their Hello, oldest first,
+// linked through conn.helloPrev and conn.helloNext. Server.mu guards it.
+type hello struct {
+	first, last *conn
+	n           int
+}
+
+func (l *hello) push(c *conn) {
+	c.helloPrev, c.helloNext, c.waiting = l.last, nil, true
+	if l.last != nil {
+		l.last.helloNext = c
+	} else {
+		l.first = c
+	}
+	l.last = c
+	l.n++
+}
+
+func (l *hello) remove(c *conn) {
+	if !c.waiting {
+		return
+	}
+	if c.helloPrev != nil {
+		c.helloPrev.helloNext = c.helloNext
+	} else {
+		l.first = c.helloNext
+	}
+	if c.helloNext != nil {
+		c.helloNext.helloPrev = c.helloPrev
+	} else {
+		l.last = c.helloPrev
+	}
+	c.helloPrev, c.helloNext, c.waiting = nil, nil, false
+	l.n--
+}
+
+// Stats are the server's gauges and counters, for metrics.
+type Stats struct {
+	Handshaking int // connections that have not sent their Hello
+	// Closed counts the connections closed since the server started, by
+	// reason (CloseReasons names them).
+	Closed [numCloseReasons]uint64
+}
+
+// Stats returns a snapshot of the server's gauges and counters.
+func (s *Server) Stats() Stats {
+	var st Stats
+	s.mu.Lock()
+	st.Handshaking = s.waiting.n
+	s.mu.Unlock()
+	for i := range st.Closed {
+		st.Closed[i] = s.closedBy[i].Load()
+	}
+	return st
 }
 
 // New validates cfg and returns a Server that is not yet listening.
@@ -326,7 +412,10 @@ func (s *Server) acceptLoop(ln net.Listener, log *logrus.Entry) {
 	}
 }
 
-// serveConn registers a new connection and starts its goroutines.
+// serveConn registers a new connection and starts its goroutines. When
+// MaxHandshakes connections are already waiting for their Hello, the one
+// that has waited longest is closed: a flood of silent connections cannot
+// keep a real client out, which sends its Hello as soon as it connects.
 func (s *Server) serveConn(nc net.Conn) {
 	id := s.nextID.Add(1)
 	c := newConn(s, nc, id)
@@ -337,15 +426,34 @@ func (s *Server) serveConn(nc net.Conn) {
 		return
 	}
 	s.conns[id] = c
+	s.waiting.push(c)
+	var evict *conn
+	if s.waiting.n > s.cfg.MaxHandshakes {
+		evict = s.waiting.first
+		s.waiting.remove(evict)
+	}
 	s.mu.Unlock()
 	s.spawn(c.log, "reader", c.readLoop, c.readerPanicked)
 	s.spawn(c.log, "pump", c.pump, c.pumpPanicked)
+	if evict != nil {
+		evict.close(closeEvicted,
+			fmt.Errorf("more than %d connections waiting for hello; this one waited longest", s.cfg.MaxHandshakes),
+			protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, true, "too many connections waiting for hello"))
+	}
+}
+
+// helloRead takes c off the list of connections waiting for their Hello.
+func (s *Server) helloRead(c *conn) {
+	s.mu.Lock()
+	s.waiting.remove(c)
+	s.mu.Unlock()
 }
 
 // forget removes a closed connection from the registry.
-func (s *Server) forget(id uint64) {
+func (s *Server) forget(c *conn) {
 	s.mu.Lock()
-	delete(s.conns, id)
+	delete(s.conns, c.id)
+	s.waiting.remove(c)
 	s.mu.Unlock()
 }
 

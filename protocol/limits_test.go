@@ -1,0 +1,188 @@
+package protocol
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// idsFrame returns an encoded Ack frame body (no length prefix) of n ids,
+// each a one-byte varint: the densest list a peer can send.
+func idsFrame(field protowire.Number, n int) []byte {
+	inner := protowire.AppendTag(nil, 1, protowire.BytesType)
+	inner = protowire.AppendVarint(inner, uint64(n))
+	inner = append(inner, bytes.Repeat([]byte{1}, n)...)
+	b := protowire.AppendTag(nil, field, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(len(inner)))
+	return append(b, inner...)
+}
+
+func TestTooManyIDs(t *testing.T) {
+	unpacked := func(n int) []byte { // field 5 holding n unpacked ids
+		var inner []byte
+		for range n {
+			inner = protowire.AppendTag(inner, 1, protowire.VarintType)
+			inner = protowire.AppendVarint(inner, 300)
+		}
+		b := protowire.AppendTag(nil, fieldAck, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(len(inner)))
+		return append(b, inner...)
+	}
+	tests := []struct {
+		name string
+		body []byte
+		want int // ids counted
+	}{
+		{"ack packed", idsFrame(fieldAck, 11), 11},
+		{"nack packed", idsFrame(fieldNack, 11), 11},
+		{"touch packed", idsFrame(fieldTouch, 11), 11},
+		{"ack unpacked", unpacked(11), 11},
+		// protobuf merges repeated occurrences of a message field: the ids of
+		// both count, as Unmarshal would decode both.
+		{"two acks of six", append(idsFrame(fieldAck, 6), idsFrame(fieldAck, 6)...), 12},
+		{"ack after an unknown field", append(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1), idsFrame(fieldAck, 11)...), 11},
+		{"multi-byte ids", mustMarshal(t, AckFrame([]uint64{1 << 62, 1 << 40, 300, 1, 2, 3, 4, 5, 6, 7, 8})), 11},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := countIDs(tc.body); got != tc.want {
+				t.Errorf("countIDs = %d, want %d", got, tc.want)
+			}
+			ping := mustMarshal(t, PingFrame(9))
+			stream := append(rawFrame(uint32(len(tc.body)), tc.body), rawFrame(uint32(len(ping)), ping)...)
+			r := NewReader(bytes.NewReader(stream), 0)
+			r.SetMaxIDs(10)
+			var f Frame
+			var tooMany *TooManyIDsError
+			if err := r.ReadFrame(&f); !errors.As(err, &tooMany) || tooMany.Count != tc.want || tooMany.Max != 10 {
+				t.Fatalf("ReadFrame: %v, want *TooManyIDsError{%d, 10}", err, tc.want)
+			}
+			if CodeOf(fmt.Errorf("read: %w", tooMany)) != ErrorCode_ERROR_CODE_TOO_MANY_IDS {
+				t.Errorf("CodeOf(%v) = %v", tooMany, CodeOf(tooMany))
+			}
+			// The frame was read whole: the stream is still in step.
+			if err := r.ReadFrame(&f); err != nil || f.GetPing().GetNonce() != 9 {
+				t.Fatalf("next frame: %v, %v; want ping 9", &f, err)
+			}
+			// At the limit, the frame decodes.
+			r = NewReader(bytes.NewReader(rawFrame(uint32(len(tc.body)), tc.body)), 0)
+			r.SetMaxIDs(tc.want)
+			if err := r.ReadFrame(&f); err != nil {
+				t.Fatalf("ReadFrame at the limit: %v", err)
+			}
+		})
+	}
+}
+
+// A 4 MiB Ack of one-byte ids would decode into 4 million ids (32 MiB). With
+// a limit it is refused before a single id is allocated: what is allocated
+// is the frame's bytes (the read buffer, released after it).
+func TestTooManyIDsAllocatesNoIDs(t *testing.T) {
+	body := idsFrame(fieldAck, DefaultMaxFrameSize-16)
+	stream := rawFrame(uint32(len(body)), body)
+	r := NewReader(bytes.NewReader(stream), 0)
+	r.SetMaxIDs(1000)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var f Frame
+	err := r.ReadFrame(&f)
+	runtime.ReadMemStats(&after)
+	var tooMany *TooManyIDsError
+	if !errors.As(err, &tooMany) {
+		t.Fatalf("ReadFrame: %v, want *TooManyIDsError", err)
+	}
+	// The read buffer grows by doubling up to 4 MiB: about 8 MiB in all.
+	// Decoding the ids alone would allocate 32 MiB more.
+	if got := after.TotalAlloc - before.TotalAlloc; got > 12<<20 {
+		t.Errorf("reading a refused 4 MiB ack allocated %d MiB, want < 12 MiB (no ids decoded)", got>>20)
+	}
+	if cap(r.buf) > keepBuffer {
+		t.Errorf("read buffer kept at %d bytes after the frame", cap(r.buf))
+	}
+}
+
+// After a frame larger than keepBuffer the Reader lets go of its buffer; a
+// stream of small frames keeps one small buffer.
+func TestReadBufferShrinksAfterLargeFrame(t *testing.T) {
+	big := DeliverFrame(&Deliver{DeliveryId: 1, Value: make([]byte, 1<<20)})
+	small := AckFrame([]uint64{1, 2, 3})
+	mid := DeliverFrame(&Deliver{DeliveryId: 2, Value: make([]byte, 40<<10)}) // above the bufio size, below keepBuffer
+	r := NewReader(bytes.NewReader(encodeFrames(t, mid, big, small, mid, mid)), 2<<20)
+	var f Frame
+	if err := r.ReadFrame(&f); err != nil {
+		t.Fatal(err)
+	}
+	kept := cap(r.buf)
+	if kept == 0 || kept > keepBuffer {
+		t.Fatalf("buffer of %d bytes after a 40 KiB frame, want one kept below %d", kept, keepBuffer)
+	}
+	if err := r.ReadFrame(&f); err != nil || len(f.GetDeliver().GetValue()) != 1<<20 {
+		t.Fatalf("big frame: %v", err)
+	}
+	if cap(r.buf) > keepBuffer {
+		t.Errorf("buffer of %d bytes kept after a 1 MiB frame, want at most %d", cap(r.buf), keepBuffer)
+	}
+	for i := range 3 {
+		if err := r.ReadFrame(&f); err != nil {
+			t.Fatalf("frame %d after the big one: %v", i, err)
+		}
+	}
+	if c := cap(r.buf); c == 0 || c > keepBuffer {
+		t.Errorf("buffer of %d bytes after 40 KiB frames", c)
+	}
+}
+
+func TestSetMaxFrameSize(t *testing.T) {
+	hello := HelloFrame(&Hello{ClientId: string(bytes.Repeat([]byte("x"), 5000)), ProtocolVersion: Version})
+	stream := encodeFrames(t, hello, hello)
+	r := NewReader(bytes.NewReader(stream), 4096)
+	var f Frame
+	var tooLarge *FrameTooLargeError
+	if err := r.ReadFrame(&f); !errors.As(err, &tooLarge) || tooLarge.Max != 4096 {
+		t.Fatalf("ReadFrame under a 4 KiB limit: %v, want *FrameTooLargeError", err)
+	}
+	r = NewReader(bytes.NewReader(stream), 4096)
+	r.SetMaxFrameSize(8192)
+	if err := r.ReadFrame(&f); err != nil || !proto.Equal(&f, hello) {
+		t.Fatalf("ReadFrame under a raised limit: %v", err)
+	}
+	r.SetMaxFrameSize(0)
+	if r.max != DefaultMaxFrameSize {
+		t.Errorf("SetMaxFrameSize(0): limit %d, want the default", r.max)
+	}
+}
+
+// Whatever the bytes, countIDs never counts fewer ids than Unmarshal
+// decodes, so that a frame under the limit cannot decode to more.
+func FuzzCountIDs(f *testing.F) {
+	f.Add(idsFrame(fieldAck, 3))
+	f.Add(append(idsFrame(fieldNack, 2), idsFrame(fieldNack, 2)...))
+	f.Add([]byte{0x2a, 0x04, 0x08, 0x01, 0x08, 0x02})
+	f.Add([]byte{0x3a, 0x03, 0x0a, 0x01, 0x80})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		n := countIDs(body)
+		var fr Frame
+		if proto.Unmarshal(body, &fr) != nil {
+			return
+		}
+		ids := len(fr.GetAck().GetDeliveryIds()) + len(fr.GetNack().GetDeliveryIds()) + len(fr.GetTouch().GetDeliveryIds())
+		if ids > n {
+			t.Fatalf("countIDs = %d, Unmarshal decoded %d ids", n, ids)
+		}
+	})
+}
+
+func mustMarshal(tb testing.TB, f *Frame) []byte {
+	tb.Helper()
+	b, err := proto.Marshal(f)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
