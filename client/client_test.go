@@ -218,8 +218,10 @@ func TestNoLeaderRetriedAfterDelay(t *testing.T) {
 	fc.expectHello(t)
 	ef := protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_NO_LEADER, true, "no leader yet")
 	ef.GetError().RetryAfterMs = uint32(retry / time.Millisecond)
-	fc.send(t, ef)
+	// Measured from before the refusal is sent: the client may read it
+	// before fc.send returns.
 	refused := time.Now()
+	fc.send(t, ef)
 	_ = fc.nc.Close()
 	fc = d.accept(t)
 	if waited := time.Since(refused); waited < retry {
