@@ -146,7 +146,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer client.Close()
 
 	if d.opts.Store != nil {
-		err = d.lead(ctx, client, d.opts.Store)
+		err = d.lead(ctx, client, d.opts.Store, d.opts.Store.NewTerm())
 	} else {
 		err = d.runCluster(ctx, client)
 	}
@@ -230,9 +230,7 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 // node owns the offsets).
 func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store *zkstore.Store, term *cluster.Term) {
 	log := d.log.WithField("epoch", term.Epoch)
-	log.Info("elected leader")
-	store.SetFence(term.FencePath, term.FenceVersion)
-	defer store.ClearFence()
+	log.WithField("fence", term.Fence).Info("elected leader")
 
 	leadCtx, stop := context.WithCancelCause(context.Background())
 	defer stop(nil)
@@ -246,7 +244,7 @@ func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store *zks
 		}
 	}()
 
-	err := d.lead(leadCtx, client, store)
+	err := d.lead(leadCtx, client, store, term.Fence)
 	switch {
 	case err == nil:
 		log.Info("leadership term over")
@@ -323,8 +321,8 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 }
 
 // lead consumes the topic and serves clients until ctx ends or the store
-// fences this node.
-func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.Store) error {
+// refuses a commit under fence.
+func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.Store, fence offsets.Fence) error {
 	var stored map[int32]int64
 	err := retry(ctx, d.log, "load offsets", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
 		var err error
@@ -351,6 +349,7 @@ func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.S
 		CommitInterval:   d.opts.CommitInterval,
 		DrainTimeout:     d.opts.DrainTimeout,
 		Store:            store,
+		Fence:            fence,
 		Logger:           d.log,
 		Stored:           stored,
 		OnCommit:         d.collector.ObserveCommit,

@@ -61,10 +61,11 @@ type Options struct {
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
-	// Store replaces the ZooKeeper offset store when set (the dev mode's
-	// in-memory store, tests). ZooKeeper is then not used, and neither is
-	// the election: the daemon leads alone.
-	Store offsets.Store
+	// Store, when set, replaces the ZooKeeper offset store with an
+	// in-memory one (the dev mode, tests). ZooKeeper is then not used, and
+	// neither is the election: the daemon leads alone, in a term of the
+	// store of its own (MemoryStore.NewTerm) that fences earlier ones.
+	Store *offsets.MemoryStore
 
 	Logger *logrus.Entry // default: the standard logger
 }

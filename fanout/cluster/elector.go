@@ -3,8 +3,8 @@
 // topic fanout_<id>_<topic> and all read it: the shared, ordered log decides
 // the vote (see vote). The winner of an epoch records it in ZooKeeper with
 // a compare-and-set on a fence znode; the resulting znode version fences
-// the term's offset commits (zkstore.Store.SetFence), so the commits of a
-// deposed leader fail once a later leader has won.
+// the term's offset commits (Term.Fence), so the commits of a deposed leader
+// fail once a later leader has won.
 package cluster
 
 import (
@@ -105,10 +105,11 @@ type snapshot struct {
 // Elector takes part in the election of one fanout cluster. Create it with
 // New, run it with Run, take leadership terms from Terms.
 type Elector struct {
-	cfg   Config
-	log   *logrus.Entry
-	topic string
-	fence fencer
+	cfg       Config
+	log       *logrus.Entry
+	topic     string
+	fence     fencer
+	fencePath string // the fence znode, absolute (chroot included)
 
 	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
 	resign   chan chan error
@@ -128,18 +129,21 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.ZK == nil {
 		return nil, errors.New("cluster: a ZooKeeper connection is required")
 	}
-	return newElector(cfg, &zkFencer{conn: cfg.ZK, path: cfg.Chroot + FencePath(cfg.ID, cfg.Topic)}), nil
+	e := newElector(cfg, nil)
+	e.fence = &zkFencer{conn: cfg.ZK, path: e.fencePath}
+	return e, nil
 }
 
 // newElector returns an Elector of the validated cfg that fences with f.
 func newElector(cfg Config, f fencer) *Elector {
 	e := &Elector{
-		cfg:    cfg,
-		topic:  TopicName(cfg.ID, cfg.Topic),
-		fence:  f,
-		terms:  make(chan *Term, 1),
-		resign: make(chan chan error),
-		done:   make(chan struct{}),
+		cfg:       cfg,
+		topic:     TopicName(cfg.ID, cfg.Topic),
+		fence:     f,
+		fencePath: cfg.Chroot + FencePath(cfg.ID, cfg.Topic),
+		terms:     make(chan *Term, 1),
+		resign:    make(chan chan error),
+		done:      make(chan struct{}),
 	}
 	e.log = cfg.Logger.WithFields(logrus.Fields{"node": cfg.NodeID, "cluster_topic": e.topic})
 	e.snap.Store(&snapshot{})

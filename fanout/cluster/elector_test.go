@@ -157,9 +157,9 @@ func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
 
 	term := n.lastTerm()
-	if term.Epoch != 5 || term.FencePath != "/fanout/solo/jobs/leader" || term.FenceVersion != 1 {
-		t.Errorf("term = epoch %d path %q version %d, want epoch 5 (above the stored 4) /fanout/solo/jobs/leader version 1",
-			term.Epoch, term.FencePath, term.FenceVersion)
+	if term.Epoch != 5 || term.Fence.String() != "/fanout/solo/jobs/leader@1" || term.FenceVersion != 1 {
+		t.Errorf("term = epoch %d fence %v version %d, want epoch 5 (above the stored 4) /fanout/solo/jobs/leader@1 version 1",
+			term.Epoch, term.Fence, term.FenceVersion)
 	}
 	if l := n.e.Leadership(); !l.Leader || l.LeaderID != "n1" || l.Epoch != 5 {
 		t.Errorf("Leadership() = %+v, want n1 leading epoch 5", l)

@@ -257,7 +257,7 @@ func (l *loop) fenceDone(o fenceOutcome) {
 		log.Warn("epoch recorded in zookeeper but no longer won; staying follower")
 		l.v.abdicate(o.epoch)
 	default:
-		l.term = newTerm(o.epoch, FencePath(l.e.cfg.ID, l.e.cfg.Topic), o.version, o.session)
+		l.term = newTerm(o.epoch, l.e.fencePath, o.version, o.session)
 		log.WithField("fence_version", o.version).Info("leading")
 		select { // only this goroutine sends; an unread term has ended
 		case l.e.terms <- l.term:

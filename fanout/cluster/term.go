@@ -3,6 +3,9 @@ package cluster
 import (
 	"context"
 	"errors"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Causes of the end of a Term, as returned by Term.Cause (wrapped with
@@ -25,19 +28,20 @@ var (
 // ZooKeeper, leaving the fence znode at FenceVersion. It ends once, when
 // Lost is closed; Cause then says why.
 type Term struct {
-	Epoch        uint64 // the leader epoch of this term
-	FencePath    string // the fence znode, below the chroot (for zkstore.Store.SetFence)
-	FenceVersion int32  // the fence znode's version written by this term's CAS
+	Epoch        uint64        // the leader epoch of this term
+	FenceVersion int32         // the fence znode's version written by this term's CAS
+	Fence        offsets.Fence // for every commit of the term: the fence znode at FenceVersion
 
 	session int64 // the ZooKeeper session of the CAS
 	ctx     context.Context
 	end     context.CancelCauseFunc
 }
 
-// newTerm returns a running term.
+// newTerm returns a running term; path is the fence znode's absolute path.
 func newTerm(epoch uint64, path string, version int32, session int64) *Term {
 	ctx, end := context.WithCancelCause(context.Background())
-	return &Term{Epoch: epoch, FencePath: path, FenceVersion: version, session: session, ctx: ctx, end: end}
+	fence := offsets.TopicFence(zkstore.Version{Path: path, Version: version})
+	return &Term{Epoch: epoch, FenceVersion: version, Fence: fence, session: session, ctx: ctx, end: end}
 }
 
 // Lost is closed when the term ends.

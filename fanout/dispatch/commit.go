@@ -16,9 +16,12 @@ import (
 // committer writes offsets to the store off the dispatcher's goroutine, so a
 // slow store never stalls deliveries. Offers merge: only the newest offset of
 // each partition is written, and one commit runs at a time, so a stored
-// offset never goes backwards.
+// offset never goes backwards. Every commit is made under the term's fence,
+// fixed at creation: a committer abandoned with a commit under way cannot
+// write once another term began, however late that commit runs.
 type committer struct {
 	store    offsets.Store
+	fence    offsets.Fence
 	interval time.Duration // wait before retrying a failed commit
 	log      *logrus.Entry
 
@@ -36,10 +39,11 @@ type committer struct {
 	done   chan struct{}
 }
 
-func newCommitter(store offsets.Store, interval time.Duration, log *logrus.Entry,
+func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Duration, log *logrus.Entry,
 	stored map[int32]int64, observe func(time.Duration, error)) *committer {
 	return &committer{
 		store:    store,
+		fence:    fence,
 		interval: interval,
 		log:      log,
 		observe:  observe,
@@ -132,7 +136,7 @@ func (c *committer) run(ctx context.Context) {
 			continue
 		}
 		start := time.Now()
-		err := c.store.Commit(ctx, m)
+		err := c.store.Commit(ctx, c.fence, m)
 		c.record(m, time.Since(start), err)
 		switch {
 		case err == nil:
@@ -164,7 +168,7 @@ func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 		return nil
 	}
 	start := time.Now()
-	err := c.store.Commit(ctx, all)
+	err := c.store.Commit(ctx, c.fence, all)
 	c.record(all, time.Since(start), err)
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", all, err)

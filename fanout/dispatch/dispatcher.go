@@ -19,6 +19,7 @@ type Config struct {
 	CommitInterval   time.Duration // how often changed offsets are committed; default 1s
 	DrainTimeout     time.Duration // how long shutdown waits for outstanding acks; default 10s
 	Store            offsets.Store // where offsets are committed; required
+	Fence            offsets.Fence // the term's fence, given to every commit; required
 	Logger           *logrus.Entry // default: the standard logger
 	Now              func() time.Time
 
@@ -91,6 +92,9 @@ type Dispatcher struct {
 func New(cfg Config, src Source) (*Dispatcher, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("dispatch: Config.Store is required")
+	}
+	if cfg.Fence.IsZero() {
+		return nil, errors.New("dispatch: Config.Fence is required: no commit without a fence")
 	}
 	cfg.setDefaults()
 	return &Dispatcher{
@@ -170,7 +174,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	s := newState(d.cfg.AckTimeout)
 	now := d.cfg.Now
 
-	cm := newCommitter(d.cfg.Store, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
+	cm := newCommitter(d.cfg.Store, d.cfg.Fence, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
 	cm.start()
 	defer cm.stop()
 
