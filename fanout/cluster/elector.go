@@ -19,7 +19,6 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
@@ -96,9 +95,18 @@ type Member struct {
 	LastSeen time.Time // local receive time of its last heartbeat
 }
 
+// Leadership is this member's view of who leads the cluster.
+type Leadership struct {
+	Leader     bool   // this member holds a running term
+	Known      bool   // a live leader is known: LeaderID, LeaderAddr and Epoch name it
+	LeaderID   string // the leader's node id, when Known
+	LeaderAddr string // the leader's advertised client address, when Known
+	Epoch      uint64 // the leader's epoch, when Known
+}
+
 // snapshot is what the loop publishes for Leadership and Members.
 type snapshot struct {
-	leadership server.Leadership
+	leadership Leadership
 	members    []Member
 }
 
@@ -155,9 +163,9 @@ func newElector(cfg Config, f fencer) *Elector {
 // channel is closed when Run returns (after ending any running term).
 func (e *Elector) Terms() <-chan *Term { return e.terms }
 
-// Leadership is this node's view of the leader, for the client server. It
-// reads an atomic snapshot.
-func (e *Elector) Leadership() server.Leadership { return e.snap.Load().leadership }
+// Leadership is this node's view of the leader. It reads an atomic
+// snapshot.
+func (e *Elector) Leadership() Leadership { return e.snap.Load().leadership }
 
 // Members lists the members heard from within the last two LeaderTimeouts,
 // ordered by node id.

@@ -10,7 +10,6 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
@@ -289,10 +288,10 @@ func (l *loop) publishSnapshot(now time.Time) {
 	s := &snapshot{}
 	switch {
 	case l.term != nil:
-		s.leadership = server.Leadership{Leader: true, LeaderAddr: l.e.cfg.Addr, LeaderID: l.e.cfg.NodeID,
+		s.leadership = Leadership{Leader: true, LeaderAddr: l.e.cfg.Addr, LeaderID: l.e.cfg.NodeID,
 			Epoch: l.term.Epoch, Known: true}
 	case l.v.leaderLive(now) && l.v.leader != l.e.cfg.NodeID:
-		s.leadership = server.Leadership{LeaderAddr: l.v.leaderAddr, LeaderID: l.v.leader, Epoch: l.v.epoch, Known: true}
+		s.leadership = Leadership{LeaderAddr: l.v.leaderAddr, LeaderID: l.v.leader, Epoch: l.v.epoch, Known: true}
 	}
 	for _, m := range l.v.view(now) {
 		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen})
