@@ -1,16 +1,18 @@
 // Package cluster elects the leader among fanout daemons that share an
-// --id and --topic. Members publish heartbeats on the one-partition Kafka
-// topic fanout_<id>_<topic> and all read it: the shared, ordered log decides
-// the vote (see vote). The winner of an epoch records it in ZooKeeper with
-// a compare-and-set on a fence znode; the resulting znode version fences
-// the term's offset commits (Term.Fence), so the commits of a deposed leader
-// fail once a later leader has won.
+// --id and --topic. ZooKeeper is the authority: the fence znode records the
+// leader's epoch, node id and address, and a claimant becomes leader only by
+// a compare-and-set on it; the resulting znode version fences the term's
+// offset commits (Term.Fence), so the commits of a deposed leader fail once
+// the record changed. Members publish heartbeats on the one-partition Kafka
+// topic fanout_<id>_<topic> and all read it: heartbeats tell who is alive and
+// order the claims, never who leads (see vote).
 package cluster
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -118,6 +120,7 @@ type Elector struct {
 	topic     string
 	fence     fencer
 	fencePath string // the fence znode, absolute (chroot included)
+	instance  string // random per Elector: tells this process's heartbeats from another's with its node id
 
 	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
 	resign   chan chan error
@@ -149,6 +152,7 @@ func newElector(cfg Config, f fencer) *Elector {
 		topic:     TopicName(cfg.ID, cfg.Topic),
 		fence:     f,
 		fencePath: cfg.Chroot + FencePath(cfg.ID, cfg.Topic),
+		instance:  fmt.Sprintf("%016x", rand.Uint64()),
 		terms:     make(chan *Term, 1),
 		resign:    make(chan chan error),
 		done:      make(chan struct{}),
@@ -215,6 +219,13 @@ func (e *Elector) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	// ZooKeeper calls cannot be cancelled, so Run does not wait for the
+	// fence watcher: it returns when ZooKeeper answers or the caller closes
+	// the connection.
+	cas, reports := make(chan uint64, 1), make(chan fenceReport)
+	var detached actor.Group
+	detached.Go(e.log, "fence watcher", func() { watchFence(ctx, e.fence, e.cfg.NodeID, e.cfg.Addr, cas, reports) }, nil)
+
 	if err := e.retry(ctx, "create heartbeat topic "+e.topic, e.ensureTopic); err != nil {
 		return nil
 	}
@@ -231,7 +242,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 	defer consumer.Close()
 
-	l := &loop{e: e, pub: pub, consumer: consumer, fenced: make(chan fenceOutcome, 1)}
+	l := &loop{e: e, pub: pub, consumer: consumer, cas: cas, reports: reports}
 	l.run(ctx)
 	return nil
 }

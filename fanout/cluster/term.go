@@ -11,8 +11,10 @@ import (
 // Causes of the end of a Term, as returned by Term.Cause (wrapped with
 // details; test with errors.Is).
 var (
-	// ErrSuperseded: the log established a higher epoch.
-	ErrSuperseded = errors.New("cluster: leadership superseded by a higher epoch")
+	// ErrSuperseded: the fence record in ZooKeeper no longer is the one the
+	// term wrote (another term recorded its epoch, or the record was
+	// rewritten or deleted).
+	ErrSuperseded = errors.New("cluster: the fence record no longer names this term")
 	// ErrCutOff: this node's own heartbeats stopped coming back through
 	// the log for LeaderTimeout, so it may be cut off from Kafka.
 	ErrCutOff = errors.New("cluster: own heartbeats not seen in the log")

@@ -1,0 +1,138 @@
+//go:build integration
+
+package integration
+
+// Cluster tests of the fence and of who is the authority for leadership,
+// with daemon processes (the cl helpers of cluster_test.go): ZooKeeper's
+// fence record says who leads; heartbeats only tell who is alive.
+
+import (
+	"math"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+// clForge produces heartbeats to the cluster's heartbeat topic with a plain
+// producer, as anybody with access to the topic could.
+func clForge(t *testing.T, c *clCluster, hbs ...*cluster.Heartbeat) {
+	t.Helper()
+	p, err := sarama.NewSyncProducer(kafkaAddrs(t), kafka.NewConfig("fanout-integration-forger"))
+	if err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	defer p.Close()
+	for _, hb := range hbs {
+		b, err := proto.Marshal(hb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{
+			Topic: cluster.TopicName(c.id, c.topic), Key: sarama.StringEncoder(hb.NodeId), Value: sarama.ByteEncoder(b),
+		}); err != nil {
+			t.Fatalf("produce a forged heartbeat: %v", err)
+		}
+	}
+}
+
+// clFencePath returns the fence znode of the cluster (chroot included).
+func clFencePath(t *testing.T, c *clCluster) string {
+	t.Helper()
+	_, chroot, err := zkstore.ParseServers(zkAddrs(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chroot + cluster.FencePath(c.id, c.topic)
+}
+
+// A forged heartbeat with a huge epoch and a foreign address, produced to
+// the heartbeat topic with a plain producer, changes nothing: the leader
+// keeps leading, the followers keep redirecting to the leader ZooKeeper
+// records, and the next election counts on from the recorded epoch.
+func TestClusterForgedHeartbeatChangesNothing(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, clPartitions)
+	c := clNewCluster(t, topic, 3)
+	c.startAll()
+	leader := clWaitLeader(t, c.nodes, 60*time.Second)
+	conn := zkConnect(t)
+	epoch, node, _ := electorFence(t, conn, clFencePath(t, c))
+	if node != leader.id {
+		t.Fatalf("fence record names %s, the daemons %s", node, leader.id)
+	}
+	for _, nd := range c.nodes {
+		nd.mark(t, "forged")
+	}
+	const foreign = "127.0.0.1:1"
+	clForge(t, c,
+		&cluster.Heartbeat{NodeId: "zz-forged", Addr: foreign, Epoch: math.MaxUint64, Role: cluster.Role_ROLE_LEADER,
+			ClaimEpoch: math.MaxUint64},
+		&cluster.Heartbeat{NodeId: leader.id, Addr: foreign, Epoch: 1 << 62, Role: cluster.Role_ROLE_FOLLOWER},
+	)
+	testutil.WaitFor(t, 15*time.Second, "every daemon to log the forged heartbeats as implausible", func() bool {
+		for _, nd := range c.nodes {
+			if len(clGrep(nd.logAfter("forged"), "implausible heartbeat ignored")) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// An absence of change: probe for three leader timeouts.
+	for end := time.Now().Add(3 * clLeaderTimeout); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		for _, nd := range c.nodes {
+			a := clHello(nd.addr)
+			switch {
+			case nd == leader && a.welcome != leader.id:
+				t.Fatalf("the leader %s stopped welcoming clients after the forged heartbeat: %v", leader.id, a)
+			case nd != leader && (a.redirectTo != leader.addr || a.redirectNode != leader.id):
+				t.Fatalf("%s answers %v after the forged heartbeat, want a redirect to %s", nd.id, a, leader.id)
+			}
+		}
+	}
+	if lines := clGrep(leader.logAfter("forged"), "lost leadership"); len(lines) > 0 {
+		t.Fatalf("the leader was deposed by a forged heartbeat: %q", lines)
+	}
+
+	// The next election counts on from the recorded epoch (no wrap to 0).
+	leader.signal(t, syscall.SIGKILL)
+	leader.waitExit(t, 10*time.Second)
+	next := clWaitLeader(t, c.others(leader), clFailoverBound+10*time.Second)
+	nextEpoch, nextNode, _ := electorFence(t, conn, clFencePath(t, c))
+	if nextNode != next.id || nextEpoch != epoch+1 {
+		t.Errorf("after the crash the fence record says %s at epoch %d, want %s at %d", nextNode, nextEpoch, next.id, epoch+1)
+	}
+}
+
+// Two daemons started with the same --node-id: neither claims, each logs a
+// clear error, and the next id leads.
+func TestClusterDuplicateNodeIDRefused(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, clPartitions)
+	c := clNewCluster(t, topic, 4)
+	twin := c.nodes[3]
+	twin.id = "node-3" // the same node id as c.nodes[2], its own port and log
+	c.startAll()
+	leader := clWaitLeader(t, c.nodes, 60*time.Second)
+	if leader.id != "node-2" {
+		t.Errorf("leader %s, want node-2: neither daemon with node id node-3 may claim", leader.id)
+	}
+	for _, nd := range []*clNode{c.nodes[2], twin} {
+		lines := clGrep(nd.logAfter(""), "level=error", "another live process has this node id")
+		if len(lines) == 0 {
+			t.Errorf("%s (%s) did not log the duplicate node id", nd.id, nd.addr)
+		}
+		if lines := clGrep(nd.logAfter(""), "won the claim"); len(lines) > 0 {
+			t.Errorf("%s (%s) claimed leadership with a duplicate node id: %q", nd.id, nd.addr, lines)
+		}
+	}
+	t.Logf("the duplicate's error: %s", strings.Join(clGrep(twin.logAfter(""), "another live process"), "\n"))
+}
