@@ -136,3 +136,75 @@ func TestClusterDuplicateNodeIDRefused(t *testing.T) {
 	}
 	t.Logf("the duplicate's error: %s", strings.Join(clGrep(twin.logAfter(""), "another live process"), "\n"))
 }
+
+// A corrupt fence record: the leader's term ends (ZooKeeper no longer names
+// it), every member whose claim fails logs the cause and waits a leader
+// timeout before claiming again (no member claims in a loop, each gets its
+// turn), nobody serves; once the znode is deleted a leader is elected again
+// and the epochs count on.
+func TestClusterCorruptFenceRecord(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, clPartitions)
+	c := clNewCluster(t, topic, 3)
+	c.startAll()
+	leader := clWaitLeader(t, c.nodes, 60*time.Second)
+	conn := zkConnect(t)
+	path := clFencePath(t, c)
+	epoch, _, _ := electorFence(t, conn, path)
+	for _, nd := range c.nodes {
+		nd.mark(t, "corrupt")
+	}
+	corruptAt := time.Now()
+	if _, err := conn.Set(path, []byte("\x00not a fence record"), -1); err != nil {
+		t.Fatalf("corrupt %s: %v", path, err)
+	}
+	testutil.WaitFor(t, 15*time.Second, "every daemon to refuse clients (no leader)", func() bool {
+		for _, nd := range c.nodes {
+			if a := clHello(nd.addr); a.welcome != "" || a.redirectTo != "" {
+				return false
+			}
+		}
+		return true
+	})
+	testutil.WaitFor(t, 15*time.Second, "every daemon to log the unreadable record", func() bool {
+		for _, nd := range c.nodes {
+			if len(clGrep(nd.logAfter("corrupt"), "level=error", "fence record in zookeeper is unreadable")) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// Let them take turns for a while: nobody may serve meanwhile.
+	for end := time.Now().Add(4 * clLeaderTimeout); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		for _, nd := range c.nodes {
+			if a := clHello(nd.addr); a.welcome != "" {
+				t.Fatalf("%s welcomes clients under a corrupt fence record", nd.id)
+			}
+		}
+	}
+	elapsed := time.Since(corruptAt)
+	for _, nd := range c.nodes {
+		claims := len(clGrep(nd.logAfter("corrupt"), "won the claim"))
+		failures := clGrep(nd.logAfter("corrupt"), "level=error", "cannot record won epoch")
+		t.Logf("%s: %d claims, %d failures logged in %v", nd.id, claims, len(failures), elapsed.Round(time.Millisecond))
+		if max := int(elapsed/clLeaderTimeout) + 1; claims > max {
+			t.Errorf("%s claimed %d times in %v, want at most %d (one per leader timeout)", nd.id, claims, elapsed, max)
+		}
+		if claims > 0 && len(clGrep(failures, "not a fence record")) != claims {
+			t.Errorf("%s: %d claims but %d failures logged with the record's content: %q", nd.id, claims, len(failures), failures)
+		}
+	}
+	if lines := clGrep(leader.logAfter("corrupt"), "lost leadership"); len(lines) == 0 {
+		t.Errorf("the leader did not lose leadership when its fence record became unreadable")
+	}
+
+	// The operator deletes the record: a leader again, at a later epoch.
+	if err := conn.Delete(path, -1); err != nil {
+		t.Fatalf("delete %s: %v", path, err)
+	}
+	next := clWaitLeader(t, c.nodes, clFailoverBound+10*time.Second)
+	nextEpoch, nextNode, _ := electorFence(t, conn, path)
+	if nextNode != next.id || nextEpoch <= epoch {
+		t.Errorf("after the reset the fence record says %s at epoch %d, want %s above %d", nextNode, nextEpoch, next.id, epoch)
+	}
+}

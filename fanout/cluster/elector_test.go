@@ -523,3 +523,31 @@ func TestElectorDuplicateNodeIDRefusesToClaim(t *testing.T) {
 		t.Errorf("the duplicates tried %d compare-and-sets, want none", n)
 	}
 }
+
+// The highest member's compare-and-set keeps failing for a reason other
+// than a lost race (an unreadable record): it claims at most once per
+// leader timeout, logs each failure with its cause, and a lower member gets
+// its turn and leads.
+func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b := startNode(t, c, fence, "livelock", "a"), startNode(t, c, fence, "livelock", "b")
+	cc := startNode(t, c, fence, "livelock", "c")
+	unreadable := errors.New(`cluster: fence /fanout/livelock/jobs/leader holds "\x00garbage": invalid character`)
+	cc.fence.fail.Store(&unreadable)
+	start := time.Now()
+	testutil.WaitFor(t, 10*time.Second, "b to lead", func() bool { return len(leaders(b)) == 1 })
+	t.Logf("b leads %v after start; c tried %d compare-and-sets", time.Since(start), cc.fence.calls.Load())
+	if l := a.e.Leadership(); l.LeaderID != "b" {
+		testutil.WaitFor(t, 5*time.Second, "a to follow b", func() bool { return a.e.Leadership().LeaderID == "b" })
+	}
+	// c goes on trying only while b is not live; bound its attempts by the
+	// time elapsed (one per timeout, plus the first).
+	elapsed := time.Since(start)
+	if n, max := cc.fence.calls.Load(), int32(elapsed/testLeaderTTL)+1; n > max {
+		t.Errorf("c tried %d compare-and-sets in %v, want at most %d (one per leader timeout)", n, elapsed, max)
+	}
+	if n, logged := cc.fence.calls.Load(), int32(cc.logs.count("error: cannot record won epoch", "invalid character")); logged != n {
+		t.Errorf("c logged %d failures with their cause for %d failed compare-and-sets", logged, n)
+	}
+}

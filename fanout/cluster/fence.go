@@ -22,7 +22,8 @@ var errVoid = errors.New("cluster: won epoch is void: zookeeper holds an equal o
 type fencer interface {
 	// read returns the fence record (Missing when there is no znode) and a
 	// channel that receives an event once it may have changed or the watch
-	// is lost.
+	// is lost. A znode whose data is not a record is a Corrupt record,
+	// returned with the decoding error.
 	read() (record, <-chan zk.Event, error)
 	// fence records epoch as led by node (client address addr) with a
 	// compare-and-set and returns the record written. When the znode holds
@@ -85,7 +86,7 @@ func (f *zkFencer) read() (record, <-chan zk.Event, error) {
 		}
 		rec, err := decode(f.path, data, stat.Version)
 		if err != nil {
-			return record{}, nil, err
+			return record{Version: stat.Version, Corrupt: true}, changed, err
 		}
 		return rec, changed, nil
 	}
@@ -194,7 +195,7 @@ func watchFence(ctx context.Context, f fencer, node, addr string, cas <-chan uin
 		}
 		retry := time.NewTimer(time.Hour)
 		retry.Stop()
-		if err != nil {
+		if err != nil && changed == nil {
 			retry.Reset(b.Next())
 		} else {
 			b.Reset()

@@ -168,12 +168,15 @@ func (l *loop) report(r fenceReport) {
 	switch {
 	case r.cas != nil:
 		l.fenceDone(*r.cas)
-	case r.err != nil:
+	case r.err != nil && !r.rec.Corrupt:
 		if !l.readFailing {
 			log.WithError(r.err).Warn("cannot read the fence record in zookeeper; retrying")
 		}
 		l.readFailing = true
 	default:
+		if r.err != nil && r.rec != l.v.rec { // once per occurrence
+			log.WithError(r.err).Error("the fence record in zookeeper is unreadable: nobody can lead until it is fixed (delete the znode to reset it)")
+		}
 		if l.readFailing {
 			log.Info("fence record readable again")
 		}
@@ -259,11 +262,13 @@ func (l *loop) termEnds(now time.Time) error {
 	return nil
 }
 
-// endTerm ends the running term, if any, with cause.
+// endTerm ends the running term, if any, with cause. This node then sits
+// out a timeout, so that another member takes over.
 func (l *loop) endTerm(cause error) {
 	if l.term == nil {
 		return
 	}
+	l.v.bench(l.e.cfg.NodeID, l.e.cfg.Now())
 	l.term.finish(cause)
 	l.e.log.WithError(cause).WithField("epoch", l.term.Epoch).Warn("leadership term ended")
 	l.term = nil
@@ -282,12 +287,18 @@ func (l *loop) fenceDone(o fenceOutcome) {
 	log := l.e.log.WithField("epoch", o.epoch)
 	switch {
 	case errors.Is(o.err, errVoid):
+		// Lost the race, or behind on the epoch: the next claim is above
+		// what ZooKeeper holds.
 		log.WithError(o.err).Warn("won epoch is void; staying follower")
 		l.v.raiseFloor(o.stored)
-		l.v.giveUp(o.epoch)
+		l.v.giveUp(o.epoch, l.fencedAt, false)
 	case o.err != nil:
-		log.WithError(o.err).Error("cannot record won epoch in zookeeper; staying follower")
-		l.v.giveUp(o.epoch)
+		// Not a lost race (an unreadable record, no permission, ...):
+		// claiming again at once would only fail again and keep the
+		// lower ids from their turn.
+		log.WithError(o.err).WithField("retry_in", l.e.cfg.LeaderTimeout).
+			Error("cannot record won epoch in zookeeper; staying follower, not claiming for a leader timeout")
+		l.v.giveUp(o.epoch, l.fencedAt, true)
 	default:
 		l.v.setRecord(o.rec)
 		if l.left {

@@ -40,6 +40,13 @@ const maxEpochAhead = 3
 // and the others hold back, at most one timeout, until ZooKeeper shows the
 // outcome or the claimant gives up.
 //
+// Turns. A member that stops claiming without becoming leader (its
+// compare-and-set failed, or lost), whose claim waited a timeout without an
+// outcome, or that stops leading, sits out one timeout: it does not claim
+// and does not count in the ranks, so the next member claims at once and a
+// member whose compare-and-set keeps failing claims at most once per
+// timeout. Every member reads this from the same log, itself included.
+//
 // Plausibility. A heartbeat whose epoch or claim lies beyond the highest
 // epoch ZooKeeper has shown plus maxEpochAhead is not plausible (forged or
 // corrupt): it is not observed at all.
@@ -73,12 +80,16 @@ type record struct {
 	Addr    string
 	Version int32 // the znode's version
 	Missing bool  // the znode does not exist
+	Corrupt bool  // the znode's data is not a fence record: nobody leads
 }
 
 // String describes the record for logs.
 func (r record) String() string {
-	if r.Missing {
+	switch {
+	case r.Missing:
 		return "no fence record"
+	case r.Corrupt:
+		return fmt.Sprintf("an unreadable fence record (version %d)", r.Version)
 	}
 	return fmt.Sprintf("epoch %d node %q addr %q version %d", r.Epoch, r.Node, r.Addr, r.Version)
 }
@@ -97,6 +108,7 @@ type member struct {
 	epoch    uint64
 	claim    uint64
 	lastSeen time.Time // local receive time of the last heartbeat
+	benched  time.Time // sits out until then: its claim failed, or it stopped leading
 }
 
 // verdict is what observe made of a heartbeat, for the loop to log.
@@ -167,11 +179,15 @@ func (v *vote) observe(hb *Heartbeat, at time.Time) verdict {
 		m = &member{}
 		v.members[id] = m
 	}
+	leads := hb.GetRole() == Role_ROLE_LEADER
+	if !leads && (m.role == Role_ROLE_LEADER || m.claim != 0 && hb.GetClaimEpoch() == 0) {
+		m.benched = at.Add(v.timeout) // stopped leading, or stopped claiming without winning
+	}
 	m.addr, m.role, m.epoch, m.claim, m.lastSeen = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch(), at
 
 	c := hb.GetClaimEpoch()
 	switch {
-	case c > v.highest && (v.pend.node == "" || c > v.pend.epoch):
+	case c > v.highest && (v.pend.node == "" || c > v.pend.epoch) && !v.sitsOut(id, at):
 		v.pend = pending{node: id, epoch: c, at: at} // the first claim for it wins
 	case v.pend.node == id && c != v.pend.epoch && !(hb.GetRole() == Role_ROLE_LEADER && hb.GetEpoch() == v.pend.epoch):
 		v.pend = pending{} // the claimant gave up
@@ -179,11 +195,28 @@ func (v *vote) observe(hb *Heartbeat, at time.Time) verdict {
 	return observed
 }
 
-// giveUp records that this member's compare-and-set for epoch failed.
-func (v *vote) giveUp(epoch uint64) {
+// giveUp records that this member's compare-and-set for epoch failed at
+// now; sitOut makes it sit out a timeout before claiming again.
+func (v *vote) giveUp(epoch uint64, now time.Time, sitOut bool) {
 	if v.pend.node == v.self && v.pend.epoch == epoch {
 		v.pend = pending{}
 	}
+	if sitOut {
+		v.bench(v.self, now)
+	}
+}
+
+// bench makes member id sit out one timeout from now.
+func (v *vote) bench(id string, now time.Time) {
+	if m := v.members[id]; m != nil {
+		m.benched = now.Add(v.timeout)
+	}
+}
+
+// sitsOut reports whether member id sits out its turn at now.
+func (v *vote) sitsOut(id string, now time.Time) bool {
+	m := v.members[id]
+	return m != nil && now.Before(m.benched)
 }
 
 // live reports whether node id has a heartbeat within timeout of now.
@@ -194,7 +227,7 @@ func (v *vote) live(id string, now time.Time) bool {
 
 // leaderLive reports whether the recorded leader is live at now.
 func (v *vote) leaderLive(now time.Time) bool {
-	if !v.recKnown || v.rec.Missing || v.rec.Node == "" || !v.live(v.rec.Node, now) {
+	if !v.recKnown || v.rec.Missing || v.rec.Corrupt || v.rec.Node == "" || !v.live(v.rec.Node, now) {
 		return false
 	}
 	m := v.members[v.rec.Node]
@@ -204,7 +237,11 @@ func (v *vote) leaderLive(now time.Time) bool {
 // expire drops the pending claim when its claimant is gone or it has waited
 // a timeout without ZooKeeper showing its outcome.
 func (v *vote) expire(now time.Time) {
-	if v.pend.node != "" && (!v.live(v.pend.node, now) || now.Sub(v.pend.at) >= v.timeout) {
+	if v.pend.node == "" {
+		return
+	}
+	if !v.live(v.pend.node, now) || now.Sub(v.pend.at) >= v.timeout {
+		v.bench(v.pend.node, now)
 		v.pend = pending{}
 	}
 }
@@ -214,7 +251,7 @@ func (v *vote) expire(now time.Time) {
 func (v *vote) rank(now time.Time) int {
 	r := 0
 	for id := range v.members {
-		if id > v.self && v.live(id, now) {
+		if id > v.self && v.live(id, now) && !v.sitsOut(id, now) {
 			r++
 		}
 	}
@@ -243,7 +280,7 @@ func (v *vote) tick(now time.Time) (claim uint64) {
 		return v.pend.epoch // keep claiming while it is being recorded
 	case v.pend.node != "":
 		return 0
-	case v.duplicated(now), v.highest == math.MaxUint64:
+	case v.duplicated(now), v.sitsOut(v.self, now), v.highest == math.MaxUint64:
 		return 0
 	}
 	since := v.vacantSince

@@ -230,6 +230,40 @@ func TestVote(t *testing.T) {
 			wantLeader: "b",
 		},
 		{
+			name: "c's claim fails (it stops claiming without leading): c sits out a timeout, b claims at once",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(0, "")}},
+				every(0, 6*s, hbs(follower("a", 0), follower("b", 0))),
+				every(0, 3*s, hbs(follower("c", 0))),
+				[]step{
+					{at: 3 * s, hbs: []*Heartbeat{claim("c", 0, 1)}, tick: true},
+					{at: 3*s + 100*time.Millisecond, hbs: []*Heartbeat{follower("c", 0)}, tick: true, wantClaim: 1},
+				}),
+		},
+		{
+			name: "c's claim waits a timeout without an outcome: c sits out a timeout, b claims",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(0, "")}},
+				every(0, 9*s, hbs(follower("a", 0), follower("b", 0))),
+				every(3*s, 9*s, hbs(claim("c", 0, 1))),
+				[]step{
+					{at: 3 * s, tick: true},
+					{at: 6*s - time.Millisecond, tick: true},
+					{at: 6 * s, tick: true, wantClaim: 1},
+					{at: 7 * s, tick: true, wantClaim: 1}, // c's later claims are not the pending one while it sits out
+				}),
+		},
+		{
+			name: "the leader c stops leading (its term was fenced): c sits out, b claims at once",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(1, "c")}},
+				every(0, 5*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
+				[]step{{at: 5*s + 100*time.Millisecond, hbs: []*Heartbeat{follower("c", 1)}, tick: true, wantClaim: 2}}),
+		},
+		{
 			name: "a leaving member no longer outranks",
 			self: "a",
 			steps: concat(
@@ -416,5 +450,41 @@ func TestVoteSimulatedCluster(t *testing.T) {
 	// granularity, the claim is read one tick later and recorded the next.
 	if took := now.Sub(died); took > testTimeout+3*tickEvery {
 		t.Errorf("failover took %v, want at most LeaderTimeout + 3 ticks (%v)", took, testTimeout+3*tickEvery)
+	}
+}
+
+// A member whose compare-and-set failed (not a lost race) does not claim
+// again for a full timeout.
+func TestVoteFailedClaimSitsOutATimeout(t *testing.T) {
+	s := time.Second
+	v := newVote("c", testInstance, testTimeout, t0)
+	v.setRecord(*rec(0, ""))
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	for d := time.Duration(0); d < 3*s; d += s {
+		v.observe(follower("c", 0), at(d))
+	}
+	if got := v.tick(at(3 * s)); got != 1 {
+		t.Fatalf("tick = %d, want claim 1", got)
+	}
+	v.observe(claim("c", 0, 1), at(3*s))
+	if e, _, ok := v.recording(); !ok || e != 1 {
+		t.Fatalf("c's claim is not the one being recorded")
+	}
+	failed := at(3*s + 50*time.Millisecond)
+	v.giveUp(1, failed, true)
+	v.observe(claim("c", 0, 1), failed) // a claim heartbeat sent before the failure
+	for d := 100 * time.Millisecond; d < testTimeout; d += 500 * time.Millisecond {
+		now := failed.Add(d)
+		v.observe(follower("c", 0), now)
+		if got := v.tick(now); got != 0 {
+			t.Fatalf("claimed %d %v after a failed claim, want no claim within a timeout", got, d)
+		}
+	}
+	// The log showed c stop claiming 100 ms after the failure: a timeout
+	// after that, it claims again.
+	now := failed.Add(100*time.Millisecond + testTimeout)
+	v.observe(follower("c", 0), now)
+	if got := v.tick(now); got != 1 {
+		t.Fatalf("tick a timeout after the failure = %d, want claim 1 again", got)
 	}
 }
