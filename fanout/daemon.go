@@ -228,27 +228,49 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	}
 }
 
-// serveTerm leads for one term of the election: until ctx ends (then it
-// drains and commits under the term's fence) or the term ends (then it
-// abandons at once: another node owns the offsets).
+// authority is where a term's fence came from: the election's term
+// (*cluster.Term). It ends the term when it is lost, and is told when the
+// term cannot go on.
+type authority interface {
+	Lost() <-chan struct{} // closed when the term ends
+	Cause() error          // why it ended; nil while it runs
+	End(cause error)       // the term cannot go on: let another member lead
+}
+
+var _ authority = (*cluster.Term)(nil)
+
+// serveTerm leads for one term of the election.
 func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store offsets.Store, ct *cluster.Term) {
 	log := d.log.WithField("epoch", ct.Epoch)
 	log.WithField("fence", ct.Fence).Info("elected leader")
+	d.leadTerm(ctx, client, store, ct.Fence, ct, log)
+}
 
+// leadTerm serves a term under fence until ctx ends (then it drains and
+// commits under the fence) or the term ends (then it abandons at once:
+// another node owns the offsets). When the term cannot go on (a commit under
+// its fence was refused, leading failed), it tells auth, so that the
+// election hands leadership over instead of keeping a leader that serves
+// nobody.
+func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offsets.Store, fence offsets.Fence,
+	auth authority, log *logrus.Entry) {
 	termCtx, stop := context.WithCancelCause(context.Background())
 	defer stop(nil)
 	unhook := context.AfterFunc(ctx, func() { stop(context.Canceled) })
 	defer unhook()
-	lostCtx, release := ct.Context(context.Background())
-	defer release()
-	onLoss := context.AfterFunc(lostCtx, func() {
-		if cause := ct.Cause(); cause != nil {
-			stop(fmt.Errorf("%w: %w", dispatch.ErrAbandon, cause))
+	var watch actor.Group
+	watchDone := make(chan struct{})
+	watch.Go(log, "term watch", func() {
+		select {
+		case <-auth.Lost():
+			stop(fmt.Errorf("%w: %w", dispatch.ErrAbandon, auth.Cause()))
+		case <-watchDone:
 		}
-	})
-	defer onLoss()
+	}, nil)
+	defer watch.Wait()
+	defer close(watchDone)
 
-	err := d.newTerm(client, store, ct.Fence, log).run(termCtx, d.markReady)
+	err := d.newTerm(client, store, fence, log).run(termCtx, d.markReady)
 	switch {
 	case err == nil:
 		log.Info("leadership term over")
@@ -256,6 +278,9 @@ func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store offs
 		log.WithError(err).Warn("lost leadership")
 	default:
 		log.WithError(err).Error("leading failed")
+	}
+	if err != nil {
+		auth.End(err) // a no-op when the authority ended it
 	}
 	d.srv.RedirectAll(d.leadership())
 }

@@ -123,3 +123,83 @@ func TestDaemonTermStopsWhenItsFenceNoLongerHolds(t *testing.T) {
 		t.Error("a dispatcher still serves after the term was fenced")
 	}
 }
+
+// fakeAuthority is a term's authority that records End.
+type fakeAuthority struct {
+	lost  chan struct{}
+	ended chan error // capacity 1: the cause given to End
+}
+
+func (a *fakeAuthority) Lost() <-chan struct{} { return a.lost }
+func (a *fakeAuthority) Cause() error          { return nil }
+func (a *fakeAuthority) End(cause error) {
+	select {
+	case a.ended <- cause:
+	default:
+	}
+}
+
+// A term whose commit is refused ends in the election too: leadTerm tells
+// its authority, so that another member leads instead of nobody.
+func TestLeadTermEndsItsAuthorityWhenFenced(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	store := offsets.NewMemoryStore()
+	d, err := New(Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: store,
+		Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 10 * time.Millisecond,
+		Logger: logrus.NewEntry(log),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer d.srv.Close()
+	kc, err := sarama.NewClient(c.ListenAddrs(), kafka.NewConfig("lead-term-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	auth := &fakeAuthority{lost: make(chan struct{}), ended: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.leadTerm(ctx, kc, store, store.NewTerm(), auth, d.log)
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-d.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("term not serving within 30s")
+	}
+	cl, err := client.Dial(ctx, client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	go func() { // acks whatever comes, so that the term has something to commit
+		for m := range cl.Messages() {
+			_ = m.Ack()
+		}
+	}()
+	store.NewTerm() // another term began: this one's fence no longer holds
+	produceTo(t, c.ListenAddrs(), "m")
+	select {
+	case cause := <-auth.ended:
+		if !errors.Is(cause, offsets.ErrFenced) {
+			t.Fatalf("End(%v), want a cause wrapping ErrFenced", cause)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fenced term did not end in its authority")
+	}
+}

@@ -208,3 +208,122 @@ func TestClusterCorruptFenceRecord(t *testing.T) {
 		t.Errorf("after the reset the fence record says %s at epoch %d, want %s above %d", nextNode, nextEpoch, next.id, epoch)
 	}
 }
+
+// clHeartbeatsFrom reads the cluster's heartbeat log from offset to its
+// current end and returns the heartbeats of node id.
+func clHeartbeatsFrom(t *testing.T, c *clCluster, offset int64, id string) []*cluster.Heartbeat {
+	t.Helper()
+	client := newClient(t)
+	topic := cluster.TopicName(c.id, c.topic)
+	end, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
+	if err != nil {
+		t.Fatalf("end of %s: %v", topic, err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition(topic, 0, offset)
+	if err != nil {
+		t.Fatalf("consume %s at %d: %v", topic, offset, err)
+	}
+	defer pc.Close()
+	var out []*cluster.Heartbeat
+	for next := offset; next < end; {
+		select {
+		case m := <-pc.Messages():
+			next = m.Offset + 1
+			var hb cluster.Heartbeat
+			if err := proto.Unmarshal(m.Value, &hb); err == nil && hb.NodeId == id {
+				out = append(out, &hb)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("heartbeat log %s: stuck at offset %d of %d", topic, next, end)
+		}
+	}
+	return out
+}
+
+// clHeartbeatEnd returns the end offset of the cluster's heartbeat log.
+func clHeartbeatEnd(t *testing.T, c *clCluster) int64 {
+	t.Helper()
+	end, err := newClient(t).GetOffset(cluster.TopicName(c.id, c.topic), 0, sarama.OffsetNewest)
+	if err != nil {
+		t.Fatalf("end of the heartbeat log: %v", err)
+	}
+	return end
+}
+
+// The fence record rewritten or deleted under a running leader (an operator,
+// a ZooKeeper restored from a backup) while messages flow: the leader's fence
+// no longer holds, so it stops serving AND ends its term in the election;
+// another member leads within about a leader timeout, the old one stops
+// heartbeating as leader (it stays a member), and nothing is lost.
+func TestClusterFenceChangedHandsOver(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, c *clCluster, path string)
+	}{
+		{"rewritten", func(t *testing.T, c *clCluster, path string) {
+			conn := zkConnect(t)
+			data, _, err := conn.Get(path)
+			clCheck(t, err, "get %s", path)
+			_, err = conn.Set(path, data, -1) // the same content, a new version
+			clCheck(t, err, "rewrite %s", path)
+		}},
+		{"deleted", func(t *testing.T, c *clCluster, path string) {
+			clCheck(t, zkConnect(t).Delete(path, -1), "delete %s", path)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 900
+			c, leader, f := clFlowingCluster(t, n)
+			leader.mark(t, "fence changed")
+			serving := clWatchWelcome(t, c.others(leader))
+			changedAt := time.Now()
+			tc.change(t, c, clFencePath(t, c))
+
+			testutil.WaitFor(t, clFailoverBound, "another member to welcome clients", func() bool {
+				at, _ := serving()
+				return !at.IsZero()
+			})
+			at, who := serving()
+			took := at.Sub(changedAt)
+			t.Logf("%s welcomed clients %d ms after the fence record was %s", who, took.Milliseconds(), tc.name)
+			if bound := clLeaderTimeout + 2*time.Second; took > bound {
+				t.Errorf("handover took %v, want within about a leader timeout (%v)", took, bound)
+			}
+			next := clWaitLeader(t, c.nodes, 30*time.Second)
+			if next == leader {
+				t.Errorf("the leader whose fence changed leads again; want another member")
+			}
+			if len(clGrep(leader.logAfter("fence changed"), "lost leadership")) == 0 {
+				t.Errorf("the old leader did not log that it lost leadership")
+			}
+			// From now on the old leader heartbeats as a member, never as leader.
+			from := clHeartbeatEnd(t, c)
+			time.Sleep(5 * clHeartbeat) // an absence: let it heartbeat a few times
+			hbs := clHeartbeatsFrom(t, c, from, leader.id)
+			if len(hbs) == 0 {
+				t.Errorf("the old leader stopped heartbeating altogether; want it to stay a member")
+			}
+			for _, hb := range hbs {
+				if hb.Role == cluster.Role_ROLE_LEADER {
+					t.Errorf("the old leader still heartbeats as leader: %v", hb)
+					break
+				}
+			}
+			f.finish(60 * time.Second)
+			f.logDuplicates("after the fence record was " + tc.name)
+		})
+	}
+}
+
+// clCheck fails the test on err.
+func clCheck(t *testing.T, err error, format string, args ...any) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf(format+": %v", append(args, err)...)
+	}
+}

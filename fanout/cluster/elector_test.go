@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -550,4 +551,42 @@ func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
 	if n, logged := cc.fence.calls.Load(), int32(cc.logs.count("error: cannot record won epoch", "invalid character")); logged != n {
 		t.Errorf("c logged %d failures with their cause for %d failed compare-and-sets", logged, n)
 	}
+}
+
+// A term ended by its holder (a commit under its fence was refused) ends in
+// the election too: the node stops heartbeating as leader at once, without
+// leaving, and another member leads within about a leader timeout.
+func TestElectorTermEndedByItsHolderHandsOver(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b, cc := startNode(t, c, fence, "ended", "a"), startNode(t, c, fence, "ended", "b"), startNode(t, c, fence, "ended", "c")
+	testutil.WaitFor(t, 10*time.Second, "c to lead", func() bool {
+		return len(leaders(cc)) == 1 && a.e.Leadership().LeaderID == "c" && b.e.Leadership().LeaderID == "c"
+	})
+	term := cc.lastTerm()
+	fenced := fmt.Errorf("final commit: %w", offsets.ErrFenced)
+	ended := time.Now()
+	term.End(fenced)
+	if !errors.Is(term.Cause(), offsets.ErrFenced) {
+		t.Errorf("Cause() = %v, want the holder's cause", term.Cause())
+	}
+	testutil.WaitFor(t, 10*time.Second, "another member to lead", func() bool {
+		return len(leaders(a, b)) == 1
+	})
+	took := time.Since(ended)
+	t.Logf("another member leads %v after the term was ended by its holder", took)
+	if bound := testLeaderTTL + 5*testHeartbeat; took > bound {
+		t.Errorf("handover took %v, want within about a leader timeout (%v)", took, bound)
+	}
+	if l := cc.e.Leadership(); l.Leader {
+		t.Errorf("c still says it leads: %+v", l)
+	}
+	testutil.WaitFor(t, 5*time.Second, "a to see c as a follower (still a member)", func() bool {
+		for _, m := range a.e.Members() {
+			if m.NodeID == "c" {
+				return m.Role != Role_ROLE_LEADER
+			}
+		}
+		return false
+	})
 }

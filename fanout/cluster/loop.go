@@ -68,6 +68,10 @@ func (l *loop) run(ctx context.Context) {
 		if l.pc != nil {
 			msgs, errs = l.pc.Messages(), l.pc.Errors()
 		}
+		var ended <-chan struct{} // the running term, ended by its holder (Term.End)
+		if l.term != nil {
+			ended = l.term.Lost()
+		}
 		select {
 		case <-ctx.Done():
 			l.endTerm(ErrStopped)
@@ -101,6 +105,9 @@ func (l *loop) run(ctx context.Context) {
 		case r := <-l.reports:
 			l.report(r)
 			l.update(e.cfg.Now(), false)
+		case <-ended:
+			l.endTerm(l.term.Cause())
+			l.update(e.cfg.Now(), false) // says at once that it no longer leads
 		case done := <-e.resign:
 			l.doResign(done)
 		}

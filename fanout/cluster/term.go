@@ -69,5 +69,17 @@ func (t *Term) Context(parent context.Context) (ctx context.Context, cancel cont
 	}
 }
 
+// End ends the term from outside with cause: its holder lost the right to
+// lead (a commit under its fence was refused, commits have failed too
+// long). The Elector then says in the log that this node no longer leads,
+// without leaving the cluster, and sits out a leader timeout, so that
+// another member takes over. It does nothing once the term has ended.
+func (t *Term) End(cause error) {
+	if cause == nil {
+		cause = errors.New("cluster: term ended by its holder")
+	}
+	t.finish(cause)
+}
+
 // finish ends the term with cause (the first cause wins).
 func (t *Term) finish(cause error) { t.end(cause) }
