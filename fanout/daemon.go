@@ -274,7 +274,7 @@ func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offse
 	switch {
 	case err == nil:
 		log.Info("leadership term over")
-	case errors.Is(err, dispatch.ErrAbandon), errors.Is(err, offsets.ErrFenced):
+	case errors.Is(err, dispatch.ErrAbandon), errors.Is(err, offsets.ErrFenced), errors.Is(err, dispatch.ErrCommitsFailing):
 		log.WithError(err).Warn("lost leadership")
 	default:
 		log.WithError(err).Error("leading failed")
@@ -342,7 +342,7 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 		func(ctx context.Context) error {
 			attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			c, err := zkstore.Connect(attempt, servers, 10*time.Second, d.log)
+			c, err := zkstore.Connect(attempt, servers, d.opts.ZooKeeperSessionTimeout, d.log)
 			if err != nil {
 				return err
 			}

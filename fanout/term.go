@@ -54,8 +54,9 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 // run serves the term until ctx ends, then drains and commits under the
 // fence and returns nil; or until the term is lost, then it returns at once
 // with the reason: ctx's cause when that wraps dispatch.ErrAbandon (the
-// authority ended the term), or the refused commit's error wrapping
-// offsets.ErrFenced. A lost term's clients are redirected before its source
+// authority ended the term), the refused commit's error wrapping
+// offsets.ErrFenced, or dispatch.ErrCommitsFailing when commits have failed
+// for ZooKeeperSessionTimeout. A lost term's clients are redirected before its source
 // stops. started is called once the term serves clients.
 func (t *term) run(ctx context.Context, started func()) error {
 	var stored map[int32]int64
@@ -86,6 +87,7 @@ func (t *term) run(ctx context.Context, started func()) error {
 		MaxBufferedBytes: t.opts.MaxBufferedBytes,
 		CommitInterval:   t.opts.CommitInterval,
 		DrainTimeout:     t.opts.DrainTimeout,
+		MaxCommitFailure: t.opts.ZooKeeperSessionTimeout,
 		Store:            t.store,
 		Fence:            t.fence,
 		Logger:           t.log,

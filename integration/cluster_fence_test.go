@@ -327,3 +327,75 @@ func clCheck(t *testing.T, err error, format string, args ...any) {
 		t.Fatalf(format+": %v", append(args, err)...)
 	}
 }
+
+// A leader cut off from ZooKeeper alone (its ZooKeeper traffic runs through a
+// proxy the test cuts; Kafka, and so its heartbeats, still flow): nobody else
+// can tell, so it steps down by itself once its commits have failed for the
+// ZooKeeper session timeout; it stops delivering, another member leads, and
+// nothing is lost. Restored, it follows.
+func TestClusterLeaderCutOffFromZooKeeperOnly(t *testing.T) {
+	const n = 1500
+	const sessionTimeout = 4 * time.Second // ZooKeeper's smallest with its default tickTime of 2 s
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, clPartitions)
+	c := clNewCluster(t, topic, 3)
+	victim := c.nodes[2] // node-3: the highest id, started first, leads
+	zkHost, chroot, _ := strings.Cut(zkAddrs(t)[0], "/")
+	if chroot != "" {
+		chroot = "/" + chroot
+	}
+	zp := clStartProxy(t, "127.0.0.1:0", zkHost)
+	victim.zk = zp.addr() + chroot
+	for _, nd := range c.nodes {
+		nd.args = []string{"--zookeeper-session-timeout", sessionTimeout.String()}
+	}
+	c.start(victim)
+	clWaitLeader(t, []*clNode{victim}, 60*time.Second)
+	c.start(c.nodes[0])
+	c.start(c.nodes[1])
+	if l := clWaitLeader(t, c.nodes, 60*time.Second); l != victim {
+		t.Fatalf("leader is %s, want the proxied %s", l.id, victim.id)
+	}
+	f := clStartFlow(t, c, n, 8*time.Second)
+	f.waitAcked(n/4, 60*time.Second)
+
+	victim.mark(t, "zookeeper cut")
+	serving := clWatchWelcome(t, c.others(victim))
+	cutAt := time.Now()
+	zp.Cut()
+	first := f.waitFirstAfter(cutAt, victim.id, sessionTimeout+clFailoverBound+10*time.Second)
+	at, who := serving()
+	t.Logf("failover after the ZooKeeper cut: %d ms to the first message (from %s); %s welcomed clients after %d ms",
+		first.at.Sub(cutAt).Milliseconds(), first.node, who, at.Sub(cutAt).Milliseconds())
+	if d := at.Sub(cutAt); d < sessionTimeout {
+		t.Errorf("another member served %v after the cut, before the leader's commits had failed for %v", d, sessionTimeout)
+	}
+	if bound := sessionTimeout + clFailoverBound; at.Sub(cutAt) > bound {
+		t.Errorf("failover took %v, want under %v", at.Sub(cutAt), bound)
+	}
+	var stoppedAt time.Time
+	testutil.WaitFor(t, 15*time.Second, victim.id+" to stop welcoming clients", func() bool {
+		a := clHello(victim.addr)
+		stoppedAt = time.Now()
+		return a.welcome == ""
+	})
+	lost := clGrep(victim.logAfter("zookeeper cut"), "lost leadership")
+	if len(clGrep(lost, "offset commits failing")) == 0 {
+		t.Errorf("the cut-off leader lost leadership for another reason than failing commits: %q", lost)
+	}
+	t.Logf("%s stepped down: %q", victim.id, lost)
+
+	victim.mark(t, "restoring")
+	zp.Restore()
+	newLeader := clWaitLeader(t, c.nodes, 60*time.Second)
+	if newLeader == victim {
+		t.Errorf("the cut-off node leads again after the restore")
+	}
+	f.finish(60 * time.Second)
+	late := clDeliveredBy(t, f, victim, cutAt, stoppedAt, "the cut-off leader delivered %+v after it stopped welcoming clients")
+	t.Logf("messages the cut-off leader delivered after the cut: %d", late)
+	if lines := clGrep(victim.logAfter("restoring"), `msg="offsets committed"`); len(lines) > 0 {
+		t.Errorf("the stepped-down leader committed after the restore: %q", lines)
+	}
+	f.logDuplicates("after the ZooKeeper cut")
+}

@@ -27,11 +27,12 @@ type committer struct {
 
 	observe func(took time.Duration, err error) // Config.OnCommit; may be nil
 
-	mu           sync.Mutex      // guards pending, stored, failures and failingSince
+	mu           sync.Mutex      // guards pending, stored, failures, failingSince and runningSince
 	pending      map[int32]int64 // offered, not yet stored
 	stored       map[int32]int64 // what the store holds, as far as this committer knows
 	failures     uint64          // failed commits, in total
 	failingSince time.Time       // first failure since the last success; zero after a success
+	runningSince time.Time       // start of the commit under way; zero when none
 
 	kick   chan struct{} // capacity 1: pending has something new
 	fenced chan error    // capacity 1: the store refused us for good
@@ -136,6 +137,9 @@ func (c *committer) run(ctx context.Context) {
 			continue
 		}
 		start := time.Now()
+		c.mu.Lock()
+		c.runningSince = start
+		c.mu.Unlock()
 		err := c.store.Commit(ctx, c.fence, m)
 		c.record(m, time.Since(start), err)
 		switch {
@@ -183,6 +187,7 @@ func (c *committer) record(m map[int32]int64, took time.Duration, err error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.runningSince = time.Time{}
 	if err != nil {
 		c.failures++
 		if c.failingSince.IsZero() {
@@ -195,6 +200,20 @@ func (c *committer) record(m map[int32]int64, took time.Duration, err error) {
 		c.stored = map[int32]int64{}
 	}
 	maps.Copy(c.stored, m)
+}
+
+// troubleSince returns since when commits have been failing, or the start
+// of a commit under way, whichever is earlier; zero when neither.
+func (c *committer) troubleSince() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.failingSince.IsZero():
+		return c.runningSince
+	case c.runningSince.IsZero() || c.failingSince.Before(c.runningSince):
+		return c.failingSince
+	}
+	return c.runningSince
 }
 
 // report adds the committer's state to st.

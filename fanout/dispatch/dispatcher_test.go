@@ -485,3 +485,47 @@ func TestNewRequiresAFence(t *testing.T) {
 		t.Fatal("New without a fence succeeded")
 	}
 }
+
+// A leader whose commits keep failing (ZooKeeper out of reach) stops
+// delivering once they have failed for MaxCommitFailure, and not before.
+func TestRunStopsWhenCommitsKeepFailing(t *testing.T) {
+	const bound = 200 * time.Millisecond
+	store := &recStore{err: errors.New("zk: could not connect to a server")}
+	begin := time.Now() // before the first commit can fail
+	h := start(t, Config{Store: store, MaxCommitFailure: bound})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 0, Start: 42}
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, ErrCommitsFailing) {
+			t.Fatalf("Run = %v, want ErrCommitsFailing", err)
+		}
+		if took := time.Since(begin); took < bound {
+			t.Errorf("gave up after %v, before commits failed for %v", took, bound)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run went on while commits failed")
+	}
+	select {
+	case <-k.bye:
+	default:
+		t.Error("the client was not told goodbye")
+	}
+}
+
+// A commit that hangs counts as failing: Run gives up without waiting for it.
+func TestRunStopsWhenACommitHangs(t *testing.T) {
+	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(store.release)
+	h := start(t, Config{Store: store, MaxCommitFailure: 200 * time.Millisecond})
+	h.src.ch <- Batch{Partition: 0, Start: 7}
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, ErrCommitsFailing) {
+			t.Fatalf("Run = %v, want ErrCommitsFailing", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run went on while a commit hung")
+	}
+}
