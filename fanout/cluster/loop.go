@@ -11,6 +11,10 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// maxWarned bounds the node ids whose implausible heartbeats the loop
+// remembers having logged.
+const maxWarned = 1024
+
 // loop is the one goroutine that owns the election state of an Elector:
 // it reads the heartbeat log and the fence watcher's reports, ticks, asks
 // the watcher for compare-and-sets, ends terms and publishes the snapshot.
@@ -156,6 +160,9 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 		// At most once per node and leader timeout: a flood of forged
 		// records must not flood the log.
 		if last, ok := l.warned[hb.GetNodeId()]; !ok || now.Sub(last) >= l.e.cfg.LeaderTimeout {
+			if len(l.warned) >= maxWarned { // forged node ids are many: stay bounded
+				clear(l.warned)
+			}
 			l.warned[hb.GetNodeId()] = now
 			l.e.log.WithFields(logrus.Fields{"offset": offset, "from_node": hb.GetNodeId(), "from_addr": hb.GetAddr(),
 				"heartbeat_epoch": hb.GetEpoch(), "heartbeat_claim": hb.GetClaimEpoch(), "zookeeper_epoch": l.v.highest}).
