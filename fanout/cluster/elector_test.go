@@ -575,7 +575,9 @@ func TestElectorTermEndedByItsHolderHandsOver(t *testing.T) {
 	})
 	took := time.Since(ended)
 	t.Logf("another member leads %v after the term was ended by its holder", took)
-	if bound := testLeaderTTL + 5*testHeartbeat; took > bound {
+	// Without the handover c would claim again at once and lead again; the
+	// bound only has a margin for a loaded machine.
+	if bound := testLeaderTTL + 2*time.Second; took > bound {
 		t.Errorf("handover took %v, want within about a leader timeout (%v)", took, bound)
 	}
 	if l := cc.e.Leadership(); l.Leader {
