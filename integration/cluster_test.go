@@ -54,12 +54,13 @@ const (
 // log file across restarts.
 type clNode struct {
 	n       int
-	id      string   // --node-id: node-<n>; the highest leads first
-	addr    string   // --listen and --advertise: 127.0.0.1:<port>
-	kafka   string   // --kafka
-	zk      string   // --zookeeper
-	logPath string   // every incarnation appends here
-	args    []string // extra flags of this node's command line
+	id      string // --node-id: node-<n>; the highest leads first
+	addr    string // --listen and --advertise: 127.0.0.1:<port>
+	kafka   string // --kafka
+	zk      string // --zookeeper
+	logPath string // every incarnation appends here
+
+	args []string // extra flags of this node's command line
 
 	mu     sync.Mutex // guards the fields below
 	cmd    *exec.Cmd
