@@ -20,23 +20,22 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
+	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
 // Daemon is one fanout process: a client listener, a Kafka client, an
-// offset store and, while it leads, a source and a dispatcher.
+// offset store and, while it leads, a term (source, dispatcher, fence).
 type Daemon struct {
 	opts    Options
 	log     *logrus.Entry
-	backend switchBackend
+	backend termBackend // the serving term, if any: where the server's calls go
 	srv     *server.Server
 
-	serving   atomic.Bool // a dispatcher is running: clients are welcome
 	elector   atomic.Pointer[cluster.Elector]
 	listening chan struct{} // closed once the listener is bound
 	ready     chan struct{} // closed once this node first serves clients
 	readyOnce sync.Once
 
-	source    atomic.Pointer[kafka.Source] // the running dispatcher's source, for metrics
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
 }
@@ -88,20 +87,21 @@ func (d *Daemon) Listening() <-chan struct{} { return d.listening }
 // store are reachable and the dispatcher runs.
 func (d *Daemon) Ready() <-chan struct{} { return d.ready }
 
-// Stats returns the dispatcher's counters, or false when no dispatcher runs.
+// Stats returns the serving term's dispatcher counters, or false when no
+// term serves.
 func (d *Daemon) Stats(ctx context.Context) (dispatch.Stats, bool) {
-	if disp := d.backend.get(); disp != nil {
+	if disp := d.backend.dispatcher(); disp != nil {
 		return disp.Stats(ctx)
 	}
 	return dispatch.Stats{}, false
 }
 
-// leadership tells the server whether to welcome clients: only while a
-// dispatcher runs. A follower redirects to the leader the election names;
-// a leader still starting up, or a cluster with no leader, tells clients to
-// retry shortly.
+// leadership maps this node's state onto what the server tells clients: it
+// welcomes them only while a term serves. A follower redirects to the leader
+// the election names; a leader still starting up, or a cluster with no
+// leader, tells clients to retry shortly.
 func (d *Daemon) leadership() server.Leadership {
-	if d.serving.Load() {
+	if d.backend.serving() != nil {
 		return server.Leadership{Leader: true}
 	}
 	// Without a leader, clients retry after about one cluster heartbeat: a
@@ -112,11 +112,11 @@ func (d *Daemon) leadership() server.Leadership {
 		return none
 	}
 	l := el.Leadership()
-	if l.Leader || l.LeaderID == d.opts.NodeID {
-		return none // elected, not serving yet; or resigning
+	if l.Leader || !l.Known || l.LeaderID == d.opts.NodeID {
+		return none // elected, not serving yet; or resigning; or no leader known
 	}
-	l.RetryAfter = d.opts.ClusterHeartbeat
-	return l
+	return server.Leadership{Known: true, LeaderID: l.LeaderID, LeaderAddr: l.LeaderAddr, Epoch: l.Epoch,
+		RetryAfter: d.opts.ClusterHeartbeat}
 }
 
 // Run serves until ctx ends, then shuts down gracefully: it stops accepting
@@ -152,7 +152,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer client.Close()
 
 	if d.opts.Store != nil {
-		err = d.lead(ctx, client, d.opts.Store)
+		// Leading alone: a term of the store's own.
+		err = d.newTerm(client, d.opts.Store, d.opts.Store.NewTerm(), d.log).run(ctx, d.markReady)
 	} else {
 		err = d.runCluster(ctx, client)
 	}
@@ -200,7 +201,9 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	// resigns, so that a follower takes over at once.
 	elCtx, stopElection := context.WithCancel(context.Background())
 	elDone := make(chan error, 1)
-	go func() { elDone <- el.Run(elCtx) }()
+	var routines actor.Group
+	routines.Go(d.log, "election", func() { elDone <- el.Run(elCtx) }, nil)
+	defer routines.Wait()
 	defer func() {
 		resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := el.Resign(resignCtx); err != nil {
@@ -234,38 +237,65 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	}
 }
 
-// serveTerm leads for one term: until ctx ends (then it drains and commits
-// under the term's fence) or the term ends (then it abandons at once: another
-// node owns the offsets).
-func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store *zkstore.Store, term *cluster.Term) {
-	log := d.log.WithField("epoch", term.Epoch)
-	log.Info("elected leader")
-	store.SetFence(term.FencePath, term.FenceVersion)
-	defer store.ClearFence()
+// authority is where a term's fence came from: the election's term
+// (*cluster.Term). It ends the term when it is lost, and is told when the
+// term cannot go on.
+type authority interface {
+	Lost() <-chan struct{} // closed when the term ends
+	Cause() error          // why it ended; nil while it runs
+	End(cause error)       // the term cannot go on: let another member lead
+}
 
-	leadCtx, stop := context.WithCancelCause(context.Background())
+var _ authority = (*cluster.Term)(nil)
+
+// serveTerm leads for one term of the election.
+func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store offsets.Store, ct *cluster.Term) {
+	log := d.log.WithField("epoch", ct.Epoch)
+	log.WithField("fence", ct.Fence).Info("elected leader")
+	d.leadTerm(ctx, client, store, ct.Fence, ct, log)
+}
+
+// leadTerm serves a term under fence until ctx ends (then it drains and
+// commits under the fence) or the term ends (then it abandons at once:
+// another node owns the offsets). When the term cannot go on (a commit under
+// its fence was refused, leading failed), it tells auth, so that the
+// election hands leadership over instead of keeping a leader that serves
+// nobody.
+func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offsets.Store, fence offsets.Fence,
+	auth authority, log *logrus.Entry) {
+	termCtx, stop := context.WithCancelCause(context.Background())
 	defer stop(nil)
 	unhook := context.AfterFunc(ctx, func() { stop(context.Canceled) })
 	defer unhook()
-	go func() {
+	var watch actor.Group
+	watchDone := make(chan struct{})
+	watch.Go(log, "term watch", func() {
 		select {
-		case <-term.Lost():
-			stop(fmt.Errorf("%w: %w", dispatch.ErrAbandon, term.Cause()))
-		case <-leadCtx.Done():
+		case <-auth.Lost():
+			stop(fmt.Errorf("%w: %w", dispatch.ErrAbandon, auth.Cause()))
+		case <-watchDone:
 		}
-	}()
+	}, nil)
+	defer watch.Wait()
+	defer close(watchDone)
 
-	err := d.lead(leadCtx, client, store)
+	err := d.newTerm(client, store, fence, log).run(termCtx, d.markReady)
 	switch {
 	case err == nil:
 		log.Info("leadership term over")
-	case errors.Is(err, dispatch.ErrAbandon), errors.Is(err, offsets.ErrFenced):
+	case errors.Is(err, dispatch.ErrAbandon), errors.Is(err, offsets.ErrFenced), errors.Is(err, dispatch.ErrCommitsFailing):
 		log.WithError(err).Warn("lost leadership")
 	default:
 		log.WithError(err).Error("leading failed")
 	}
+	if err != nil {
+		auth.End(err) // a no-op when the authority ended it
+	}
 	d.srv.RedirectAll(d.leadership())
 }
+
+// markReady closes Ready, once.
+func (d *Daemon) markReady() { d.readyOnce.Do(func() { close(d.ready) }) }
 
 // connectKafka returns a client of the Kafka cluster, retrying until ctx
 // ends. tune, when set, adjusts the configuration.
@@ -324,7 +354,7 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 		func(ctx context.Context) error {
 			attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
-			c, err := d.opts.ZooKeeperSecurity.Connect(attempt, servers, 10*time.Second, d.log)
+			c, err := d.opts.ZooKeeperSecurity.Connect(attempt, servers, d.opts.ZooKeeperSessionTimeout, d.log)
 			if err != nil {
 				return err
 			}
@@ -332,74 +362,6 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 			return nil
 		})
 	return conn, err
-}
-
-// lead consumes the topic and serves clients until ctx ends or the store
-// fences this node.
-func (d *Daemon) lead(ctx context.Context, client sarama.Client, store offsets.Store) error {
-	var stored map[int32]int64
-	err := retry(ctx, d.log, "load offsets", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
-		var err error
-		stored, err = store.Load(ctx)
-		return err
-	})
-	if err != nil {
-		return nil // ctx ended
-	}
-	initial, err := kafka.ParseInitialOffset(d.opts.InitialOffset)
-	if err != nil {
-		return err
-	}
-	src, err := kafka.NewSource(client, kafka.SourceConfig{
-		Topic: d.opts.Topic, Initial: initial, Stored: stored, Logger: d.log,
-	})
-	if err != nil {
-		return fmt.Errorf("kafka source: %w", err)
-	}
-	disp, err := dispatch.New(dispatch.Config{
-		AckTimeout:       d.opts.AckTimeout,
-		MaxBuffered:      d.opts.MaxBuffered,
-		MaxBufferedBytes: d.opts.MaxBufferedBytes,
-		CommitInterval:   d.opts.CommitInterval,
-		DrainTimeout:     d.opts.DrainTimeout,
-		Store:            store,
-		Logger:           d.log,
-		Stored:           stored,
-		OnCommit:         d.collector.ObserveCommit,
-		FrameSize:        server.DeliverFrameSize,
-	}, src)
-	if err != nil {
-		return err
-	}
-
-	// The source outlives the dispatcher's drain: it stops only after the
-	// dispatcher has returned.
-	srcCtx, stopSource := context.WithCancel(context.Background())
-	srcDone := make(chan struct{})
-	go func() {
-		defer close(srcDone)
-		_ = retry(srcCtx, d.log, "consume topic "+d.opts.Topic, d.opts.ConnectBackoffMax, src.Run)
-	}()
-	defer func() {
-		stopSource()
-		<-srcDone
-	}()
-
-	d.backend.set(disp)
-	d.source.Store(src)
-	d.serving.Store(true)
-	d.readyOnce.Do(func() { close(d.ready) })
-	d.log.WithField("stored_offsets", stored).Info("serving clients")
-	err = disp.Run(ctx)
-	d.serving.Store(false)
-	d.backend.set(nil)
-	d.source.Store(nil)
-	if err != nil {
-		// The term is lost: send the clients on now, before waiting for the
-		// source to stop (a broker out of reach can hold that up).
-		d.srv.RedirectAll(d.leadership())
-	}
-	return err
 }
 
 // MetricsAddr returns the address of /metrics, /healthz and /readyz once
@@ -449,8 +411,8 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	var s metrics.Snapshot
 	s.Stats, s.Serving = d.Stats(ctx)
-	if src := d.source.Load(); src != nil {
-		s.HighWaterMarks = src.HighWaterMarks()
+	if t := d.backend.serving(); t != nil {
+		s.HighWaterMarks = t.src.HighWaterMarks()
 	}
 	s.Clients = d.srv.Clients()
 	ss := d.srv.Stats()
@@ -471,54 +433,4 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
 	}
 	return s
-}
-
-// switchBackend forwards the server's calls to the running dispatcher, if
-// any. Between dispatchers there is nobody to forward to: a joining client
-// is told goodbye and other calls are dropped (their deliveries belong to a
-// dispatcher that is gone and are redelivered from the committed offsets).
-type switchBackend struct {
-	cur atomic.Pointer[dispatch.Dispatcher]
-}
-
-var _ dispatch.Backend = (*switchBackend)(nil)
-
-func (b *switchBackend) set(d *dispatch.Dispatcher) { b.cur.Store(d) }
-func (b *switchBackend) get() *dispatch.Dispatcher  { return b.cur.Load() }
-
-// Join implements dispatch.Backend.
-func (b *switchBackend) Join(id uint64, name string, max int, sink dispatch.ClientSink) {
-	if d := b.get(); d != nil {
-		d.Join(id, name, max, sink)
-		return
-	}
-	sink.Goodbye("not serving")
-}
-
-// Ack implements dispatch.Backend.
-func (b *switchBackend) Ack(id uint64, ids []uint64) {
-	if d := b.get(); d != nil {
-		d.Ack(id, ids)
-	}
-}
-
-// Nack implements dispatch.Backend.
-func (b *switchBackend) Nack(id uint64, ids []uint64) {
-	if d := b.get(); d != nil {
-		d.Nack(id, ids)
-	}
-}
-
-// Touch implements dispatch.Backend.
-func (b *switchBackend) Touch(id uint64, ids []uint64) {
-	if d := b.get(); d != nil {
-		d.Touch(id, ids)
-	}
-}
-
-// Leave implements dispatch.Backend.
-func (b *switchBackend) Leave(id uint64, reason dispatch.LeaveReason) {
-	if d := b.get(); d != nil {
-		d.Leave(id, reason)
-	}
 }

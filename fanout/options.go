@@ -68,6 +68,12 @@ type Options struct {
 	CommitInterval time.Duration // default 1s
 	DrainTimeout   time.Duration // shutdown waits this long for outstanding acks; default 10s
 
+	// ZooKeeperSessionTimeout is the ZooKeeper session timeout asked for;
+	// default 10s. It also bounds how long a leader's offset commits may
+	// keep failing before it steps down (ZooKeeper out of reach for this
+	// node alone: its heartbeats still flow, so only it can end its term).
+	ZooKeeperSessionTimeout time.Duration
+
 	// ClusterHeartbeat is how often this daemon publishes its heartbeat on
 	// fanout_<id>_<topic>; default 1s. LeaderTimeout is the silence after
 	// which the leader is considered dead; default 3 × ClusterHeartbeat.
@@ -78,10 +84,11 @@ type Options struct {
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
-	// Store replaces the ZooKeeper offset store when set (the dev mode's
-	// in-memory store, tests). ZooKeeper is then not used, and neither is
-	// the election: the daemon leads alone.
-	Store offsets.Store
+	// Store, when set, replaces the ZooKeeper offset store with an
+	// in-memory one (the dev mode, tests). ZooKeeper is then not used, and
+	// neither is the election: the daemon leads alone, in a term of the
+	// store of its own (MemoryStore.NewTerm) that fences earlier ones.
+	Store *offsets.MemoryStore
 
 	Logger *logrus.Entry // default: the standard logger
 }
@@ -104,6 +111,7 @@ const (
 	DefaultDrainTimeout     = 10 * time.Second
 	DefaultConnectBackoff   = 30 * time.Second
 	DefaultClusterHeartbeat = time.Second
+	DefaultZKSessionTimeout = 10 * time.Second
 )
 
 // topicName is what Kafka accepts as a topic name.
@@ -153,6 +161,7 @@ func (o Options) withDefaults() Options {
 	}
 	set(&o.CommitInterval, DefaultCommitInterval)
 	set(&o.DrainTimeout, DefaultDrainTimeout)
+	set(&o.ZooKeeperSessionTimeout, DefaultZKSessionTimeout)
 	set(&o.ConnectBackoffMax, DefaultConnectBackoff)
 	set(&o.ClusterHeartbeat, DefaultClusterHeartbeat)
 	set(&o.LeaderTimeout, 3*o.ClusterHeartbeat)
@@ -208,6 +217,7 @@ func (o Options) Validate() error {
 		{"--ack-timeout", o.AckTimeout}, {"--heartbeat", o.Heartbeat}, {"--write-timeout", o.WriteTimeout},
 		{"--commit-interval", o.CommitInterval}, {"--drain-timeout", o.DrainTimeout},
 		{"--cluster-heartbeat", o.ClusterHeartbeat}, {"--leader-timeout", o.LeaderTimeout},
+		{"--zookeeper-session-timeout", o.ZooKeeperSessionTimeout},
 	} {
 		if d.value < 0 {
 			bad("%s %s: must be positive", d.flag, d.value)
@@ -218,6 +228,10 @@ func (o Options) Validate() error {
 	}
 	if o.ClusterHeartbeat > 0 && o.LeaderTimeout < 2*o.ClusterHeartbeat {
 		bad("--leader-timeout %s: at least twice --cluster-heartbeat (%s)", o.LeaderTimeout, o.ClusterHeartbeat)
+	}
+	if o.ZooKeeperSessionTimeout > 0 && (o.ZooKeeperSessionTimeout < time.Second || o.ZooKeeperSessionTimeout < 2*o.CommitInterval) {
+		bad("--zookeeper-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
+			o.ZooKeeperSessionTimeout, o.CommitInterval)
 	}
 	if o.Liveness < 1 {
 		bad("--liveness %d: at least 1", o.Liveness)

@@ -28,6 +28,10 @@ func TestValidate(t *testing.T) {
 		{"leader timeout below two heartbeats", func(o *Options) {
 			o.ClusterHeartbeat, o.LeaderTimeout = time.Second, 1500*time.Millisecond
 		}, "--leader-timeout"},
+		{"zookeeper session timeout below a second", func(o *Options) { o.ZooKeeperSessionTimeout = 500 * time.Millisecond }, "--zookeeper-session-timeout"},
+		{"zookeeper session timeout below two commit intervals", func(o *Options) {
+			o.ZooKeeperSessionTimeout, o.CommitInterval = 3*time.Second, 2*time.Second
+		}, "--zookeeper-session-timeout"},
 		{"zero liveness means default", func(o *Options) { o.Liveness = 0 }, ""},
 		{"negative liveness", func(o *Options) { o.Liveness = -1 }, "--liveness"},
 		{"negative in-flight", func(o *Options) { o.MaxInFlight = -5 }, "--max-in-flight"},

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -196,8 +197,8 @@ func TestElectorRealKafkaAndZooKeeper(t *testing.T) {
 		t.Errorf("fence znode: epoch %d node %q version %d; term: epoch %d node %s version %d",
 			epoch, node, version, term.Epoch, leader.id, term.FenceVersion)
 	}
-	if term.FencePath != cluster.FencePath(id, topic) {
-		t.Errorf("FencePath %q, want %q", term.FencePath, cluster.FencePath(id, topic))
+	if want := fmt.Sprintf("%s@%d", fencePath, term.FenceVersion); term.Fence.String() != want {
+		t.Errorf("term's fence %v, want %s", term.Fence, want)
 	}
 	if m := nodes[0].e.Members(); len(m) != 3 {
 		t.Errorf("node-a sees %d members, want 3: %+v", len(m), m)
@@ -205,8 +206,7 @@ func TestElectorRealKafkaAndZooKeeper(t *testing.T) {
 
 	// The fence works as zkstore uses it: the term's commits pass.
 	store := zkstore.New(zconn, chroot, id, topic)
-	store.SetFence(term.FencePath, term.FenceVersion)
-	if err := store.Commit(context.Background(), map[int32]int64{0: 10}); err != nil {
+	if err := store.Commit(context.Background(), term.Fence, map[int32]int64{0: 10}); err != nil {
 		t.Fatalf("commit under the leader's fence: %v", err)
 	}
 
@@ -222,12 +222,11 @@ func TestElectorRealKafkaAndZooKeeper(t *testing.T) {
 	if limit := electorTimeout + 2*time.Second; crashFailover > limit {
 		t.Errorf("failover after a crash took %v, want under %v", crashFailover, limit)
 	}
-	// The deposed leader's fence no longer matches.
-	if err := store.Commit(context.Background(), map[int32]int64{0: 11}); !errors.Is(err, offsets.ErrFenced) {
+	// The deposed leader's fence no longer holds; the new one's does.
+	if err := store.Commit(context.Background(), term.Fence, map[int32]int64{0: 11}); !errors.Is(err, offsets.ErrFenced) {
 		t.Errorf("commit under the old fence: %v, want ErrFenced", err)
 	}
-	store.SetFence(nextTerm.FencePath, nextTerm.FenceVersion)
-	if err := store.Commit(context.Background(), map[int32]int64{0: 12}); err != nil {
+	if err := store.Commit(context.Background(), nextTerm.Fence, map[int32]int64{0: 12}); err != nil {
 		t.Errorf("commit under the new leader's fence: %v", err)
 	}
 

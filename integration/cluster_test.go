@@ -60,6 +60,8 @@ type clNode struct {
 	zk      string // --zookeeper
 	logPath string // every incarnation appends here
 
+	args []string // extra flags of this node's command line
+
 	mu     sync.Mutex // guards the fields below
 	cmd    *exec.Cmd
 	exited chan struct{} // closed once the current incarnation has exited
@@ -127,12 +129,12 @@ func (c *clCluster) start(nd *clNode) {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(f, "===== cluster test: starting %s at %s =====\n", nd.id, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(procBinary(t), "-v",
+	cmd := exec.Command(procBinary(t), append([]string{"-v",
 		"--id", c.id, "--topic", c.topic, "--kafka", nd.kafka, "--zookeeper", nd.zk,
 		"--listen", nd.addr, "--advertise", nd.addr, "--node-id", nd.id, "--metrics-listen=",
 		"--cluster-heartbeat", clHeartbeat.String(), "--leader-timeout", clLeaderTimeout.String(),
 		"--commit-interval", "200ms", "--ack-timeout", "3s", "--heartbeat", "500ms",
-		"--drain-timeout", clDrainTimeout.String(), "--initial-offset", "oldest")
+		"--drain-timeout", clDrainTimeout.String(), "--initial-offset", "oldest"}, nd.args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()

@@ -29,6 +29,7 @@ import (
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
@@ -556,7 +557,19 @@ func TestSecurityZooKeeperACL(t *testing.T) {
 				if _, err := zkstore.New(conn, chroot, opts.ID, topic).Load(ctx); read == zkstore.ReadAuth && !errors.Is(err, zk.ErrNoAuth) {
 					t.Errorf("%s: Load = %v, want %v", name, err, zk.ErrNoAuth)
 				}
-				err := zkstore.New(conn, chroot, opts.ID, topic).Commit(ctx, map[int32]int64{0: 0, 1: 0})
+				// Under the leader's current fence, so that only the missing
+				// credentials can refuse the write.
+				fencePath := chroot + cluster.FencePath(opts.ID, topic)
+				_, fstat, ferr := conn.Get(fencePath)
+				if ferr != nil && !errors.Is(ferr, zk.ErrNoAuth) {
+					t.Fatalf("%s: get %s: %v", name, fencePath, ferr)
+				}
+				var fenceVersion int32
+				if fstat != nil {
+					fenceVersion = fstat.Version
+				}
+				fence := offsets.TopicFence(zkstore.Version{Path: fencePath, Version: fenceVersion})
+				err := zkstore.New(conn, chroot, opts.ID, topic).Commit(ctx, fence, map[int32]int64{0: 0, 1: 0})
 				if !errors.Is(err, zk.ErrNoAuth) || !strings.Contains(err.Error(), "check --zookeeper-auth") {
 					t.Errorf("%s: Commit = %v, want %v with a hint", name, err, zk.ErrNoAuth)
 				}
@@ -601,7 +614,10 @@ func TestSecurityZooKeeperOpenZnodesWarned(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if err := zkstore.New(conn, "", opts.ID, topic).Commit(ctx, map[int32]int64{0: 0}); err != nil {
+	seedRoot := "/" + uniqueName(t, "seed-fence")
+	defer deleteTree(t, conn, seedRoot) // before conn.Close
+	seed := zkFence(t, conn, seedRoot)
+	if err := zkstore.New(conn, "", opts.ID, topic).Commit(ctx, seed, map[int32]int64{0: 0}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -38,6 +38,18 @@ func zkChroot(t *testing.T, conn *zk.Conn) string {
 	return chroot
 }
 
+// zkFence creates the znode <chroot>/leader (and the chroot) and returns the
+// fence of its version 0, as the term that created it would hold.
+func zkFence(t *testing.T, conn *zk.Conn, chroot string) offsets.Fence {
+	t.Helper()
+	for _, p := range []string{chroot, chroot + "/leader"} {
+		if _, err := conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatalf("create %s: %v", p, err)
+		}
+	}
+	return offsets.TopicFence(zkstore.Version{Path: chroot + "/leader", Version: 0})
+}
+
 func mustLoad(t *testing.T, s *zkstore.Store) map[int32]int64 {
 	t.Helper()
 	got, err := s.Load(context.Background())
@@ -72,10 +84,11 @@ func TestZKStoreRoundTrip(t *testing.T) {
 	if got := mustLoad(t, s); len(got) != 0 {
 		t.Fatalf("Load before any commit = %v, want empty", got)
 	}
-	if err := s.Commit(ctx, map[int32]int64{0: 10, 1: 20, 2: 0}); err != nil {
+	fence := zkFence(t, conn, chroot)
+	if err := s.Commit(ctx, fence, map[int32]int64{0: 10, 1: 20, 2: 0}); err != nil {
 		t.Fatalf("first Commit: %v", err)
 	}
-	if err := s.Commit(ctx, map[int32]int64{1: 25, 3: 7}); err != nil { // one update, one create
+	if err := s.Commit(ctx, fence, map[int32]int64{1: 25, 3: 7}); err != nil { // one update, one create
 		t.Fatalf("second Commit: %v", err)
 	}
 
@@ -102,7 +115,8 @@ func TestZKStoreForeignZnodes(t *testing.T) {
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()
 	writer := zkstore.New(conn, chroot, "a", "t")
-	if err := writer.Commit(ctx, map[int32]int64{0: 1}); err != nil {
+	fence := zkFence(t, conn, chroot)
+	if err := writer.Commit(ctx, fence, map[int32]int64{0: 1}); err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
 
@@ -112,7 +126,7 @@ func TestZKStoreForeignZnodes(t *testing.T) {
 	if _, err := conn.Create(late.Path()+"/5", []byte("3"), 0, zk.WorldACL(zk.PermAll)); err != nil {
 		t.Fatalf("create partition 5: %v", err)
 	}
-	if err := late.Commit(ctx, map[int32]int64{0: 2, 5: 9}); err != nil {
+	if err := late.Commit(ctx, fence, map[int32]int64{0: 2, 5: 9}); err != nil {
 		t.Fatalf("Commit over foreign znodes: %v", err)
 	}
 	if got, want := mustLoad(t, writer), map[int32]int64{0: 2, 5: 9}; !equalOffsets(got, want) {
@@ -129,43 +143,66 @@ func TestZKStoreForeignZnodes(t *testing.T) {
 	}
 }
 
-func TestZKStoreFence(t *testing.T) {
+// The fence is a value each commit carries: one Store shared by two terms
+// commits for the new term while an abandoned committer of the old term is
+// refused, however late it runs; a per-partition fence checks exactly the
+// partitions written; a deleted fence or none refuses; a refused commit
+// writes nothing.
+func TestZKStoreFenceIsAValue(t *testing.T) {
 	conn := zkConnect(t)
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()
 	s := zkstore.New(conn, chroot, "a", "t")
-	fence := chroot + "/leader"
-	if err := s.Commit(ctx, map[int32]int64{0: 1}); err != nil { // creates the chroot
-		t.Fatalf("unfenced Commit: %v", err)
+	oldTerm := zkFence(t, conn, chroot) // <chroot>/leader@0
+	leader := chroot + "/leader"
+	owner := func(p string) string { return chroot + "/owners/" + p }
+	for _, p := range []string{chroot + "/owners", owner("0"), owner("1")} {
+		if _, err := conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+			t.Fatalf("create %s: %v", p, err)
+		}
 	}
-	if _, err := conn.Create(fence, []byte("node-1"), 0, zk.WorldACL(zk.PermAll)); err != nil {
-		t.Fatalf("create fence: %v", err)
-	}
+	owned := offsets.PartitionFence(map[int32]offsets.Condition{
+		0: zkstore.Version{Path: owner("0"), Version: 0},
+		1: zkstore.Version{Path: owner("1"), Version: 0},
+	})
+	newTerm := offsets.TopicFence(zkstore.Version{Path: leader, Version: 1})
 
-	committed := map[int32]int64{0: 1}
+	committed := map[int32]int64{}
 	steps := []struct {
 		name       string
 		before     func() // changes the world before the commit
+		fence      offsets.Fence
 		commit     map[int32]int64
 		wantFenced bool
 	}{
-		{"right version", func() { s.SetFence("/leader", 0) }, map[int32]int64{0: 2, 1: 2}, false},
-		{"fence bumped", func() {
-			if _, err := conn.Set(fence, []byte("node-2"), -1); err != nil {
+		{"old term, still current", nil, oldTerm, map[int32]int64{0: 1, 1: 1}, false},
+		{"a new term began (the fence znode was rewritten)", func() {
+			if _, err := conn.Set(leader, []byte("next"), 0); err != nil {
 				t.Fatal(err)
 			}
-		}, map[int32]int64{0: 3, 1: 3, 2: 3}, true},
-		{"new version", func() { s.SetFence("/leader", 1) }, map[int32]int64{0: 4, 2: 4}, false},
-		{"fence deleted", func() {
-			if err := conn.Delete(fence, -1); err != nil {
+		}, newTerm, map[int32]int64{0: 2}, false},
+		{"the old term's abandoned committer, late", nil, oldTerm, map[int32]int64{0: 9, 2: 9}, true},
+		{"the new term again", nil, newTerm, map[int32]int64{1: 3, 2: 3}, false},
+		{"no fence", nil, offsets.Fence{}, map[int32]int64{0: 9}, true},
+		{"per partition: both owned", nil, owned, map[int32]int64{0: 4, 1: 4}, false},
+		{"per partition: partition 1 lost", func() {
+			if _, err := conn.Set(owner("1"), []byte("other"), 0); err != nil {
 				t.Fatal(err)
 			}
-		}, map[int32]int64{0: 5, 3: 5}, true},
-		{"fence cleared", s.ClearFence, map[int32]int64{0: 6}, false},
+		}, owned, map[int32]int64{0: 9, 1: 9}, true},
+		{"per partition: partition 0 alone still commits", nil, owned, map[int32]int64{0: 5}, false},
+		{"per partition: partition 2 never owned", nil, owned, map[int32]int64{0: 9, 2: 9}, true},
+		{"fence znode deleted", func() {
+			if err := conn.Delete(leader, -1); err != nil {
+				t.Fatal(err)
+			}
+		}, newTerm, map[int32]int64{0: 9, 3: 9}, true},
 	}
 	for _, st := range steps {
-		st.before()
-		err := s.Commit(ctx, st.commit)
+		if st.before != nil {
+			st.before()
+		}
+		err := s.Commit(ctx, st.fence, st.commit)
 		if got := errors.Is(err, offsets.ErrFenced); got != st.wantFenced || (err != nil && !st.wantFenced) {
 			t.Fatalf("%s: Commit = %v, want fenced %v", st.name, err, st.wantFenced)
 		}

@@ -64,7 +64,7 @@ type devConfig struct {
 	// disables them.
 	MetricsListen string
 	// Store keeps offsets; nil means a new offsets.MemoryStore.
-	Store offsets.Store
+	Store *offsets.MemoryStore
 	Log   *logrus.Entry
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -102,5 +103,30 @@ func TestTailBadUsageExitsTwo(t *testing.T) {
 		if code := run(context.Background(), append([]string{"fanout"}, args...), &stdout, &stderr); code != 2 {
 			t.Errorf("%v: exit code %d, want 2; stderr: %s", args, code, stderr.String())
 		}
+	}
+}
+
+// --zookeeper-session-timeout and its environment variable reach the
+// options; without either the default does.
+func TestZooKeeperSessionTimeoutFlag(t *testing.T) {
+	run := func(args ...string) fanout.Options {
+		t.Helper()
+		var got fanout.Options
+		app := newApp(io.Discard, io.Discard)
+		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
+		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := run().ZooKeeperSessionTimeout; got != fanout.DefaultZKSessionTimeout {
+		t.Errorf("default: %v, want %v", got, fanout.DefaultZKSessionTimeout)
+	}
+	if got := run("--zookeeper-session-timeout", "4s").ZooKeeperSessionTimeout; got != 4*time.Second {
+		t.Errorf("flag: %v, want 4s", got)
+	}
+	t.Setenv("FANOUT_ZOOKEEPER_SESSION_TIMEOUT", "6s")
+	if got := run().ZooKeeperSessionTimeout; got != 6*time.Second {
+		t.Errorf("environment: %v, want 6s", got)
 	}
 }

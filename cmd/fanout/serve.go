@@ -41,6 +41,7 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
 		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
 		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat (default 3 × --cluster-heartbeat)", EnvVars: env("LEADER_TIMEOUT")},
+		&cli.DurationFlag{Name: "zookeeper-session-timeout", Value: fanout.DefaultZKSessionTimeout, Usage: "ZooKeeper session timeout; a leader whose offset commits have failed this long steps down", EnvVars: env("ZOOKEEPER_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
 		metricsTokenFlag(),
 	}
@@ -99,6 +100,8 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 		LeaderTimeout:    dur("leader-timeout"),
 		MetricsListen:    str("metrics-listen"),
 		Logger:           logrus.NewEntry(logrus.StandardLogger()),
+
+		ZooKeeperSessionTimeout: dur("zookeeper-session-timeout"),
 	}
 	// Security: the flags, and the secrets from the environment or files.
 	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}

@@ -6,7 +6,8 @@
 
 // Heartbeats that the members of one fanout cluster publish on the Kafka
 // topic fanout_<id>_<topic>. The topic has one partition, so every member
-// reads the same ordered log and reaches the same election result.
+// reads the same ordered log. Heartbeats tell who is alive and order the
+// claims; ZooKeeper's fence record alone says who leads.
 
 package cluster
 
@@ -88,6 +89,7 @@ type Heartbeat struct {
 	ClaimEpoch    uint64                 `protobuf:"varint,5,opt,name=claim_epoch,json=claimEpoch,proto3" json:"claim_epoch,omitempty"` // non-zero: the member claims leadership of this epoch
 	Leaving       bool                   `protobuf:"varint,6,opt,name=leaving,proto3" json:"leaving,omitempty"`                         // the member shuts down cleanly: forget it now
 	SentAtMs      int64                  `protobuf:"varint,7,opt,name=sent_at_ms,json=sentAtMs,proto3" json:"sent_at_ms,omitempty"`     // sender's clock, Unix milliseconds (informational only)
+	Instance      string                 `protobuf:"bytes,8,opt,name=instance,proto3" json:"instance,omitempty"`                        // random per process start: tells two processes with one node_id apart
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,11 +173,18 @@ func (x *Heartbeat) GetSentAtMs() int64 {
 	return 0
 }
 
+func (x *Heartbeat) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\rcluster.proto\x12\x11fanout.cluster.v1\"\xd4\x01\n" +
+	"\rcluster.proto\x12\x11fanout.cluster.v1\"\xf0\x01\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
@@ -185,7 +194,8 @@ const file_cluster_proto_rawDesc = "" +
 	"claimEpoch\x12\x18\n" +
 	"\aleaving\x18\x06 \x01(\bR\aleaving\x12\x1c\n" +
 	"\n" +
-	"sent_at_ms\x18\a \x01(\x03R\bsentAtMs*T\n" +
+	"sent_at_ms\x18\a \x01(\x03R\bsentAtMs\x12\x1a\n" +
+	"\binstance\x18\b \x01(\tR\binstance*T\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rROLE_FOLLOWER\x10\x01\x12\x12\n" +

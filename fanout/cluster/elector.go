@@ -1,16 +1,18 @@
 // Package cluster elects the leader among fanout daemons that share an
-// --id and --topic. Members publish heartbeats on the one-partition Kafka
-// topic fanout_<id>_<topic> and all read it: the shared, ordered log decides
-// the vote (see vote). The winner of an epoch records it in ZooKeeper with
-// a compare-and-set on a fence znode; the resulting znode version fences
-// the term's offset commits (zkstore.Store.SetFence), so the commits of a
-// deposed leader fail once a later leader has won.
+// --id and --topic. ZooKeeper is the authority: the fence znode records the
+// leader's epoch, node id and address, and a claimant becomes leader only by
+// a compare-and-set on it; the resulting znode version fences the term's
+// offset commits (Term.Fence), so the commits of a deposed leader fail once
+// the record changed. Members publish heartbeats on the one-partition Kafka
+// topic fanout_<id>_<topic> and all read it: heartbeats tell who is alive and
+// order the claims, never who leads (see vote).
 package cluster
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -19,7 +21,6 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
@@ -98,19 +99,30 @@ type Member struct {
 	LastSeen time.Time // local receive time of its last heartbeat
 }
 
+// Leadership is this member's view of who leads the cluster.
+type Leadership struct {
+	Leader     bool   // this member holds a running term
+	Known      bool   // a live leader is known: LeaderID, LeaderAddr and Epoch name it
+	LeaderID   string // the leader's node id, when Known
+	LeaderAddr string // the leader's advertised client address, when Known
+	Epoch      uint64 // the leader's epoch, when Known
+}
+
 // snapshot is what the loop publishes for Leadership and Members.
 type snapshot struct {
-	leadership server.Leadership
+	leadership Leadership
 	members    []Member
 }
 
 // Elector takes part in the election of one fanout cluster. Create it with
 // New, run it with Run, take leadership terms from Terms.
 type Elector struct {
-	cfg   Config
-	log   *logrus.Entry
-	topic string
-	fence fencer
+	cfg       Config
+	log       *logrus.Entry
+	topic     string
+	fence     fencer
+	fencePath string // the fence znode, absolute (chroot included)
+	instance  string // random per Elector: tells this process's heartbeats from another's with its node id
 
 	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
 	resign   chan chan error
@@ -130,18 +142,22 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.ZK == nil {
 		return nil, errors.New("cluster: a ZooKeeper connection is required")
 	}
-	return newElector(cfg, &zkFencer{conn: cfg.ZK, path: cfg.Chroot + FencePath(cfg.ID, cfg.Topic), acl: cfg.ACL}), nil
+	e := newElector(cfg, nil)
+	e.fence = &zkFencer{conn: cfg.ZK, path: e.fencePath, acl: cfg.ACL}
+	return e, nil
 }
 
 // newElector returns an Elector of the validated cfg that fences with f.
 func newElector(cfg Config, f fencer) *Elector {
 	e := &Elector{
-		cfg:    cfg,
-		topic:  TopicName(cfg.ID, cfg.Topic),
-		fence:  f,
-		terms:  make(chan *Term, 1),
-		resign: make(chan chan error),
-		done:   make(chan struct{}),
+		cfg:       cfg,
+		topic:     TopicName(cfg.ID, cfg.Topic),
+		fence:     f,
+		fencePath: cfg.Chroot + FencePath(cfg.ID, cfg.Topic),
+		instance:  fmt.Sprintf("%016x", rand.Uint64()),
+		terms:     make(chan *Term, 1),
+		resign:    make(chan chan error),
+		done:      make(chan struct{}),
 	}
 	e.log = cfg.Logger.WithFields(logrus.Fields{"node": cfg.NodeID, "cluster_topic": e.topic})
 	e.snap.Store(&snapshot{})
@@ -153,9 +169,9 @@ func newElector(cfg Config, f fencer) *Elector {
 // channel is closed when Run returns (after ending any running term).
 func (e *Elector) Terms() <-chan *Term { return e.terms }
 
-// Leadership is this node's view of the leader, for the client server. It
-// reads an atomic snapshot.
-func (e *Elector) Leadership() server.Leadership { return e.snap.Load().leadership }
+// Leadership is this node's view of the leader. It reads an atomic
+// snapshot.
+func (e *Elector) Leadership() Leadership { return e.snap.Load().leadership }
 
 // Members lists the members heard from within the last two LeaderTimeouts,
 // ordered by node id.
@@ -205,6 +221,13 @@ func (e *Elector) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	// ZooKeeper calls cannot be cancelled, so Run does not wait for the
+	// fence watcher: it returns when ZooKeeper answers or the caller closes
+	// the connection.
+	cas, reports := make(chan uint64, 1), make(chan fenceReport)
+	var detached actor.Group
+	detached.Go(e.log, "fence watcher", func() { watchFence(ctx, e.fence, e.cfg.NodeID, e.cfg.Addr, cas, reports) }, nil)
+
 	if err := e.retry(ctx, "create heartbeat topic "+e.topic, e.ensureTopic); err != nil {
 		return nil
 	}
@@ -221,7 +244,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 	defer consumer.Close()
 
-	l := &loop{e: e, pub: pub, consumer: consumer, fenced: make(chan fenceOutcome, 1)}
+	l := &loop{e: e, pub: pub, consumer: consumer, cas: cas, reports: reports}
 	l.run(ctx)
 	return nil
 }

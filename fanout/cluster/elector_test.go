@@ -4,42 +4,87 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // memFence is an in-memory fence znode shared by the electors of a test.
 type memFence struct {
-	mu      sync.Mutex // guards epoch and version
-	epoch   uint64
-	version int32
+	mu       sync.Mutex // guards rec and watchers
+	rec      record
+	watchers []chan zk.Event
+}
+
+// set rewrites the fence record (as an operator or a restore would), with a
+// new version, or deletes it when r.Missing.
+func (f *memFence) set(r record) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !r.Missing {
+		r.Version = f.rec.Version + 1
+	}
+	f.rec = r
+	f.notifyLocked()
+}
+
+func (f *memFence) get() record {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rec
+}
+
+func (f *memFence) notifyLocked() {
+	for _, ch := range f.watchers {
+		ch <- zk.Event{Type: zk.EventNodeDataChanged}
+	}
+	f.watchers = nil
 }
 
 // nodeFence is one node's view of a memFence, with its own session.
 type nodeFence struct {
-	f   *memFence
-	sid atomic.Int64
+	f     *memFence
+	sid   atomic.Int64
+	fail  atomic.Pointer[error] // when set, every CAS fails with it
+	calls atomic.Int32          // CASes attempted
 }
 
-func (n *nodeFence) fence(epoch uint64, _, _ string) (int32, uint64, error) {
+func (n *nodeFence) read() (record, <-chan zk.Event, error) {
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
-	if n.f.epoch >= epoch {
-		return 0, n.f.epoch, fmt.Errorf("holds %d: %w", n.f.epoch, errVoid)
+	ch := make(chan zk.Event, 1)
+	n.f.watchers = append(n.f.watchers, ch)
+	return n.f.rec, ch, nil
+}
+
+func (n *nodeFence) fence(epoch uint64, node, addr string) (record, uint64, error) {
+	n.calls.Add(1)
+	if err := n.fail.Load(); err != nil {
+		return record{}, 0, *err
 	}
-	n.f.epoch = epoch
-	n.f.version++
-	return n.f.version, epoch, nil
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	if n.f.rec.Epoch >= epoch {
+		return record{}, n.f.rec.Epoch, fmt.Errorf("holds %d: %w", n.f.rec.Epoch, errVoid)
+	}
+	n.f.rec = record{Epoch: epoch, Node: node, Addr: addr, Version: n.f.rec.Version + 1}
+	n.f.notifyLocked()
+	return n.f.rec, epoch, nil
 }
 
 func (n *nodeFence) session() int64 { return n.sid.Load() }
@@ -73,10 +118,43 @@ func newKafkaClient(t *testing.T, c *kfake.Cluster) sarama.Client {
 	return client
 }
 
+// logHook keeps the log entries of a node, for assertions.
+type logHook struct {
+	mu      sync.Mutex // guards entries
+	entries []string   // "level: message: error"
+}
+
+func (h *logHook) Levels() []logrus.Level { return logrus.AllLevels }
+
+func (h *logHook) Fire(e *logrus.Entry) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.entries = append(h.entries, fmt.Sprintf("%s: %s: %v", e.Level, e.Message, e.Data[logrus.ErrorKey]))
+	return nil
+}
+
+// count returns how many entries contain every one of substrs.
+func (h *logHook) count(substrs ...string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+next:
+	for _, e := range h.entries {
+		for _, s := range substrs {
+			if !strings.Contains(e, s) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}
+
 // node is one running Elector of a test and the terms it received.
 type node struct {
 	e      *Elector
 	fence  *nodeFence
+	logs   *logHook
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Run and the term reader have returned
 
@@ -103,7 +181,10 @@ const (
 func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID string) *node {
 	t.Helper()
 	log := logrus.New()
-	log.SetLevel(logrus.WarnLevel)
+	log.SetLevel(logrus.InfoLevel)
+	log.SetOutput(io.Discard)
+	hook := &logHook{}
+	log.AddHook(hook)
 	cfg := Config{
 		ID: id, Topic: "jobs", NodeID: nodeID, Addr: nodeID + ":4000",
 		Heartbeat: testHeartbeat, LeaderTimeout: testLeaderTTL,
@@ -112,7 +193,7 @@ func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID strin
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
-	n := &node{fence: &nodeFence{f: fence}, done: make(chan struct{})}
+	n := &node{fence: &nodeFence{f: fence}, logs: hook, done: make(chan struct{})}
 	n.fence.sid.Store(1)
 	n.e = newElector(cfg, n.fence)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -153,13 +234,13 @@ func leaders(nodes ...*node) []*node {
 
 func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
 	c := newKafka(t)
-	n := startNode(t, c, &memFence{epoch: 4}, "solo", "n1")
+	n := startNode(t, c, &memFence{rec: record{Epoch: 4}}, "solo", "n1")
 	testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
 
 	term := n.lastTerm()
-	if term.Epoch != 5 || term.FencePath != "/fanout/solo/jobs/leader" || term.FenceVersion != 1 {
-		t.Errorf("term = epoch %d path %q version %d, want epoch 5 (above the stored 4) /fanout/solo/jobs/leader version 1",
-			term.Epoch, term.FencePath, term.FenceVersion)
+	if term.Epoch != 5 || term.Fence.String() != "/fanout/solo/jobs/leader@1" || term.FenceVersion != 1 {
+		t.Errorf("term = epoch %d fence %v version %d, want epoch 5 (above the stored 4) /fanout/solo/jobs/leader@1 version 1",
+			term.Epoch, term.Fence, term.FenceVersion)
 	}
 	if l := n.e.Leadership(); !l.Leader || l.LeaderID != "n1" || l.Epoch != 5 {
 		t.Errorf("Leadership() = %+v, want n1 leading epoch 5", l)
@@ -323,4 +404,191 @@ func TestElectorHighestWithoutZooKeeperStandsAside(t *testing.T) {
 	if got := leaders(a, b, cc); len(got) != 1 || got[0] != b {
 		t.Fatalf("%d leaders, want only b", len(got))
 	}
+}
+
+// produceHeartbeat writes hb to the heartbeat log of instance id with a
+// plain producer, as anybody with access to the topic could.
+func produceHeartbeat(t *testing.T, c *kfake.Cluster, id string, hb *Heartbeat) {
+	t.Helper()
+	b, err := proto.Marshal(hb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sarama.NewSyncProducerFromClient(newKafkaClient(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: TopicName(id, "jobs"), Value: sarama.ByteEncoder(b)}); err != nil {
+		t.Fatalf("produce a heartbeat: %v", err)
+	}
+}
+
+// ZooKeeper is the authority: forged heartbeats with huge epochs and a
+// foreign address depose nobody, redirect nobody, and do not stop the next
+// election from counting up from the recorded epoch.
+func TestElectorForgedHeartbeatsChangeNothing(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b, cc := startNode(t, c, fence, "forge", "a"), startNode(t, c, fence, "forge", "b"), startNode(t, c, fence, "forge", "c")
+	testutil.WaitFor(t, 10*time.Second, "c to lead and a and b to follow it", func() bool {
+		la, lb := a.e.Leadership(), b.e.Leadership()
+		return len(leaders(cc)) == 1 && la.LeaderID == "c" && lb.LeaderID == "c"
+	})
+	term := cc.lastTerm()
+
+	for _, hb := range []*Heartbeat{
+		{NodeId: "zz-forged", Addr: "evil:666", Epoch: math.MaxUint64, Role: Role_ROLE_LEADER, ClaimEpoch: math.MaxUint64},
+		{NodeId: "c", Addr: "evil:666", Epoch: 1 << 62, Role: Role_ROLE_FOLLOWER},
+		{NodeId: "b", Addr: "evil:666", Epoch: term.Epoch + 100, ClaimEpoch: term.Epoch + 100, Role: Role_ROLE_CANDIDATE},
+		{NodeId: "zz-forged", Addr: "evil:666", Epoch: term.Epoch, Role: Role_ROLE_LEADER}, // plausible, but no record names it
+	} {
+		produceHeartbeat(t, c, "forge", hb)
+	}
+	testutil.WaitFor(t, 10*time.Second, "a to log the implausible heartbeats", func() bool {
+		return a.logs.count("implausible heartbeat ignored") >= 2
+	})
+	time.Sleep(3 * testLeaderTTL) // an absence of change: give it time to happen
+	if term.Cause() != nil {
+		t.Fatalf("c's term ended: %v", term.Cause())
+	}
+	for _, n := range []*node{a, b} {
+		if l := n.e.Leadership(); !l.Known || l.LeaderID != "c" || l.LeaderAddr != "c:4000" || l.Epoch != term.Epoch {
+			t.Errorf("%s: Leadership() = %+v, want c at c:4000 in epoch %d", n.e.cfg.NodeID, l, term.Epoch)
+		}
+	}
+	if r := fence.get(); r.Epoch != term.Epoch || r.Node != "c" {
+		t.Errorf("fence record %v, want c at epoch %d", r, term.Epoch)
+	}
+
+	// The next election counts on from the recorded epoch: no wrap to 0.
+	cc.stop()
+	testutil.WaitFor(t, 10*time.Second, "b to lead the next epoch", func() bool {
+		l := b.e.Leadership()
+		return l.Leader && l.Epoch == term.Epoch+1
+	})
+	if l := a.e.Leadership(); l.LeaderAddr == "evil:666" {
+		t.Errorf("a redirects to the forged address: %+v", l)
+	}
+}
+
+// ZooKeeper is the authority: a rewritten or deleted fence record ends the
+// term of the leader it named, without any commit.
+func TestElectorFenceRecordChangeEndsTerm(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		to   record
+	}{
+		{"rewritten", record{Epoch: 1, Node: "n1", Addr: "n1:4000"}}, // same content, new version
+		{"deleted", record{Missing: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newKafka(t)
+			fence := &memFence{}
+			n := startNode(t, c, fence, "rewrite", "n1")
+			testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
+			term := n.lastTerm()
+			fence.set(tc.to)
+			select {
+			case <-term.Lost():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the term outlived the change of its fence record")
+			}
+			if !errors.Is(term.Cause(), ErrSuperseded) {
+				t.Errorf("Cause() = %v, want ErrSuperseded", term.Cause())
+			}
+		})
+	}
+}
+
+// Two live processes with one node id: neither claims (each logs an error
+// once), so the next id leads instead.
+func TestElectorDuplicateNodeIDRefusesToClaim(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	b := startNode(t, c, fence, "dup", "b")
+	c1, c2 := startNode(t, c, fence, "dup", "c"), startNode(t, c, fence, "dup", "c")
+	testutil.WaitFor(t, 10*time.Second, "b to lead", func() bool { return len(leaders(b)) == 1 })
+	testutil.WaitFor(t, 10*time.Second, "both c to log the duplicate", func() bool {
+		return c1.logs.count("error: another live process has this node id") > 0 &&
+			c2.logs.count("error: another live process has this node id") > 0
+	})
+	time.Sleep(3 * testLeaderTTL) // an absence: neither c claims meanwhile
+	if got := leaders(b, c1, c2); len(got) != 1 || got[0] != b {
+		t.Fatalf("%d leaders, want only b", len(got))
+	}
+	if n := c1.logs.count("error: another live process has this node id"); n > 3 {
+		t.Errorf("c logged the duplicate %d times, want once per occurrence", n)
+	}
+	if n := c1.fence.calls.Load() + c2.fence.calls.Load(); n != 0 {
+		t.Errorf("the duplicates tried %d compare-and-sets, want none", n)
+	}
+}
+
+// The highest member's compare-and-set keeps failing for a reason other
+// than a lost race (an unreadable record): it claims at most once per
+// leader timeout, logs each failure with its cause, and a lower member gets
+// its turn and leads.
+func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b := startNode(t, c, fence, "livelock", "a"), startNode(t, c, fence, "livelock", "b")
+	cc := startNode(t, c, fence, "livelock", "c")
+	unreadable := errors.New(`cluster: fence /fanout/livelock/jobs/leader holds "\x00garbage": invalid character`)
+	cc.fence.fail.Store(&unreadable)
+	start := time.Now()
+	testutil.WaitFor(t, 10*time.Second, "b to lead", func() bool { return len(leaders(b)) == 1 })
+	t.Logf("b leads %v after start; c tried %d compare-and-sets", time.Since(start), cc.fence.calls.Load())
+	if l := a.e.Leadership(); l.LeaderID != "b" {
+		testutil.WaitFor(t, 5*time.Second, "a to follow b", func() bool { return a.e.Leadership().LeaderID == "b" })
+	}
+	// c goes on trying only while b is not live; bound its attempts by the
+	// time elapsed (one per timeout, plus the first).
+	elapsed := time.Since(start)
+	if n, max := cc.fence.calls.Load(), int32(elapsed/testLeaderTTL)+1; n > max {
+		t.Errorf("c tried %d compare-and-sets in %v, want at most %d (one per leader timeout)", n, elapsed, max)
+	}
+	if n, logged := cc.fence.calls.Load(), int32(cc.logs.count("error: cannot record won epoch", "invalid character")); logged != n {
+		t.Errorf("c logged %d failures with their cause for %d failed compare-and-sets", logged, n)
+	}
+}
+
+// A term ended by its holder (a commit under its fence was refused) ends in
+// the election too: the node stops heartbeating as leader at once, without
+// leaving, and another member leads within about a leader timeout.
+func TestElectorTermEndedByItsHolderHandsOver(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b, cc := startNode(t, c, fence, "ended", "a"), startNode(t, c, fence, "ended", "b"), startNode(t, c, fence, "ended", "c")
+	testutil.WaitFor(t, 10*time.Second, "c to lead", func() bool {
+		return len(leaders(cc)) == 1 && a.e.Leadership().LeaderID == "c" && b.e.Leadership().LeaderID == "c"
+	})
+	term := cc.lastTerm()
+	fenced := fmt.Errorf("final commit: %w", offsets.ErrFenced)
+	ended := time.Now()
+	term.End(fenced)
+	if !errors.Is(term.Cause(), offsets.ErrFenced) {
+		t.Errorf("Cause() = %v, want the holder's cause", term.Cause())
+	}
+	testutil.WaitFor(t, 10*time.Second, "another member to lead", func() bool {
+		return len(leaders(a, b)) == 1
+	})
+	took := time.Since(ended)
+	t.Logf("another member leads %v after the term was ended by its holder", took)
+	// Without the handover c would claim again at once and lead again; the
+	// bound only has a margin for a loaded machine.
+	if bound := testLeaderTTL + 2*time.Second; took > bound {
+		t.Errorf("handover took %v, want within about a leader timeout (%v)", took, bound)
+	}
+	if l := cc.e.Leadership(); l.Leader {
+		t.Errorf("c still says it leads: %+v", l)
+	}
+	testutil.WaitFor(t, 5*time.Second, "a to see c as a follower (still a member)", func() bool {
+		for _, m := range a.e.Members() {
+			if m.NodeID == "c" {
+				return m.Role != Role_ROLE_LEADER
+			}
+		}
+		return false
+	})
 }

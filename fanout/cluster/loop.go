@@ -9,50 +9,48 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/nanoservice/core-fanout/fanout/server"
-	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
+// maxWarned bounds the node ids whose implausible heartbeats the loop
+// remembers having logged.
+const maxWarned = 1024
+
 // loop is the one goroutine that owns the election state of an Elector:
-// it reads the heartbeat log, ticks, starts fence CASes and receives their
-// outcomes, ends terms and publishes the snapshot. Nothing else touches
-// its fields.
+// it reads the heartbeat log and the fence watcher's reports, ticks, asks
+// the watcher for compare-and-sets, ends terms and publishes the snapshot.
+// Nothing else touches its fields.
 type loop struct {
 	e        *Elector
 	pub      *publisher
 	consumer sarama.Consumer
-	fenced   chan fenceOutcome // capacity 1: at most one CAS runs
+	cas      chan<- uint64      // capacity 1: at most one CAS runs
+	reports  <-chan fenceReport // from the fence watcher, in order
 
 	v              *vote
 	pc             sarama.PartitionConsumer // nil while (re)opening
 	next           int64                    // offset to read from when reopening
 	reopenFailures int                      // failed reopen attempts in a row
 	term           *Term                    // the running term, if any
+	termRec        record                   // the fence record the running term wrote
 	fencing        uint64                   // epoch whose CAS runs; 0 when none
-	attempted      uint64                   // highest epoch whose CAS was started
+	fencedAt       time.Time                // when the last CAS ended: claims read before it are spent
 	claim          uint64                   // epoch this node claims; 0 when none
 	left           bool                     // Resign was called: no more heartbeats
 	sent           struct {                 // the last published heartbeat's state
 		epoch, claim uint64
 		role         Role
 	}
-	seenEpoch  uint64 // the (epoch, leader) last logged
-	seenLeader string
-}
-
-// fenceOutcome is the result of one fence CAS.
-type fenceOutcome struct {
-	epoch   uint64
-	version int32
-	stored  uint64
-	session int64 // the ZooKeeper session before the CAS
-	err     error
+	seenRec     record // the fence record last logged
+	seenKnown   bool
+	lastLeader  string               // the last node the fence record named, for Failovers
+	readFailing bool                 // the last read of the fence record failed
+	warned      map[string]time.Time // when an implausible heartbeat of a node was last logged
 }
 
 // run drives the election until ctx ends.
 func (l *loop) run(ctx context.Context) {
 	e := l.e
+	l.warned = map[string]time.Time{}
 	l.next = e.startOffset()
 	if !l.open(ctx) {
 		return
@@ -63,7 +61,7 @@ func (l *loop) run(ctx context.Context) {
 		}
 	}()
 	now := e.cfg.Now()
-	l.v = newVote(e.cfg.NodeID, e.cfg.LeaderTimeout, now) // the startup grace begins
+	l.v = newVote(e.cfg.NodeID, e.instance, e.cfg.LeaderTimeout, now) // the startup grace begins
 	l.update(now, true)
 
 	ticker := time.NewTicker(e.cfg.Heartbeat)
@@ -73,6 +71,10 @@ func (l *loop) run(ctx context.Context) {
 		var errs <-chan *sarama.ConsumerError
 		if l.pc != nil {
 			msgs, errs = l.pc.Messages(), l.pc.Errors()
+		}
+		var ended <-chan struct{} // the running term, ended by its holder (Term.End)
+		if l.term != nil {
+			ended = l.term.Lost()
 		}
 		select {
 		case <-ctx.Done():
@@ -93,7 +95,7 @@ func (l *loop) run(ctx context.Context) {
 				continue
 			}
 			now := e.cfg.Now()
-			l.v.observe(&hb, now)
+			l.observe(&hb, m.Offset, now)
 			l.update(now, false)
 		case err := <-errs:
 			e.log.WithError(err).Warn("heartbeat log consumer")
@@ -104,9 +106,12 @@ func (l *loop) run(ctx context.Context) {
 				l.openOnce()
 			}
 			l.update(e.cfg.Now(), true)
-		case o := <-l.fenced:
-			l.fenceDone(o)
+		case r := <-l.reports:
+			l.report(r)
 			l.update(e.cfg.Now(), false)
+		case <-ended:
+			l.endTerm(l.term.Cause())
+			l.update(e.cfg.Now(), false) // says at once that it no longer leads
 		case done := <-e.resign:
 			l.doResign(done)
 		}
@@ -146,32 +151,90 @@ func (l *loop) consume() error {
 	return nil
 }
 
-// update brings everything in line with the vote at now: ends a term the log
-// no longer supports, starts the fence CAS of a won epoch, decides the
-// claim, publishes a heartbeat (always on a tick, else when its content
-// changed) and the snapshot.
+// observe folds a heartbeat read at offset into the vote and logs what is
+// wrong with it.
+func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
+	wasDuplicated := l.v.duplicated(now)
+	switch l.v.observe(hb, now) {
+	case implausible:
+		// At most once per node and leader timeout: a flood of forged
+		// records must not flood the log.
+		if last, ok := l.warned[hb.GetNodeId()]; !ok || now.Sub(last) >= l.e.cfg.LeaderTimeout {
+			if len(l.warned) >= maxWarned { // forged node ids are many: stay bounded
+				clear(l.warned)
+			}
+			l.warned[hb.GetNodeId()] = now
+			l.e.log.WithFields(logrus.Fields{"offset": offset, "from_node": hb.GetNodeId(), "from_addr": hb.GetAddr(),
+				"heartbeat_epoch": hb.GetEpoch(), "heartbeat_claim": hb.GetClaimEpoch(), "zookeeper_epoch": l.v.highest}).
+				Warn("heartbeat log: implausible heartbeat ignored: its epoch is far beyond the one ZooKeeper records (forged or corrupt)")
+		}
+	case duplicate:
+		if !wasDuplicated { // once per occurrence
+			l.e.log.WithFields(logrus.Fields{"offset": offset, "other_addr": hb.GetAddr(), "other_instance": hb.GetInstance()}).
+				Error("another live process has this node id: not claiming leadership while it is heard from; give every daemon its own --node-id")
+		}
+	}
+}
+
+// report takes a report of the fence watcher.
+func (l *loop) report(r fenceReport) {
+	log := l.e.log
+	switch {
+	case r.cas != nil:
+		l.fenceDone(*r.cas)
+	case r.err != nil && !r.rec.Corrupt:
+		if !l.readFailing {
+			log.WithError(r.err).Warn("cannot read the fence record in zookeeper; retrying")
+		}
+		l.readFailing = true
+	default:
+		if r.err != nil && r.rec != l.v.rec { // once per occurrence
+			log.WithError(r.err).Error("the fence record in zookeeper is unreadable: nobody can lead until it is fixed (delete the znode to reset it)")
+		}
+		if l.readFailing {
+			log.Info("fence record readable again")
+		}
+		l.readFailing = false
+		l.v.setRecord(r.rec)
+	}
+}
+
+// update brings everything in line with the vote at now: ends a term that
+// ZooKeeper or the log no longer supports, starts the fence CAS of this
+// node's claim when it is the one being recorded, decides the claim,
+// publishes a heartbeat (always on a tick, else when its content changed)
+// and the snapshot.
 func (l *loop) update(now time.Time, tick bool) {
 	e := l.e
-	if l.v.epoch != l.seenEpoch || l.v.leader != l.seenLeader {
-		if l.seenLeader != "" {
-			e.failover.Add(1)
+	if rec := l.v.rec; l.v.recKnown && (rec != l.seenRec || !l.seenKnown) {
+		l.seenRec, l.seenKnown = rec, true
+		e.log.WithField("record", rec.String()).Info("fence record in zookeeper")
+		if rec.Node != "" && rec.Node != l.lastLeader {
+			if l.lastLeader != "" {
+				e.failover.Add(1)
+			}
+			l.lastLeader = rec.Node
 		}
-		l.seenEpoch, l.seenLeader = l.v.epoch, l.v.leader
-		e.log.WithFields(logrus.Fields{"epoch": l.v.epoch, "leader": l.v.leader}).Info("leader of epoch established")
 	}
 	if l.term != nil {
 		if cause := l.termEnds(now); cause != nil {
 			l.endTerm(cause)
 		}
 	}
-	if l.term == nil && l.fencing == 0 && !l.left && l.v.epoch > l.attempted && l.v.selfLeads(l.v.epoch, now) {
-		l.startFence(l.v.epoch)
-	}
 	l.claim = l.v.tick(now)
-	if l.left || l.fencing != 0 || !l.e.fence.connected() {
-		// Not while leaving, nor while recording a won epoch, nor without
-		// ZooKeeper: such a claim could not become a term, and as the
-		// highest live id this node would keep lower ids from claiming.
+	if epoch, at, ok := l.v.recording(); ok && at.After(l.fencedAt) && l.term == nil && l.fencing == 0 &&
+		!l.left && l.e.fence.connected() {
+		l.startFence(epoch)
+	}
+	switch {
+	case l.term != nil:
+		l.claim = 0
+	case l.fencing != 0:
+		l.claim = l.fencing // claimed while it is being recorded
+	case l.left || !l.e.fence.connected():
+		// Not while leaving, nor without ZooKeeper: such a claim could not
+		// become a term, and as the highest live id this node would keep
+		// lower ids from claiming.
 		l.claim = 0
 	}
 	if !l.left {
@@ -186,16 +249,16 @@ func (l *loop) update(now time.Time, tick bool) {
 
 // heartbeat is this node's heartbeat at now.
 func (l *loop) heartbeat(now time.Time) *Heartbeat {
-	role := Role_ROLE_FOLLOWER
+	role, epoch := Role_ROLE_FOLLOWER, l.v.highest
 	switch {
 	case l.term != nil:
-		role = Role_ROLE_LEADER
-	case l.fencing != 0 || l.claim != 0:
+		role, epoch = Role_ROLE_LEADER, l.term.Epoch
+	case l.claim != 0:
 		role = Role_ROLE_CANDIDATE
 	}
 	return &Heartbeat{
-		NodeId: l.e.cfg.NodeID, Addr: l.e.cfg.Addr, Epoch: l.v.epoch, Role: role,
-		ClaimEpoch: l.claim, SentAtMs: now.UnixMilli(),
+		NodeId: l.e.cfg.NodeID, Addr: l.e.cfg.Addr, Epoch: epoch, Role: role,
+		ClaimEpoch: l.claim, SentAtMs: now.UnixMilli(), Instance: l.e.instance,
 	}
 }
 
@@ -203,62 +266,62 @@ func (l *loop) heartbeat(now time.Time) *Heartbeat {
 func (l *loop) termEnds(now time.Time) error {
 	t := l.term
 	switch {
-	case l.v.epoch > t.Epoch:
-		return fmt.Errorf("epoch %d: node %q established epoch %d: %w", t.Epoch, l.v.leader, l.v.epoch, ErrSuperseded)
+	case l.v.rec != l.termRec:
+		return fmt.Errorf("epoch %d: zookeeper now shows %v: %w", t.Epoch, l.v.rec, ErrSuperseded)
 	case l.e.fence.session() != t.session:
 		return fmt.Errorf("epoch %d: session %#x: %w", t.Epoch, t.session, ErrSessionExpired)
-	case !l.v.selfLeads(t.Epoch, now):
-		return fmt.Errorf("epoch %d: no own leader heartbeat for %v: %w", t.Epoch, l.e.cfg.LeaderTimeout, ErrCutOff)
+	case !l.v.live(l.e.cfg.NodeID, now):
+		return fmt.Errorf("epoch %d: no own heartbeat for %v: %w", t.Epoch, l.e.cfg.LeaderTimeout, ErrCutOff)
 	}
 	return nil
 }
 
-// endTerm ends the running term, if any, with cause.
+// endTerm ends the running term, if any, with cause. This node then sits
+// out a timeout, so that another member takes over.
 func (l *loop) endTerm(cause error) {
 	if l.term == nil {
 		return
 	}
+	l.v.bench(l.e.cfg.NodeID, l.e.cfg.Now())
 	l.term.finish(cause)
-	l.v.abdicate(l.term.Epoch)
 	l.e.log.WithError(cause).WithField("epoch", l.term.Epoch).Warn("leadership term ended")
 	l.term = nil
 }
 
-// startFence starts the CAS that records epoch in ZooKeeper, off the loop.
-// ZooKeeper calls cannot be cancelled, so Run does not wait for it: it ends
-// when ZooKeeper answers or the caller closes the connection.
+// startFence asks the fence watcher to record epoch in ZooKeeper.
 func (l *loop) startFence(epoch uint64) {
-	l.fencing, l.attempted = epoch, epoch
-	e, out := l.e, l.fenced
-	e.log.WithField("epoch", epoch).Info("won the claim; recording the epoch in zookeeper")
-	// Not waited for by Run (e.routines): see above.
-	var detached actor.Group
-	detached.Go(e.log, "fence", func() {
-		o := fenceOutcome{epoch: epoch, session: e.fence.session()}
-		o.version, o.stored, o.err = e.fence.fence(epoch, e.cfg.NodeID, e.cfg.Addr)
-		out <- o
-	}, nil)
+	l.fencing = epoch
+	l.e.log.WithField("epoch", epoch).Info("won the claim; recording the epoch in zookeeper")
+	l.cas <- epoch // never blocks: capacity 1, and only sent while no CAS runs
 }
 
-// fenceDone takes the outcome of a fence CAS: a term, or a void win.
+// fenceDone takes the outcome of a fence CAS: a term, or a failed claim.
 func (l *loop) fenceDone(o fenceOutcome) {
-	l.fencing = 0
+	l.fencing, l.fencedAt = 0, l.e.cfg.Now()
 	log := l.e.log.WithField("epoch", o.epoch)
-	now := l.e.cfg.Now()
 	switch {
 	case errors.Is(o.err, errVoid):
+		// Lost the race, or behind on the epoch: the next claim is above
+		// what ZooKeeper holds.
 		log.WithError(o.err).Warn("won epoch is void; staying follower")
 		l.v.raiseFloor(o.stored)
-		l.v.abdicate(o.epoch)
+		l.v.giveUp(o.epoch, l.fencedAt, false)
 	case o.err != nil:
-		log.WithError(o.err).Error("cannot record won epoch in zookeeper; staying follower")
-		l.v.abdicate(o.epoch)
-	case l.left || !l.v.selfLeads(o.epoch, now):
-		log.Warn("epoch recorded in zookeeper but no longer won; staying follower")
-		l.v.abdicate(o.epoch)
+		// Not a lost race (an unreadable record, no permission, ...):
+		// claiming again at once would only fail again and keep the
+		// lower ids from their turn.
+		log.WithError(o.err).WithField("retry_in", l.e.cfg.LeaderTimeout).
+			Error("cannot record won epoch in zookeeper; staying follower, not claiming for a leader timeout")
+		l.v.giveUp(o.epoch, l.fencedAt, true)
 	default:
-		l.term = newTerm(o.epoch, FencePath(l.e.cfg.ID, l.e.cfg.Topic), o.version, o.session)
-		log.WithField("fence_version", o.version).Info("leading")
+		l.v.setRecord(o.rec)
+		if l.left {
+			log.Warn("epoch recorded in zookeeper after resigning; staying out")
+			return
+		}
+		l.term = newTerm(o.epoch, l.e.fencePath, o.rec.Version, o.session)
+		l.termRec = o.rec
+		log.WithField("fence_version", o.rec.Version).Info("leading")
 		select { // only this goroutine sends; an unread term has ended
 		case l.e.terms <- l.term:
 		default:
@@ -275,7 +338,11 @@ func (l *loop) fenceDone(o fenceOutcome) {
 // heartbeat whose result goes to done.
 func (l *loop) doResign(done chan<- error) {
 	now := l.e.cfg.Now()
-	l.endTerm(fmt.Errorf("epoch %d: %w", l.v.epoch, ErrResigned))
+	epoch := l.v.highest
+	if l.term != nil {
+		epoch = l.term.Epoch
+	}
+	l.endTerm(fmt.Errorf("epoch %d: %w", epoch, ErrResigned))
 	l.left, l.claim = true, 0
 	hb := l.heartbeat(now)
 	hb.Leaving = true
@@ -287,12 +354,12 @@ func (l *loop) doResign(done chan<- error) {
 // publishSnapshot stores the Leadership and Members views of now.
 func (l *loop) publishSnapshot(now time.Time) {
 	s := &snapshot{}
-	switch {
+	switch rec := l.v.rec; {
 	case l.term != nil:
-		s.leadership = server.Leadership{Leader: true, LeaderAddr: l.e.cfg.Addr, LeaderID: l.e.cfg.NodeID,
+		s.leadership = Leadership{Leader: true, LeaderAddr: l.e.cfg.Addr, LeaderID: l.e.cfg.NodeID,
 			Epoch: l.term.Epoch, Known: true}
-	case l.v.leaderLive(now) && l.v.leader != l.e.cfg.NodeID:
-		s.leadership = server.Leadership{LeaderAddr: l.v.leaderAddr, LeaderID: l.v.leader, Epoch: l.v.epoch, Known: true}
+	case l.v.leaderLive(now) && rec.Node != l.e.cfg.NodeID:
+		s.leadership = Leadership{LeaderAddr: rec.Addr, LeaderID: rec.Node, Epoch: rec.Epoch, Known: true}
 	}
 	for _, m := range l.v.view(now) {
 		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen})

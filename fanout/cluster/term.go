@@ -3,13 +3,18 @@ package cluster
 import (
 	"context"
 	"errors"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Causes of the end of a Term, as returned by Term.Cause (wrapped with
 // details; test with errors.Is).
 var (
-	// ErrSuperseded: the log established a higher epoch.
-	ErrSuperseded = errors.New("cluster: leadership superseded by a higher epoch")
+	// ErrSuperseded: the fence record in ZooKeeper no longer is the one the
+	// term wrote (another term recorded its epoch, or the record was
+	// rewritten or deleted).
+	ErrSuperseded = errors.New("cluster: the fence record no longer names this term")
 	// ErrCutOff: this node's own heartbeats stopped coming back through
 	// the log for LeaderTimeout, so it may be cut off from Kafka.
 	ErrCutOff = errors.New("cluster: own heartbeats not seen in the log")
@@ -25,19 +30,20 @@ var (
 // ZooKeeper, leaving the fence znode at FenceVersion. It ends once, when
 // Lost is closed; Cause then says why.
 type Term struct {
-	Epoch        uint64 // the leader epoch of this term
-	FencePath    string // the fence znode, below the chroot (for zkstore.Store.SetFence)
-	FenceVersion int32  // the fence znode's version written by this term's CAS
+	Epoch        uint64        // the leader epoch of this term
+	FenceVersion int32         // the fence znode's version written by this term's CAS
+	Fence        offsets.Fence // for every commit of the term: the fence znode at FenceVersion
 
 	session int64 // the ZooKeeper session of the CAS
 	ctx     context.Context
 	end     context.CancelCauseFunc
 }
 
-// newTerm returns a running term.
+// newTerm returns a running term; path is the fence znode's absolute path.
 func newTerm(epoch uint64, path string, version int32, session int64) *Term {
 	ctx, end := context.WithCancelCause(context.Background())
-	return &Term{Epoch: epoch, FencePath: path, FenceVersion: version, session: session, ctx: ctx, end: end}
+	fence := offsets.TopicFence(zkstore.Version{Path: path, Version: version})
+	return &Term{Epoch: epoch, FenceVersion: version, Fence: fence, session: session, ctx: ctx, end: end}
 }
 
 // Lost is closed when the term ends.
@@ -61,6 +67,18 @@ func (t *Term) Context(parent context.Context) (ctx context.Context, cancel cont
 		stop()
 		cancelCause(context.Canceled)
 	}
+}
+
+// End ends the term from outside with cause: its holder lost the right to
+// lead (a commit under its fence was refused, commits have failed too
+// long). The Elector then says in the log that this node no longer leads,
+// without leaving the cluster, and sits out a leader timeout, so that
+// another member takes over. It does nothing once the term has ended.
+func (t *Term) End(cause error) {
+	if cause == nil {
+		cause = errors.New("cluster: term ended by its holder")
+	}
+	t.finish(cause)
 }
 
 // finish ends the term with cause (the first cause wins).

@@ -1,47 +1,104 @@
 package cluster
 
 import (
+	"fmt"
+	"math"
 	"slices"
 	"time"
 )
 
-// vote is the pure election logic of one member: it folds the heartbeat log
-// (in log order, each with its local receive time) into the state (epoch,
-// leader) and decides when this member must claim the next epoch. It does no
-// I/O and reads no clock; the Elector's loop owns it.
+// maxEpochAhead is how far beyond the highest epoch ZooKeeper has shown a
+// heartbeat's epoch or claim may be and still be plausible: members read
+// ZooKeeper at slightly different moments, never this far apart.
+const maxEpochAhead = 3
+
+// vote is the election logic of one member: it folds the fence record read
+// from ZooKeeper and the heartbeat log (in log order, each heartbeat with its
+// local receive time) into who leads and when this member must claim. It
+// does no I/O and reads no clock; the Elector's loop owns it.
 //
-// The (epoch, leader) state depends only on the log, so every member that
-// reads the same log suffix agrees on it:
-//   - the first claim for an epoch greater than the current one wins it;
-//     later claims for that epoch (or lower ones) lose;
-//   - a leader heartbeat (role leader, epoch E >= current) from X establishes
-//     X at E: only the winner of E's ZooKeeper CAS sends one, so it is
-//     authoritative, and a member that started reading after the claim
-//     learns the leader from it.
+// Authority. ZooKeeper alone says who leads: the fence record (epoch, node,
+// address) written by the last successful compare-and-set. A follower
+// redirects only to the recorded node, and only while that node is live.
+// Heartbeats never make a leader; they tell who is alive and order claims.
 //
-// Liveness uses local receive times only. The leader is live while it is
-// not gone (it left, or said it follows in its own epoch, or this node
-// stepped down) and a claim or leader heartbeat of it arrived within
-// timeout. When the leader is not live, the live members (this one
-// included) ranked by node id, highest first, claim in turn: rank r claims
-// once the vacancy has lasted r timeouts (the bully rule), and never within
-// the startup grace of one timeout.
+// Liveness uses local receive times only. A member is live while one of its
+// heartbeats arrived within timeout. The recorded leader is live while it is
+// live and its last heartbeat does not say it stopped leading (a heartbeat
+// of another role in the recorded epoch or later, or a leaving one).
+//
+// Claims. While the recorded leader is not live, the live members (this
+// one included), ranked by node id, highest first, claim in turn: rank r
+// claims once the vacancy has lasted r timeouts (the bully rule), never
+// within the startup grace of one timeout, and only while this member's own
+// heartbeats come back (else it has not read what the others said: back
+// from a cut, it could take a live leader for dead). A claim names the next epoch: the
+// highest epoch ZooKeeper has shown, plus one. Epochs come from ZooKeeper
+// only, so a heartbeat cannot move them, and at the largest value no member
+// claims (they never wrap). The first claim above that epoch read from the
+// log is the one being recorded: its claimant alone runs the compare-and-set
+// and the others hold back, at most one timeout, until ZooKeeper shows the
+// outcome or the claimant gives up.
+//
+// Turns. A member that stops claiming without becoming leader (its
+// compare-and-set failed, or lost), whose claim waited a timeout without an
+// outcome, or that stops leading, sits out one timeout: it does not claim
+// and does not count in the ranks, so the next member claims at once and a
+// member whose compare-and-set keeps failing claims at most once per
+// timeout. Every member reads this from the same log, itself included.
+//
+// Plausibility. A heartbeat whose epoch or claim lies beyond the highest
+// epoch ZooKeeper has shown plus maxEpochAhead is not plausible (forged or
+// corrupt): it is not observed at all.
+//
+// Duplicates. A heartbeat with this member's node id but from another
+// instance, read after this instance's own first heartbeat, means another
+// live process has the same node id: this member does not claim until one
+// timeout after the last such heartbeat.
 type vote struct {
-	self    string
-	timeout time.Duration
-	start   time.Time // end of the startup grace is start+timeout
+	self     string
+	instance string
+	timeout  time.Duration
+	start    time.Time // end of the startup grace is start+timeout
 
-	epoch      uint64
-	leader     string    // "" when no leader is known
-	leaderAddr string    // the leader's advertised address
-	leaderSeen time.Time // receive time of the leader's last claim or leader heartbeat
-	leaderGone bool      // the leader of epoch left, abdicated or stepped down
-	floor      uint64    // an epoch known to be taken (ZooKeeper said so): claim above it
+	rec      record // the fence record as ZooKeeper last showed it
+	recKnown bool   // rec was read at least once
+	highest  uint64 // the highest epoch ZooKeeper has shown (records, void CASes): claims go above it
 
+	pend        pending   // the claim being recorded; zero when none
 	vacantSince time.Time // first tick that found no live leader; zero while one is live
-	established uint64    // number of (epoch, leader) changes seen
+	ownSeen     bool      // this instance's own heartbeat was read: later ones of other instances are duplicates
+	dupAt       time.Time // receive time of the last duplicate heartbeat; zero when none
 
 	members map[string]*member
+}
+
+// record is the content of the fence znode.
+type record struct {
+	Epoch   uint64
+	Node    string
+	Addr    string
+	Version int32 // the znode's version
+	Missing bool  // the znode does not exist
+	Corrupt bool  // the znode's data is not a fence record: nobody leads
+}
+
+// String describes the record for logs.
+func (r record) String() string {
+	switch {
+	case r.Missing:
+		return "no fence record"
+	case r.Corrupt:
+		return fmt.Sprintf("an unreadable fence record (version %d)", r.Version)
+	}
+	return fmt.Sprintf("epoch %d node %q addr %q version %d", r.Epoch, r.Node, r.Addr, r.Version)
+}
+
+// pending is the claim being recorded in ZooKeeper.
+type pending struct {
+	node  string
+	epoch uint64
+	at    time.Time // receive time of the claim
 }
 
 // member is what the vote knows of one node from its heartbeats.
@@ -49,81 +106,144 @@ type member struct {
 	addr     string
 	role     Role
 	epoch    uint64
+	claim    uint64
 	lastSeen time.Time // local receive time of the last heartbeat
+	benched  time.Time // sits out until then: its claim failed, or it stopped leading
 }
 
-// newVote returns the vote of node self, starting (and starting its grace)
-// at now.
-func newVote(self string, timeout time.Duration, now time.Time) *vote {
-	return &vote{self: self, timeout: timeout, start: now, members: map[string]*member{}}
+// verdict is what observe made of a heartbeat, for the loop to log.
+type verdict int
+
+const (
+	observed    verdict = iota // folded into the state (or ignored as harmless)
+	implausible                // an epoch beyond what ZooKeeper makes plausible: ignored
+	duplicate                  // another process with this member's node id
+)
+
+// newVote returns the vote of node self (this process: instance), starting
+// (and starting its grace) at now.
+func newVote(self, instance string, timeout time.Duration, now time.Time) *vote {
+	return &vote{self: self, instance: instance, timeout: timeout, start: now, members: map[string]*member{}}
+}
+
+// setRecord takes the fence record ZooKeeper shows now.
+func (v *vote) setRecord(r record) {
+	v.rec, v.recKnown = r, true
+	v.raiseFloor(r.Epoch)
+}
+
+// raiseFloor records that epochs up to epoch are taken (a record, or a void
+// CAS that read that epoch), so that the next claim is above it.
+func (v *vote) raiseFloor(epoch uint64) {
+	v.highest = max(v.highest, epoch)
+	if v.pend.node != "" && v.pend.epoch <= v.highest {
+		v.pend = pending{} // decided: ZooKeeper shows it (or a later one)
+	}
+}
+
+// plausible reports whether epoch can come from a member that reads the
+// same ZooKeeper.
+func (v *vote) plausible(epoch uint64) bool {
+	return !v.recKnown || epoch <= v.highest || epoch-v.highest <= maxEpochAhead
 }
 
 // observe folds one heartbeat, received at the local time at, into the
 // state. Heartbeats must be observed in log order.
-func (v *vote) observe(hb *Heartbeat, at time.Time) {
+func (v *vote) observe(hb *Heartbeat, at time.Time) verdict {
 	id := hb.GetNodeId()
 	if id == "" {
-		return
+		return observed
+	}
+	if !v.plausible(hb.GetEpoch()) || !v.plausible(hb.GetClaimEpoch()) {
+		return implausible
+	}
+	if id == v.self {
+		if hb.GetInstance() != v.instance {
+			if !v.ownSeen {
+				return observed // an earlier incarnation, from before this one started
+			}
+			v.dupAt = at
+			return duplicate
+		}
+		v.ownSeen = true
 	}
 	if hb.GetLeaving() {
 		delete(v.members, id)
-	} else {
-		m := v.members[id]
-		if m == nil {
-			m = &member{}
-			v.members[id] = m
+		if v.pend.node == id {
+			v.pend = pending{}
 		}
-		m.addr, m.role, m.epoch, m.lastSeen = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), at
+		return observed
 	}
+	m := v.members[id]
+	if m == nil {
+		m = &member{}
+		v.members[id] = m
+	}
+	leads := hb.GetRole() == Role_ROLE_LEADER
+	if !leads && (m.role == Role_ROLE_LEADER || m.claim != 0 && hb.GetClaimEpoch() == 0) {
+		m.benched = at.Add(v.timeout) // stopped leading, or stopped claiming without winning
+	}
+	m.addr, m.role, m.epoch, m.claim, m.lastSeen = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch(), at
 
-	if c := hb.GetClaimEpoch(); c > v.epoch {
-		v.establish(c, id, hb.GetAddr(), at)
+	c := hb.GetClaimEpoch()
+	switch {
+	case c > v.highest && (v.pend.node == "" || c > v.pend.epoch) && !v.sitsOut(id, at):
+		v.pend = pending{node: id, epoch: c, at: at} // the first claim for it wins
+	case v.pend.node == id && c != v.pend.epoch && !(hb.GetRole() == Role_ROLE_LEADER && hb.GetEpoch() == v.pend.epoch):
+		v.pend = pending{} // the claimant gave up
 	}
-	switch e := hb.GetEpoch(); {
-	case hb.GetRole() == Role_ROLE_LEADER && e > v.epoch:
-		v.establish(e, id, hb.GetAddr(), at)
-	case hb.GetRole() == Role_ROLE_LEADER && e == v.epoch:
-		if id != v.leader {
-			// Authoritative (see the type comment); a member that began
-			// reading after the winning claim may have taken a losing one.
-			v.establish(e, id, hb.GetAddr(), at)
-		}
-		v.leaderSeen = at
-	case e == v.epoch && id == v.leader && hb.GetRole() == Role_ROLE_FOLLOWER:
-		v.leaderGone = true // its ZooKeeper CAS failed, or it stepped down
+	return observed
+}
+
+// giveUp records that this member's compare-and-set for epoch failed at
+// now; sitOut makes it sit out a timeout before claiming again.
+func (v *vote) giveUp(epoch uint64, now time.Time, sitOut bool) {
+	if v.pend.node == v.self && v.pend.epoch == epoch {
+		v.pend = pending{}
 	}
-	if id == v.leader && hb.GetLeaving() {
-		v.leaderGone = true
+	if sitOut {
+		v.bench(v.self, now)
 	}
 }
 
-// establish makes leader the leader of epoch as of at.
-func (v *vote) establish(epoch uint64, leader, addr string, at time.Time) {
-	v.epoch, v.leader, v.leaderAddr, v.leaderSeen, v.leaderGone = epoch, leader, addr, at, false
-	v.established++
-}
-
-// abdicate records that this node, leader of epoch, stepped down: its
-// leadership of epoch is over whatever heartbeats of it still arrive.
-func (v *vote) abdicate(epoch uint64) {
-	if v.epoch == epoch && v.leader == v.self {
-		v.leaderGone = true
+// bench makes member id sit out one timeout from now.
+func (v *vote) bench(id string, now time.Time) {
+	if m := v.members[id]; m != nil {
+		m.benched = now.Add(v.timeout)
 	}
 }
 
-// raiseFloor records that epochs up to epoch are taken (a void ZooKeeper
-// CAS read that epoch), so that the next claim is above it.
-func (v *vote) raiseFloor(epoch uint64) { v.floor = max(v.floor, epoch) }
-
-// leaderLive reports whether a leader is known and live at now.
-func (v *vote) leaderLive(now time.Time) bool {
-	return v.leader != "" && !v.leaderGone && now.Sub(v.leaderSeen) < v.timeout
+// sitsOut reports whether member id sits out its turn at now.
+func (v *vote) sitsOut(id string, now time.Time) bool {
+	m := v.members[id]
+	return m != nil && now.Before(m.benched)
 }
 
-// live reports whether node id (not this node) is live at now.
+// live reports whether node id has a heartbeat within timeout of now.
 func (v *vote) live(id string, now time.Time) bool {
 	m := v.members[id]
 	return m != nil && now.Sub(m.lastSeen) < v.timeout
+}
+
+// leaderLive reports whether the recorded leader is live at now.
+func (v *vote) leaderLive(now time.Time) bool {
+	if !v.recKnown || v.rec.Missing || v.rec.Corrupt || v.rec.Node == "" || !v.live(v.rec.Node, now) {
+		return false
+	}
+	m := v.members[v.rec.Node]
+	return m.role == Role_ROLE_LEADER || m.epoch < v.rec.Epoch
+}
+
+// expire drops the pending claim when its claimant is gone or it has waited
+// a timeout without ZooKeeper showing its outcome.
+func (v *vote) expire(now time.Time) {
+	if v.pend.node == "" {
+		return
+	}
+	if !v.live(v.pend.node, now) || now.Sub(v.pend.at) >= v.timeout {
+		v.bench(v.pend.node, now)
+		v.pend = pending{}
+	}
 }
 
 // rank is this node's position among the live members ordered by node id,
@@ -131,7 +251,7 @@ func (v *vote) live(id string, now time.Time) bool {
 func (v *vote) rank(now time.Time) int {
 	r := 0
 	for id := range v.members {
-		if id > v.self && v.live(id, now) {
+		if id > v.self && v.live(id, now) && !v.sitsOut(id, now) {
 			r++
 		}
 	}
@@ -141,6 +261,7 @@ func (v *vote) rank(now time.Time) int {
 // tick advances the vacancy clock to now and returns the epoch this node
 // must claim, or 0 when it must not claim.
 func (v *vote) tick(now time.Time) (claim uint64) {
+	v.expire(now)
 	if v.leaderLive(now) {
 		v.vacantSince = time.Time{}
 		return 0
@@ -149,8 +270,18 @@ func (v *vote) tick(now time.Time) (claim uint64) {
 		v.vacantSince = now
 	}
 	graceEnd := v.start.Add(v.timeout)
-	if now.Before(graceEnd) {
-		return 0 // startup grace: learn the current leader from the log first
+	switch {
+	case now.Before(graceEnd), !v.recKnown, !v.live(v.self, now):
+		// Learn the recorded leader and the live members first: a member
+		// whose own heartbeats do not come back (starting, or back from a
+		// cut) has not read what the others said meanwhile.
+		return 0
+	case v.pend.node == v.self:
+		return v.pend.epoch // keep claiming while it is being recorded
+	case v.pend.node != "":
+		return 0
+	case v.duplicated(now), v.sitsOut(v.self, now), v.highest == math.MaxUint64:
+		return 0
 	}
 	since := v.vacantSince
 	if since.Before(graceEnd) {
@@ -159,13 +290,19 @@ func (v *vote) tick(now time.Time) (claim uint64) {
 	if now.Sub(since) < time.Duration(v.rank(now))*v.timeout {
 		return 0
 	}
-	return max(v.epoch, v.floor) + 1
+	return v.highest + 1
 }
 
-// selfLeads reports whether the log makes this node the live leader of
-// epoch at now.
-func (v *vote) selfLeads(epoch uint64, now time.Time) bool {
-	return v.epoch == epoch && v.leader == v.self && v.leaderLive(now)
+// duplicated reports whether another process with this node id was heard
+// from within timeout of now.
+func (v *vote) duplicated(now time.Time) bool {
+	return !v.dupAt.IsZero() && now.Sub(v.dupAt) < v.timeout
+}
+
+// recording reports whether this node's claim is the one being recorded,
+// its epoch and when it was read.
+func (v *vote) recording() (epoch uint64, at time.Time, ok bool) {
+	return v.pend.epoch, v.pend.at, v.pend.node == v.self
 }
 
 // memberView is one row of Elector.Members.

@@ -1,7 +1,7 @@
 package cluster
 
 import (
-	"fmt"
+	"math"
 	"testing"
 	"time"
 )
@@ -10,9 +10,12 @@ const testTimeout = 3 * time.Second
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// testInstance is the instance of every vote of these tests.
+const testInstance = "i1"
+
 // beat is a heartbeat of node id in epoch with role.
 func beat(id string, epoch uint64, role Role) *Heartbeat {
-	return &Heartbeat{NodeId: id, Addr: id + ":4000", Epoch: epoch, Role: role}
+	return &Heartbeat{NodeId: id, Addr: id + ":4000", Epoch: epoch, Role: role, Instance: testInstance}
 }
 
 // follower, leader and claim are heartbeat shorthands.
@@ -25,10 +28,17 @@ func claim(id string, epoch, c uint64) *Heartbeat {
 }
 func leaving(hb *Heartbeat) *Heartbeat { hb.Leaving = true; return hb }
 
-// step is one scripted event of a vote test: at the offset from t0, observe
-// hbs (in log order), then, if tick, tick and compare the claim.
+// rec is a fence record of epoch led by node.
+func rec(epoch uint64, node string) *record {
+	return &record{Epoch: epoch, Node: node, Addr: node + ":4000", Version: int32(epoch)}
+}
+
+// step is one scripted event of a vote test: at the offset from t0, take
+// the fence record (if any), observe hbs (in log order), then, if tick,
+// tick and compare the claim.
 type step struct {
 	at        time.Duration
+	rec       *record
 	hbs       []*Heartbeat
 	tick      bool
 	wantClaim uint64
@@ -59,209 +69,235 @@ func TestVote(t *testing.T) {
 	tests := []struct {
 		name       string
 		self       string
-		floor      uint64
 		steps      []step
-		wantEpoch  uint64
-		wantLeader string
-		wantLive   bool // a live leader at the last step
+		wantLeader string // the live recorded leader at the last step; "" for none
 	}{
 		{
-			name: "alone: waits out the grace, then claims epoch 1 and leads",
+			name: "alone: waits out the grace, claims epoch 1, keeps claiming until ZooKeeper records it",
 			self: "a",
 			steps: []step{
-				{at: 0, tick: true},
+				{at: 0, rec: rec(0, ""), tick: true},
 				{at: 2 * s, hbs: []*Heartbeat{follower("a", 0)}, tick: true},
 				{at: 3 * s, tick: true, wantClaim: 1},
-				{at: 3*s + 10*time.Millisecond, hbs: []*Heartbeat{claim("a", 0, 1)}, tick: true},
+				{at: 3*s + 10*time.Millisecond, hbs: []*Heartbeat{claim("a", 0, 1)}, tick: true, wantClaim: 1},
+				{at: 3*s + 20*time.Millisecond, rec: rec(1, "a"), tick: true},
 				{at: 4 * s, hbs: []*Heartbeat{leader("a", 1)}, tick: true},
 			},
-			wantEpoch: 1, wantLeader: "a", wantLive: true,
+			wantLeader: "a",
+		},
+		{
+			name:  "without the fence record no claim",
+			self:  "a",
+			steps: concat(every(0, 10*s, hbs(follower("a", 0))), []step{{at: 10 * s, tick: true}}),
 		},
 		{
 			name: "three nodes: the highest id c claims",
 			self: "c",
-			steps: concat(every(0, 3*s, hbs(follower("a", 0), follower("b", 0), follower("c", 0))),
+			steps: concat([]step{{at: 0, rec: rec(0, "")}}, every(0, 3*s, hbs(follower("a", 0), follower("b", 0), follower("c", 0))),
 				[]step{{at: 3 * s, tick: true, wantClaim: 1}}),
-			wantEpoch: 0,
 		},
 		{
-			name: "three nodes: b does not claim",
+			name: "three nodes: b does not claim while c's claim is being recorded, and follows the record",
 			self: "b",
-			steps: concat(every(0, 3*s, hbs(follower("a", 0), follower("b", 0), follower("c", 0))),
-				[]step{{at: 3 * s, tick: true}, {at: 3 * s, hbs: []*Heartbeat{claim("c", 0, 1)}, tick: true}}),
-			wantEpoch: 1, wantLeader: "c", wantLive: true,
+			steps: concat([]step{{at: 0, rec: rec(0, "")}}, every(0, 3*s, hbs(follower("a", 0), follower("b", 0), follower("c", 0))),
+				[]step{
+					{at: 3 * s, tick: true},
+					{at: 3 * s, hbs: []*Heartbeat{claim("c", 0, 1)}, tick: true},
+					{at: 5 * s, hbs: []*Heartbeat{claim("c", 0, 1)}, tick: true},
+					{at: 5 * s, rec: rec(1, "c"), hbs: []*Heartbeat{leader("c", 1)}, tick: true},
+				}),
+			wantLeader: "c",
 		},
 		{
-			name: "three nodes: a agrees on c",
-			self: "a",
-			steps: concat(every(0, 3*s, hbs(follower("a", 0), follower("b", 0), follower("c", 0))),
-				[]step{{at: 3 * s, hbs: []*Heartbeat{claim("c", 0, 1)}, tick: true}}),
-			wantEpoch: 1, wantLeader: "c", wantLive: true,
+			name: "a claim ZooKeeper never records expires after a timeout: the next member claims",
+			self: "b",
+			steps: concat([]step{{at: 0, rec: rec(0, "")}},
+				every(0, 9*s, hbs(follower("a", 0), follower("b", 0))),
+				every(3*s, 9*s, hbs(claim("c", 0, 1))),
+				[]step{
+					{at: 3 * s, tick: true},
+					{at: 6*s - time.Millisecond, tick: true},
+					{at: 6 * s, tick: true, wantClaim: 1},
+				}),
 		},
 		{
-			name:      "simultaneous claims: the first in the log wins (seen by a)",
-			self:      "a",
-			steps:     []step{{at: 4 * s, hbs: []*Heartbeat{claim("b", 0, 1), claim("c", 0, 1)}, tick: true}},
-			wantEpoch: 1, wantLeader: "b", wantLive: true,
+			name: "simultaneous claims: the first in the log is recorded (seen by the loser c)",
+			self: "c",
+			steps: []step{
+				{at: 4 * s, rec: rec(0, ""), hbs: []*Heartbeat{follower("b", 0), claim("b", 0, 1), claim("c", 0, 1)}, tick: true},
+			},
 		},
 		{
-			name:      "simultaneous claims: the first in the log wins (seen by the loser c)",
-			self:      "c",
-			steps:     []step{{at: 4 * s, hbs: []*Heartbeat{claim("b", 0, 1), claim("c", 0, 1)}, tick: true}},
-			wantEpoch: 1, wantLeader: "b", wantLive: true,
-		},
-		{
-			name: "leader c stops heartbeating: b claims after the timeout, not before",
+			name: "recorded leader c stops heartbeating: b claims after the timeout, not before",
 			self: "b",
 			steps: concat(
-				[]step{{at: s, hbs: []*Heartbeat{claim("c", 0, 1)}}},
+				[]step{{at: 0, rec: rec(1, "c")}},
 				every(s, 5*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
 				every(5*s, 9*s, hbs(follower("a", 1), follower("b", 1))),
 				[]step{{at: 7*s - time.Millisecond, tick: true}, {at: 7 * s, tick: true, wantClaim: 2}}),
-			wantEpoch: 1, wantLeader: "c", wantLive: false,
 		},
 		{
-			name: "leader leaves: b claims at once",
+			name: "recorded leader c stops heartbeating: a waits a second timeout for b",
+			self: "a",
+			steps: concat(
+				[]step{{at: 0, rec: rec(1, "c")}},
+				every(s, 5*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
+				every(5*s, 11*s, hbs(follower("a", 1), follower("b", 1))),
+				[]step{{at: 7 * s, tick: true}, {at: 10*s - time.Millisecond, tick: true}, {at: 10 * s, tick: true, wantClaim: 2}}),
+		},
+		{
+			name: "recorded leader leaves: b claims at once",
 			self: "b",
 			steps: concat(
-				[]step{{at: s, hbs: []*Heartbeat{claim("c", 0, 1)}}},
+				[]step{{at: 0, rec: rec(1, "c")}},
 				every(s, 5*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
 				[]step{{at: 5 * s, hbs: []*Heartbeat{leaving(leader("c", 1))}, tick: true, wantClaim: 2}}),
-			wantEpoch: 1, wantLeader: "c", wantLive: false,
 		},
 		{
-			name: "leader leaves: a waits for b, the highest live member",
-			self: "a",
-			steps: concat(
-				[]step{{at: s, hbs: []*Heartbeat{claim("c", 0, 1)}}},
-				every(s, 5*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
-				[]step{{at: 5 * s, hbs: []*Heartbeat{leaving(leader("c", 1))}, tick: true}}),
-			wantEpoch: 1, wantLeader: "c", wantLive: false,
-		},
-		{
-			name: "late node z (highest id) learns the leader from leader heartbeats and does not claim",
+			name: "late node z (highest id) learns the leader from ZooKeeper and does not claim",
 			self: "z",
 			steps: concat(
+				[]step{{at: 0, rec: rec(5, "c")}},
 				every(0, 6*s, hbs(follower("a", 5), leader("c", 5))),
 				[]step{{at: 6 * s, tick: true}}),
-			wantEpoch: 5, wantLeader: "c", wantLive: true,
+			wantLeader: "c",
 		},
 		{
-			name: "late node: a losing claim read first is overruled by the winner's leader heartbeat",
-			self: "z",
-			steps: concat(
-				[]step{{at: 0, hbs: []*Heartbeat{claim("a", 4, 5)}}},
-				every(0, 6*s, hbs(follower("a", 5), leader("c", 5))),
-				[]step{{at: 6 * s, tick: true}}),
-			wantEpoch: 5, wantLeader: "c", wantLive: true,
-		},
-		{
-			name: "stale leader heartbeat (lower epoch) is ignored",
-			self: "a",
-			steps: []step{
-				{at: s, hbs: []*Heartbeat{leader("c", 3)}},
-				{at: 2 * s, hbs: []*Heartbeat{leader("b", 2), follower("c", 2)}, tick: true},
-			},
-			wantEpoch: 3, wantLeader: "c", wantLive: true,
-		},
-		{
-			name: "leader c sees a higher epoch and steps down",
-			self: "c",
-			steps: []step{
-				{at: 3 * s, hbs: []*Heartbeat{claim("c", 0, 1), leader("c", 1)}},
-				{at: 4 * s, hbs: []*Heartbeat{claim("b", 1, 2)}, tick: true},
-			},
-			wantEpoch: 2, wantLeader: "b", wantLive: true,
-		},
-		{
-			name: "claimer b dies before claiming: a claims one timeout after b falls silent",
+			name: "leader heartbeats do not make a leader: only the record does",
 			self: "a",
 			steps: concat(
-				[]step{{at: 0, hbs: []*Heartbeat{leader("c", 1)}}},
-				every(0, 3*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
-				every(3*s, 6*s, hbs(follower("a", 1), follower("b", 1))), // c died at 2s; b dies at 5s
-				every(6*s, 9*s, hbs(follower("a", 1))),
-				[]step{
-					{at: 5 * s, tick: true},                  // vacant since 5s (c last seen at 2s); b is live
-					{at: 8*s - time.Millisecond, tick: true}, // b still counted live
-					{at: 8 * s, tick: true, wantClaim: 2},
-				}),
-			wantEpoch: 1, wantLeader: "c", wantLive: false,
+				[]step{{at: 0, rec: rec(3, "c")}},
+				every(0, 6*s, hbs(follower("a", 3), leader("b", 3), leader("b", 4), follower("c", 3))),
+				[]step{{at: 6 * s, tick: true}}), // c says it follows in 3: no live leader; b outranks a
 		},
 		{
-			name: "bully rule: a live but silent claimer b is passed over after another timeout",
-			self: "a",
-			steps: concat(
-				[]step{{at: 0, hbs: []*Heartbeat{leader("c", 1)}}},
-				every(0, 3*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
-				every(3*s, 10*s, hbs(follower("a", 1), follower("b", 1))),
-				[]step{
-					{at: 5 * s, tick: true},
-					{at: 8*s - time.Millisecond, tick: true},
-					{at: 8 * s, tick: true, wantClaim: 2},
-				}),
-			wantEpoch: 1, wantLeader: "c", wantLive: false,
-		},
-		{
-			name: "winner a whose CAS was void says follower in its epoch: b claims at once",
+			name: "the recorded node is no member: vacancy",
 			self: "b",
 			steps: concat(
-				every(0, 4*s, hbs(follower("a", 0), follower("b", 0))),
+				[]step{{at: 0, rec: rec(7, "gone")}},
+				every(0, 4*s, hbs(follower("a", 7), follower("b", 7))),
+				[]step{{at: 4 * s, tick: true, wantClaim: 8}}),
+		},
+		{
+			name: "the fence record deleted: claims stay above the epoch ZooKeeper showed before",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(7, "c")}}, // c is dead
+				every(0, 4*s, hbs(follower("a", 7), follower("b", 7))),
+				[]step{{at: 4 * s, rec: &record{Missing: true}, tick: true, wantClaim: 8}}),
+		},
+		{
+			name: "a forged heartbeat with a huge epoch and a foreign address changes nothing",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(4, "c")}},
+				every(0, 6*s, hbs(follower("a", 4), follower("b", 4), leader("c", 4))),
 				[]step{
-					{at: 4 * s, hbs: []*Heartbeat{claim("a", 0, 1)}, tick: true},
-					{at: 4*s + 100*time.Millisecond, hbs: []*Heartbeat{follower("a", 1)}, tick: true, wantClaim: 2},
+					{at: 5 * s, hbs: []*Heartbeat{
+						{NodeId: "zz-forged", Addr: "evil:666", Epoch: math.MaxUint64, Role: Role_ROLE_LEADER},
+						{NodeId: "c", Addr: "evil:666", Epoch: 1 << 62, Role: Role_ROLE_FOLLOWER, ClaimEpoch: 1 << 62},
+					}, tick: true},
 				}),
-			wantEpoch: 1, wantLeader: "a", wantLive: false,
+			wantLeader: "c",
 		},
 		{
-			name: "leader c cut off: its own heartbeats stop, so it is no longer the live leader",
+			name: "epochs never wrap: at the largest epoch nobody claims",
+			self: "a",
+			steps: concat(
+				[]step{{at: 0, rec: &record{Epoch: math.MaxUint64, Node: "gone"}}},
+				every(0, 5*s, hbs(follower("a", math.MaxUint64))),
+				[]step{{at: 5 * s, tick: true}}),
+		},
+		{
+			name: "the epoch before the largest can still be claimed",
+			self: "a",
+			steps: concat(
+				[]step{{at: 0, rec: &record{Epoch: math.MaxUint64 - 1, Node: "gone"}}},
+				every(0, 5*s, hbs(follower("a", math.MaxUint64-1))),
+				[]step{{at: 5 * s, tick: true, wantClaim: math.MaxUint64}}),
+		},
+		{
+			name: "back from a cut, no claim before its own heartbeats come back (it has not read the others yet)",
 			self: "c",
-			steps: []step{
-				{at: 3 * s, hbs: []*Heartbeat{claim("c", 0, 1), leader("c", 1)}},
-				{at: 4 * s, hbs: []*Heartbeat{leader("c", 1)}, tick: true},
-				{at: 7*s - time.Millisecond, tick: true},
-				{at: 7 * s, tick: true, wantClaim: 2},
-			},
-			wantEpoch: 1, wantLeader: "c", wantLive: false,
+			steps: concat(
+				[]step{{at: 0, rec: rec(1, "c")}},
+				every(0, 3*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
+				[]step{
+					{at: 5 * s, tick: true}, // cut off: nobody heard
+					{at: 8 * s, tick: true},
+					{at: 8 * s, rec: rec(2, "b"), hbs: []*Heartbeat{leader("b", 2), follower("a", 2), follower("c", 2)}, tick: true},
+				}),
+			wantLeader: "b",
 		},
 		{
-			name:      "a floor learnt from ZooKeeper raises the claim",
-			self:      "a",
-			floor:     7,
-			steps:     []step{{at: 3 * s, tick: true, wantClaim: 8}},
-			wantEpoch: 0,
+			name: "c's claim fails (it stops claiming without leading): c sits out a timeout, b claims at once",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(0, "")}},
+				every(0, 6*s, hbs(follower("a", 0), follower("b", 0))),
+				every(0, 3*s, hbs(follower("c", 0))),
+				[]step{
+					{at: 3 * s, hbs: []*Heartbeat{claim("c", 0, 1)}, tick: true},
+					{at: 3*s + 100*time.Millisecond, hbs: []*Heartbeat{follower("c", 0)}, tick: true, wantClaim: 1},
+				}),
+		},
+		{
+			name: "c's claim waits a timeout without an outcome: c sits out a timeout, b claims",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(0, "")}},
+				every(0, 9*s, hbs(follower("a", 0), follower("b", 0))),
+				every(3*s, 9*s, hbs(claim("c", 0, 1))),
+				[]step{
+					{at: 3 * s, tick: true},
+					{at: 6*s - time.Millisecond, tick: true},
+					{at: 6 * s, tick: true, wantClaim: 1},
+					{at: 7 * s, tick: true, wantClaim: 1}, // c's later claims are not the pending one while it sits out
+				}),
+		},
+		{
+			name: "the leader c stops leading (its term was fenced): c sits out, b claims at once",
+			self: "b",
+			steps: concat(
+				[]step{{at: 0, rec: rec(1, "c")}},
+				every(0, 5*s, hbs(follower("a", 1), follower("b", 1), leader("c", 1))),
+				[]step{{at: 5*s + 100*time.Millisecond, hbs: []*Heartbeat{follower("c", 1)}, tick: true, wantClaim: 2}}),
 		},
 		{
 			name: "a leaving member no longer outranks",
 			self: "a",
 			steps: concat(
+				[]step{{at: 0, rec: rec(0, "")}},
 				every(0, 3*s, hbs(follower("a", 0), follower("b", 0))),
 				[]step{{at: 3 * s, hbs: []*Heartbeat{leaving(follower("b", 0))}, tick: true, wantClaim: 1}}),
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			v := newVote(tc.self, testTimeout, t0)
-			v.raiseFloor(tc.floor)
-			// Steps are sorted by time for the run (stable: script order
-			// within one instant).
+			v := newVote(tc.self, testInstance, testTimeout, t0)
 			steps := sortSteps(tc.steps)
 			var now time.Time
 			for i, st := range steps {
 				now = t0.Add(st.at)
+				if st.rec != nil {
+					v.setRecord(*st.rec)
+				}
 				for _, hb := range st.hbs {
 					v.observe(hb, now)
 				}
 				if st.tick {
 					if got := v.tick(now); got != st.wantClaim {
-						t.Fatalf("step %d (at %v): tick() = claim %d, want %d (epoch %d leader %q)",
-							i, st.at, got, st.wantClaim, v.epoch, v.leader)
+						t.Fatalf("step %d (at %v): tick() = claim %d, want %d (record %v, pending %+v)",
+							i, st.at, got, st.wantClaim, v.rec, v.pend)
 					}
 				}
 			}
-			if v.epoch != tc.wantEpoch || v.leader != tc.wantLeader || v.leaderLive(now) != tc.wantLive {
-				t.Errorf("end: epoch %d leader %q live %v, want epoch %d leader %q live %v",
-					v.epoch, v.leader, v.leaderLive(now), tc.wantEpoch, tc.wantLeader, tc.wantLive)
+			var got string
+			if v.leaderLive(now) {
+				got = v.rec.Node
+			}
+			if got != tc.wantLeader {
+				t.Errorf("end: live leader %q, want %q (record %v)", got, tc.wantLeader, v.rec)
 			}
 		})
 	}
@@ -283,33 +319,77 @@ func sortSteps(steps []step) []step {
 	return out
 }
 
-func TestVoteAbdicate(t *testing.T) {
-	v := newVote("c", testTimeout, t0)
-	now := t0.Add(4 * time.Second)
-	v.observe(claim("c", 0, 1), now)
-	if !v.selfLeads(1, now) {
-		t.Fatalf("c does not lead epoch 1 after its claim")
+func TestVoteImplausibleHeartbeatsAreNotObserved(t *testing.T) {
+	v := newVote("a", testInstance, testTimeout, t0)
+	forged := &Heartbeat{NodeId: "zz", Addr: "evil:1", Epoch: 1 << 40, Role: Role_ROLE_LEADER}
+	if got := v.observe(forged, t0); got != observed {
+		t.Errorf("before ZooKeeper was read: verdict %v, want observed (nothing to judge by)", got)
 	}
-	v.abdicate(1)
-	v.observe(leader("c", 1), now) // an old heartbeat still in flight
-	if v.selfLeads(1, now) {
-		t.Errorf("c leads epoch 1 after abdicating")
-	}
-	if got := v.tick(now); got != 2 {
-		t.Errorf("tick after abdicating = claim %d, want 2", got)
+	v.setRecord(*rec(10, "c"))
+	for _, tc := range []struct {
+		hb   *Heartbeat
+		want verdict
+	}{
+		{follower("b", 10+maxEpochAhead), observed},
+		{claim("b", 10, 11), observed},
+		{follower("b", 10+maxEpochAhead+1), implausible},
+		{claim("b", 10, 1<<63), implausible},
+		{&Heartbeat{NodeId: "zz", Epoch: math.MaxUint64, Role: Role_ROLE_LEADER}, implausible},
+	} {
+		if got := v.observe(tc.hb, t0); got != tc.want {
+			t.Errorf("observe(epoch %d claim %d) = %v, want %v", tc.hb.Epoch, tc.hb.ClaimEpoch, got, tc.want)
+		}
 	}
 }
 
-// TestVoteSimulatedCluster runs three votes over one shared log with a
-// fake clock: they elect the highest id, agree at every log position, and
-// after the leader dies elect the next highest with epoch 2.
+// Another process with this member's node id, heard after this member's
+// own first heartbeat, keeps it from claiming for a timeout; heartbeats of
+// an earlier incarnation read before it do not.
+func TestVoteDuplicateNodeIDRefusesToClaim(t *testing.T) {
+	s := time.Second
+	v := newVote("c", testInstance, testTimeout, t0)
+	v.setRecord(*rec(0, ""))
+	old := follower("c", 0)
+	old.Instance = "earlier"
+	if got := v.observe(old, t0); got != observed {
+		t.Fatalf("an earlier incarnation's heartbeat before our own: %v, want observed", got)
+	}
+	v.observe(follower("c", 0), t0)
+	other := follower("c", 0)
+	other.Instance = "other"
+	other.Addr = "elsewhere:4000"
+	for at := time.Duration(0); at <= 4*s; at += s {
+		if got := v.observe(other, t0.Add(at)); got != duplicate {
+			t.Fatalf("another instance at %v: verdict %v, want duplicate", at, got)
+		}
+		v.observe(follower("c", 0), t0.Add(at))
+		if got := v.tick(t0.Add(at)); got != 0 {
+			t.Fatalf("claimed %d at %v while another process has this node id", got, at)
+		}
+	}
+	// The other process stops: a timeout after its last heartbeat, c claims.
+	if got := v.tick(t0.Add(7*s - time.Millisecond)); got != 0 {
+		t.Fatalf("claimed %d within a timeout of the duplicate", got)
+	}
+	v.observe(follower("c", 0), t0.Add(7*s))
+	if got := v.tick(t0.Add(7 * s)); got != 1 {
+		t.Fatalf("tick a timeout after the duplicate stopped = %d, want 1", got)
+	}
+}
+
+// TestVoteSimulatedCluster runs three votes over one shared log and one
+// fence record with a fake clock: the highest id is recorded as leader, only
+// one compare-and-set wins each epoch, and after the leader dies the next
+// highest is recorded with epoch 2 within about a timeout.
 func TestVoteSimulatedCluster(t *testing.T) {
 	ids := []string{"a", "b", "c"}
 	votes := map[string]*vote{}
 	read := map[string]int{} // log position each node has read
 	alive := map[string]bool{}
+	zk := record{}
 	for _, id := range ids {
-		votes[id] = newVote(id, testTimeout, t0)
+		votes[id] = newVote(id, testInstance, testTimeout, t0)
+		votes[id].setRecord(zk)
 		alive[id] = true
 	}
 	var log []*Heartbeat
@@ -317,66 +397,94 @@ func TestVoteSimulatedCluster(t *testing.T) {
 	now := t0
 	run := func(until time.Duration) {
 		for ; now.Before(t0.Add(until)); now = now.Add(tickEvery) {
-			for _, id := range ids { // each live node ticks and heartbeats
+			for _, id := range ids { // each live node ticks, records its claim if it is the pending one, and heartbeats
 				if !alive[id] {
 					continue
 				}
 				v := votes[id]
 				c := v.tick(now)
-				role := Role_ROLE_FOLLOWER
-				if v.selfLeads(v.epoch, now) {
-					role = Role_ROLE_LEADER
+				if e, _, ok := v.recording(); ok && zk.Epoch < e {
+					zk = record{Epoch: e, Node: id, Addr: id + ":4000", Version: zk.Version + 1} // the CAS
 				}
-				hb := beat(id, v.epoch, role)
-				hb.ClaimEpoch = c
+				hb := follower(id, v.highest)
+				switch {
+				case zk.Node == id: // its term
+					hb = leader(id, zk.Epoch)
+				case c != 0:
+					hb = claim(id, v.highest, c)
+				}
 				log = append(log, hb)
 			}
-			for _, id := range ids { // then reads the log to its end
+			for _, id := range ids { // then reads ZooKeeper and the log to its end
 				if !alive[id] {
 					continue
 				}
+				votes[id].setRecord(zk)
 				for ; read[id] < len(log); read[id]++ {
 					votes[id].observe(log[read[id]], now)
 				}
 			}
-			checkAgreement(t, votes, read, alive)
 		}
 	}
 	run(5 * time.Second)
-	for _, id := range ids {
-		if v := votes[id]; v.epoch != 1 || v.leader != "c" || !v.leaderLive(now) {
-			t.Fatalf("%s: epoch %d leader %q live %v, want c leading epoch 1", id, v.epoch, v.leader, v.leaderLive(now))
+	if zk.Epoch != 1 || zk.Node != "c" {
+		t.Fatalf("record %v, want c leading epoch 1", zk)
+	}
+	for _, id := range []string{"a", "b"} {
+		if !votes[id].leaderLive(now) {
+			t.Fatalf("%s does not see c live", id)
 		}
 	}
 	alive["c"] = false
 	died := now
-	for !(votes["a"].leader == "b" && votes["b"].leader == "b" && votes["a"].epoch == 2 && votes["b"].epoch == 2) {
+	for zk.Epoch != 2 {
 		if now.Sub(died) > 3*testTimeout {
-			t.Fatalf("no new leader %v after c died: a: %d/%q, b: %d/%q", now.Sub(died),
-				votes["a"].epoch, votes["a"].leader, votes["b"].epoch, votes["b"].leader)
+			t.Fatalf("no new leader %v after c died: record %v", now.Sub(died), zk)
 		}
 		run(now.Sub(t0) + tickEvery)
 	}
+	if zk.Node != "b" {
+		t.Errorf("epoch 2 recorded for %s, want b", zk.Node)
+	}
 	// c's last heartbeat is one tick before it died; detection is at tick
-	// granularity, the claim is read one tick later.
-	if took := now.Sub(died); took > testTimeout+2*tickEvery {
-		t.Errorf("failover took %v, want at most LeaderTimeout + 2 ticks (%v)", took, testTimeout+2*tickEvery)
+	// granularity, the claim is read one tick later and recorded the next.
+	if took := now.Sub(died); took > testTimeout+3*tickEvery {
+		t.Errorf("failover took %v, want at most LeaderTimeout + 3 ticks (%v)", took, testTimeout+3*tickEvery)
 	}
 }
 
-// checkAgreement fails unless the live votes that have read the same log
-// prefix hold the same (epoch, leader).
-func checkAgreement(t *testing.T, votes map[string]*vote, read map[string]int, alive map[string]bool) {
-	t.Helper()
-	seen := map[int]string{}
-	for id, v := range votes {
-		if !alive[id] {
-			continue
+// A member whose compare-and-set failed (not a lost race) does not claim
+// again for a full timeout.
+func TestVoteFailedClaimSitsOutATimeout(t *testing.T) {
+	s := time.Second
+	v := newVote("c", testInstance, testTimeout, t0)
+	v.setRecord(*rec(0, ""))
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	for d := time.Duration(0); d < 3*s; d += s {
+		v.observe(follower("c", 0), at(d))
+	}
+	if got := v.tick(at(3 * s)); got != 1 {
+		t.Fatalf("tick = %d, want claim 1", got)
+	}
+	v.observe(claim("c", 0, 1), at(3*s))
+	if e, _, ok := v.recording(); !ok || e != 1 {
+		t.Fatalf("c's claim is not the one being recorded")
+	}
+	failed := at(3*s + 50*time.Millisecond)
+	v.giveUp(1, failed, true)
+	v.observe(claim("c", 0, 1), failed) // a claim heartbeat sent before the failure
+	for d := 100 * time.Millisecond; d < testTimeout; d += 500 * time.Millisecond {
+		now := failed.Add(d)
+		v.observe(follower("c", 0), now)
+		if got := v.tick(now); got != 0 {
+			t.Fatalf("claimed %d %v after a failed claim, want no claim within a timeout", got, d)
 		}
-		state := fmt.Sprintf("%d/%s", v.epoch, v.leader)
-		if prev, ok := seen[read[id]]; ok && prev != state {
-			t.Fatalf("disagreement at log position %d: %s vs %s (%s)", read[id], prev, state, id)
-		}
-		seen[read[id]] = state
+	}
+	// The log showed c stop claiming 100 ms after the failure: a timeout
+	// after that, it claims again.
+	now := failed.Add(100*time.Millisecond + testTimeout)
+	v.observe(follower("c", 0), now)
+	if got := v.tick(now); got != 1 {
+		t.Fatalf("tick a timeout after the failure = %d, want claim 1 again", got)
 	}
 }

@@ -16,19 +16,23 @@ import (
 // committer writes offsets to the store off the dispatcher's goroutine, so a
 // slow store never stalls deliveries. Offers merge: only the newest offset of
 // each partition is written, and one commit runs at a time, so a stored
-// offset never goes backwards.
+// offset never goes backwards. Every commit is made under the term's fence,
+// fixed at creation: a committer abandoned with a commit under way cannot
+// write once another term began, however late that commit runs.
 type committer struct {
 	store    offsets.Store
+	fence    offsets.Fence
 	interval time.Duration // wait before retrying a failed commit
 	log      *logrus.Entry
 
 	observe func(took time.Duration, err error) // Config.OnCommit; may be nil
 
-	mu           sync.Mutex      // guards pending, stored, failures and failingSince
+	mu           sync.Mutex      // guards pending, stored, failures, failingSince and runningSince
 	pending      map[int32]int64 // offered, not yet stored
 	stored       map[int32]int64 // what the store holds, as far as this committer knows
 	failures     uint64          // failed commits, in total
 	failingSince time.Time       // first failure since the last success; zero after a success
+	runningSince time.Time       // start of the commit under way; zero when none
 
 	kick   chan struct{} // capacity 1: pending has something new
 	fenced chan error    // capacity 1: the store refused us for good
@@ -36,10 +40,11 @@ type committer struct {
 	done   chan struct{}
 }
 
-func newCommitter(store offsets.Store, interval time.Duration, log *logrus.Entry,
+func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Duration, log *logrus.Entry,
 	stored map[int32]int64, observe func(time.Duration, error)) *committer {
 	return &committer{
 		store:    store,
+		fence:    fence,
 		interval: interval,
 		log:      log,
 		observe:  observe,
@@ -132,7 +137,10 @@ func (c *committer) run(ctx context.Context) {
 			continue
 		}
 		start := time.Now()
-		err := c.store.Commit(ctx, m)
+		c.mu.Lock()
+		c.runningSince = start
+		c.mu.Unlock()
+		err := c.store.Commit(ctx, c.fence, m)
 		c.record(m, time.Since(start), err)
 		switch {
 		case err == nil:
@@ -164,7 +172,7 @@ func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 		return nil
 	}
 	start := time.Now()
-	err := c.store.Commit(ctx, all)
+	err := c.store.Commit(ctx, c.fence, all)
 	c.record(all, time.Since(start), err)
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", all, err)
@@ -179,6 +187,7 @@ func (c *committer) record(m map[int32]int64, took time.Duration, err error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.runningSince = time.Time{}
 	if err != nil {
 		c.failures++
 		if c.failingSince.IsZero() {
@@ -191,6 +200,20 @@ func (c *committer) record(m map[int32]int64, took time.Duration, err error) {
 		c.stored = map[int32]int64{}
 	}
 	maps.Copy(c.stored, m)
+}
+
+// troubleSince returns since when commits have been failing, or the start
+// of a commit under way, whichever is earlier; zero when neither.
+func (c *committer) troubleSince() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.failingSince.IsZero():
+		return c.runningSince
+	case c.runningSince.IsZero() || c.failingSince.Before(c.runningSince):
+		return c.failingSince
+	}
+	return c.runningSince
 }
 
 // report adds the committer's state to st.

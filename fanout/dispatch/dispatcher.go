@@ -18,7 +18,11 @@ type Config struct {
 	MaxBufferedBytes int           // payload bytes waiting for a client before fetching pauses; default 64 MiB
 	CommitInterval   time.Duration // how often changed offsets are committed; default 1s
 	DrainTimeout     time.Duration // how long shutdown waits for outstanding acks; default 10s
+	// MaxCommitFailure is how long commits may keep failing (or one may
+	// hang) before Run gives up with ErrCommitsFailing; 0 means never.
+	MaxCommitFailure time.Duration
 	Store            offsets.Store // where offsets are committed; required
+	Fence            offsets.Fence // the term's fence, given to every commit; required
 	Logger           *logrus.Entry // default: the standard logger
 	Now              func() time.Time
 
@@ -97,6 +101,9 @@ type Dispatcher struct {
 func New(cfg Config, src Source) (*Dispatcher, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("dispatch: Config.Store is required")
+	}
+	if cfg.Fence.IsZero() {
+		return nil, errors.New("dispatch: Config.Fence is required: no commit without a fence")
 	}
 	cfg.setDefaults()
 	return &Dispatcher{
@@ -177,6 +184,11 @@ func (d *Dispatcher) send(r request) {
 	}
 }
 
+// ErrCommitsFailing is returned by Run when offset commits have failed (or
+// one has hung) for Config.MaxCommitFailure: a leader that cannot commit
+// must not deliver forever, as a crash would replay everything since.
+var ErrCommitsFailing = errors.New("dispatch: offset commits failing for too long")
+
 // ErrAbandon, as the cause of Run's context (context.WithCancelCause), makes
 // Run return at once: no drain, no final commit. The daemon abandons a
 // dispatcher when it loses leadership: another node owns the offsets then.
@@ -186,7 +198,8 @@ var ErrAbandon = errors.New("dispatch: abandoned")
 // client, waits up to DrainTimeout for outstanding acks, commits and returns
 // nil. It returns early with an error wrapping offsets.ErrFenced, without a
 // final commit, when the store refuses a commit because another node leads,
-// and at once with ctx's cause when that wraps ErrAbandon.
+// with ErrCommitsFailing when commits have failed for MaxCommitFailure, and
+// at once with ctx's cause when that wraps ErrAbandon.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
@@ -197,7 +210,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	now := d.cfg.Now
 
-	cm := newCommitter(d.cfg.Store, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
+	cm := newCommitter(d.cfg.Store, d.cfg.Fence, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
 	cm.start()
 	defer cm.stop()
 
@@ -264,6 +277,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			s.expire(now())
 		case <-commitTick.C:
 			cm.offer(s.tracker.Dirty())
+			if since := cm.troubleSince(); d.cfg.MaxCommitFailure > 0 && !since.IsZero() && time.Since(since) >= d.cfg.MaxCommitFailure {
+				err := fmt.Errorf("%w: since %s (%v)", ErrCommitsFailing, since.Format(time.RFC3339Nano), time.Since(since).Round(time.Millisecond))
+				d.log.WithError(err).WithField("in_flight", s.flights.live).
+					Error("offset commits keep failing: stopping without a final commit; unacked messages will be redelivered by the next leader")
+				s.drain("offset commits failing")
+				cm.abandon()
+				return err
+			}
 		case err := <-cm.fenced:
 			d.log.WithError(err).Warn("offset commit fenced: stopping without a final commit")
 			s.drain("not the leader")

@@ -68,9 +68,12 @@ type recStore struct {
 }
 
 func (r *recStore) Load(context.Context) (map[int32]int64, error) { return nil, nil }
-func (r *recStore) Commit(_ context.Context, m map[int32]int64) error {
+func (r *recStore) Commit(_ context.Context, fence offsets.Fence, m map[int32]int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if fence.IsZero() {
+		return fmt.Errorf("recStore: no fence: %w", offsets.ErrFenced)
+	}
 	if r.err != nil {
 		return r.err
 	}
@@ -87,6 +90,14 @@ func (r *recStore) get() map[int32]int64 {
 	return maps.Clone(r.offsets)
 }
 
+// testFence is the fence the tests' dispatchers commit under.
+var testFence = offsets.TopicFence(testTerm(1))
+
+// testTerm is a fence condition of the tests' stores, which do not check it.
+type testTerm int
+
+func (t testTerm) String() string { return fmt.Sprintf("test term %d", int(t)) }
+
 type harness struct {
 	d      *Dispatcher
 	src    *fakeSource
@@ -100,6 +111,9 @@ func start(t *testing.T, cfg Config) *harness {
 	h := &harness{src: newFakeSource(), store: &recStore{}, done: make(chan error, 1)}
 	if cfg.Store == nil {
 		cfg.Store = h.store
+	}
+	if cfg.Fence.IsZero() {
+		cfg.Fence = testFence
 	}
 	if cfg.CommitInterval == 0 {
 		cfg.CommitInterval = 10 * time.Millisecond
@@ -293,7 +307,7 @@ func TestRunRetriesFailedCommits(t *testing.T) {
 
 func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
 	src, store := newFakeSource(), &recStore{}
-	d, err := New(Config{Store: store, CommitInterval: time.Hour, DrainTimeout: time.Hour}, src)
+	d, err := New(Config{Store: store, Fence: testFence, CommitInterval: time.Hour, DrainTimeout: time.Hour}, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,23 +389,30 @@ func TestRunStatsReportCommits(t *testing.T) {
 type blockStore struct {
 	entered chan struct{}
 	release chan struct{}
+	inner   offsets.Store // when set, commits go on to it once released ...
+	result  chan error    // ... and their results are sent here
 }
 
 func (b *blockStore) Load(context.Context) (map[int32]int64, error) { return nil, nil }
-func (b *blockStore) Commit(context.Context, map[int32]int64) error {
+func (b *blockStore) Commit(ctx context.Context, fence offsets.Fence, m map[int32]int64) error {
 	select {
 	case b.entered <- struct{}{}:
 	default:
 	}
 	<-b.release
-	return nil
+	if b.inner == nil {
+		return nil
+	}
+	err := b.inner.Commit(ctx, fence, m)
+	b.result <- err
+	return err
 }
 
 func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	defer close(store.release)
 	src := newFakeSource()
-	d, err := New(Config{Store: store, CommitInterval: 5 * time.Millisecond}, src)
+	d, err := New(Config{Store: store, Fence: testFence, CommitInterval: 5 * time.Millisecond}, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +440,8 @@ func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
 // ids, so the ids waiting in the full request queue are bounded (8 MiB)
 // whatever a client's in-flight limit allows a frame to name.
 func TestIDRequestsBounded(t *testing.T) {
-	d, err := New(Config{Store: offsets.NewMemoryStore()}, newFakeSource())
+	mem := offsets.NewMemoryStore()
+	d, err := New(Config{Store: mem, Fence: mem.NewTerm()}, newFakeSource())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,5 +474,99 @@ func TestIDRequestsBounded(t *testing.T) {
 	d.Ack(7, ids[:maxRequestIDs+1])
 	if r := <-d.reqs; cap(r.ids) != len(r.ids) {
 		t.Errorf("request ids of len %d have cap %d", len(r.ids), cap(r.ids))
+	}
+}
+
+// The committer of an abandoned term whose commit was hanging cannot write
+// once a new term began: the commit carries its own term's fence, however
+// late it reaches the store.
+func TestAbandonedCommitterCannotWriteInANewTerm(t *testing.T) {
+	mem := offsets.NewMemoryStore()
+	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{}), inner: mem, result: make(chan error, 10)}
+	src := newFakeSource()
+	old, err := New(Config{Store: store, Fence: mem.NewTerm(), CommitInterval: 5 * time.Millisecond}, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- old.Run(ctx) }()
+	src.ch <- Batch{Partition: 0, Start: 7}
+	select {
+	case <-store.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no commit started")
+	}
+	cancel(fmt.Errorf("deposed: %w", ErrAbandon))
+	if err := <-done; !errors.Is(err, ErrAbandon) {
+		t.Fatalf("Run = %v, want ErrAbandon", err)
+	}
+
+	// The next term commits its own offsets, then the old commit goes on.
+	next := mem.NewTerm()
+	if err := mem.Commit(context.Background(), next, map[int32]int64{0: 3}); err != nil {
+		t.Fatalf("commit of the new term: %v", err)
+	}
+	close(store.release)
+	select {
+	case err := <-store.result:
+		if !errors.Is(err, offsets.ErrFenced) {
+			t.Fatalf("the abandoned term's late commit: %v, want ErrFenced", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the abandoned commit never reached the store")
+	}
+	if got, _ := mem.Load(context.Background()); !maps.Equal(got, map[int32]int64{0: 3}) {
+		t.Fatalf("stored %v, want the new term's {0: 3}", got)
+	}
+}
+
+func TestNewRequiresAFence(t *testing.T) {
+	if _, err := New(Config{Store: &recStore{}}, newFakeSource()); err == nil {
+		t.Fatal("New without a fence succeeded")
+	}
+}
+
+// A leader whose commits keep failing (ZooKeeper out of reach) stops
+// delivering once they have failed for MaxCommitFailure, and not before.
+func TestRunStopsWhenCommitsKeepFailing(t *testing.T) {
+	const bound = 200 * time.Millisecond
+	store := &recStore{err: errors.New("zk: could not connect to a server")}
+	begin := time.Now() // before the first commit can fail
+	h := start(t, Config{Store: store, MaxCommitFailure: bound})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 0, Start: 42}
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, ErrCommitsFailing) {
+			t.Fatalf("Run = %v, want ErrCommitsFailing", err)
+		}
+		if took := time.Since(begin); took < bound {
+			t.Errorf("gave up after %v, before commits failed for %v", took, bound)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run went on while commits failed")
+	}
+	select {
+	case <-k.bye:
+	default:
+		t.Error("the client was not told goodbye")
+	}
+}
+
+// A commit that hangs counts as failing: Run gives up without waiting for it.
+func TestRunStopsWhenACommitHangs(t *testing.T) {
+	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(store.release)
+	h := start(t, Config{Store: store, MaxCommitFailure: 200 * time.Millisecond})
+	h.src.ch <- Batch{Partition: 0, Start: 7}
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, ErrCommitsFailing) {
+			t.Fatalf("Run = %v, want ErrCommitsFailing", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run went on while a commit hung")
 	}
 }

@@ -4,8 +4,8 @@
 //	<chroot>/consumers/fanout_<id>/offsets/<topic>/<partition>
 //
 // Each partition znode holds the decimal string of the next offset to
-// consume. A commit writes every partition in one multi (all or nothing),
-// optionally conditioned on the version of a fence znode.
+// consume. A commit writes its partitions in one multi (all or nothing) that
+// first checks the versions of the znodes its fence names (Version).
 package zkstore
 
 import (
@@ -168,17 +168,24 @@ func OffsetsPath(chroot, id, topic string) string {
 	return chroot + "/consumers/fanout_" + id + "/offsets/" + topic
 }
 
-// Store is an offsets.Store in ZooKeeper. It is safe for concurrent use;
-// commits are serialised.
+// Version is the Condition of the ZooKeeper store's fences: the znode at
+// Path (absolute: chroot included) has version Version. A commit under it
+// checks that in its multi; a changed or deleted znode fences the commit.
+type Version struct {
+	Path    string
+	Version int32
+}
+
+// String describes the condition: "<path>@<version>".
+func (v Version) String() string { return fmt.Sprintf("%s@%d", v.Path, v.Version) }
+
+// Store is an offsets.Store in ZooKeeper. It keeps no fence: each commit is
+// given its own. It is safe for concurrent use; commits are serialised.
 type Store struct {
 	conn   *zk.Conn
 	chroot string
 	dir    string // OffsetsPath
 	acl    ACL    // of the znodes the Store creates; set before the first Commit
-
-	fenceMu      sync.Mutex // guards fencePath and fenceVersion
-	fencePath    string     // absolute; "" when no fence is set
-	fenceVersion int32
 
 	commitMu    sync.Mutex // serialises Load and Commit; guards the fields below
 	parentsMade bool
@@ -204,22 +211,6 @@ func (s *Store) SetACL(a ACL) {
 
 // Path is the znode under which the Store keeps its partitions' offsets.
 func (s *Store) Path() string { return s.dir }
-
-// SetFence makes every later Commit conditional on the znode at path (below
-// the chroot, like every path of the Store) having the given version. A
-// commit whose check fails returns an error wrapping offsets.ErrFenced.
-func (s *Store) SetFence(path string, version int32) {
-	s.fenceMu.Lock()
-	defer s.fenceMu.Unlock()
-	s.fencePath, s.fenceVersion = s.chroot+path, version
-}
-
-// ClearFence makes commits unconditional again.
-func (s *Store) ClearFence() {
-	s.fenceMu.Lock()
-	defer s.fenceMu.Unlock()
-	s.fencePath = ""
-}
 
 // Load implements offsets.Store. A missing offsets znode means no offsets.
 func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
@@ -269,10 +260,15 @@ func parseOffset(data []byte) (int64, error) {
 	return o, nil
 }
 
-// Commit implements offsets.Store: one multi writes every given partition,
-// preceded by the fence check when a fence is set. ctx is checked before the
-// write; a write under way is not interrupted (it is atomic either way).
-func (s *Store) Commit(ctx context.Context, offs map[int32]int64) error {
+// Commit implements offsets.Store: one multi checks the fence's conditions
+// for the given partitions (each a Version), then writes every partition.
+// A commit without a fence, or under a fence of another store, is refused
+// with offsets.ErrFenced. ctx is checked before the write; a write under way
+// is not interrupted (it is atomic either way).
+func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]int64) error {
+	if fence.IsZero() {
+		return fmt.Errorf("zkstore: commit to %s without a fence: %w", s.dir, offsets.ErrFenced)
+	}
 	if len(offs) == 0 {
 		return nil
 	}
@@ -287,10 +283,10 @@ func (s *Store) Commit(ctx context.Context, offs map[int32]int64) error {
 		parts = append(parts, p)
 	}
 	slices.Sort(parts)
-
-	s.fenceMu.Lock()
-	fencePath, fenceVersion := s.fencePath, s.fenceVersion
-	s.fenceMu.Unlock()
+	checks, err := versions(fence, parts)
+	if err != nil {
+		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
+	}
 
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
@@ -298,7 +294,7 @@ func (s *Store) Commit(ctx context.Context, offs map[int32]int64) error {
 		return err
 	}
 	for attempt := 0; ; attempt++ {
-		ops := s.commitOps(fencePath, fenceVersion, parts, offs)
+		ops := s.commitOps(checks, parts, offs)
 		resps, err := s.conn.Multi(ops...)
 		if err == nil {
 			for _, p := range parts {
@@ -307,9 +303,8 @@ func (s *Store) Commit(ctx context.Context, offs map[int32]int64) error {
 			return nil
 		}
 		failed, opErr := failedOp(resps, err)
-		if fencePath != "" && failed == 0 && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
-			return fmt.Errorf("zkstore: commit to %s: fence %s version %d: %w: %w",
-				s.dir, fencePath, fenceVersion, offsets.ErrFenced, opErr)
+		if failed >= 0 && failed < len(checks) && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
+			return fmt.Errorf("zkstore: commit to %s: fence %v: %w: %w", s.dir, checks[failed], offsets.ErrFenced, opErr)
 		}
 		raced := errors.Is(opErr, zk.ErrNodeExists) || errors.Is(opErr, zk.ErrNoNode)
 		if attempt > 0 || !raced {
@@ -323,12 +318,29 @@ func (s *Store) Commit(ctx context.Context, offs map[int32]int64) error {
 	}
 }
 
-// commitOps builds the multi: the fence check first, then one SetData or
+// versions returns the conditions of fence for parts, each a Version.
+func versions(fence offsets.Fence, parts []int32) ([]Version, error) {
+	conds, err := fence.Conditions(parts)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Version, 0, len(conds))
+	for _, c := range conds {
+		v, ok := c.(Version)
+		if !ok {
+			return nil, fmt.Errorf("fence condition %v (%T) is not a ZooKeeper znode version: %w", c, c, offsets.ErrFenced)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// commitOps builds the multi: the fence checks first, then one SetData or
 // Create per partition in partition order.
-func (s *Store) commitOps(fencePath string, fenceVersion int32, parts []int32, offs map[int32]int64) []any {
-	ops := make([]any, 0, len(parts)+1)
-	if fencePath != "" {
-		ops = append(ops, &zk.CheckVersionRequest{Path: fencePath, Version: fenceVersion})
+func (s *Store) commitOps(checks []Version, parts []int32, offs map[int32]int64) []any {
+	ops := make([]any, 0, len(checks)+len(parts))
+	for _, c := range checks {
+		ops = append(ops, &zk.CheckVersionRequest{Path: c.Path, Version: c.Version})
 	}
 	for _, p := range parts {
 		znode := s.partitionPath(p)

@@ -1,12 +1,15 @@
 package zkstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"testing"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
 func TestParseServers(t *testing.T) {
@@ -85,21 +88,27 @@ func TestCommitOps(t *testing.T) {
 	s := New(nil, "/r", "i", "t")
 	s.known[1] = true
 	offs := map[int32]int64{0: 10, 1: 20}
+	owner := func(p, v int32) Version { return Version{Path: fmt.Sprintf("/r/owners/%d", p), Version: v} }
 	tests := []struct {
 		name  string
-		fence bool
+		fence offsets.Fence
 		want  []string
 	}{
-		{"no fence", false, []string{"create /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/offsets/t/1=20"}},
-		{"fence", true, []string{"check /r/fence@7", "create /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/offsets/t/1=20"}},
+		{"topic fence", offsets.TopicFence(Version{Path: "/r/fence", Version: 7}),
+			[]string{"check /r/fence@7", "create /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/offsets/t/1=20"}},
+		// A per-partition fence checks exactly the partitions written.
+		{"partition fence", offsets.PartitionFence(map[int32]offsets.Condition{0: owner(0, 3), 1: owner(1, 5), 2: owner(2, 9)}),
+			[]string{"check /r/owners/0@3", "check /r/owners/1@5", "create /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/offsets/t/1=20"}},
+		{"shared condition checked once", offsets.PartitionFence(map[int32]offsets.Condition{0: owner(0, 3), 1: owner(0, 3)}),
+			[]string{"check /r/owners/0@3", "create /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/offsets/t/1=20"}},
 	}
 	for _, tt := range tests {
-		s.ClearFence()
-		if tt.fence {
-			s.SetFence("/fence", 7)
+		checks, err := versions(tt.fence, []int32{0, 1})
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
 		}
 		var got []string
-		for _, op := range s.commitOps(s.fencePath, s.fenceVersion, []int32{0, 1}, offs) {
+		for _, op := range s.commitOps(checks, []int32{0, 1}, offs) {
 			switch op := op.(type) {
 			case *zk.CheckVersionRequest:
 				got = append(got, fmt.Sprintf("check %s@%d", op.Path, op.Version))
@@ -116,6 +125,32 @@ func TestCommitOps(t *testing.T) {
 		}
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("%s: ops %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// otherCondition is a fence condition of another store.
+type otherCondition struct{}
+
+func (otherCondition) String() string { return "other" }
+
+// A commit without a fence, under another store's fence, or writing a
+// partition its fence does not cover is refused before ZooKeeper is asked
+// (the Store has no connection here).
+func TestCommitRefusedWithoutItsFence(t *testing.T) {
+	s := New(nil, "/r", "i", "t")
+	tests := []struct {
+		name  string
+		fence offsets.Fence
+	}{
+		{"no fence", offsets.Fence{}},
+		{"another store's fence", offsets.TopicFence(otherCondition{})},
+		{"partition not covered", offsets.PartitionFence(map[int32]offsets.Condition{1: Version{Path: "/r/o/1"}})},
+	}
+	for _, tt := range tests {
+		err := s.Commit(context.Background(), tt.fence, map[int32]int64{0: 1})
+		if !errors.Is(err, offsets.ErrFenced) {
+			t.Errorf("%s: Commit = %v, want ErrFenced", tt.name, err)
 		}
 	}
 }

@@ -1,0 +1,205 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+// soloDaemon runs a daemon that leads alone on store, against an in-process
+// Kafka with topic "jobs" of one partition, until the test ends. It returns
+// the daemon, the broker's addresses and Run's result.
+func soloDaemon(t *testing.T, store *offsets.MemoryStore) (*Daemon, []string, <-chan error) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	d, err := New(Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: store,
+		Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 10 * time.Millisecond,
+		Logger: logrus.NewEntry(log),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopped := make(chan error, 1), make(chan struct{})
+	go func() {
+		done <- d.Run(ctx)
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-stopped:
+		case <-time.After(30 * time.Second):
+			t.Error("daemon did not stop")
+		}
+	})
+	select {
+	case <-d.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon not serving within 30s")
+	}
+	return d, c.ListenAddrs(), done
+}
+
+// produceTo produces value to partition 0 of jobs.
+func produceTo(t *testing.T, brokers []string, value string) {
+	t.Helper()
+	cfg := kafka.NewConfig("daemon-test")
+	cfg.Producer.Return.Successes = true
+	p, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: "jobs", Value: sarama.StringEncoder(value)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A term's commits carry its fence: once another term of the store began,
+// the daemon's next commit is refused, it stops serving and Run reports it.
+func TestDaemonTermStopsWhenItsFenceNoLongerHolds(t *testing.T) {
+	store := offsets.NewMemoryStore()
+	d, brokers, done := soloDaemon(t, store)
+	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	next := func() *client.Message {
+		t.Helper()
+		select {
+		case m := <-c.Messages():
+			return m
+		case <-time.After(30 * time.Second):
+			t.Fatal("no message within 30s")
+			return nil
+		}
+	}
+	produceTo(t, brokers, "first")
+	if err := next().Ack(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the first offset committed", func() bool {
+		got, _ := store.Load(context.Background())
+		return got[0] == 1
+	})
+
+	store.NewTerm() // another term began: this daemon's fence no longer holds
+	produceTo(t, brokers, "second")
+	if err := next().Ack(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, offsets.ErrFenced) {
+			t.Fatalf("Run = %v, want ErrFenced", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon went on serving under a fence that no longer holds")
+	}
+	if got, _ := store.Load(context.Background()); got[0] != 1 {
+		t.Fatalf("stored %v: the deposed term committed", got)
+	}
+	if _, ok := d.Stats(context.Background()); ok {
+		t.Error("a dispatcher still serves after the term was fenced")
+	}
+}
+
+// fakeAuthority is a term's authority that records End.
+type fakeAuthority struct {
+	lost  chan struct{}
+	ended chan error // capacity 1: the cause given to End
+}
+
+func (a *fakeAuthority) Lost() <-chan struct{} { return a.lost }
+func (a *fakeAuthority) Cause() error          { return nil }
+func (a *fakeAuthority) End(cause error) {
+	select {
+	case a.ended <- cause:
+	default:
+	}
+}
+
+// A term whose commit is refused ends in the election too: leadTerm tells
+// its authority, so that another member leads instead of nobody.
+func TestLeadTermEndsItsAuthorityWhenFenced(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	store := offsets.NewMemoryStore()
+	d, err := New(Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: store,
+		Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 10 * time.Millisecond,
+		Logger: logrus.NewEntry(log),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer d.srv.Close()
+	kc, err := sarama.NewClient(c.ListenAddrs(), kafka.NewConfig("lead-term-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	auth := &fakeAuthority{lost: make(chan struct{}), ended: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.leadTerm(ctx, kc, store, store.NewTerm(), auth, d.log)
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-d.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("term not serving within 30s")
+	}
+	cl, err := client.Dial(ctx, client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	go func() { // acks whatever comes, so that the term has something to commit
+		for m := range cl.Messages() {
+			_ = m.Ack()
+		}
+	}()
+	store.NewTerm() // another term began: this one's fence no longer holds
+	produceTo(t, c.ListenAddrs(), "m")
+	select {
+	case cause := <-auth.ended:
+		if !errors.Is(cause, offsets.ErrFenced) {
+			t.Fatalf("End(%v), want a cause wrapping ErrFenced", cause)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fenced term did not end in its authority")
+	}
+}

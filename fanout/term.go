@@ -1,0 +1,186 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/server"
+	"github.com/nanoservice/core-fanout/internal/actor"
+)
+
+// term is one stretch of serving under one fence. It owns the fence it
+// commits under, the source that consumes the topic, the dispatcher that
+// serves the clients, and the redirect of those clients when it is lost.
+// It does not know where its fence came from (the election, or a store led
+// alone): the daemon makes a term for each fence it wins and runs them one
+// after another.
+type term struct {
+	fence    offsets.Fence // given to every commit of the term
+	store    offsets.Store
+	client   sarama.Client
+	opts     Options
+	log      *logrus.Entry
+	onCommit func(took time.Duration, err error) // the committer's report, for metrics
+	redirect func()                              // sends every client away once the term is lost
+	serving  *atomic.Pointer[term]               // holds the term while its dispatcher runs
+
+	// Set before the term is published in serving, never changed after.
+	src  *kafka.Source
+	disp *dispatch.Dispatcher
+}
+
+// newTerm returns the daemon's term under fence, not yet running.
+func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offsets.Fence, log *logrus.Entry) *term {
+	return &term{
+		fence:    fence,
+		store:    store,
+		client:   client,
+		opts:     d.opts,
+		log:      log,
+		onCommit: d.collector.ObserveCommit,
+		redirect: func() { d.srv.RedirectAll(d.leadership()) },
+		serving:  &d.backend.cur,
+	}
+}
+
+// run serves the term until ctx ends, then drains and commits under the
+// fence and returns nil; or until the term is lost, then it returns at once
+// with the reason: ctx's cause when that wraps dispatch.ErrAbandon (the
+// authority ended the term), the refused commit's error wrapping
+// offsets.ErrFenced, or dispatch.ErrCommitsFailing when commits have failed
+// for ZooKeeperSessionTimeout. A lost term's clients are redirected before its source
+// stops. started is called once the term serves clients.
+func (t *term) run(ctx context.Context, started func()) error {
+	var stored map[int32]int64
+	err := retry(ctx, t.log, "load offsets", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
+		var err error
+		stored, err = t.store.Load(ctx)
+		return err
+	})
+	if err != nil { // ended before serving
+		if cause := context.Cause(ctx); errors.Is(cause, dispatch.ErrAbandon) {
+			return cause
+		}
+		return nil
+	}
+	initial, err := kafka.ParseInitialOffset(t.opts.InitialOffset)
+	if err != nil {
+		return err
+	}
+	src, err := kafka.NewSource(t.client, kafka.SourceConfig{
+		Topic: t.opts.Topic, Initial: initial, Stored: stored, Logger: t.log,
+	})
+	if err != nil {
+		return fmt.Errorf("kafka source: %w", err)
+	}
+	disp, err := dispatch.New(dispatch.Config{
+		AckTimeout:       t.opts.AckTimeout,
+		MaxBuffered:      t.opts.MaxBuffered,
+		MaxBufferedBytes: t.opts.MaxBufferedBytes,
+		CommitInterval:   t.opts.CommitInterval,
+		DrainTimeout:     t.opts.DrainTimeout,
+		MaxCommitFailure: t.opts.ZooKeeperSessionTimeout,
+		Store:            t.store,
+		Fence:            t.fence,
+		Logger:           t.log,
+		Stored:           stored,
+		OnCommit:         t.onCommit,
+		FrameSize:        server.DeliverFrameSize,
+	}, src)
+	if err != nil {
+		return err
+	}
+	t.src, t.disp = src, disp
+
+	// The source outlives the dispatcher's drain: it stops only after the
+	// dispatcher has returned.
+	srcCtx, stopSource := context.WithCancel(context.Background())
+	var routines actor.Group
+	routines.Go(t.log, "source", func() {
+		_ = retry(srcCtx, t.log, "consume topic "+t.opts.Topic, t.opts.ConnectBackoffMax, src.Run)
+	}, nil)
+	defer func() {
+		stopSource()
+		routines.Wait()
+	}()
+
+	t.serving.Store(t)
+	started()
+	t.log.WithFields(logrus.Fields{"stored_offsets": stored, "fence": t.fence}).Info("serving clients")
+	err = disp.Run(ctx)
+	t.serving.CompareAndSwap(t, nil)
+	if err != nil {
+		// The term is lost: send the clients on now, before waiting for the
+		// source to stop (a broker out of reach can hold that up).
+		t.redirect()
+	}
+	return err
+}
+
+// termBackend forwards the server's calls to the dispatcher of the serving
+// term, if any. Between terms there is nobody to forward to: a joining
+// client is told goodbye and other calls are dropped (their deliveries
+// belong to a dispatcher that is gone and are redelivered from the committed
+// offsets).
+type termBackend struct {
+	cur atomic.Pointer[term] // the serving term; nil between terms
+}
+
+var _ dispatch.Backend = (*termBackend)(nil)
+
+// serving returns the serving term, or nil.
+func (b *termBackend) serving() *term { return b.cur.Load() }
+
+// dispatcher returns the serving term's dispatcher, or nil.
+func (b *termBackend) dispatcher() *dispatch.Dispatcher {
+	if t := b.cur.Load(); t != nil {
+		return t.disp
+	}
+	return nil
+}
+
+// Join implements dispatch.Backend.
+func (b *termBackend) Join(id uint64, name string, max int, sink dispatch.ClientSink) {
+	if d := b.dispatcher(); d != nil {
+		d.Join(id, name, max, sink)
+		return
+	}
+	sink.Goodbye("not serving")
+}
+
+// Ack implements dispatch.Backend.
+func (b *termBackend) Ack(id uint64, ids []uint64) {
+	if d := b.dispatcher(); d != nil {
+		d.Ack(id, ids)
+	}
+}
+
+// Nack implements dispatch.Backend.
+func (b *termBackend) Nack(id uint64, ids []uint64) {
+	if d := b.dispatcher(); d != nil {
+		d.Nack(id, ids)
+	}
+}
+
+// Touch implements dispatch.Backend.
+func (b *termBackend) Touch(id uint64, ids []uint64) {
+	if d := b.dispatcher(); d != nil {
+		d.Touch(id, ids)
+	}
+}
+
+// Leave implements dispatch.Backend.
+func (b *termBackend) Leave(id uint64, reason dispatch.LeaveReason) {
+	if d := b.dispatcher(); d != nil {
+		d.Leave(id, reason)
+	}
+}
