@@ -39,10 +39,13 @@ func (m *Message) Size() int {
 }
 
 // Batch is what a Source sends: messages of one partition in offset order.
-// When Start is >= 0 the partition (re)starts at that offset: anything the
-// dispatcher tracked for the partition before is forgotten and Start becomes
-// its committable offset until messages are acked. A Batch may carry a Start
-// and no messages.
+// When Start is >= 0 the partition (re)starts at that offset (its first
+// start, or a restart after its offset went out of range): what the
+// dispatcher holds of the partition at or above Start is forgotten, buffered
+// messages dropped and deliveries no longer counted, as those offsets are
+// fetched again or gone; unacked messages below Start stay outstanding and
+// hold the partition's committable offset until acked. A Batch may carry a
+// Start and no messages.
 type Batch struct {
 	Partition int32
 	Start     int64

@@ -143,7 +143,7 @@ func (s *state) fitsAnyone(m *Message) bool {
 // addBatch takes messages from the source.
 func (s *state) addBatch(b Batch) {
 	if b.Start >= 0 {
-		s.tracker.Start(b.Partition, b.Start)
+		s.restart(b.Partition, b.Start)
 	}
 	for _, m := range b.Messages {
 		if !s.tracker.Received(m.Partition, m.Offset) {
@@ -156,6 +156,32 @@ func (s *state) addBatch(b Batch) {
 		s.fresh.push(m)
 		s.bytes += m.Size()
 		s.stats.Consumed++
+	}
+}
+
+// restart (re)starts partition p at offset r: the tracker forgets its
+// offsets at or above r, and so does the buffer. Unacked messages below r
+// stay, in the buffer and in flight, and their acks count. A delivery of a
+// forgotten message still in flight is dropped when it comes back (requeue).
+func (s *state) restart(p int32, r int64) {
+	if s.tracker.Start(p, r) == 0 {
+		return // nothing at or above r was outstanding, so nothing is buffered there
+	}
+	forgotten := func(m *Message) bool {
+		if m.Partition == p && m.Offset >= r {
+			s.bytes -= m.Size()
+			return true
+		}
+		return false
+	}
+	s.fresh.filter(func(m *Message) bool { return !forgotten(m) })
+	s.retries.filter(func(rt retry) bool { return !forgotten(rt.msg) })
+	if s.large.len() > 0 {
+		first := s.large.front().msg
+		s.large.filter(func(rt retry) bool { return !forgotten(rt.msg) })
+		if s.large.len() == 0 || s.large.front().msg != first {
+			s.largeBlocked = false // a new first message
+		}
 	}
 }
 
@@ -273,10 +299,16 @@ func (s *state) own(id, did uint64) *flight {
 	return f
 }
 
-// requeue turns a flight (already out of the heap) into a retry.
+// requeue turns a flight (already out of the heap) into a retry, unless its
+// partition restarted at or below its offset since it was received: then the
+// message is forgotten (fetched again, or gone) and dropped.
 func (s *state) requeue(f *flight, reason int) {
 	c := f.client
 	s.unlink(f)
+	if m := f.msg; !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
+		s.recycle(f)
+		return
+	}
 	s.retries.push(retry{msg: f.msg, attempt: f.attempt + 1, last: c.id})
 	s.bytes += f.msg.Size()
 	s.stats.Redelivered[reason]++
