@@ -351,25 +351,28 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 // openPartition opens partition p at offset (a number, or a policy
 // constant resolved to a number here), retrying with backoff until ctx ends.
 // A numeric offset out of range is replaced, and reset is true: below the
-// log start by the oldest offset, beyond the end by policy.
+// log start by the oldest offset, beyond the end by policy. Which of the two
+// it is takes a lookup of the log start; a failed lookup is retried, never
+// taken as a reason to apply the policy.
 // It returns the numeric offset consumption starts at.
 func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, log *logrus.Entry,
 	p int32, offset, policy int64) (pc sarama.PartitionConsumer, at int64, reset bool, err error) {
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
-	var outOfRange int64 // the numeric offset found out of range, when reset
+	var outOfRange int64 // the first numeric offset found out of range, when reset
+	var resetBy string   // what replaced it: "oldest" or the policy's name
 	for {
 		at, err = offset, nil
 		if offset < 0 {
 			at, err = s.client.GetOffset(s.cfg.Topic, p, offset)
-			if err == nil && reset {
-				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": policyName(offset), "reset_to": at}).
-					Warn("offset out of range, resetting")
-			}
 		}
 		if err == nil {
 			pc, err = consumer.ConsumePartition(s.cfg.Topic, p, at)
 		}
 		if err == nil {
+			if reset {
+				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": resetBy, "reset_to": at}).
+					Warn("offset out of range, resetting")
+			}
 			s.mu.Lock()
 			if s.paused {
 				pc.Pause()
@@ -382,12 +385,23 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			// Below the log start (retention removed those records): go on
 			// from the oldest record still there, whatever the policy, so that
 			// nothing still in Kafka is skipped. Beyond the end (the log was
-			// truncated): the policy decides.
-			target := policy
-			if oldest, oerr := s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest); oerr == nil && offset < oldest {
-				target = sarama.OffsetOldest
+			// truncated): the policy decides. Out of range again after a
+			// reset (the log moved meanwhile): back off first.
+			if reset && !backoff.Sleep(ctx, b.Next()) {
+				return nil, 0, false, ctx.Err()
 			}
-			outOfRange, offset, reset = offset, target, true
+			oldest, ok := s.logStart(ctx, log, p)
+			if !ok {
+				return nil, 0, false, ctx.Err()
+			}
+			if !reset {
+				outOfRange, reset = at, true
+			}
+			if at < oldest {
+				offset, resetBy = oldest, policyName(sarama.OffsetOldest)
+			} else {
+				offset, resetBy = policy, policyName(policy)
+			}
 			continue // no backoff: the next attempt is a different one
 		}
 		wait := b.Next()
@@ -397,6 +411,21 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			return nil, 0, false, ctx.Err()
 		}
 	}
+}
+
+// logStart returns the oldest offset of partition p, retrying a failed
+// lookup with backoff; false when ctx ends first.
+func (s *Source) logStart(ctx context.Context, log *logrus.Entry, p int32) (int64, bool) {
+	var oldest int64
+	err := backoff.Retry(ctx, backoff.Backoff{Min: retryMin, Max: retryMax}, func(context.Context) error {
+		var err error
+		oldest, err = s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest)
+		return err
+	}, func(attempt int, err error, wait time.Duration) {
+		log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait}).
+			Warn("offset out of range: cannot look up the oldest offset to tell where to reset, retrying")
+	})
+	return oldest, err == nil
 }
 
 // consume sends batches from pc until ctx ends (ok false; pc is closed) or

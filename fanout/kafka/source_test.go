@@ -356,6 +356,72 @@ func TestSourceOutOfRangeWhileRunning(t *testing.T) {
 	}
 }
 
+// failOldestLookups fails, after the first lookup of partition 0's oldest
+// offset, the next n such lookups (ListOffsets, timestamp -2) with a
+// retriable error, as a broker in a leader change would. It returns the
+// number of lookups failed so far.
+func failOldestLookups(cluster *kfake.Cluster, n int32) *atomic.Int32 {
+	var seen, failed atomic.Int32
+	cluster.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		lr := req.(*kmsg.ListOffsetsRequest)
+		if len(lr.Topics) != 1 || len(lr.Topics[0].Partitions) != 1 {
+			return nil, nil, false
+		}
+		if rp := lr.Topics[0].Partitions[0]; rp.Partition != 0 || rp.Timestamp != sarama.OffsetOldest {
+			return nil, nil, false
+		}
+		if seen.Add(1) == 1 || failed.Load() >= n {
+			return nil, nil, false
+		}
+		failed.Add(1)
+		resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = lr.Version
+		st := kmsg.NewListOffsetsResponseTopic()
+		st.Topic = lr.Topics[0].Topic
+		sp := kmsg.NewListOffsetsResponseTopicPartition()
+		sp.Partition, sp.ErrorCode = 0, kerr.LeaderNotAvailable.Code
+		st.Partitions = append(st.Partitions, sp)
+		resp.Topics = append(resp.Topics, st)
+		return resp, nil, true
+	})
+	return &failed
+}
+
+// A stored offset below the log start resets to the oldest offset even when
+// the lookups that tell where the log starts fail for a while: they are
+// retried, never answered by the policy (newest would skip 3 and 4).
+func TestSourceResetRetriesFailedLookup(t *testing.T) {
+	const topic = "t"
+	cluster := newCluster(t, topic, 1)
+	prod := newProducer(t, cluster)
+	prod.produce(topic, 5, 0)
+	if err := prod.admin.DeleteRecords(topic, map[int32]int64{0: 3}); err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	// The first lookup is the consumer's range check, which finds 1 out of
+	// range; the next ones are the source's, to tell where to reset.
+	failed := failOldestLookups(cluster, 3)
+	src, err := NewSource(newClient(t, cluster), SourceConfig{Topic: topic, Initial: sarama.OffsetNewest,
+		Stored: map[int32]int64{0: 1}, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(DefaultBatchSize)
+	run(t, src, rec)
+	testutil.WaitFor(t, testWait, "partition 0 to start", func() bool { return len(rec.startsOf(0)) > 0 })
+	if got := rec.startsOf(0); !slices.Equal(got, []int64{3}) {
+		t.Fatalf("start batches %v, want [3]: the oldest offset, not the policy's newest", got)
+	}
+	if failed.Load() != 3 {
+		t.Fatalf("%d lookups failed, want 3", failed.Load())
+	}
+	testutil.WaitFor(t, testWait, "offsets 3 and 4", func() bool { return len(rec.offsetsOf(0)) == 2 })
+	if got := rec.offsetsOf(0); !slices.Equal(got, []int64{3, 4}) {
+		t.Fatalf("offsets %v, want [3 4]", got)
+	}
+}
+
 // requestsInFlight is the number of requests of client awaiting a response.
 func requestsInFlight(client sarama.Client) int64 {
 	c, ok := client.Config().MetricRegistry.Get("requests-in-flight").(metrics.Counter)
