@@ -64,7 +64,7 @@ type Options struct {
 	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
 	AuthToken        string        // when set, clients must present it in Hello
 
-	InitialOffset  string        // "newest" or "oldest", for partitions with no stored offset; default newest
+	InitialOffset  string        // "newest" or "oldest": where partitions start in a group that never committed; default newest
 	CommitInterval time.Duration // default 1s
 	DrainTimeout   time.Duration // shutdown waits this long for outstanding acks; default 10s
 

@@ -37,7 +37,7 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "max-clients", Usage: "most connected clients (0: no limit)", EnvVars: env("MAX_CLIENTS")},
 		&cli.IntFlag{Name: "max-handshakes", Value: fanout.DefaultMaxHandshakes, Usage: "most connections waiting for their hello; one more closes the one waiting longest", EnvVars: env("MAX_HANDSHAKES")},
 		&cli.StringFlag{Name: "auth-token", Usage: "shared secret clients must send in hello", EnvVars: env("AUTH_TOKEN")},
-		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions with no stored offset start", EnvVars: env("INITIAL_OFFSET")},
+		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions start in a group that has never committed an offset of the topic (later, a partition without one starts at its oldest offset)", EnvVars: env("INITIAL_OFFSET")},
 		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
 		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
 		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat (default 3 × --cluster-heartbeat)", EnvVars: env("LEADER_TIMEOUT")},

@@ -270,6 +270,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				continue
 			}
 			s.addBatch(b)
+			if b.Anchor != nil {
+				// The source waits for the partition's start to be stored
+				// before it sends the partition's messages.
+				c, _ := s.tracker.Report(b.Partition)
+				cm.anchor(b.Partition, c, b.Anchor)
+			}
 		case r := <-d.reqs:
 			d.handle(s, cm, r, now())
 		case <-ackTimer.C:

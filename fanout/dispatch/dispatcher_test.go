@@ -570,3 +570,88 @@ func TestRunStopsWhenACommitHangs(t *testing.T) {
 		t.Fatal("Run went on while a commit hung")
 	}
 }
+
+// waitClosed fails the test unless ch is closed within 5s.
+func waitClosed(t *testing.T, ch chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: not closed within 5s", what)
+	}
+}
+
+// A Start batch with an Anchor is committed at once (the commit interval is
+// an hour here), and its Anchor is closed only once the commit is stored.
+func TestRunAnchorClosedOnceStored(t *testing.T) {
+	mem := offsets.NewMemoryStore()
+	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{}), inner: mem, result: make(chan error, 10)}
+	h := start(t, Config{Store: store, Fence: mem.NewTerm(), CommitInterval: time.Hour})
+	anchor := make(chan struct{})
+	h.src.ch <- Batch{Partition: 3, Start: 7, Anchor: anchor}
+	select {
+	case <-store.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the anchor was not committed at once")
+	}
+	select {
+	case <-anchor:
+		t.Fatal("anchor closed while its commit is under way")
+	default:
+	}
+	close(store.release)
+	waitClosed(t, anchor, "anchor")
+	if stored, _ := mem.Load(context.Background()); stored[3] != 7 {
+		t.Fatalf("stored %v when the anchor was closed, want partition 3 at 7", stored)
+	}
+}
+
+// The anchor of a restart is the partition's committable offset, not the
+// restart offset: unacked messages below it stay outstanding and the stored
+// offset must not pass them.
+func TestRunAnchorOfARestartKeepsUnackedBelow(t *testing.T) {
+	h := start(t, Config{CommitInterval: time.Hour})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	first := make(chan struct{})
+	h.src.ch <- Batch{Partition: 0, Start: 0, Anchor: first}
+	waitClosed(t, first, "first anchor")
+	h.src.ch <- batch(0, 0, 4)
+	var got []Delivery
+	for range 4 {
+		got = append(got, k.next(t))
+	}
+	h.d.Ack(1, []uint64{got[0].ID, got[1].ID}) // committable 2, not stored yet
+	restart := make(chan struct{})
+	h.src.ch <- Batch{Partition: 0, Start: 10, Anchor: restart}
+	waitClosed(t, restart, "anchor of the restart")
+	if o := h.store.get()[0]; o != 2 {
+		t.Fatalf("anchored offset %d, want 2: 2 and 3 are unacked", o)
+	}
+}
+
+// An anchor whose commit fails waits for the retry.
+func TestRunAnchorWaitsForAFailedCommitsRetry(t *testing.T) {
+	var failed atomic.Int32
+	store := &recStore{err: errors.New("zookeeper down")}
+	h := start(t, Config{Store: store, OnCommit: func(_ time.Duration, err error) {
+		if err != nil {
+			failed.Add(1)
+		}
+	}})
+	anchor := make(chan struct{})
+	h.src.ch <- Batch{Partition: 0, Start: 5, Anchor: anchor}
+	testutil.WaitFor(t, 5*time.Second, "a failed commit", func() bool { return failed.Load() > 0 })
+	select {
+	case <-anchor:
+		t.Fatal("anchor closed after a failed commit")
+	default:
+	}
+	store.mu.Lock()
+	store.err = nil
+	store.mu.Unlock()
+	waitClosed(t, anchor, "anchor after the retry")
+	if o := store.get()[0]; o != 5 {
+		t.Fatalf("stored %d, want 5", o)
+	}
+}

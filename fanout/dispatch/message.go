@@ -50,6 +50,14 @@ type Batch struct {
 	Partition int32
 	Start     int64
 	Messages  []*Message
+
+	// Anchor, on a Start batch whose offset the source resolved itself (from
+	// a policy, or by resetting an offset out of range) rather than read from
+	// the store, asks the dispatcher to store the partition's committable
+	// offset at once, through its committer, and to close Anchor once it is
+	// stored. The source sends none of the partition's messages before, so
+	// that a crash after their delivery cannot move the partition's start.
+	Anchor chan struct{}
 }
 
 // Source is the stream of messages to dispatch, typically every partition of

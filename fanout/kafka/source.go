@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
@@ -44,10 +45,12 @@ const (
 type SourceConfig struct {
 	// Topic is the Kafka topic to consume, every partition of it.
 	Topic string
-	// Initial is where partitions without a stored offset start, and where a
-	// partition whose offset is out of range restarts: sarama.OffsetNewest or
-	// sarama.OffsetOldest. Partitions discovered while running always use
-	// sarama.OffsetOldest (see Source).
+	// Initial (--initial-offset) is sarama.OffsetNewest or
+	// sarama.OffsetOldest: where partitions start when Stored is empty (the
+	// group never committed an offset of this topic), and where a partition
+	// whose offset is beyond the log end restarts. Once Stored holds any
+	// offset, a partition without one starts at its oldest offset (see
+	// Source).
 	Initial int64
 	// Stored holds the next offset to consume per partition, as loaded from
 	// the offset store.
@@ -80,10 +83,20 @@ func ParseInitialOffset(s string) (int64, error) {
 // offset before its first messages, then batches of the messages already
 // fetched (at most BatchSize each, never mixing partitions, in offset order).
 //
-// Partitions added to the topic while running start at their stored offset,
-// or else at the oldest offset whatever SourceConfig.Initial says: their
-// messages produced before we noticed the partition (up to RefreshInterval
-// late) must not be skipped.
+// A partition starts at its stored offset. Without one it starts by
+// SourceConfig.Initial only in a group that has stored no offset at all for
+// the topic; otherwise, and for partitions added while running, at its
+// oldest offset whatever Initial says: such a partition was added (or
+// written to) before anyone committed its start, while the cluster was down
+// or just before a crash or failover, or before we noticed it (up to
+// RefreshInterval late), and its messages must not be skipped.
+//
+// A start offset this Source resolved itself (from a policy, or by
+// resetting an offset out of range) is anchored before the partition's first
+// message is sent: its Start batch carries an Anchor that the dispatcher
+// closes once the partition's committable offset is stored. Otherwise a
+// crash right after the first deliveries would resolve the start again
+// (newest has moved on) and lose them.
 type Source struct {
 	client  sarama.Client
 	cfg     SourceConfig
@@ -233,21 +246,26 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 
-	var wg sync.WaitGroup
+	var partitions actor.Group
 	started := make(map[int32]bool, len(parts)) // owned by this goroutine
-	start := func(p int32, policy int64) {
+	start := func(p int32, from int64) {
 		started[p] = true
 		s.mu.Lock()
 		s.parts[p] = nil
 		s.mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.runPartition(ctx, consumer, p, policy)
-		}()
+		partitions.Go(s.log.WithField("partition", p), "partition", func() {
+			s.runPartition(ctx, consumer, p, from)
+		}, nil)
+	}
+	// --initial-offset applies only to a group that never committed: once
+	// it has, a partition without an offset is one whose start nobody
+	// committed, and the oldest offset skips none of it.
+	first := s.cfg.Initial
+	if len(s.cfg.Stored) > 0 {
+		first = sarama.OffsetOldest
 	}
 	for _, p := range parts {
-		start(p, s.cfg.Initial)
+		start(p, first)
 	}
 	s.log.WithField("partitions", len(parts)).Info("kafka source started")
 
@@ -272,7 +290,7 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 
-	wg.Wait()
+	partitions.Wait()
 	s.mu.Lock()
 	s.consumer = nil
 	clear(s.parts)
@@ -303,25 +321,27 @@ func (s *Source) partitions() ([]int32, error) {
 	return parts, nil
 }
 
-// runPartition consumes partition p until ctx ends. policy is where the
-// partition starts without a stored offset and restarts when out of range.
-func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, policy int64) {
+// runPartition consumes partition p until ctx ends. from is where the
+// partition starts without a stored offset (a policy constant).
+func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, from int64) {
 	log := s.log.WithField("partition", p)
-	log.Debug("partition goroutine started")
-	defer log.Debug("partition goroutine stopped")
 	offset, ok := s.cfg.Stored[p]
 	if !ok {
-		offset = policy
+		offset = from
 	}
 	announce := true // the first start is always announced
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
-		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, policy)
+		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, s.cfg.Initial)
 		if err != nil {
 			return // ctx ended
 		}
 		if announce || reset {
-			if !s.send(ctx, dispatch.Batch{Partition: p, Start: at}) {
+			start := dispatch.Batch{Partition: p, Start: at}
+			if reset || offset < 0 { // resolved here, not read from the store
+				start.Anchor = make(chan struct{})
+			}
+			if !s.send(ctx, start) || !s.anchored(ctx, log, start) {
 				closePartition(pc)
 				return
 			}
@@ -481,6 +501,22 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, pc sarama.Parti
 			}
 			next = batch.Messages[len(batch.Messages)-1].Offset + 1
 		}
+	}
+}
+
+// anchored waits until the dispatcher has stored the committable offset of
+// start's partition, when start asks for it (Anchor); false if ctx ends
+// first.
+func (s *Source) anchored(ctx context.Context, log *logrus.Entry, start dispatch.Batch) bool {
+	if start.Anchor == nil {
+		return true
+	}
+	select {
+	case <-start.Anchor:
+		log.WithField("offset", start.Start).Debug("start offset anchored")
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
