@@ -68,6 +68,11 @@ type Options struct {
 	CommitInterval time.Duration // default 1s
 	DrainTimeout   time.Duration // shutdown waits this long for outstanding acks; default 10s
 
+	// Isolation is "read_committed" (records of aborted transactions are
+	// never delivered, those of open ones once they commit) or
+	// "read_uncommitted"; default read_committed.
+	Isolation string
+
 	// ZooKeeperSessionTimeout is the ZooKeeper session timeout asked for;
 	// default 10s. It also bounds how long a leader's offset commits may
 	// keep failing before it steps down (ZooKeeper out of reach for this
@@ -107,6 +112,7 @@ const (
 	DefaultMaxHandshakes    = 1024
 	DefaultMaxOutboxBytes   = 256 << 10
 	DefaultInitialOffset    = "newest"
+	DefaultIsolation        = "read_committed"
 	DefaultCommitInterval   = time.Second
 	DefaultDrainTimeout     = 10 * time.Second
 	DefaultConnectBackoff   = 30 * time.Second
@@ -158,6 +164,9 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
 	if o.InitialOffset == "" {
 		o.InitialOffset = DefaultInitialOffset
+	}
+	if o.Isolation == "" {
+		o.Isolation = DefaultIsolation
 	}
 	set(&o.CommitInterval, DefaultCommitInterval)
 	set(&o.DrainTimeout, DefaultDrainTimeout)
@@ -259,6 +268,9 @@ func (o Options) Validate() error {
 	}
 	if s := strings.ToLower(o.InitialOffset); s != "newest" && s != "oldest" {
 		bad("--initial-offset %q: want newest or oldest", o.InitialOffset)
+	}
+	if _, err := kafka.ParseIsolation(o.Isolation); err != nil {
+		bad("--isolation: %v", err)
 	}
 	if err := o.KafkaSecurity.Validate(); err != nil {
 		errs = append(errs, err)

@@ -41,6 +41,8 @@ func TestValidate(t *testing.T) {
 		{"tiny outbox", func(o *Options) { o.MaxOutboxBytes = 1000 }, "--max-outbox-bytes"},
 		{"bad initial offset", func(o *Options) { o.InitialOffset = "latest" }, "--initial-offset"},
 		{"oldest is fine", func(o *Options) { o.InitialOffset = "OLDEST" }, ""},
+		{"bad isolation", func(o *Options) { o.Isolation = "serializable" }, "--isolation"},
+		{"read_uncommitted is fine", func(o *Options) { o.Isolation = "READ_UNCOMMITTED" }, ""},
 		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},
 		{"zookeeper security is validated", func(o *Options) { o.ZooKeeperSecurity.ReadACL = "auth" }, "--zookeeper-acl-read"},
 		{"metrics token with a line break", func(o *Options) { o.MetricsToken = "tok\n" }, "white space"},

@@ -130,3 +130,28 @@ func TestZooKeeperSessionTimeoutFlag(t *testing.T) {
 		t.Errorf("environment: %v, want 6s", got)
 	}
 }
+
+// --isolation and FANOUT_ISOLATION reach the options; the default is
+// read_committed.
+func TestIsolationFlag(t *testing.T) {
+	run := func(args ...string) fanout.Options {
+		t.Helper()
+		var got fanout.Options
+		app := newApp(io.Discard, io.Discard)
+		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
+		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := run().Isolation; got != "read_committed" {
+		t.Errorf("default: %q, want read_committed", got)
+	}
+	if got := run("--isolation", "read_uncommitted").Isolation; got != "read_uncommitted" {
+		t.Errorf("flag: %q, want read_uncommitted", got)
+	}
+	t.Setenv("FANOUT_ISOLATION", "read_uncommitted")
+	if got := run().Isolation; got != "read_uncommitted" {
+		t.Errorf("environment: %q, want read_uncommitted", got)
+	}
+}

@@ -38,6 +38,7 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "max-handshakes", Value: fanout.DefaultMaxHandshakes, Usage: "most connections waiting for their hello; one more closes the one waiting longest", EnvVars: env("MAX_HANDSHAKES")},
 		&cli.StringFlag{Name: "auth-token", Usage: "shared secret clients must send in hello", EnvVars: env("AUTH_TOKEN")},
 		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions start in a group that has never committed an offset of the topic (later, a partition without one starts at its oldest offset)", EnvVars: env("INITIAL_OFFSET")},
+		&cli.StringFlag{Name: "isolation", Value: fanout.DefaultIsolation, Usage: "read_committed (records of aborted transactions are never delivered, those of open ones once committed) or read_uncommitted", EnvVars: env("ISOLATION")},
 		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
 		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
 		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat (default 3 × --cluster-heartbeat)", EnvVars: env("LEADER_TIMEOUT")},
@@ -103,6 +104,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 
 		ZooKeeperSessionTimeout: dur("zookeeper-session-timeout"),
 	}
+	opts.Isolation = str("isolation")
 	// Security: the flags, and the secrets from the environment or files.
 	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
 	var err error

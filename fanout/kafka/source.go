@@ -383,7 +383,7 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 	for {
 		at, err = offset, nil
 		if offset < 0 {
-			at, err = s.client.GetOffset(s.cfg.Topic, p, offset)
+			at, err = s.offsetOf(p, offset)
 		}
 		if err == nil {
 			pc, err = consumer.ConsumePartition(s.cfg.Topic, p, at)
@@ -431,6 +431,41 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			return nil, 0, false, ctx.Err()
 		}
 	}
+}
+
+// offsetOf resolves policy (sarama.OffsetNewest or OffsetOldest) to an
+// offset of partition p. Under read_committed, newest is the last stable
+// offset, not the high watermark: the records of a transaction still open
+// lie between the two, and are delivered once it commits.
+func (s *Source) offsetOf(p int32, policy int64) (int64, error) {
+	conf := s.client.Config()
+	if policy != sarama.OffsetNewest || conf.Consumer.IsolationLevel != sarama.ReadCommitted {
+		return s.client.GetOffset(s.cfg.Topic, p, policy)
+	}
+	broker, err := s.client.Leader(s.cfg.Topic, p)
+	if err != nil {
+		return -1, fmt.Errorf("leader of partition %d: %w", p, err)
+	}
+	req := sarama.NewOffsetRequest(conf.Version)
+	req.IsolationLevel = sarama.ReadCommitted
+	req.AddBlock(s.cfg.Topic, p, sarama.OffsetNewest, 1)
+	resp, err := broker.GetAvailableOffsets(req)
+	if err != nil {
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, err)
+	}
+	block := resp.GetBlock(s.cfg.Topic, p)
+	switch {
+	case block == nil:
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
+	case !errors.Is(block.Err, sarama.ErrNoError):
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, block.Err)
+	case req.Version == 0:
+		if len(block.Offsets) != 1 {
+			return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
+		}
+		return block.Offsets[0], nil
+	}
+	return block.Offset, nil
 }
 
 // logStart returns the oldest offset of partition p, retrying a failed
