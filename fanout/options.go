@@ -59,6 +59,7 @@ type Options struct {
 	MaxInFlight      int           // cap on any client's unacked messages; default 1000
 	MaxBuffered      int           // messages buffered before fetching pauses; default 10000
 	MaxBufferedBytes int           // payload bytes buffered before fetching pauses; default 64 MiB
+	MaxOutstanding   int           // offsets held per partition behind an unacked one before fetching it pauses; default 50000
 	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
 	MaxClients       int           // 0 = unlimited
 	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
@@ -113,6 +114,7 @@ const (
 	DefaultMaxOutboxBytes   = 256 << 10
 	DefaultInitialOffset    = "newest"
 	DefaultIsolation        = "read_committed"
+	DefaultMaxOutstanding   = 50000
 	DefaultCommitInterval   = time.Second
 	DefaultDrainTimeout     = 10 * time.Second
 	DefaultConnectBackoff   = 30 * time.Second
@@ -159,6 +161,7 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxInFlight, DefaultMaxInFlight)
 	seti(&o.MaxBuffered, DefaultMaxBuffered)
 	seti(&o.MaxBufferedBytes, DefaultMaxBufferedBytes)
+	seti(&o.MaxOutstanding, DefaultMaxOutstanding)
 	seti(&o.MaxFrameSize, protocol.DefaultMaxFrameSize)
 	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
 	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
@@ -253,6 +256,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxBufferedBytes < 1 {
 		bad("--max-buffered-bytes %d: at least 1", o.MaxBufferedBytes)
+	}
+	if o.MaxOutstanding < 1 {
+		bad("--max-outstanding %d: at least 1", o.MaxOutstanding)
 	}
 	if o.MaxFrameSize < 1024 || o.MaxFrameSize > 1<<30 {
 		bad("--max-frame-size %d: between 1 KiB and 1 GiB", o.MaxFrameSize)

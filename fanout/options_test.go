@@ -41,6 +41,8 @@ func TestValidate(t *testing.T) {
 		{"tiny outbox", func(o *Options) { o.MaxOutboxBytes = 1000 }, "--max-outbox-bytes"},
 		{"bad initial offset", func(o *Options) { o.InitialOffset = "latest" }, "--initial-offset"},
 		{"oldest is fine", func(o *Options) { o.InitialOffset = "OLDEST" }, ""},
+		{"zero max outstanding means default", func(o *Options) { o.MaxOutstanding = 0 }, ""},
+		{"negative max outstanding", func(o *Options) { o.MaxOutstanding = -1 }, "--max-outstanding"},
 		{"bad isolation", func(o *Options) { o.Isolation = "serializable" }, "--isolation"},
 		{"read_uncommitted is fine", func(o *Options) { o.Isolation = "READ_UNCOMMITTED" }, ""},
 		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},

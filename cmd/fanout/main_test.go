@@ -131,9 +131,9 @@ func TestZooKeeperSessionTimeoutFlag(t *testing.T) {
 	}
 }
 
-// --isolation and FANOUT_ISOLATION reach the options; the default is
-// read_committed.
-func TestIsolationFlag(t *testing.T) {
+// --isolation and --max-outstanding, and their environment variables,
+// reach the options; without either the defaults do.
+func TestSourceFlags(t *testing.T) {
 	run := func(args ...string) fanout.Options {
 		t.Helper()
 		var got fanout.Options
@@ -144,14 +144,15 @@ func TestIsolationFlag(t *testing.T) {
 		}
 		return got
 	}
-	if got := run().Isolation; got != "read_committed" {
-		t.Errorf("default: %q, want read_committed", got)
+	if got := run(); got.Isolation != "read_committed" || got.MaxOutstanding != fanout.DefaultMaxOutstanding {
+		t.Errorf("defaults: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
 	}
-	if got := run("--isolation", "read_uncommitted").Isolation; got != "read_uncommitted" {
-		t.Errorf("flag: %q, want read_uncommitted", got)
+	if got := run("--isolation", "read_uncommitted", "--max-outstanding", "7"); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 7 {
+		t.Errorf("flags: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
 	}
 	t.Setenv("FANOUT_ISOLATION", "read_uncommitted")
-	if got := run().Isolation; got != "read_uncommitted" {
-		t.Errorf("environment: %q, want read_uncommitted", got)
+	t.Setenv("FANOUT_MAX_OUTSTANDING", "9")
+	if got := run(); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 9 {
+		t.Errorf("environment: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
 	}
 }

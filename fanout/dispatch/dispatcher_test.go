@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,9 +21,13 @@ type fakeSource struct {
 	ch     chan Batch
 	paused atomic.Bool
 	pauses atomic.Int32
+
+	mu   sync.Mutex // guards held and log
+	held map[int32]bool
+	log  []string // "pause <p>" and "resume <p>", in order
 }
 
-func newFakeSource() *fakeSource { return &fakeSource{ch: make(chan Batch)} }
+func newFakeSource() *fakeSource { return &fakeSource{ch: make(chan Batch), held: map[int32]bool{}} }
 
 func (f *fakeSource) Batches() <-chan Batch { return f.ch }
 func (f *fakeSource) Pause() {
@@ -31,6 +36,27 @@ func (f *fakeSource) Pause() {
 	}
 }
 func (f *fakeSource) Resume() { f.paused.Store(false) }
+
+func (f *fakeSource) PausePartition(p int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held[p] = true
+	f.log = append(f.log, fmt.Sprint("pause ", p))
+}
+
+func (f *fakeSource) ResumePartition(p int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.held, p)
+	f.log = append(f.log, fmt.Sprint("resume ", p))
+}
+
+// partitionLog returns the PausePartition and ResumePartition calls so far.
+func (f *fakeSource) partitionLog() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.log)
+}
 
 // chanSink forwards deliveries to a channel.
 type chanSink struct {
@@ -654,4 +680,96 @@ func TestRunAnchorWaitsForAFailedCommitsRetry(t *testing.T) {
 	if o := store.get()[0]; o != 5 {
 		t.Fatalf("stored %d, want 5", o)
 	}
+}
+
+// One message never acked holds its partition's commit, and the tracker
+// keeps every later offset: past MaxOutstanding that partition's fetching
+// pauses (the tracker stays within the bound plus what was already fetched),
+// the other partitions keep flowing, and once the message is acked the
+// partition resumes.
+func TestRunPausesAPartitionHoldingTooManyOffsets(t *testing.T) {
+	const max = 20
+	h := start(t, Config{MaxOutstanding: max})
+	k := newChanSink()
+	h.d.Join(1, "a", 1000, k)
+	h.src.ch <- Batch{Partition: 0, Start: 0}
+	h.src.ch <- Batch{Partition: 1, Start: 0}
+	var poison Delivery
+	off := int64(0)
+	feed := func(p int32, n int64) {
+		t.Helper()
+		h.src.ch <- batch(p, off, off+n)
+		for range n {
+			d := k.next(t)
+			if d.Msg.Partition == 0 && d.Msg.Offset == 0 {
+				poison = d // never acked until the end
+				continue
+			}
+			h.d.Ack(1, []uint64{d.ID})
+		}
+	}
+	for off < 3*max { // partition 0, in batches of 5, until it is held
+		feed(0, 5)
+		off += 5
+		if slices.Contains(h.src.partitionLog(), "pause 0") {
+			break
+		}
+	}
+	if got := h.src.partitionLog(); !slices.Equal(got, []string{"pause 0"}) {
+		t.Fatalf("partition calls %v after %d offsets of partition 0, want [pause 0]", got, off)
+	}
+	st := h.stats(t)
+	if n := st.Outstanding[0]; n <= max || n > max+5 {
+		t.Fatalf("partition 0 holds %d offsets when paused, want just above %d (one batch)", n, max)
+	}
+	if !slices.Equal(st.Held, []int32{0}) {
+		t.Fatalf("Held = %v, want [0]", st.Held)
+	}
+	// Batches of partition 0 fetched before the pause took effect still
+	// count; partition 1 flows on.
+	held := off
+	for off = 0; off < 3*max; off += 5 {
+		feed(1, 5)
+	}
+	if st := h.stats(t); st.Outstanding[1] != 0 || st.Outstanding[0] != int(held) || !slices.Equal(st.Held, []int32{0}) {
+		t.Fatalf("outstanding %v, held %v: want partition 1 committed, partition 0 held at %d", st.Outstanding, st.Held, held)
+	}
+
+	h.d.Ack(1, []uint64{poison.ID})
+	testutil.WaitFor(t, 5*time.Second, "partition 0 resumed", func() bool {
+		return slices.Equal(h.src.partitionLog(), []string{"pause 0", "resume 0"})
+	})
+	if st := h.stats(t); st.Outstanding[0] != 0 || len(st.Held) != 0 {
+		t.Fatalf("after the ack: outstanding %v, held %v", st.Outstanding, st.Held)
+	}
+	testutil.WaitFor(t, 5*time.Second, "partition 0 committed past everything", func() bool { return h.store.get()[0] == held })
+}
+
+// A partition held for its offsets resumes only once back at half of the
+// bound (hysteresis), not as soon as it drops below it.
+func TestRunHeldPartitionResumesAtHalf(t *testing.T) {
+	const max = 10
+	h := start(t, Config{MaxOutstanding: max})
+	k := newChanSink()
+	h.d.Join(1, "a", 1000, k)
+	h.src.ch <- Batch{Partition: 0, Start: 0}
+	h.src.ch <- batch(0, 0, max+2) // 12 outstanding: held
+	ds := make([]Delivery, max+2)
+	for i := range ds {
+		ds[i] = k.next(t)
+	}
+	testutil.WaitFor(t, 5*time.Second, "partition 0 held", func() bool { return slices.Contains(h.src.partitionLog(), "pause 0") })
+	ack := func(from, to int) {
+		for _, d := range ds[from:to] {
+			h.d.Ack(1, []uint64{d.ID})
+		}
+	}
+	ack(0, 6) // 6 outstanding: below the bound, above half
+	if st := h.stats(t); st.Outstanding[0] != 6 || len(h.src.partitionLog()) != 1 {
+		t.Fatalf("at 6 of %d: outstanding %v, partition calls %v; want still held", max, st.Outstanding, h.src.partitionLog())
+	}
+	ack(6, 7) // 5: half
+	testutil.WaitFor(t, 5*time.Second, "partition 0 resumed at half", func() bool {
+		return slices.Equal(h.src.partitionLog(), []string{"pause 0", "resume 0"})
+	})
 }

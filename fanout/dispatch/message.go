@@ -68,6 +68,14 @@ type Source interface {
 	// Pause stops fetching from Kafka; batches already fetched may still
 	// arrive. Pause and Resume are idempotent and safe from any goroutine.
 	Pause()
-	// Resume restarts fetching after Pause.
+	// Resume restarts fetching after Pause, except for partitions paused by
+	// PausePartition.
 	Resume()
+	// PausePartition stops fetching partition p until ResumePartition,
+	// whatever Pause and Resume do meanwhile; batches of p already fetched
+	// may still arrive. Both are idempotent and safe from any goroutine.
+	PausePartition(p int32)
+	// ResumePartition restarts fetching partition p after PausePartition,
+	// unless the source is paused as a whole.
+	ResumePartition(p int32)
 }

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"slices"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -30,6 +31,12 @@ type Stats struct {
 	BufferBytes int                         // payload bytes of the buffered messages
 	Clients     int                         // clients joined
 	Paused      bool                        // fetching is paused
+	// Outstanding is, per partition, the offsets the tracker holds:
+	// received and not yet behind the committable offset.
+	Outstanding map[int32]int
+	// Held lists, sorted, the partitions whose fetching is paused because
+	// they hold more than Config.MaxOutstanding offsets.
+	Held []int32
 	// TooLarge is the number of buffered messages larger than any joined
 	// client accepts (LimitedSink): they wait for a client that takes them.
 	TooLarge int
@@ -104,6 +111,10 @@ type state struct {
 	paused   bool      // the source is paused
 	touched  []*client // clients given deliveries in the current round
 	stats    Stats
+
+	// held holds the partitions whose fetching is paused because the
+	// tracker holds more than Config.MaxOutstanding of their offsets.
+	held map[int32]bool
 }
 
 func newState(ackTimeout time.Duration) *state {
@@ -112,6 +123,7 @@ func newState(ackTimeout time.Duration) *state {
 		tracker:    offsets.NewTracker(),
 		clients:    map[uint64]*client{},
 		flights:    newFlightTable(),
+		held:       map[int32]bool{},
 		largest:    -1,
 	}
 }
@@ -490,6 +502,11 @@ func (s *state) snapshot() Stats {
 	st.BufferBytes = s.bytes
 	st.Clients = len(s.clients)
 	st.Paused = s.paused
+	st.Outstanding = s.tracker.OutstandingAll()
+	for p := range s.held {
+		st.Held = append(st.Held, p)
+	}
+	slices.Sort(st.Held)
 	for i := range s.large.len() {
 		if m := s.large.at(i).msg; !s.fitsAnyone(m) {
 			st.TooLarge++

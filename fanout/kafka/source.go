@@ -103,11 +103,11 @@ type Source struct {
 	log     *logrus.Entry
 	batches chan dispatch.Batch
 
-	mu       sync.Mutex      // guards the fields below
-	consumer sarama.Consumer // nil outside Run
-	paused   bool
-	running  bool                               // Run has started consuming
-	parts    map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
+	mu      sync.Mutex                         // guards the fields below
+	paused  bool                               // Pause: every partition is paused
+	held    map[int32]bool                     // PausePartition: these are paused whatever Resume says
+	running bool                               // Run has started consuming
+	parts   map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
 }
 
 // NewSource returns a Source for cfg.Topic over client. The caller keeps
@@ -146,6 +146,7 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.WithField("topic", cfg.Topic),
 		batches: make(chan dispatch.Batch),
+		held:    map[int32]bool{},
 		parts:   map[int32]sarama.PartitionConsumer{},
 	}, nil
 }
@@ -165,12 +166,15 @@ func (s *Source) Pause() {
 		return
 	}
 	s.paused = true
-	if s.consumer != nil {
-		s.consumer.PauseAll()
+	for _, pc := range s.parts {
+		if pc != nil {
+			pc.Pause()
+		}
 	}
 }
 
-// Resume implements dispatch.Source: it restarts fetching after Pause.
+// Resume implements dispatch.Source: it restarts fetching after Pause,
+// except for the partitions paused by PausePartition.
 func (s *Source) Resume() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -178,8 +182,33 @@ func (s *Source) Resume() {
 		return
 	}
 	s.paused = false
-	if s.consumer != nil {
-		s.consumer.ResumeAll()
+	for p, pc := range s.parts {
+		if pc != nil && !s.held[p] {
+			pc.Resume()
+		}
+	}
+}
+
+// PausePartition implements dispatch.Source: it stops fetching partition p
+// until ResumePartition, across Pause and Resume and a reopen of the
+// partition. Messages of p already fetched may still arrive.
+func (s *Source) PausePartition(p int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held[p] = true
+	if pc := s.parts[p]; pc != nil {
+		pc.Pause()
+	}
+}
+
+// ResumePartition implements dispatch.Source: it restarts fetching partition
+// p after PausePartition, unless the Source is paused.
+func (s *Source) ResumePartition(p int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.held, p)
+	if pc := s.parts[p]; pc != nil && !s.paused {
+		pc.Resume()
 	}
 }
 
@@ -234,17 +263,13 @@ func (s *Source) Run(ctx context.Context) error {
 			err = fmt.Errorf("kafka source: new consumer for topic %q: %w", s.cfg.Topic, err)
 		}
 	}
-	s.mu.Lock()
 	if err != nil {
+		s.mu.Lock()
 		s.running = false // Run may be retried
 		s.mu.Unlock()
 		return err
 	}
-	s.consumer = consumer
-	if s.paused {
-		consumer.PauseAll() // no children yet; openPartition pauses each one
-	}
-	s.mu.Unlock()
+	// openPartition pauses each partition as Pause and PausePartition say.
 
 	var partitions actor.Group
 	started := make(map[int32]bool, len(parts)) // owned by this goroutine
@@ -292,7 +317,6 @@ func (s *Source) Run(ctx context.Context) error {
 
 	partitions.Wait()
 	s.mu.Lock()
-	s.consumer = nil
 	clear(s.parts)
 	s.mu.Unlock()
 	if err := consumer.Close(); err != nil {
@@ -394,7 +418,7 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 					Warn("offset out of range, resetting")
 			}
 			s.mu.Lock()
-			if s.paused {
+			if s.paused || s.held[p] {
 				pc.Pause()
 			}
 			s.parts[p] = pc

@@ -164,6 +164,15 @@ func (t *Tracker) Outstanding(p int32) int {
 	return 0
 }
 
+// OutstandingAll returns Outstanding of every tracked partition.
+func (t *Tracker) OutstandingAll() map[int32]int {
+	out := make(map[int32]int, len(t.parts))
+	for p, pt := range t.parts {
+		out[p] = pt.n
+	}
+	return out
+}
+
 // Dirty returns the committable offsets that changed since they were last
 // reported, or nil when none did, and marks them reported.
 func (t *Tracker) Dirty() map[int32]int64 {
