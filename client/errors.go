@@ -23,6 +23,11 @@ var (
 
 	// ErrNoAddrs is returned by Dial when Config.Addrs is empty.
 	ErrNoAddrs = errors.New("fanout client: no daemon addresses configured")
+
+	// ErrNoObservers ends a client with Config.Observe whose daemon did not
+	// confirm it observes (Welcome.observer): a daemon older than observers
+	// would hand it work to ack.
+	ErrNoObservers = errors.New("fanout client: the daemon does not support observers")
 )
 
 // permanent reports whether err ends the client instead of a reconnect:
@@ -34,7 +39,7 @@ var (
 // retried.
 func permanent(err error) bool {
 	var tooLarge *protocol.FrameTooLargeError
-	if errors.As(err, &tooLarge) {
+	if errors.As(err, &tooLarge) || errors.Is(err, ErrNoObservers) {
 		return true
 	}
 	var re *protocol.RemoteError

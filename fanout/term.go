@@ -36,6 +36,7 @@ type term struct {
 	// Set before the term is published in serving, never changed after.
 	src  *kafka.Source
 	disp *dispatch.Dispatcher
+	dead *deadLetters // with --max-attempts: the term's dead-letter producer; else nil
 }
 
 // newTerm returns the daemon's term under fence, not yet running.
@@ -72,6 +73,13 @@ func (t *term) run(ctx context.Context, started func()) error {
 		}
 		return nil
 	}
+	progress, err := t.loadProgress(ctx)
+	if err != nil { // ended before serving
+		if cause := context.Cause(ctx); errors.Is(cause, dispatch.ErrAbandon) {
+			return cause
+		}
+		return nil
+	}
 	initial, err := kafka.ParseInitialOffset(t.opts.InitialOffset)
 	if err != nil {
 		return err
@@ -81,6 +89,18 @@ func (t *term) run(ctx context.Context, started func()) error {
 	})
 	if err != nil {
 		return fmt.Errorf("kafka source: %w", err)
+	}
+	// One dead-letter producer per term, on the term's Kafka client.
+	var dead dispatch.DeadLetter
+	var deadOrNil *deadLetters
+	if t.opts.MaxAttempts > 0 {
+		producer, err := sarama.NewSyncProducerFromClient(t.client)
+		if err != nil {
+			return fmt.Errorf("dead-letter producer: %w", err)
+		}
+		defer func() { _ = producer.Close() }()
+		deadOrNil = newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.opts.ConnectBackoffMax, t.log)
+		dead = deadOrNil
 	}
 	disp, err := dispatch.New(dispatch.Config{
 		AckTimeout:       t.opts.AckTimeout,
@@ -94,21 +114,30 @@ func (t *term) run(ctx context.Context, started func()) error {
 		Fence:            t.fence,
 		Logger:           t.log,
 		Stored:           stored,
+		Progress:         progress,
 		OnCommit:         t.onCommit,
 		FrameSize:        server.DeliverFrameSize,
+		MaxAttempts:      t.opts.MaxAttempts,
+		RetryBackoffMin:  t.opts.RetryBackoffMin,
+		RetryBackoffMax:  t.opts.RetryBackoffMax,
+		KeyOrdering:      t.opts.Ordering == OrderingKey,
+		DeadLetter:       dead,
 	}, src)
 	if err != nil {
 		return err
 	}
-	t.src, t.disp = src, disp
+	t.src, t.disp, t.dead = src, disp, deadOrNil
 
-	// The source outlives the dispatcher's drain: it stops only after the
-	// dispatcher has returned.
+	// The source and the dead-letter producer outlive the dispatcher's
+	// drain: they stop only after the dispatcher has returned.
 	srcCtx, stopSource := context.WithCancel(context.Background())
 	var routines actor.Group
 	routines.Go(t.log, "source", func() {
 		_ = retry(srcCtx, t.log, "consume topic "+t.opts.Topic, t.opts.ConnectBackoffMax, src.Run)
 	}, nil)
+	if deadOrNil != nil {
+		routines.Go(t.log, "dead letters", func() { deadOrNil.run(srcCtx) }, nil)
+	}
 	defer func() {
 		stopSource()
 		routines.Wait()
@@ -125,6 +154,28 @@ func (t *term) run(ctx context.Context, started func()) error {
 		t.redirect()
 	}
 	return err
+}
+
+// loadProgress loads, from a store that keeps it, the progress stored with
+// the offsets, retrying until ctx ends (then it returns ctx's error).
+// Progress that does not decode is logged and left out: those partitions
+// start from their committed offsets alone.
+func (t *term) loadProgress(ctx context.Context) (map[int32]offsets.Progress, error) {
+	ps, ok := t.store.(offsets.ProgressStore)
+	if !ok {
+		return nil, nil
+	}
+	var progress map[int32]offsets.Progress
+	err := retry(ctx, t.log, "load progress", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
+		var err error
+		progress, err = ps.LoadProgress(ctx)
+		if errors.Is(err, offsets.ErrBadProgress) {
+			t.log.WithError(err).Warn("stored progress unreadable: those partitions deliver again everything from their committed offsets")
+			return nil
+		}
+		return err
+	})
+	return progress, err
 }
 
 // termBackend forwards the server's calls to the dispatcher of the serving
@@ -166,10 +217,19 @@ func (b *termBackend) Ack(id uint64, ids []uint64) {
 }
 
 // Nack implements dispatch.Backend.
-func (b *termBackend) Nack(id uint64, ids []uint64) {
+func (b *termBackend) Nack(id uint64, ids []uint64, how dispatch.NackInfo) {
 	if d := b.dispatcher(); d != nil {
-		d.Nack(id, ids)
+		d.Nack(id, ids, how)
 	}
+}
+
+// Observe implements dispatch.Backend.
+func (b *termBackend) Observe(id uint64, name string, sink dispatch.ClientSink) {
+	if d := b.dispatcher(); d != nil {
+		d.Observe(id, name, sink)
+		return
+	}
+	sink.Goodbye("not serving")
 }
 
 // Touch implements dispatch.Backend.

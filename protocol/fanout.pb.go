@@ -353,7 +353,20 @@ type Hello struct {
 	// The largest frame the client accepts, in bytes (length prefix excluded).
 	// The daemon never sends this client a larger frame; 0 means the
 	// protocol's default, 4 MiB.
-	MaxFrameSize  uint32 `protobuf:"varint,5,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"`
+	MaxFrameSize uint32 `protobuf:"varint,5,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"`
+	// Field 6 is reserved for the capabilities list.
+	// The client's share of deliveries relative to the other clients: the
+	// daemon hands out messages by smooth weighted round-robin over the
+	// clients with room. 0 (absent) means 100, so a client that sends no weight
+	// gets an equal share. A canary with weight 5 beside two clients of 100
+	// gets about 5/205 of the messages. Credit (max_in_flight) still applies.
+	Weight uint32 `protobuf:"varint,7,opt,name=weight,proto3" json:"weight,omitempty"`
+	// The client observes: it receives a copy of every message the daemon
+	// delivers to the other clients, with delivery_id 0, and acks nothing.
+	// Its copies do not count for offsets or credit; when it falls behind
+	// (its queue passes the daemon's --max-observer-bytes) the daemon closes
+	// its connection. The daemon confirms in Welcome.observer.
+	Observer      bool `protobuf:"varint,8,opt,name=observer,proto3" json:"observer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -423,6 +436,20 @@ func (x *Hello) GetMaxFrameSize() uint32 {
 	return 0
 }
 
+func (x *Hello) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Hello) GetObserver() bool {
+	if x != nil {
+		return x.Observer
+	}
+	return false
+}
+
 // Welcome accepts a session. Deliveries may follow at once.
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -443,7 +470,12 @@ type Welcome struct {
 	// The largest frame the daemon accepts, in bytes (length prefix excluded).
 	MaxFrameSize uint32 `protobuf:"varint,8,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"`
 	// The topic this daemon serves.
-	Topic         string `protobuf:"bytes,9,opt,name=topic,proto3" json:"topic,omitempty"`
+	Topic string `protobuf:"bytes,9,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Field 10 is reserved for the members list.
+	// True when the daemon treats this session as an observer (Hello.observer):
+	// a client that asked to observe and does not see it set talks to a daemon
+	// that does not know observers, and would be handed work to ack.
+	Observer      bool `protobuf:"varint,11,opt,name=observer,proto3" json:"observer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -539,6 +571,13 @@ func (x *Welcome) GetTopic() string {
 		return x.Topic
 	}
 	return ""
+}
+
+func (x *Welcome) GetObserver() bool {
+	if x != nil {
+		return x.Observer
+	}
+	return false
 }
 
 // Redirect tells the client to connect to the cluster's leader instead.
@@ -809,10 +848,18 @@ func (x *Ack) GetDeliveryIds() []uint64 {
 	return nil
 }
 
-// Nack gives the named deliveries back at once, for another client.
+// Nack gives the named deliveries back for another client: at once, or
+// after delay_ms.
 type Nack struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DeliveryIds   []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DeliveryIds []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
+	// Redeliver no earlier than this many milliseconds from now (at most
+	// 900000, 15 minutes; longer is cut to that). 0 (absent): at once, or
+	// after the daemon's --retry-backoff.
+	DelayMs uint32 `protobuf:"varint,2,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	// Why, for logs and the dead-letter record (header fanout.nack.reason);
+	// the daemon keeps at most 256 bytes of it.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -852,6 +899,20 @@ func (x *Nack) GetDeliveryIds() []uint64 {
 		return x.DeliveryIds
 	}
 	return nil
+}
+
+func (x *Nack) GetDelayMs() uint32 {
+	if x != nil {
+		return x.DelayMs
+	}
+	return 0
+}
+
+func (x *Nack) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 // Touch restarts the ack timeout of the named deliveries (work in progress).
@@ -1125,14 +1186,16 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05error\x18\n" +
 	" \x01(\v2\x10.fanout.v1.ErrorH\x00R\x05error\x12.\n" +
 	"\agoodbye\x18\v \x01(\v2\x12.fanout.v1.GoodbyeH\x00R\agoodbyeB\x06\n" +
-	"\x04body\"\xb8\x01\n" +
+	"\x04body\"\xec\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12\"\n" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12\x1d\n" +
 	"\n" +
 	"auth_token\x18\x04 \x01(\tR\tauthToken\x12$\n" +
-	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\"\xc4\x02\n" +
+	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\x12\x16\n" +
+	"\x06weight\x18\a \x01(\rR\x06weight\x12\x1a\n" +
+	"\bobserver\x18\b \x01(\bR\bobserver\"\xe0\x02\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1143,7 +1206,8 @@ const file_fanout_proto_rawDesc = "" +
 	"\fheartbeat_ms\x18\x06 \x01(\rR\vheartbeatMs\x12-\n" +
 	"\x12liveness_intervals\x18\a \x01(\rR\x11livenessIntervals\x12$\n" +
 	"\x0emax_frame_size\x18\b \x01(\rR\fmaxFrameSize\x12\x14\n" +
-	"\x05topic\x18\t \x01(\tR\x05topic\"m\n" +
+	"\x05topic\x18\t \x01(\tR\x05topic\x12\x1a\n" +
+	"\bobserver\x18\v \x01(\bR\bobserver\"m\n" +
 	"\bRedirect\x12%\n" +
 	"\x0eleader_address\x18\x01 \x01(\tR\rleaderAddress\x12$\n" +
 	"\x0eleader_node_id\x18\x02 \x01(\tR\fleaderNodeId\x12\x14\n" +
@@ -1162,9 +1226,11 @@ const file_fanout_proto_rawDesc = "" +
 	"\ftimestamp_ms\x18\a \x01(\x03R\vtimestampMs\x12\x18\n" +
 	"\aattempt\x18\b \x01(\rR\aattempt\",\n" +
 	"\x03Ack\x12%\n" +
-	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\"-\n" +
+	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\"`\n" +
 	"\x04Nack\x12%\n" +
-	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\".\n" +
+	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x19\n" +
+	"\bdelay_ms\x18\x02 \x01(\rR\adelayMs\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\".\n" +
 	"\x05Touch\x12%\n" +
 	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\"\x1c\n" +
 	"\x04Ping\x12\x14\n" +

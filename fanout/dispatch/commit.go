@@ -18,22 +18,27 @@ import (
 // each partition is written, and one commit runs at a time, so a stored
 // offset never goes backwards. Every commit is made under the term's fence,
 // fixed at creation: a committer abandoned with a commit under way cannot
-// write once another term began, however late that commit runs.
+// write once another term began, however late that commit runs. With a
+// store that keeps progress (offsets.ProgressStore) each partition's
+// progress travels with its offset: offered, merged, put back and written
+// together.
 type committer struct {
 	store    offsets.Store
+	ps       offsets.ProgressStore // store, when it keeps progress; else nil
 	fence    offsets.Fence
 	interval time.Duration // wait before retrying a failed commit
 	log      *logrus.Entry
 
 	observe func(took time.Duration, err error) // Config.OnCommit; may be nil
 
-	mu           sync.Mutex                // guards pending, anchors, stored, failures, failingSince and runningSince
-	pending      map[int32]int64           // offered, not yet stored
-	anchors      map[int32][]chan struct{} // closed once a commit of their partition, offered after them, succeeds
-	stored       map[int32]int64           // what the store holds, as far as this committer knows
-	failures     uint64                    // failed commits, in total
-	failingSince time.Time                 // first failure since the last success; zero after a success
-	runningSince time.Time                 // start of the commit under way; zero when none
+	mu           sync.Mutex                 // guards pending, anchors, stored, failures, failingSince and runningSince
+	pending      map[int32]int64            // offered, not yet stored
+	prog         map[int32]offsets.Progress // with ps: the progress of the pending offsets
+	anchors      map[int32][]chan struct{}  // closed once a commit of their partition, offered after them, succeeds
+	stored       map[int32]int64            // what the store holds, as far as this committer knows
+	failures     uint64                     // failed commits, in total
+	failingSince time.Time                  // first failure since the last success; zero after a success
+	runningSince time.Time                  // start of the commit under way; zero when none
 
 	kick   chan struct{} // capacity 1: pending has something new
 	fenced chan error    // capacity 1: the store refused us for good
@@ -43,8 +48,11 @@ type committer struct {
 
 func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Duration, log *logrus.Entry,
 	stored map[int32]int64, observe func(time.Duration, error)) *committer {
+	ps, _ := store.(offsets.ProgressStore)
 	return &committer{
 		store:    store,
+		ps:       ps,
+		prog:     map[int32]offsets.Progress{},
 		fence:    fence,
 		interval: interval,
 		log:      log,
@@ -86,13 +94,22 @@ func (c *committer) abandon() {
 	}
 }
 
-// offer queues offsets for the next commit.
-func (c *committer) offer(m map[int32]int64) {
-	if len(m) == 0 {
+// commitOffer is what one offer brings: offsets and, with a store that
+// keeps it, each one's progress.
+type commitOffer struct {
+	offsets  map[int32]int64
+	progress map[int32]offsets.Progress // nil, or an entry per offset
+}
+
+// offer queues offsets, and their progress, for the next commit.
+func (c *committer) offer(o commitOffer) {
+	if len(o.offsets) == 0 {
 		return
 	}
 	c.mu.Lock()
-	maps.Copy(c.pending, m)
+	for p, off := range o.offsets {
+		c.set(p, off, o.progress)
+	}
 	c.mu.Unlock()
 	select {
 	case c.kick <- struct{}{}:
@@ -100,11 +117,28 @@ func (c *committer) offer(m map[int32]int64) {
 	}
 }
 
-// anchor queues offset for partition p, like offer, and closes done once a
-// commit that includes p, of this offset or of a newer offer, has succeeded.
-func (c *committer) anchor(p int32, offset int64, done chan struct{}) {
+// set makes offset, and its progress in prog, partition p's pending offset.
+// c.mu must be held.
+func (c *committer) set(p int32, offset int64, prog map[int32]offsets.Progress) {
+	c.pending[p] = offset
+	if pr, ok := prog[p]; ok && c.ps != nil {
+		c.prog[p] = pr
+	} else {
+		delete(c.prog, p)
+	}
+}
+
+// anchor queues offset for partition p, like offer, with its progress when
+// pr is not nil, and closes done once a commit that includes p, of this
+// offset or of a newer offer, has succeeded.
+func (c *committer) anchor(p int32, offset int64, pr *offsets.Progress, done chan struct{}) {
 	c.mu.Lock()
 	c.pending[p] = offset
+	if pr != nil && c.ps != nil {
+		c.prog[p] = *pr
+	} else {
+		delete(c.prog, p)
+	}
 	c.anchors[p] = append(c.anchors[p], done)
 	c.mu.Unlock()
 	select {
@@ -115,25 +149,26 @@ func (c *committer) anchor(p int32, offset int64, done chan struct{}) {
 
 // take removes and returns everything pending, and the anchors waiting for
 // it (every anchor waits for a pending partition).
-func (c *committer) take() (map[int32]int64, map[int32][]chan struct{}) {
+func (c *committer) take() (commitOffer, map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.pending) == 0 {
-		return nil, nil
+		return commitOffer{}, nil
 	}
-	m, anchors := c.pending, c.anchors
-	c.pending, c.anchors = map[int32]int64{}, map[int32][]chan struct{}{}
-	return m, anchors
+	o, anchors := commitOffer{offsets: c.pending, progress: c.prog}, c.anchors
+	c.pending, c.prog, c.anchors = map[int32]int64{}, map[int32]offsets.Progress{}, map[int32][]chan struct{}{}
+	return o, anchors
 }
 
-// putBack returns offsets of a failed commit, unless newer ones arrived,
-// and their anchors, which wait for whichever is committed next.
-func (c *committer) putBack(m map[int32]int64, anchors map[int32][]chan struct{}) {
+// putBack returns offsets of a failed commit, with their progress, unless
+// newer ones arrived, and their anchors, which wait for whichever is
+// committed next.
+func (c *committer) putBack(o commitOffer, anchors map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for p, o := range m {
+	for p, off := range o.offsets {
 		if _, newer := c.pending[p]; !newer {
-			c.pending[p] = o
+			c.set(p, off, o.progress)
 		}
 	}
 	for p, a := range anchors {
@@ -161,15 +196,16 @@ func (c *committer) run(ctx context.Context) {
 		case <-retry:
 			retry = nil
 		}
-		m, anchors := c.take()
-		if m == nil {
+		o, anchors := c.take()
+		if o.offsets == nil {
 			continue
 		}
+		m := o.offsets
 		start := time.Now()
 		c.mu.Lock()
 		c.runningSince = start
 		c.mu.Unlock()
-		err := c.store.Commit(ctx, c.fence, m)
+		err := c.commit(ctx, o)
 		c.record(m, time.Since(start), err)
 		switch {
 		case err == nil:
@@ -183,7 +219,7 @@ func (c *committer) run(ctx context.Context) {
 			c.fenced <- err
 			return
 		default:
-			c.putBack(m, anchors)
+			c.putBack(o, anchors)
 			if failures == 0 || failures%30 == 0 {
 				c.log.WithError(err).WithField("failures", failures+1).Warn("offset commit failed; retrying")
 			}
@@ -193,19 +229,28 @@ func (c *committer) run(ctx context.Context) {
 	}
 }
 
-// flush stops the loop and commits everything pending plus m, synchronously.
-func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
+// commit writes o under the fence: with its progress when the store keeps
+// it.
+func (c *committer) commit(ctx context.Context, o commitOffer) error {
+	if c.ps != nil {
+		return c.ps.CommitProgress(ctx, c.fence, o.offsets, o.progress)
+	}
+	return c.store.Commit(ctx, c.fence, o.offsets)
+}
+
+// flush stops the loop and commits everything pending plus o, synchronously.
+func (c *committer) flush(ctx context.Context, o commitOffer) error {
 	c.stop()
-	c.offer(m)
+	c.offer(o)
 	all, anchors := c.take()
-	if all == nil {
+	if all.offsets == nil {
 		return nil
 	}
 	start := time.Now()
-	err := c.store.Commit(ctx, c.fence, all)
-	c.record(all, time.Since(start), err)
+	err := c.commit(ctx, all)
+	c.record(all.offsets, time.Since(start), err)
 	if err != nil {
-		return fmt.Errorf("commit %v: %w", all, err)
+		return fmt.Errorf("commit %v: %w", all.offsets, err)
 	}
 	release(anchors)
 	return nil

@@ -39,9 +39,35 @@ type Config struct {
 	// messages that fit their MaxFrameSize. Nil: every client takes every
 	// message.
 	FrameSize func(*Message) int
+
+	// Progress holds the progress loaded with Stored from a Store that keeps
+	// it (offsets.ProgressStore): messages it shows acked are not delivered
+	// again, the others resume their failure counts (restore.go). With such
+	// a Store every commit stores the partitions' progress too.
+	Progress map[int32]offsets.Progress
+
+	// Delivery policies; the zero values change nothing.
+
+	// MaxAttempts, when > 0, is how many failed deliveries (ack timeout,
+	// nack, client gone) a message gets before it goes to DeadLetter
+	// instead of being delivered again (deadletter.go).
+	MaxAttempts int
+	// DeadLetter takes the messages that failed MaxAttempts times; required
+	// with MaxAttempts.
+	DeadLetter DeadLetter
+	// RetryBackoffMin and RetryBackoffMax, when Min > 0, delay a redelivery
+	// after a failure without a delay of its own by Min·2^(failures−1)
+	// capped at Max, jittered (retry.go).
+	RetryBackoffMin, RetryBackoffMax time.Duration
+	// KeyOrdering delivers the messages of a key of a partition in offset
+	// order, one at a time (keys.go).
+	KeyOrdering bool
 }
 
 func (c *Config) setDefaults() {
+	if c.RetryBackoffMax < c.RetryBackoffMin {
+		c.RetryBackoffMax = c.RetryBackoffMin
+	}
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = 30 * time.Second
 	}
@@ -77,6 +103,7 @@ const (
 	reqNack
 	reqTouch
 	reqStats
+	reqObserve
 )
 
 // request is a call from another goroutine, handled by Run in order.
@@ -89,6 +116,7 @@ type request struct {
 	sink   ClientSink
 	reason LeaveReason
 	reply  chan Stats
+	nack   NackInfo // reqNack
 }
 
 // Dispatcher hands messages from a Source to clients. Create it with New,
@@ -108,6 +136,12 @@ func New(cfg Config, src Source) (*Dispatcher, error) {
 	}
 	if cfg.Fence.IsZero() {
 		return nil, errors.New("dispatch: Config.Fence is required: no commit without a fence")
+	}
+	if cfg.MaxAttempts < 0 {
+		return nil, fmt.Errorf("dispatch: Config.MaxAttempts %d is negative", cfg.MaxAttempts)
+	}
+	if cfg.MaxAttempts > 0 && cfg.DeadLetter == nil {
+		return nil, errors.New("dispatch: Config.DeadLetter is required with MaxAttempts")
 	}
 	cfg.setDefaults()
 	return &Dispatcher{
@@ -135,7 +169,18 @@ func (d *Dispatcher) Leave(id uint64, reason LeaveReason) {
 func (d *Dispatcher) Ack(id uint64, ids []uint64) { d.sendIDs(reqAck, id, ids) }
 
 // Nack implements Backend.
-func (d *Dispatcher) Nack(id uint64, ids []uint64) { d.sendIDs(reqNack, id, ids) }
+func (d *Dispatcher) Nack(id uint64, ids []uint64, how NackInfo) {
+	for len(ids) > 0 {
+		n := min(len(ids), maxRequestIDs)
+		d.send(request{kind: reqNack, id: id, ids: ids[:n:n], nack: how})
+		ids = ids[n:]
+	}
+}
+
+// Observe implements Backend.
+func (d *Dispatcher) Observe(id uint64, name string, sink ClientSink) {
+	d.send(request{kind: reqObserve, id: id, name: name, sink: sink})
+}
 
 // Touch implements Backend.
 func (d *Dispatcher) Touch(id uint64, ids []uint64) { d.sendIDs(reqTouch, id, ids) }
@@ -208,6 +253,21 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
 	s.frameSize = d.cfg.FrameSize
+	s.maxAttempts = uint32(d.cfg.MaxAttempts)
+	s.deadLetter = d.cfg.DeadLetter
+	s.retryMin, s.retryMax = d.cfg.RetryBackoffMin, d.cfg.RetryBackoffMax
+	if d.cfg.KeyOrdering {
+		s.keys = map[uint64]keyGate{}
+	}
+	_, progress := d.cfg.Store.(offsets.ProgressStore)
+	if progress {
+		s.tracker.TrackProgress()
+		s.restore = newRestore(d.cfg.Progress)
+	}
+	var deadLetters <-chan []*Message
+	if d.cfg.DeadLetter != nil {
+		deadLetters = d.cfg.DeadLetter.Stored()
+	}
 	s.onTooLarge = func(m *Message, largest int) {
 		d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame, "largest_client_limit": largest}).
 			Warn("message larger than any connected client accepts: it waits for a client that announces a large enough max_frame_size")
@@ -265,7 +325,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			armed = dl
 		}
 
-		if s.draining && s.flights.live == 0 {
+		if s.draining && s.flights.live == 0 && s.deadPending == 0 {
 			return d.finalCommit(s, cm)
 		}
 
@@ -282,15 +342,22 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				// The source waits for the partition's start to be stored
 				// before it sends the partition's messages.
 				c, _ := s.tracker.Report(b.Partition)
-				cm.anchor(b.Partition, c, b.Anchor)
+				var pr *offsets.Progress
+				if progress {
+					p := s.tracker.Progress(b.Partition)
+					pr = &p
+				}
+				cm.anchor(b.Partition, c, pr, b.Anchor)
 			}
+		case ms := <-deadLetters:
+			s.deadLettered(ms)
 		case r := <-d.reqs:
 			d.handle(s, cm, r, now())
 		case <-ackTimer.C:
 			armed = time.Time{}
 			s.expire(now())
 		case <-commitTick.C:
-			cm.offer(s.tracker.Dirty())
+			cm.offer(d.dirty(s, progress))
 			if since := cm.troubleSince(); d.cfg.MaxCommitFailure > 0 && !since.IsZero() && time.Since(since) >= d.cfg.MaxCommitFailure {
 				err := fmt.Errorf("%w: since %s (%v)", ErrCommitsFailing, since.Format(time.RFC3339Nano), time.Since(since).Round(time.Millisecond))
 				d.log.WithError(err).WithField("in_flight", s.flights.live).
@@ -355,12 +422,14 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 	switch r.kind {
 	case reqJoin:
 		s.join(r.id, r.name, r.max, r.sink)
+	case reqObserve:
+		s.observe(r.id, r.name, r.sink)
 	case reqLeave:
-		s.leave(r.id)
+		s.leave(r.id, now)
 	case reqAck:
 		s.ack(r.id, r.ids)
 	case reqNack:
-		s.nack(r.id, r.ids)
+		s.nack(r.id, r.ids, r.nack, now)
 	case reqTouch:
 		s.touch(r.id, r.ids, now)
 	case reqStats:
@@ -370,12 +439,26 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 	}
 }
 
+// dirty returns what changed since the last offer, for the committer: the
+// committable offsets and, with a store that keeps it, their progress.
+func (d *Dispatcher) dirty(s *state, progress bool) commitOffer {
+	offs := s.tracker.Dirty()
+	if !progress || offs == nil {
+		return commitOffer{offsets: offs}
+	}
+	prog := make(map[int32]offsets.Progress, len(offs))
+	for p := range offs {
+		prog[p] = s.tracker.Progress(p)
+	}
+	return commitOffer{offsets: offs, progress: prog}
+}
+
 // finalCommit commits what the committer has not yet stored plus every
 // offset that changed since, synchronously.
 func (d *Dispatcher) finalCommit(s *state, cm *committer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := cm.flush(ctx, s.tracker.Dirty()); err != nil {
+	if err := cm.flush(ctx, d.dirty(s, cm.ps != nil)); err != nil {
 		return fmt.Errorf("final offset commit: %w", err)
 	}
 	d.log.Info("offsets committed; dispatcher stopped")

@@ -39,6 +39,9 @@ const (
 	// DefaultMaxHandshakes bounds the connections that have not sent their
 	// Hello yet; each holds two goroutines and a read buffer (about 40 KiB).
 	DefaultMaxHandshakes = 1024
+	// DefaultMaxObserverBytes bounds the copies queued for one observer and
+	// not yet written: a burst of a few thousand messages fits.
+	DefaultMaxObserverBytes = 16 << 20
 )
 
 // minOutboxBytes is the smallest MaxOutboxBytes: room for a Welcome, an
@@ -71,7 +74,13 @@ type Config struct {
 	// Hello yet; when one more arrives, the one that has waited longest is
 	// closed. Default DefaultMaxHandshakes.
 	MaxHandshakes int
-	AuthToken     string // when set, Hello.auth_token must equal it
+	// MaxObserverBytes bounds the copies (payload bytes and a small
+	// overhead each) queued for one observer (Hello.observer) and not yet
+	// written; passing it closes the observer's connection ("observer
+	// behind"), so that an observer never holds the daemon back. Default
+	// DefaultMaxObserverBytes.
+	MaxObserverBytes int
+	AuthToken        string // when set, Hello.auth_token must equal it
 	// Leadership reports whether this node leads the cluster. It is asked at
 	// every Hello; nil means this node always leads.
 	Leadership func() Leadership
@@ -114,6 +123,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxHandshakes == 0 {
 		c.MaxHandshakes = DefaultMaxHandshakes
 	}
+	if c.MaxObserverBytes == 0 {
+		c.MaxObserverBytes = DefaultMaxObserverBytes
+	}
 	if c.Logger == nil {
 		c.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -150,6 +162,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("MaxOutboxBytes must be at least %d, got %d", minOutboxBytes, c.MaxOutboxBytes)
 	case c.MaxHandshakes < 1:
 		return fmt.Errorf("MaxHandshakes must be at least 1, got %d", c.MaxHandshakes)
+	case c.MaxObserverBytes < minOutboxBytes:
+		return fmt.Errorf("MaxObserverBytes must be at least %d, got %d", minOutboxBytes, c.MaxObserverBytes)
 	}
 	return nil
 }
