@@ -274,7 +274,7 @@ func (o Options) Validate() error {
 			bad("--zookeeper %s: not used with --offset-store kafka (offsets and the leader record are kept in Kafka): remove it",
 				strings.Join(o.ZooKeeper, ","))
 		}
-		if o.ZooKeeperSecurity != (zkstore.Security{}) {
+		if zs := o.ZooKeeperSecurity; zs.Auth != "" || zs.TLSEnabled() || (zs.ReadACL != "" && zs.ReadACL != zkstore.ReadWorld) {
 			bad("--zookeeper-auth, --zookeeper-acl-read and --zookeeper-tls*: not used with --offset-store kafka: remove them")
 		}
 	default:

@@ -45,6 +45,8 @@ func TestValidate(t *testing.T) {
 		{"zookeeper security is validated", func(o *Options) { o.ZooKeeperSecurity.ReadACL = "auth" }, "--zookeeper-acl-read"},
 		{"metrics token with a line break", func(o *Options) { o.MetricsToken = "tok\n" }, "white space"},
 		{"kafka offset store", func(o *Options) { o.OffsetStore = OffsetStoreKafka }, ""},
+		{"kafka offset store with the default read acl", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.ReadACL = OffsetStoreKafka, "world" }, ""},
+		{"kafka offset store with a zookeeper identity", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.Auth = OffsetStoreKafka, "u:p" }, "not used with --offset-store kafka"},
 		{"unknown offset store", func(o *Options) { o.OffsetStore = "etcd" }, "--offset-store"},
 		{"kafka offset store with zookeeper servers", func(o *Options) {
 			o.OffsetStore, o.ZooKeeper = OffsetStoreKafka, []string{"zk:2181"}
