@@ -306,3 +306,29 @@ func procStoreKafka(env []string, watch func(pid int)) procStore {
 		},
 	}
 }
+
+// Three daemons of the Kafka store: the leader's kill -9 is followed by a
+// new leader within the leader timeout plus a margin, nothing is lost, and
+// only messages at or above the committed offsets come again.
+func TestKafkaStoreClusterLeaderCrash(t *testing.T) {
+	testClusterLeaderCrash(t, clNewKafkaCluster)
+}
+
+// Three daemons of the Kafka store: a leader paused (SIGSTOP) is replaced
+// in the group by the next leader's join; resumed (SIGCONT), it is refused
+// by the broker (its heartbeat, commit or leave names a membership the
+// coordinator no longer has), stops delivering and redirects to the new
+// leader; no commit of it is accepted (the epochs in the commits' metadata
+// never go back) and nothing is lost.
+func TestKafkaStoreClusterPausedLeaderDeposed(t *testing.T) {
+	old := testClusterPausedLeaderDeposed(t, clNewKafkaCluster)
+	refused := clGrep(old.logAfter("paused"), "registered with a different member.id")
+	refused = append(refused, clGrep(old.logAfter("paused"), "is not known in the current generation")...)
+	if len(refused) == 0 {
+		t.Errorf("the resumed leader logged no refusal by the broker after SIGCONT:\n%s",
+			strings.Join(old.logAfter("paused"), "\n"))
+	}
+	for _, l := range refused {
+		t.Logf("refused by the broker: %s", l)
+	}
+}
