@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,10 +23,13 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // ksStore returns the Kafka offset store of instance id and topic on the
@@ -330,5 +334,78 @@ func TestKafkaStoreClusterPausedLeaderDeposed(t *testing.T) {
 	}
 	for _, l := range refused {
 		t.Logf("refused by the broker: %s", l)
+	}
+}
+
+// ksKafkaLibs returns the class path of Kafka's own tools: the jars
+// bin/services runs the broker from (FANOUT_TEST_KAFKA_LIBS overrides).
+func ksKafkaLibs(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("FANOUT_TEST_KAFKA_LIBS"); dir != "" {
+		return filepath.Join(dir, "*")
+	}
+	tools, _ := filepath.Glob(filepath.Join("..", ".cache", "kafka-*", "libs", "kafka-tools-[0-9]*.jar"))
+	if len(tools) == 0 {
+		t.Fatal("Kafka's jars are missing: run bin/deps (they go to .cache/kafka-<version>/libs), or set FANOUT_TEST_KAFKA_LIBS")
+	}
+	return filepath.Join(filepath.Dir(tools[len(tools)-1]), "*")
+}
+
+// Kafka's own kafka-consumer-groups --describe shows the offsets a daemon
+// of the Kafka store committed, the lag, and the leader as the member.
+func TestKafkaStoreConsumerGroupsDescribe(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, 2)
+	procProduceTo(t, topic, 0, "a0", "a1", "a2", "a3", "a4")
+	procProduceTo(t, topic, 1, "b0", "b1", "b2", "b3")
+	d := startDaemon(t, ksDaemonOptions(t, topic))
+	c := dial(t, client.Config{MaxInFlight: 20}, d.addr)
+	// Ack all of partition 0 and the first two of partition 1.
+	for acked := 0; acked < 7; {
+		m := recv(t, c, 30*time.Second)
+		if m.Partition == 0 || m.Offset < 2 {
+			if err := m.Ack(); err != nil {
+				t.Fatal(err)
+			}
+			acked++
+		}
+	}
+	testutil.WaitFor(t, 15*time.Second, "offsets 5 and 2 committed", func() bool {
+		o := ksOffsets(t, d.opts.ID, topic)
+		return o[0] == 5 && o[1] == 2
+	})
+
+	group := kafkastore.GroupName(d.opts.ID)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "java", "-cp", ksKafkaLibs(t), "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+		"--bootstrap-server", strings.Join(kafkaAddrs(t), ","), "--describe", "--group", group)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kafka-consumer-groups --describe: %v\n%s", err, out)
+	}
+	t.Logf("kafka-consumer-groups --describe --group %s:\n%s", group, out)
+	// GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG CONSUMER-ID HOST CLIENT-ID
+	want := map[string][3]string{"0": {"5", "5", "0"}, "1": {"2", "4", "2"}}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 9 || f[0] != group || f[1] != topic {
+			continue
+		}
+		w, ok := want[f[2]]
+		if !ok {
+			t.Errorf("unexpected partition row: %s", line)
+			continue
+		}
+		if f[3] != w[0] || f[4] != w[1] || f[5] != w[2] {
+			t.Errorf("partition %s: current %s, log end %s, lag %s; want %s, %s, %s", f[2], f[3], f[4], f[5], w[0], w[1], w[2])
+		}
+		if !strings.HasPrefix(f[6], kafkastore.InstanceID+"-") {
+			t.Errorf("partition %s: consumer %q, want the leader's membership (%s-...)", f[2], f[6], kafkastore.InstanceID)
+		}
+		delete(want, f[2])
+	}
+	if len(want) > 0 {
+		t.Errorf("no row for partitions %v", want)
 	}
 }
