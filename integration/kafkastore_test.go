@@ -409,3 +409,85 @@ func TestKafkaStoreConsumerGroupsDescribe(t *testing.T) {
 		t.Errorf("no row for partitions %v", want)
 	}
 }
+
+// ksCopy runs fanout offsets copy from one store to the other for instance
+// id and returns its exit code and output.
+func ksCopy(t *testing.T, from, to, id, topic string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, procBinary(t), "offsets", "copy", "--from", from, "--to", to, "--id", id, "--topic", topic,
+		"--kafka", strings.Join(kafkaAddrs(t), ","), "--zookeeper", strings.Join(zkAddrs(t), ","))
+	out, _ := cmd.CombinedOutput()
+	t.Logf("fanout offsets copy --from %s --to %s: exit %d\n%s", from, to, cmd.ProcessState.ExitCode(), out)
+	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+// Migration: fanout offsets copy moves a cluster's offsets from ZooKeeper
+// to Kafka and back. It refuses while a daemon runs; after the copy a
+// daemon of the other store resumes exactly where the first one stopped.
+func TestKafkaStoreOffsetsCopy(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, 2)
+	produceSeq(t, topic, "m", 6, 2) // 3 per partition
+	zkOpts := daemonOptions(t, topic)
+	d1 := startDaemon(t, zkOpts)
+	c1 := dial(t, client.Config{MaxInFlight: 10}, d1.addr)
+	for range 6 {
+		if err := recv(t, c1, 30*time.Second).Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, 15*time.Second, "offsets 3 and 3 committed to ZooKeeper", func() bool {
+		o := zkOffsets(t, zkOpts.ID, topic)
+		return o[0] == 3 && o[1] == 3
+	})
+	if code, out := ksCopy(t, "zookeeper", "kafka", zkOpts.ID, topic); code != 1 || !strings.Contains(out, "the cluster runs") {
+		t.Fatalf("copy while a daemon runs: exit %d, want 1 and a refusal naming the running cluster", code)
+	}
+	if got := ksOffsets(t, zkOpts.ID, topic); len(got) != 0 {
+		t.Fatalf("the refused copy wrote %v", got)
+	}
+	_ = c1.Close()
+	if err := d1.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	if code, out := ksCopy(t, "zookeeper", "kafka", zkOpts.ID, topic); code != 0 || !strings.Contains(out, "verified") {
+		t.Fatalf("copy of a stopped cluster: exit %d, want 0", code)
+	}
+	if got := ksOffsets(t, zkOpts.ID, topic); got[0] != 3 || got[1] != 3 {
+		t.Fatalf("offsets in Kafka after the copy: %v, want 0:3 1:3", got)
+	}
+
+	produceSeq(t, topic, "n", 2, 2) // offset 3 of each partition
+	ksOpts := ksDaemonOptions(t, topic)
+	ksOpts.ID = zkOpts.ID
+	d2 := startDaemon(t, ksOpts)
+	c2 := dial(t, client.Config{MaxInFlight: 10}, d2.addr)
+	for range 2 {
+		m := recv(t, c2, 30*time.Second)
+		if m.Offset != 3 || !strings.HasPrefix(string(m.Value), "n-") {
+			t.Fatalf("the Kafka-store daemon delivered p%d@%d (%s), want only the new offset 3 of each partition", m.Partition, m.Offset, m.Value)
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noMessage(t, c2, time.Second)
+	testutil.WaitFor(t, 15*time.Second, "offsets 4 and 4 committed to Kafka", func() bool {
+		o := ksOffsets(t, zkOpts.ID, topic)
+		return o[0] == 4 && o[1] == 4
+	})
+	_ = c2.Close()
+	if err := d2.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	if code, _ := ksCopy(t, "kafka", "zookeeper", zkOpts.ID, topic); code != 0 {
+		t.Fatalf("copy back: exit %d, want 0", code)
+	}
+	if got := zkOffsets(t, zkOpts.ID, topic); got[0] != 4 || got[1] != 4 {
+		t.Fatalf("offsets in ZooKeeper after the copy back: %v, want 0:4 1:4", got)
+	}
+}

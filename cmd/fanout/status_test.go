@@ -136,6 +136,13 @@ func TestStatusCommandErrors(t *testing.T) {
 // and returns its address and a store of the group of instance "svc".
 func kfakeGroup(t *testing.T) (string, *kafkastore.Store) {
 	t.Helper()
+	addr, store, _ := kfakeGroupClient(t)
+	return addr, store
+}
+
+// kfakeGroupClient is kfakeGroup, with the store's client.
+func kfakeGroupClient(t *testing.T) (string, *kafkastore.Store, sarama.Client) {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "jobs"))
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +153,7 @@ func kfakeGroup(t *testing.T) (string, *kafkastore.Store) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	return c.ListenAddrs()[0], kafkastore.New(client, "svc", "jobs", 0)
+	return c.ListenAddrs()[0], kafkastore.New(client, "svc", "jobs", 0), client
 }
 
 // With --offset-store kafka, status reads the leader and the committed

@@ -179,6 +179,26 @@ func (f *zkFencer) session() int64 {
 	return f.conn.SessionID()
 }
 
+// IdleFence returns the fence of a commit to the ZooKeeper offsets of
+// fanout instance id on topic made while no daemon runs (fanout offsets
+// copy): the fence znode (below chroot) at its current version, created with
+// epoch 0 and acl when missing. The next leader's compare-and-set changes the
+// version, so such a commit is refused once a leader began.
+func IdleFence(conn *zk.Conn, chroot, id, topic string, acl zkstore.ACL) (offsets.Fence, error) {
+	f := &zkFencer{conn: conn, path: chroot + FencePath(id, topic), acl: acl}
+	_, stat, err := conn.Get(f.path)
+	if errors.Is(err, zk.ErrNoNode) {
+		if err := f.create(); err != nil {
+			return offsets.Fence{}, err
+		}
+		_, stat, err = conn.Get(f.path)
+	}
+	if err != nil {
+		return offsets.Fence{}, fmt.Errorf("cluster: read fence %s: %w", f.path, err)
+	}
+	return offsets.TopicFence(zkstore.Version{Path: f.path, Version: stat.Version}), nil
+}
+
 // fenceReport is what the fence watcher tells the loop: the record as read
 // now (or why it could not be read), or the outcome of a compare-and-set.
 type fenceReport struct {
