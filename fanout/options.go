@@ -271,11 +271,13 @@ func (o Options) Validate() error {
 	if o.ClusterHeartbeat > 0 && o.LeaderTimeout < 2*o.ClusterHeartbeat {
 		bad("--leader-timeout %s: at least twice --cluster-heartbeat (%s)", o.LeaderTimeout, o.ClusterHeartbeat)
 	}
-	if o.ZooKeeperSessionTimeout > 0 && (o.ZooKeeperSessionTimeout < time.Second || o.ZooKeeperSessionTimeout < 2*o.CommitInterval) {
+	// Each store's session timeout bounds failing commits (storeSessionTimeout):
+	// only the one in use is checked against the commit interval.
+	if o.OffsetStore != OffsetStoreKafka && o.ZooKeeperSessionTimeout > 0 && (o.ZooKeeperSessionTimeout < time.Second || o.ZooKeeperSessionTimeout < 2*o.CommitInterval) {
 		bad("--zookeeper-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
 			o.ZooKeeperSessionTimeout, o.CommitInterval)
 	}
-	if o.KafkaSessionTimeout > 0 && (o.KafkaSessionTimeout < time.Second || o.KafkaSessionTimeout < 2*o.CommitInterval) {
+	if o.OffsetStore == OffsetStoreKafka && o.KafkaSessionTimeout > 0 && (o.KafkaSessionTimeout < time.Second || o.KafkaSessionTimeout < 2*o.CommitInterval) {
 		bad("--kafka-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
 			o.KafkaSessionTimeout, o.CommitInterval)
 	}

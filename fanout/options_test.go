@@ -58,10 +58,18 @@ func TestValidate(t *testing.T) {
 		{"kafka offset store with zookeeper security", func(o *Options) {
 			o.OffsetStore, o.ZooKeeperSecurity.TLS = OffsetStoreKafka, true
 		}, "not used with --offset-store kafka"},
-		{"kafka session timeout below a second", func(o *Options) { o.KafkaSessionTimeout = 500 * time.Millisecond }, "--kafka-session-timeout"},
-		{"kafka session timeout below two commit intervals", func(o *Options) {
-			o.KafkaSessionTimeout, o.CommitInterval = 3*time.Second, 2*time.Second
+		{"kafka session timeout below a second", func(o *Options) {
+			o.OffsetStore, o.KafkaSessionTimeout = OffsetStoreKafka, 500*time.Millisecond
 		}, "--kafka-session-timeout"},
+		{"kafka session timeout below two commit intervals", func(o *Options) {
+			o.OffsetStore, o.KafkaSessionTimeout, o.CommitInterval = OffsetStoreKafka, 3*time.Second, 2*time.Second
+		}, "--kafka-session-timeout"},
+		{"a long commit interval needs only the zookeeper session to be longer", func(o *Options) {
+			o.CommitInterval, o.ZooKeeperSessionTimeout = time.Hour, 2*time.Hour
+		}, ""},
+		{"a long commit interval needs only the kafka session to be longer", func(o *Options) {
+			o.OffsetStore, o.CommitInterval, o.KafkaSessionTimeout = OffsetStoreKafka, time.Hour, 2*time.Hour
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
