@@ -38,7 +38,7 @@ func (s *Store) Join(ctx context.Context, l Leader) (Member, error) {
 	if err != nil {
 		return Member{}, fmt.Errorf("kafkastore: encode leader metadata: %w", err)
 	}
-	parts, _ := s.client.Partitions(s.topic) // none while the topic is missing: the assignment is informative only
+	parts := s.knownPartitions()
 	instance := InstanceID
 	memberID := ""
 	for round := 1; ; round++ {
@@ -105,6 +105,19 @@ func (s *Store) Join(ctx context.Context, l Leader) (Member, error) {
 			return Member{}, s.joinError("sync", sr.Err)
 		}
 	}
+}
+
+// knownPartitions returns the topic's partitions as the client's metadata
+// already knows them, without asking the brokers: the assignment they make
+// is informative only, and a missing topic must not delay a join by the
+// client's metadata retries.
+func (s *Store) knownPartitions() []int32 {
+	topics, err := s.client.Topics() // the cached metadata
+	if err != nil || !slices.Contains(topics, s.topic) {
+		return nil
+	}
+	parts, _ := s.client.Partitions(s.topic)
+	return parts
 }
 
 // joinError describes a refused JoinGroup or SyncGroup.

@@ -226,3 +226,18 @@ func TestForeignMember(t *testing.T) {
 	}
 	_ = a
 }
+
+// A join does not wait for the metadata of a topic that does not exist
+// (the daemon waits for a missing topic, and may lead meanwhile): the
+// assignment is informative only.
+func TestJoinDoesNotWaitForAMissingTopic(t *testing.T) {
+	a, _ := newStore(t)
+	missing := New(a.client, "svc", "no_such_topic", 0)
+	start := time.Now()
+	if _, err := missing.Join(ctx(t), Leader{Epoch: 1, Node: "n"}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("join took %v with the topic missing, want well under the client's metadata retries", took)
+	}
+}
