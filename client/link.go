@@ -179,7 +179,7 @@ func (l *link) run() {
 		err = s.run(c.ctx)
 		l.mu.Lock()
 		l.sess = nil
-		stopping := l.stopping
+		stopping, newCredit := l.stopping, l.credit
 		l.mu.Unlock()
 		if c.ctx.Err() != nil {
 			s.log.Info("closed")
@@ -192,7 +192,7 @@ func (l *link) run() {
 		if s.retired() {
 			// A new share of the client's credit: open the session again
 			// with it, at once.
-			s.log.WithField("max_in_flight", credit).Info("reconnecting with a new share of the credit")
+			s.log.WithFields(logrus.Fields{"from": credit, "to": newCredit}).Info("reconnecting with a new share of the credit")
 			prefer, failures, wait = s.addr, 0, 0
 			continue
 		}
