@@ -79,9 +79,9 @@ type Config struct {
 
 	// Members lists the advertised addresses (host:port) of the members
 	// that own partitions, sorted; nil or empty in leader mode. It is asked
-	// for the Welcome of each client that announces CAPABILITY_MEMBERS (with
-	// the connection's lock held: it must be fast and must not call the
-	// Server) and by MembersChanged. Nil means no members.
+	// for the Welcome of each client that announces CAPABILITY_MEMBERS, with
+	// the connection's lock held, and by MembersChanged: it must not block
+	// (read a snapshot) and must not call the Server. Nil means no members.
 	Members func() []string
 }
 
@@ -366,9 +366,10 @@ func (s *Server) RedirectAll(l Leadership) {
 
 // MembersChanged sends every welcomed client that announced
 // CAPABILITY_MEMBERS the list Config.Members returns now, in a Members
-// frame. The daemon calls it after the list changed. It never blocks on a
-// client: a connection holds at most one list not yet written, the latest,
-// one frame shared by every connection.
+// frame. The daemon calls it after the list changed, holding nothing
+// Config.Members takes. It never blocks on a client: a connection holds at
+// most one list not yet written, the latest, one frame shared by every
+// connection.
 func (s *Server) MembersChanged() {
 	f := protocol.MembersFrame(s.members())
 	s.mu.Lock()
