@@ -111,14 +111,9 @@ func (d *deadLetters) run(ctx context.Context) {
 			continue
 		}
 		done, failed, err := d.produce(pending)
-		if len(done) > 0 {
-			select {
-			case d.stored <- done:
-			case <-ctx.Done():
-				return
-			}
-		}
 		pending = failed
+		// The state is updated before the stored messages are reported, so
+		// that whoever sees them stored sees it too.
 		if err == nil {
 			if failures > 0 {
 				d.log.WithField("failures", failures).Info("dead-letter topic: producing works again")
@@ -126,10 +121,20 @@ func (d *deadLetters) run(ctx context.Context) {
 			failures = 0
 			b.Reset()
 			d.failingSince.Store(0)
+		} else {
+			failures++
+			d.failingSince.CompareAndSwap(0, time.Now().UnixNano())
+		}
+		if len(done) > 0 {
+			select {
+			case d.stored <- done:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if err == nil {
 			continue
 		}
-		failures++
-		d.failingSince.CompareAndSwap(0, time.Now().UnixNano())
 		wait := b.Next()
 		d.log.WithError(err).WithFields(logrus.Fields{"waiting": len(pending), "attempt": failures, "retry_in": wait.Round(time.Millisecond)}).
 			Warn("dead-letter topic: producing failed; the messages wait, and hold their partitions' committed offsets")
