@@ -285,7 +285,7 @@ func TestAckedRangesSpareDuplicatesAfterKillNine(t *testing.T) {
 	const (
 		partitions = 2
 		n          = 4000
-		credit     = 50 // the client's MaxInFlight: at most this many in flight at the crash
+		credit     = 50                     // the client's MaxInFlight: at most this many in flight at the crash
 		commit     = 200 * time.Millisecond // procDaemonArgs' --commit-interval
 		margin     = time.Second            // the commit's own write, on a loaded machine
 	)
