@@ -210,6 +210,55 @@ func testPoisonDeadLetteredAcrossFailover(t *testing.T, kafkaStore bool) {
 // stays below it while the messages behind it are acked, the failure shows
 // in the log; once the topic takes the record, the offset moves on.
 func TestDeadLetterTopicRefusedHoldsTheOffset(t *testing.T) {
+	setMax := func(t *testing.T, admin sarama.ClusterAdmin, dlq, v string) {
+		t.Helper()
+		if err := admin.AlterConfig(sarama.TopicResource, dlq, map[string]*string{"max.message.bytes": &v}, false); err != nil {
+			t.Fatalf("alter %s max.message.bytes=%s: %v", dlq, v, err)
+		}
+	}
+	testDeadLetterTopicOutOfReach(t,
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) { setMax(t, admin, dlq, "1024") },
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) { setMax(t, admin, dlq, "1048576") })
+}
+
+// The same with the dead-letter topic deleted after the daemon's start
+// check (the daemon's clients never create topics), then created again.
+func TestDeadLetterTopicDeletedHoldsTheOffset(t *testing.T) {
+	testDeadLetterTopicOutOfReach(t,
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) {
+			if err := admin.DeleteTopic(dlq); err != nil {
+				t.Fatalf("delete %s: %v", dlq, err)
+			}
+		},
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) {
+			// Kafka refuses the name while the deletion is under way.
+			testutil.WaitFor(t, 60*time.Second, "topic "+dlq+" created again", func() bool {
+				return admin.CreateTopic(dlq, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false) == nil
+			})
+		})
+}
+
+// A daemon whose --dead-letter-topic does not exist exits at start with an
+// error that names the topic and says how to fix it.
+func TestDeadLetterTopicMissingAtStart(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, 1)
+	dlq := uniqueName(t, "dlq")
+	p := procStart(t, procDaemonArgs(t, uniqueName(t, "svc"), topic, procFreeAddr(t), "--max-attempts", "2", "--dead-letter-topic", dlq)...)
+	if code := p.wait(t, 60*time.Second); code == 0 {
+		t.Fatalf("exit code 0 with a missing dead-letter topic")
+	}
+	if line := p.logLine(dlq, "does not exist", "create it"); line == "" {
+		t.Fatalf("no line names the missing topic and the fix:\n%s", p.output())
+	}
+}
+
+// testDeadLetterTopicOutOfReach: a poison message with --max-attempts 1
+// while breakIt has made the dead-letter topic unusable is held (the
+// messages behind it acked and stored as progress, the committed offset
+// below it, the failures logged) until fix makes the topic usable again;
+// then the dead letter is stored with its headers and the offset moves on.
+func testDeadLetterTopicOutOfReach(t *testing.T, breakIt, fix func(*testing.T, sarama.ClusterAdmin, string)) {
 	const n = 5
 	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
 	createTopic(t, topic, 1)
@@ -219,20 +268,14 @@ func TestDeadLetterTopicRefusedHoldsTheOffset(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	setMax := func(v string) {
-		t.Helper()
-		if err := admin.AlterConfig(sarama.TopicResource, dlq, map[string]*string{"max.message.bytes": &v}, false); err != nil {
-			t.Fatalf("alter %s max.message.bytes=%s: %v", dlq, v, err)
-		}
-	}
-	setMax("1024")
 	poison := strings.Repeat("p", 8000)
 	polPoison(t, topic, poison, n)
 
 	id := uniqueName(t, "svc")
 	addr := procFreeAddr(t)
 	p := procStart(t, procDaemonArgs(t, id, topic, addr, "--max-attempts", "1", "--dead-letter-topic", dlq)...)
-	c := procDial(t, client.Config{MaxInFlight: 20}, addr)
+	c := procDial(t, client.Config{MaxInFlight: 20}, addr) // serving: the start check passed
+	breakIt(t, admin, dlq)
 	for acked := 0; acked < n; {
 		m := recv(t, c, 30*time.Second)
 		if string(m.Value) == poison {
@@ -259,7 +302,7 @@ func TestDeadLetterTopicRefusedHoldsTheOffset(t *testing.T) {
 	if o := zkOffsets(t, id, topic)[0]; o != 0 {
 		t.Fatalf("committed offset %d while the dead letter is not stored", o)
 	}
-	setMax("1048576")
+	fix(t, admin, dlq)
 	recs := polReadTopic(t, dlq, 1)
 	if h := polHeaders(recs[0]); string(recs[0].Value) != poison || h[fanout.HeaderDeadLetterNackReason] != "too big to handle" ||
 		h[fanout.HeaderDeadLetterAttempts] != "1" {
