@@ -100,6 +100,12 @@ type state struct {
 	flights flightTable // outstanding deliveries by id
 	heap    deadlineHeap
 
+	// parts holds, in per-partition mode, the partitions served; nil when
+	// every partition is (a term's dispatcher). revoking counts those being
+	// revoked, so that the hot path checks one integer (see partitions.go).
+	parts    map[int32]*owned
+	revoking int
+
 	draining bool      // no more deliveries
 	paused   bool      // the source is paused
 	touched  []*client // clients given deliveries in the current round
@@ -275,6 +281,11 @@ func (s *state) own(id, did uint64) *flight {
 
 // requeue turns a flight (already out of the heap) into a retry.
 func (s *state) requeue(f *flight, reason int) {
+	if s.revoking > 0 && s.revoked(f.msg.Partition) {
+		s.unlink(f) // being handed over: the next owner delivers it
+		s.recycle(f)
+		return
+	}
 	c := f.client
 	s.unlink(f)
 	s.retries.push(retry{msg: f.msg, attempt: f.attempt + 1, last: c.id})
@@ -297,6 +308,11 @@ func (s *state) unlink(f *flight) {
 		c.last = f.prev
 	}
 	c.n--
+	if s.revoking > 0 {
+		if o := s.parts[f.msg.Partition]; o != nil && o.revoke != nil {
+			o.revoke.inFlight--
+		}
+	}
 }
 
 // recycle frees f's id; a later ack naming it is unknown.
