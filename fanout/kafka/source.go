@@ -59,6 +59,11 @@ type SourceConfig struct {
 	RefreshInterval time.Duration
 	// Logger receives the source's logs (the standard logger when nil).
 	Logger *logrus.Entry
+	// Manual makes the source consume only the partitions given to Add,
+	// each until Remove (spread mode: a member consumes the partitions it
+	// owns). Stored and RefreshInterval are then unused: Add says where a
+	// partition starts, and the assignment follows the partition count.
+	Manual bool
 }
 
 // ParseInitialOffset turns "newest" or "oldest" into sarama.OffsetNewest or
@@ -84,6 +89,9 @@ func ParseInitialOffset(s string) (int64, error) {
 // or else at the oldest offset whatever SourceConfig.Initial says: their
 // messages produced before we noticed the partition (up to RefreshInterval
 // late) must not be skipped.
+//
+// A Manual source (spread mode) consumes only the partitions given to Add,
+// each until Remove, and discovers nothing by itself.
 type Source struct {
 	client  sarama.Client
 	cfg     SourceConfig
@@ -95,6 +103,21 @@ type Source struct {
 	paused   bool
 	running  bool                               // Run has started consuming
 	parts    map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
+	manual   manualParts                        // Manual: the partitions added
+}
+
+// manualParts are the partitions of a Manual source.
+type manualParts struct {
+	ctx     context.Context // Run's; nil before Run consumes and after it stops
+	wg      *sync.WaitGroup // Run's partition goroutines
+	waiting map[int32]int64 // added before Run consumes: their start offsets
+	running map[int32]*partRun
+}
+
+// partRun is a partition goroutine of a Manual source.
+type partRun struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the goroutine has returned
 }
 
 // NewSource returns a Source for cfg.Topic over client. The caller keeps
@@ -134,7 +157,67 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		log:     cfg.Logger.WithField("topic", cfg.Topic),
 		batches: make(chan dispatch.Batch),
 		parts:   map[int32]sarama.PartitionConsumer{},
+		manual:  manualParts{waiting: map[int32]int64{}, running: map[int32]*partRun{}},
 	}, nil
+}
+
+// Add starts consuming partition p (Manual sources): at offset when it is
+// >= 0 (the committed offset), else by that policy (sarama.OffsetOldest or
+// sarama.OffsetNewest), which also decides where an out-of-range partition
+// restarts. It sends a Batch with the numeric Start first. Adding a
+// partition being consumed does nothing. Before Run consumes, the partition
+// waits for it.
+func (s *Source) Add(p int32, offset int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.manual.running[p]; ok {
+		return
+	}
+	if s.manual.ctx == nil {
+		s.manual.waiting[p] = offset
+		return
+	}
+	s.startLocked(p, offset)
+}
+
+// startLocked runs partition p's goroutine under Run's context; s.mu held.
+func (s *Source) startLocked(p int32, offset int64) {
+	policy := s.cfg.Initial
+	if offset < 0 {
+		policy = offset
+	}
+	ctx, cancel := context.WithCancel(s.manual.ctx)
+	r := &partRun{cancel: cancel, done: make(chan struct{})}
+	s.manual.running[p] = r
+	s.parts[p] = nil
+	consumer, wg := s.consumer, s.manual.wg
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(r.done)
+		s.runPartition(ctx, consumer, p, offset, policy)
+	}()
+}
+
+// Remove stops consuming partition p (Manual sources) and returns once its
+// goroutine has stopped: no batch of p is sent after Remove returns (one
+// being sent when it is called is either taken before it returns or never).
+func (s *Source) Remove(p int32) {
+	s.mu.Lock()
+	delete(s.manual.waiting, p)
+	r := s.manual.running[p]
+	delete(s.manual.running, p)
+	s.mu.Unlock()
+	if r == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
+	s.mu.Lock()
+	if _, again := s.manual.running[p]; !again {
+		delete(s.parts, p)
+	}
+	s.mu.Unlock()
 }
 
 // Batches implements dispatch.Source. The channel is closed when Run returns
@@ -234,6 +317,9 @@ func (s *Source) Run(ctx context.Context) error {
 	s.mu.Unlock()
 
 	var wg sync.WaitGroup
+	if s.cfg.Manual {
+		return s.runManual(ctx, consumer, &wg)
+	}
 	started := make(map[int32]bool, len(parts)) // owned by this goroutine
 	start := func(p int32, policy int64) {
 		started[p] = true
@@ -241,9 +327,13 @@ func (s *Source) Run(ctx context.Context) error {
 		s.parts[p] = nil
 		s.mu.Unlock()
 		wg.Add(1)
+		offset, ok := s.cfg.Stored[p]
+		if !ok {
+			offset = policy
+		}
 		go func() {
 			defer wg.Done()
-			s.runPartition(ctx, consumer, p, policy)
+			s.runPartition(ctx, consumer, p, offset, policy)
 		}()
 	}
 	for _, p := range parts {
@@ -272,6 +362,31 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 
+	s.stop(consumer, &wg)
+	return nil
+}
+
+// runManual consumes the partitions added until ctx ends (Manual sources).
+func (s *Source) runManual(ctx context.Context, consumer sarama.Consumer, wg *sync.WaitGroup) error {
+	s.mu.Lock()
+	s.manual.ctx, s.manual.wg = ctx, wg
+	for p, offset := range s.manual.waiting {
+		s.startLocked(p, offset)
+	}
+	clear(s.manual.waiting)
+	s.mu.Unlock()
+	s.log.Info("kafka source started: consuming the partitions added")
+	<-ctx.Done()
+	s.mu.Lock()
+	s.manual.ctx = nil
+	clear(s.manual.running)
+	s.mu.Unlock()
+	s.stop(consumer, wg)
+	return nil
+}
+
+// stop waits for the partition goroutines, closes the consumer and Batches.
+func (s *Source) stop(consumer sarama.Consumer, wg *sync.WaitGroup) {
 	wg.Wait()
 	s.mu.Lock()
 	s.consumer = nil
@@ -282,7 +397,6 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	close(s.batches)
 	s.log.Info("kafka source stopped")
-	return nil
 }
 
 // partitions refreshes the topic's metadata and returns its partitions.
@@ -303,16 +417,12 @@ func (s *Source) partitions() ([]int32, error) {
 	return parts, nil
 }
 
-// runPartition consumes partition p until ctx ends. policy is where the
-// partition starts without a stored offset and restarts when out of range.
-func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, policy int64) {
+// runPartition consumes partition p from offset (a number, or a policy)
+// until ctx ends. policy is where it restarts when out of range.
+func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, offset, policy int64) {
 	log := s.log.WithField("partition", p)
 	log.Debug("partition goroutine started")
 	defer log.Debug("partition goroutine stopped")
-	offset, ok := s.cfg.Stored[p]
-	if !ok {
-		offset = policy
-	}
 	announce := true // the first start is always announced
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
