@@ -180,6 +180,12 @@ const (
 // startNode runs an Elector for nodeID on c until cleanup or n.cancel.
 func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID string) *node {
 	t.Helper()
+	return startNodeWith(t, c, fence, id, nodeID, nil)
+}
+
+// startNodeWith is startNode with the Config adjusted by tune, when set.
+func startNodeWith(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID string, tune func(*Config)) *node {
+	t.Helper()
 	log := logrus.New()
 	log.SetLevel(logrus.InfoLevel)
 	log.SetOutput(io.Discard)
@@ -189,7 +195,11 @@ func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID strin
 		ID: id, Topic: "jobs", NodeID: nodeID, Addr: nodeID + ":4000",
 		Heartbeat: testHeartbeat, LeaderTimeout: testLeaderTTL,
 		Client: newKafkaClient(t, c), Logger: logrus.NewEntry(log),
-	}.withDefaults()
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
