@@ -37,4 +37,7 @@ USER nonroot:nonroot
 # 4987: client connections (--listen). 9100: metrics (--metrics-listen,
 # default :9100), once the daemon serves them.
 EXPOSE 4987 9100
+# Ready when the daemon leads or follows a known leader (its /readyz on
+# --metrics-listen / FANOUT_METRICS_LISTEN); the image has no curl.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD ["/usr/local/bin/fanout", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/fanout"]

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -127,12 +128,12 @@ func (d *Daemon) leadership() server.Leadership {
 // listen address is taken).
 func (d *Daemon) Run(ctx context.Context) error {
 	if err := d.srv.Start(context.Background()); err != nil {
-		return err
+		return portTaken(err, "--listen")
 	}
 	defer d.srv.Close()
 	stopMetrics, err := d.startMetrics()
 	if err != nil {
-		return err
+		return portTaken(err, "--metrics-listen")
 	}
 	defer stopMetrics()
 	close(d.listening)
@@ -140,7 +141,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer stopAccepting()
 	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka, "zookeeper": d.opts.ZooKeeper,
 		"kafka_security": d.opts.KafkaSecurity.String(), "zookeeper_security": d.opts.ZooKeeperSecurity.String()}).
-		Info("fanout starting: connecting to Kafka and ZooKeeper")
+		Info("fanout starting: connecting to " + d.opts.connectsTo())
 	for _, w := range d.opts.securityWarnings() {
 		d.log.Warn(w)
 	}
@@ -433,4 +434,14 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
 	}
 	return s
+}
+
+// portTaken adds a hint to a listen error caused by a port in use: several
+// daemons on one host need a --listen and a --metrics-listen each.
+func portTaken(err error, flag string) error {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return err
+	}
+	return fmt.Errorf("%w: is another fanout daemon running on this host? Give each daemon its own %s "+
+		"(see the README's cluster section), or stop the process that holds the port", err, flag)
 }

@@ -176,11 +176,17 @@ func (o Options) Validate() error {
 	o = o.withDefaults()
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if !idName.MatchString(o.ID) {
-		bad("--id %q: required, 1-100 of [a-zA-Z0-9._-]", o.ID)
+	switch {
+	case o.ID == "":
+		bad("--id is required: the service id that daemons of one cluster share")
+	case !idName.MatchString(o.ID):
+		bad("--id %q: use 1-100 of a-z, A-Z, 0-9, '.', '_' and '-' (it becomes part of topic and znode names)", o.ID)
 	}
-	if !topicName.MatchString(o.Topic) || o.Topic == "." || o.Topic == ".." {
-		bad("--topic %q: required, a Kafka topic name (1-249 of [a-zA-Z0-9._-])", o.Topic)
+	switch {
+	case o.Topic == "":
+		bad("--topic is required: the Kafka topic to consume")
+	case !topicName.MatchString(o.Topic) || o.Topic == "." || o.Topic == "..":
+		bad("--topic %q: not a Kafka topic name (1-249 of a-z, A-Z, 0-9, '.', '_' and '-'; not . or ..)", o.Topic)
 	}
 	for _, a := range o.Kafka {
 		if err := checkHostPort(a); err != nil {
@@ -280,6 +286,15 @@ func (o Options) securityWarnings() []string {
 		w = append(w, o.ZooKeeperSecurity.Warnings()...)
 	}
 	return w
+}
+
+// connectsTo names the services the daemon connects to, for its first log
+// line.
+func (o Options) connectsTo() string {
+	if o.Store != nil {
+		return "Kafka (offsets in memory, no ZooKeeper)"
+	}
+	return "Kafka and ZooKeeper"
 }
 
 // advertised returns the address clients are told to connect to.

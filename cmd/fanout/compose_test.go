@@ -106,8 +106,8 @@ func TestComposeFile(t *testing.T) {
 
 	// Kafka: KRaft single node advertising an address the services resolve.
 	kafka := f.Services["kafka"]
-	if !strings.HasPrefix(kafka.Image, "apache/kafka:") {
-		t.Errorf("kafka image %q, want apache/kafka", kafka.Image)
+	if want := "apache/kafka:" + testedKafkaVersion(t); kafka.Image != want {
+		t.Errorf("kafka image %q, want %s, the version the tests run (bin/deps)", kafka.Image, want)
 	}
 	for _, k := range []string{"KAFKA_NODE_ID", "KAFKA_PROCESS_ROLES", "KAFKA_LISTENERS", "KAFKA_ADVERTISED_LISTENERS",
 		"KAFKA_CONTROLLER_QUORUM_VOTERS", "KAFKA_CONTROLLER_LISTENER_NAMES", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"} {
@@ -161,25 +161,43 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf("%s: --advertise %q, want %s", name, opts.Advertise, want)
 		}
 		advertised = append(advertised, opts.Advertise)
-		if len(s.Ports) != 1 {
-			t.Fatalf("%s: ports %v, want one", name, s.Ports)
+		_, metricsPort, err := net.SplitHostPort(opts.MetricsListen)
+		if err != nil {
+			t.Fatalf("%s: --metrics-listen %q: %v", name, opts.MetricsListen, err)
 		}
-		host, container, ok := strings.Cut(s.Ports[0], ":")
-		if !ok || container != port {
-			t.Errorf("%s: port %q does not publish the listen port %s", name, s.Ports[0], port)
+		if len(s.Ports) != 2 {
+			t.Fatalf("%s: ports %v, want two: the client port and the metrics port", name, s.Ports)
 		}
-		if other, dup := hostPorts[host]; dup {
-			t.Errorf("%s and %s both publish host port %s", other, name, host)
+		for i, want := range []string{port, metricsPort} {
+			host, container, ok := strings.Cut(s.Ports[i], ":")
+			if !ok || container != want {
+				t.Errorf("%s: port %q does not publish port %s", name, s.Ports[i], want)
+			}
+			if other, dup := hostPorts[host]; dup {
+				t.Errorf("%s and %s both publish host port %s", other, name, host)
+			}
+			hostPorts[host] = name
 		}
-		hostPorts[host] = name
+		// The health check runs the image's own binary: a command it has.
+		if hc := s.Healthcheck; hc == nil || len(hc.Test) < 3 || hc.Test[0] != "CMD" || filepath.Base(hc.Test[1]) != "fanout" {
+			t.Errorf("%s: healthcheck %v, want [CMD /usr/local/bin/fanout healthcheck]", name, s.Healthcheck)
+		} else if !hasCommand(hc.Test[2]) {
+			t.Errorf("%s: healthcheck runs fanout %s, which is not a command", name, hc.Test[2])
+		}
 		for dep, cond := range map[string]string{"topics": "service_completed_successfully", "zookeeper": "service_healthy"} {
 			if got := s.DependsOn[dep].Condition; got != cond {
 				t.Errorf("%s: depends_on %s condition %q, want %s", name, dep, got, cond)
 			}
 		}
 	}
-	if got := slices.Sorted(maps.Keys(hostPorts)); !slices.Equal(got, []string{"4987", "4988", "4989"}) {
-		t.Errorf("host ports %v, want 4987, 4988, 4989", got)
+	if got := slices.Sorted(maps.Keys(hostPorts)); !slices.Equal(got, []string{"4987", "4988", "4989", "9100", "9101", "9102"}) {
+		t.Errorf("host ports %v, want 4987-4989 and 9100-9102", got)
+	}
+	// The consumer starts once every daemon is healthy.
+	for _, name := range []string{"fanout1", "fanout2", "fanout3"} {
+		if got := f.Services["consumer"].DependsOn[name].Condition; got != "service_healthy" {
+			t.Errorf("consumer: depends_on %s condition %q, want service_healthy", name, got)
+		}
 	}
 
 	// The topics the daemons need, created once Kafka is healthy.
@@ -323,6 +341,31 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("EXPOSE %v lacks %s", exposed, p)
 		}
 	}
+	// The distroless image has no curl: the health check is the binary's own.
+	hcs := final.all("HEALTHCHECK")
+	if len(hcs) != 1 {
+		t.Fatalf("the default image has %d HEALTHCHECKs, want 1", len(hcs))
+	}
+	_, cmd, ok := strings.Cut(hcs[0], "CMD ")
+	var hc []string
+	if !ok || json.Unmarshal([]byte(cmd), &hc) != nil || len(hc) != 2 || hc[0] != ep[0] || !hasCommand(hc[1]) {
+		t.Errorf("HEALTHCHECK %q: want CMD [%q, \"healthcheck\"] in exec form", hcs[0], ep[0])
+	}
+}
+
+// testedKafkaVersion is the Kafka version bin/deps installs for the tests.
+func testedKafkaVersion(t *testing.T) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^KAFKA_VERSION=(\S+)$`).FindSubmatch(repoFile(t, "bin/deps"))
+	if m == nil {
+		t.Fatal("bin/deps sets no KAFKA_VERSION")
+	}
+	return string(m[1])
+}
+
+// hasCommand reports whether the fanout command line has a command name.
+func hasCommand(name string) bool {
+	return slices.ContainsFunc(newApp(io.Discard, io.Discard).Commands, func(c *cli.Command) bool { return c.Name == name })
 }
 
 func TestDockerignore(t *testing.T) {

@@ -145,7 +145,8 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 	defer cancel()
 	store := offsets.NewMemoryStore()
 	log := logrus.New()
-	log.Out = io.Discard
+	var logs syncBuffer
+	log.Out = &logs
 	out, outW := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
@@ -157,6 +158,10 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		}, outW)
 	}()
 	h := readDevHints(t, out)
+	// The dev mode has no ZooKeeper, and its first log line says so.
+	if got := logs.String(); !strings.Contains(got, "connecting to Kafka (offsets in memory, no ZooKeeper)") {
+		t.Errorf("dev's start log does not say it runs without ZooKeeper:\n%s", got)
+	}
 	if code, _, errOut := runApp(ctx, t, strings.NewReader("first\nsecond\n"), h.produce...); code != 0 {
 		t.Fatalf("produce: exit code %d\n%s", code, errOut)
 	}

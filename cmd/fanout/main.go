@@ -13,6 +13,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -65,9 +68,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Action:    serve,
 		// Errors are printed once, by run, with the right exit code.
 		ExitErrHandler: func(*cli.Context, error) {},
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return usageError(err)
-		},
+		OnUsageError:   commandUsageError,
 		Commands: []*cli.Command{
 			{
 				Name:         "serve",
@@ -80,12 +81,55 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			devCommand(),
 			tailCommand(),
 			statusCommand(),
+			healthcheckCommand(),
 			// COMMANDS
 		},
 	}
 }
 
-func commandUsageError(_ *cli.Context, err error, _ bool) error { return usageError(err) }
+// commandUsageError is every command's OnUsageError: bad flags exit 2, with
+// the parser's terse complaints made plain.
+func commandUsageError(c *cli.Context, err error, _ bool) error {
+	return usageError(explainUsage(c, err))
+}
+
+// badValue matches the flag parser's complaint about a value it cannot parse.
+var badValue = regexp.MustCompile(`^invalid value "(.*)" for flag -([\w-]+): parse error$`)
+
+// explainUsage rewrites the flag parser's "invalid value ... parse error"
+// into what the flag expects: a duration needs a unit, a number digits.
+func explainUsage(c *cli.Context, err error) error {
+	m := badValue.FindStringSubmatch(err.Error())
+	if m == nil || c == nil {
+		return err
+	}
+	value, name := m[1], m[2]
+	for _, f := range append(c.Command.Flags, c.App.Flags...) {
+		if !slices.Contains(f.Names(), name) {
+			continue
+		}
+		switch f.(type) {
+		case *cli.DurationFlag:
+			return fmt.Errorf("--%s %q: not a duration; give a number with a unit, e.g. 5s, 500ms or 1m", name, value)
+		case *cli.IntFlag, *cli.Int64Flag, *cli.UintFlag, *cli.Uint64Flag:
+			return fmt.Errorf("--%s %q: not a whole number", name, value)
+		case *cli.BoolFlag:
+			return fmt.Errorf("--%s %q: want true or false", name, value)
+		}
+	}
+	return fmt.Errorf("--%s %q: cannot parse the value", name, value)
+}
+
+// commandNames lists the app's commands for "unexpected argument" errors.
+func commandNames(c *cli.Context) string {
+	var names []string
+	for _, cmd := range c.App.Commands {
+		if !cmd.Hidden {
+			names = append(names, cmd.Name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
 
 func logFlags() []cli.Flag {
 	return []cli.Flag{

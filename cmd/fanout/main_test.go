@@ -31,6 +31,13 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"bad log format", []string{"--log-format", "xml", "--id", "svc", "--topic", "t"}, "--log-format"},
 		{"stray argument", []string{"--id", "svc", "--topic", "t", "extra"}, "extra"},
 		{"serve alias validates too", []string{"serve", "--id", "svc"}, "--topic"},
+		// Messages a new user should not have to decode.
+		{"duration without a unit", []string{"--id", "svc", "--topic", "t", "--ack-timeout", "5"}, `--ack-timeout "5": not a duration; give a number with a unit, e.g. 5s`},
+		{"command duration without a unit", []string{"tail", "--timeout", "5"}, "not a duration; give a number with a unit"},
+		{"not a number", []string{"--id", "svc", "--topic", "t", "--max-in-flight", "many"}, `--max-in-flight "many": not a whole number`},
+		{"given but invalid id is not called missing", []string{"--id", "a b", "--topic", "t"}, `--id "a b": use 1-100 of`},
+		{"missing id is called required", []string{"--topic", "t"}, "--id is required"},
+		{"unknown command lists every command", []string{"foo"}, "commands: serve, produce, dev, tail, status"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -43,6 +50,33 @@ func TestBadFlagsExitTwo(t *testing.T) {
 				t.Fatalf("stderr does not mention %q:\n%s", tt.want, stderr.String())
 			}
 		})
+	}
+}
+
+// A given --id or --topic that is invalid is never reported as missing.
+func TestInvalidValueNotCalledRequired(t *testing.T) {
+	for _, args := range [][]string{{"--id", "a b", "--topic", "t"}, {"--id", "svc", "--topic", "a/b"}} {
+		var stdout, stderr bytes.Buffer
+		run(context.Background(), append([]string{"fanout"}, args...), &stdout, &stderr)
+		if strings.Contains(stderr.String(), "required") {
+			t.Errorf("%v: %q calls a given value missing", args, stderr.String())
+		}
+	}
+}
+
+// Every flag's help shows one default.
+func TestHelpShowsOneDefaultPerFlag(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"fanout", "--help"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit code %d; stderr: %s", code, stderr.String())
+	}
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if n := strings.Count(line, "default"); n > 1 {
+			t.Errorf("help line names %d defaults: %s", n, line)
+		}
+	}
+	if !strings.Contains(stdout.String(), "(default: 3 × --cluster-heartbeat)") {
+		t.Errorf("--leader-timeout's help does not give its derived default:\n%s", stdout.String())
 	}
 }
 

@@ -40,7 +40,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions with no stored offset start", EnvVars: env("INITIAL_OFFSET")},
 		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
 		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
-		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat (default 3 × --cluster-heartbeat)", EnvVars: env("LEADER_TIMEOUT")},
+		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat", DefaultText: "3 × --cluster-heartbeat", EnvVars: env("LEADER_TIMEOUT")},
 		&cli.DurationFlag{Name: "zookeeper-session-timeout", Value: fanout.DefaultZKSessionTimeout, Usage: "ZooKeeper session timeout; a leader whose offset commits have failed this long steps down", EnvVars: env("ZOOKEEPER_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
 		metricsTokenFlag(),
@@ -121,7 +121,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 // serve runs the daemon until SIGINT or SIGTERM.
 func serve(c *cli.Context) error {
 	if c.Args().Present() {
-		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: serve, tail)", c.Args().First()))
+		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: %s)", c.Args().First(), commandNames(c)))
 	}
 	opts, err := serveOptions(c, environ())
 	if err != nil {
