@@ -39,6 +39,9 @@ type Daemon struct {
 
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
+
+	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
+	handoffs  atomic.Uint64                   // spread mode: handoffs done
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -102,6 +105,9 @@ func (d *Daemon) Stats(ctx context.Context) (dispatch.Stats, bool) {
 // the election names; a leader still starting up, or a cluster with no
 // leader, tells clients to retry shortly.
 func (d *Daemon) leadership() server.Leadership {
+	if d.opts.Assignment == AssignmentSpread {
+		return d.spreadLeadership()
+	}
 	if d.backend.serving() != nil {
 		return server.Leadership{Leader: true}
 	}
@@ -115,6 +121,9 @@ func (d *Daemon) leadership() server.Leadership {
 	l := el.Leadership()
 	if l.Leader || !l.Known || l.LeaderID == d.opts.NodeID {
 		return none // elected, not serving yet; or resigning; or no leader known
+	}
+	if l.Mode != cluster.Mode_MODE_LEADER {
+		return none // the leader runs spread mode: this member does not serve (the elector says why)
 	}
 	return server.Leadership{Known: true, LeaderID: l.LeaderID, LeaderAddr: l.LeaderAddr, Epoch: l.Epoch,
 		RetryAfter: d.opts.ClusterHeartbeat}
@@ -177,7 +186,8 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
 	acl := d.opts.ZooKeeperSecurity.ACL(chroot)
 	store.SetACL(acl)
-	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic))
+	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic),
+		zkstore.OwnersPath(chroot, d.opts.ID, d.opts.Topic))
 
 	// The election reads its log with short fetch waits, so it gets a client
 	// of its own: the source's fetch settings are tuned for throughput.
@@ -188,10 +198,15 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		return nil // ctx ended
 	}
 	defer elClient.Close()
+	mode := cluster.Mode_MODE_LEADER
+	if d.opts.Assignment == AssignmentSpread {
+		mode = cluster.Mode_MODE_SPREAD
+	}
 	el, err := cluster.New(cluster.Config{
 		ID: d.opts.ID, Topic: d.opts.Topic, NodeID: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()),
 		Heartbeat: d.opts.ClusterHeartbeat, LeaderTimeout: d.opts.LeaderTimeout,
 		Client: elClient, ZK: conn, Chroot: chroot, ACL: acl, Logger: d.log,
+		Mode: mode, Weight: d.opts.Weight,
 	})
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
@@ -205,17 +220,27 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	var routines actor.Group
 	routines.Go(d.log, "election", func() { elDone <- el.Run(elCtx) }, nil)
 	defer routines.Wait()
-	defer func() {
+	resign := sync.OnceFunc(func() {
 		resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := el.Resign(resignCtx); err != nil {
 			d.log.WithError(err).Warn("resigning from the cluster")
 		}
 		cancel()
+	})
+	defer func() {
+		resign()
 		stopElection()
 		if err := <-elDone; err != nil {
 			d.log.WithError(err).Warn("election stopped")
 		}
 	}()
+
+	if d.opts.Assignment == AssignmentSpread {
+		// Every member serves the partitions its assignment gives it; the
+		// election only says who computes the assignment.
+		owners := zkstore.NewOwners(conn, chroot, d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr()), acl)
+		return d.runSpread(ctx, client, store, spreadDeps{assign: el, records: owners, loader: store, resign: resign})
+	}
 
 	for {
 		var term *cluster.Term
@@ -433,7 +458,22 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	} else if s.Serving { // alone, without an election (Options.Store)
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
 	}
+	if d.opts.Assignment == AssignmentSpread {
+		s.Spread = true
+		if st := d.ownStatus.Load(); st != nil && s.Serving {
+			s.Generation, s.Assigned, s.Owned, s.HandingOff = st.Generation, st.Assigned, st.Owned, st.HandingOff
+		}
+	}
 	return s
+}
+
+// Ownership returns this member's partitions in spread mode (the zero
+// status in leader mode, or before the member serves).
+func (d *Daemon) Ownership() OwnershipStatus {
+	if st := d.ownStatus.Load(); st != nil {
+		return *st
+	}
+	return OwnershipStatus{}
 }
 
 // portTaken adds a hint to a listen error caused by a port in use: several

@@ -80,6 +80,21 @@ type Options struct {
 	ClusterHeartbeat time.Duration
 	LeaderTimeout    time.Duration
 
+	// Assignment is how the members of a cluster share the topic: "leader"
+	// (the default: the elected leader consumes and delivers every
+	// partition, the others redirect its clients) or "spread" (the leader
+	// assigns the partitions to the live members, each serves its own).
+	// Every member of a cluster must run the same. Spread needs ZooKeeper.
+	Assignment string
+	// Weight is this member's capacity in spread mode: its share of the
+	// partitions is proportional to it; default 1.
+	Weight int
+	// HandoffTimeout is, in spread mode, how long a partition that moves
+	// away from this member (or every partition of a member that stops)
+	// waits for its in-flight messages to be acked before it is committed
+	// and released; default 10s.
+	HandoffTimeout time.Duration
+
 	// ConnectBackoffMax bounds the wait between attempts to reach Kafka,
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
@@ -112,6 +127,14 @@ const (
 	DefaultConnectBackoff   = 30 * time.Second
 	DefaultClusterHeartbeat = time.Second
 	DefaultZKSessionTimeout = 10 * time.Second
+	DefaultAssignment       = AssignmentLeader
+	DefaultHandoffTimeout   = 10 * time.Second
+)
+
+// The values of Options.Assignment (--assignment).
+const (
+	AssignmentLeader = "leader"
+	AssignmentSpread = "spread"
 )
 
 // topicName is what Kafka accepts as a topic name.
@@ -165,6 +188,11 @@ func (o Options) withDefaults() Options {
 	set(&o.ConnectBackoffMax, DefaultConnectBackoff)
 	set(&o.ClusterHeartbeat, DefaultClusterHeartbeat)
 	set(&o.LeaderTimeout, 3*o.ClusterHeartbeat)
+	if o.Assignment == "" {
+		o.Assignment = DefaultAssignment
+	}
+	seti(&o.Weight, 1)
+	set(&o.HandoffTimeout, DefaultHandoffTimeout)
 	if o.Logger == nil {
 		o.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -223,7 +251,7 @@ func (o Options) Validate() error {
 		{"--ack-timeout", o.AckTimeout}, {"--heartbeat", o.Heartbeat}, {"--write-timeout", o.WriteTimeout},
 		{"--commit-interval", o.CommitInterval}, {"--drain-timeout", o.DrainTimeout},
 		{"--cluster-heartbeat", o.ClusterHeartbeat}, {"--leader-timeout", o.LeaderTimeout},
-		{"--zookeeper-session-timeout", o.ZooKeeperSessionTimeout},
+		{"--zookeeper-session-timeout", o.ZooKeeperSessionTimeout}, {"--handoff-timeout", o.HandoffTimeout},
 	} {
 		if d.value < 0 {
 			bad("%s %s: must be positive", d.flag, d.value)
@@ -238,6 +266,18 @@ func (o Options) Validate() error {
 	if o.ZooKeeperSessionTimeout > 0 && (o.ZooKeeperSessionTimeout < time.Second || o.ZooKeeperSessionTimeout < 2*o.CommitInterval) {
 		bad("--zookeeper-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
 			o.ZooKeeperSessionTimeout, o.CommitInterval)
+	}
+	switch o.Assignment {
+	case AssignmentLeader:
+	case AssignmentSpread:
+		if o.Store != nil {
+			bad("--assignment spread: needs ZooKeeper (the ownership of each partition is recorded there), not offsets in memory")
+		}
+	default:
+		bad("--assignment %q: want leader or spread", o.Assignment)
+	}
+	if o.Weight < 1 || o.Weight > 1000 {
+		bad("--weight %d: between 1 and 1000", o.Weight)
 	}
 	if o.Liveness < 1 {
 		bad("--liveness %d: at least 1", o.Liveness)

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
 func TestValidate(t *testing.T) {
@@ -44,6 +46,13 @@ func TestValidate(t *testing.T) {
 		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},
 		{"zookeeper security is validated", func(o *Options) { o.ZooKeeperSecurity.ReadACL = "auth" }, "--zookeeper-acl-read"},
 		{"metrics token with a line break", func(o *Options) { o.MetricsToken = "tok\n" }, "white space"},
+		{"spread", func(o *Options) { o.Assignment = AssignmentSpread; o.Weight = 3 }, ""},
+		{"unknown assignment", func(o *Options) { o.Assignment = "round-robin" }, "--assignment"},
+		{"spread without zookeeper", func(o *Options) { o.Assignment, o.Store = AssignmentSpread, offsets.NewMemoryStore() }, "--assignment spread"},
+		{"weight zero means default", func(o *Options) { o.Weight = 0 }, ""},
+		{"negative weight", func(o *Options) { o.Weight = -1 }, "--weight"},
+		{"huge weight", func(o *Options) { o.Weight = 5000 }, "--weight"},
+		{"negative handoff timeout", func(o *Options) { o.HandoffTimeout = -time.Second }, "--handoff-timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -33,6 +33,15 @@ type term struct {
 	redirect func()                              // sends every client away once the term is lost
 	serving  *atomic.Pointer[term]               // holds the term while its dispatcher runs
 
+	// Spread mode (nil spread: a leader's term, fenced as a whole): the
+	// term serves the partitions this member owns, each under its own
+	// fence condition (see runSpread).
+	spread    *spreadDeps
+	ownStatus *atomic.Pointer[OwnershipStatus] // the ownership loop's status
+	handoffs  *atomic.Uint64                   // handoffs done since the daemon started
+	onHandoff func(took time.Duration)         // metrics
+	onMembers func(addrs []string)             // the members owning partitions changed
+
 	// Set before the term is published in serving, never changed after.
 	src  *kafka.Source
 	disp *dispatch.Dispatcher
@@ -49,6 +58,11 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 		onCommit: d.collector.ObserveCommit,
 		redirect: func() { d.srv.RedirectAll(d.leadership()) },
 		serving:  &d.backend.cur,
+
+		ownStatus: &d.ownStatus,
+		handoffs:  &d.handoffs,
+		onHandoff: d.collector.ObserveHandoff,
+		onMembers: d.membersChanged,
 	}
 }
 
@@ -60,6 +74,9 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 // for ZooKeeperSessionTimeout. A lost term's clients are redirected before its source
 // stops. started is called once the term serves clients.
 func (t *term) run(ctx context.Context, started func()) error {
+	if t.spread != nil {
+		return t.runSpread(ctx, started)
+	}
 	var stored map[int32]int64
 	err := retry(ctx, t.log, "load offsets", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
 		var err error

@@ -164,3 +164,31 @@ func TestZooKeeperSessionTimeoutFlag(t *testing.T) {
 		t.Errorf("environment: %v, want 6s", got)
 	}
 }
+
+// --assignment, --weight and --handoff-timeout and their environment
+// variables reach the options; without them the defaults do.
+func TestSpreadFlags(t *testing.T) {
+	run := func(args ...string) fanout.Options {
+		t.Helper()
+		var got fanout.Options
+		app := newApp(io.Discard, io.Discard)
+		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
+		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := run(); got.Assignment != fanout.AssignmentLeader || got.Weight != 1 || got.HandoffTimeout != fanout.DefaultHandoffTimeout {
+		t.Errorf("defaults: %q, %d, %v", got.Assignment, got.Weight, got.HandoffTimeout)
+	}
+	got := run("--assignment", "spread", "--weight", "3", "--handoff-timeout", "4s")
+	if got.Assignment != fanout.AssignmentSpread || got.Weight != 3 || got.HandoffTimeout != 4*time.Second {
+		t.Errorf("flags: %q, %d, %v", got.Assignment, got.Weight, got.HandoffTimeout)
+	}
+	t.Setenv("FANOUT_ASSIGNMENT", "spread")
+	t.Setenv("FANOUT_WEIGHT", "2")
+	t.Setenv("FANOUT_HANDOFF_TIMEOUT", "6s")
+	if got := run(); got.Assignment != fanout.AssignmentSpread || got.Weight != 2 || got.HandoffTimeout != 6*time.Second {
+		t.Errorf("environment: %q, %d, %v", got.Assignment, got.Weight, got.HandoffTimeout)
+	}
+}
