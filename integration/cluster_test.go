@@ -431,6 +431,7 @@ type clRecorder struct {
 	mu       sync.Mutex
 	receipts []clReceipt
 	acked    map[int]bool
+	ackDelay time.Duration // set before the consumers start: how long each holds a message before acking it
 }
 
 func (r *clRecorder) add(rc clReceipt) {
@@ -468,10 +469,13 @@ func (r *clRecorder) firstAfter(t0 time.Time, notNode string) (clReceipt, bool) 
 }
 
 // duplicates returns, per sequence number received more than once, its
-// receipts in order, and the number of extra receipts.
+// receipts in the order they were received, and the number of extra
+// receipts.
 func (r *clRecorder) duplicates() (map[int][]clReceipt, int) {
 	by := map[int][]clReceipt{}
-	for _, rc := range r.all() {
+	all := r.all()
+	slices.SortStableFunc(all, func(a, b clReceipt) int { return a.at.Compare(b.at) })
+	for _, rc := range all {
 		by[rc.seq] = append(by[rc.seq], rc)
 	}
 	extra := 0
@@ -564,7 +568,8 @@ type clConsumer struct {
 	c    *client.Client
 }
 
-// clConsume dials addrs and records every message into rec, acking it.
+// clConsume dials addrs and records every message into rec, acking it
+// (rec.ackDelay after receiving it, when set: the receipt is recorded then).
 func clConsume(t *testing.T, rec *clRecorder, i int, addrs []string) *clConsumer {
 	t.Helper()
 	hook := &clHook{}
@@ -583,6 +588,13 @@ func clConsume(t *testing.T, rec *clRecorder, i int, addrs []string) *clConsumer
 				if n, err := strconv.Atoi(s); err == nil {
 					rc.seq = n
 				}
+			}
+			if rec.ackDelay > 0 {
+				time.AfterFunc(rec.ackDelay, func() {
+					rc.acked = m.Ack() == nil
+					rec.add(rc)
+				})
+				continue
 			}
 			rc.acked = m.Ack() == nil
 			rec.add(rc)
@@ -729,14 +741,16 @@ func clStartFlow(t *testing.T, c *clCluster, n int, over time.Duration) *clFlow 
 		}
 		addrs = append(addrs, a)
 	}
-	return clStartFlowOn(t, c, n, clPartitions, over, addrs)
+	return clStartFlowOn(t, c, n, clPartitions, over, addrs, 0)
 }
 
 // clStartFlowOn is clStartFlow over partitions partitions, with a consumer
-// given each list of addresses.
-func clStartFlowOn(t *testing.T, c *clCluster, n, partitions int, over time.Duration, addrs [][]string) *clFlow {
+// given each list of addresses, each holding every message ackDelay before
+// it acks it.
+func clStartFlowOn(t *testing.T, c *clCluster, n, partitions int, over time.Duration, addrs [][]string, ackDelay time.Duration) *clFlow {
 	t.Helper()
-	f := &clFlow{t: t, c: c, n: n, partitions: partitions, rec: &clRecorder{acked: map[int]bool{}}, produced: make(chan error, 1)}
+	f := &clFlow{t: t, c: c, n: n, partitions: partitions, rec: &clRecorder{acked: map[int]bool{}, ackDelay: ackDelay},
+		produced: make(chan error, 1)}
 	f.watch = clWatchOffsets(t, c.id, c.topic)
 	for i, a := range addrs {
 		f.consumers = append(f.consumers, clConsume(t, f.rec, i, a))

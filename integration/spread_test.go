@@ -20,9 +20,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
@@ -188,16 +191,23 @@ func (l *spRecordLog) checkReleaseBeforeReserve(t *testing.T) (moves int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for p, h := range l.history {
-		for i := 1; i < len(h); i++ {
-			prev, cur := h[i-1], h[i]
-			if prev.owner == "" || cur.owner == "" || prev.owner == cur.owner {
+		var last spRecordState // the last owned state seen
+		released := false      // a released state was seen since
+		for _, cur := range h {
+			switch {
+			case cur.owner == "":
+				released = true
 				continue
+			case last.owner != "" && cur.owner != last.owner:
+				moves++
+				// A reserve right after a release is the release's version
+				// plus one: the owner's reserve, its release, this reserve.
+				if !released && cur.version-last.version < 2 {
+					t.Errorf("partition %d went from %s (version %d) to %s (version %d) without a release in between",
+						p, last.owner, last.version, cur.owner, cur.version)
+				}
 			}
-			moves++
-			if cur.version-prev.version < 2 {
-				t.Errorf("partition %d went from %s (version %d) to %s (version %d) without a release in between",
-					p, prev.owner, prev.version, cur.owner, cur.version)
-			}
+			last, released = cur, false
 		}
 	}
 	return moves
@@ -226,7 +236,7 @@ func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
 			t.Fatalf("%s owns %v, want 4 partitions", nd.id, owned[nd.id])
 		}
 	}
-	f := clStartFlowOn(t, c, n, partitions, 3*time.Second, spConsumers(c.nodes))
+	f := clStartFlowOn(t, c, n, partitions, 3*time.Second, spConsumers(c.nodes), 0)
 	f.finish(90 * time.Second)
 	ownerOf := map[int32]string{}
 	for id, ps := range owned {
@@ -250,4 +260,341 @@ func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
 	f.logDuplicates("three spread members")
 }
 
-var _ = syscall.SIGKILL
+// spOwnerAt returns the owner of each partition in owned.
+func spOwnerAt(owned map[string][]int32) map[int32]string {
+	out := map[int32]string{}
+	for id, ps := range owned {
+		for _, p := range ps {
+			out[p] = id
+		}
+	}
+	return out
+}
+
+// 2. A fourth member joins while sequenced messages flow: partitions move
+// release-before-reserve (the sampled ownership records never go from one
+// owner to another without a release), each member ends with 3, nothing is
+// lost, and no message acked before the move is delivered again.
+func TestSpreadJoinHandsOverReleaseBeforeReserve(t *testing.T) {
+	const partitions, n = 12, 2400
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	c := spNewCluster(t, topic, 3)
+	c.startAll()
+	conn := spZK(t)
+	before := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	records := spSampleRecords(t, c)
+	// Consumers hold each message a while: the old owners' handoffs wait
+	// for acks, while the joiner is ready to reserve.
+	f := clStartFlowOn(t, c, n, partitions, 10*time.Second, spConsumers(c.nodes), 300*time.Millisecond)
+	f.waitAcked(n/4, 60*time.Second)
+
+	joiner := spAdd(t, c)
+	joined := time.Now()
+	c.start(joiner)
+	f.consumers = append(f.consumers, clConsume(t, f.rec, len(f.consumers), []string{joiner.addr}))
+	after := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	t.Logf("%s serves its %d partitions %v after it started; before %v, after %v",
+		joiner.id, len(after[joiner.id]), time.Since(joined).Round(time.Millisecond), before, after)
+	for _, nd := range c.nodes[:3] {
+		if kept := len(slices.DeleteFunc(slices.Clone(after[nd.id]), func(p int32) bool { return !slices.Contains(before[nd.id], p) })); kept != 3 {
+			t.Errorf("%s owns %v after the join, had %v: want 3 of its 4 kept", nd.id, after[nd.id], before[nd.id])
+		}
+	}
+	// The handoffs as the old owners logged them.
+	for _, nd := range c.nodes[:3] {
+		for _, line := range spLogLines(nd, "", "partition handed over") {
+			t.Logf("%s: %s", nd.id, spField(line, "partition", "took", "unacked_dropped"))
+		}
+	}
+	for _, line := range spLogLines(joiner, "", "partition reserved") {
+		t.Logf("%s: %s", joiner.id, spField(line, "partition", "waited", "version"))
+	}
+
+	f.finish(90 * time.Second)
+	if moves := records.checkReleaseBeforeReserve(t); moves < 3 {
+		t.Errorf("the sampled records saw %d moves, want at least the 3 of the join", moves)
+	}
+	dups, _ := f.rec.duplicates()
+	for seq, rs := range dups {
+		for i, rc := range rs[:len(rs)-1] {
+			if rc.acked {
+				t.Errorf("m-%d acked (%+v) and then delivered again: %+v", seq, rc, rs[i+1:])
+				break
+			}
+		}
+	}
+	f.logDuplicates("after a join")
+}
+
+// spField returns the named logfmt fields of a log line, "k=v ...".
+func spField(line string, keys ...string) string {
+	var out []string
+	for _, k := range keys {
+		i := strings.Index(line, " "+k+"=")
+		if i < 0 {
+			continue
+		}
+		v := line[i+len(k)+2:]
+		if j := strings.IndexByte(v, ' '); j >= 0 {
+			v = v[:j]
+		}
+		out = append(out, k+"="+v)
+	}
+	return strings.Join(out, " ")
+}
+
+// 3. kill -9 of a member while messages flow: the others serve its
+// partitions within the leader timeout plus the ZooKeeper session timeout
+// (measured), nothing is lost, and the only messages delivered twice are
+// the crashed member's: of its partitions, at or above the offsets it had
+// committed.
+func TestSpreadMemberCrash(t *testing.T) {
+	const partitions, n = 12, 2400
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	c := spNewCluster(t, topic, 3)
+	c.startAll()
+	conn := spZK(t)
+	before := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	f := clStartFlowOn(t, c, n, partitions, 10*time.Second, spConsumers(c.nodes), 0)
+	f.waitAcked(n/3, 60*time.Second)
+
+	victim := c.nodes[0] // not the leader (the highest id leads first)
+	theirs := before[victim.id]
+	killed := time.Now()
+	victim.signal(t, syscall.SIGKILL)
+	committed := zkOffsets(t, c.id, topic)
+	readAt := time.Now()
+	victim.waitExit(t, 10*time.Second)
+
+	var first clReceipt
+	testutil.WaitFor(t, 60*time.Second, "a message of the crashed member's partitions from another member", func() bool {
+		for _, rc := range f.rec.all() {
+			if rc.at.After(killed) && rc.node != victim.id && slices.Contains(theirs, rc.part) {
+				first = rc
+				return true
+			}
+		}
+		return false
+	})
+	took := first.at.Sub(killed)
+	after := spWaitOwned(t, conn, c, c.others(victim), partitions, 60*time.Second)
+	t.Logf("crash of %s (partitions %v): the first of its partitions served again by %s after %d ms "+
+		"(leader timeout %v + session timeout %v); owners now %v", victim.id, theirs, first.node,
+		took.Milliseconds(), clLeaderTimeout, spSessionTimeout, after)
+	if took > spCrashBound {
+		t.Errorf("the crashed member's partitions were served again after %v, want under %v", took, spCrashBound)
+	}
+	if !readAt.Before(first.at) {
+		t.Fatalf("committed offsets read after another member served: cannot tell what may come again")
+	}
+	for _, nd := range c.others(victim) {
+		if kept := len(slices.DeleteFunc(slices.Clone(after[nd.id]), func(p int32) bool { return !slices.Contains(before[nd.id], p) })); kept != 4 {
+			t.Errorf("%s owns %v after the crash, had %v: want all 4 kept", nd.id, after[nd.id], before[nd.id])
+		}
+	}
+
+	f.finish(90 * time.Second)
+	dups, extra := f.rec.duplicates()
+	for seq, rs := range dups {
+		rc := rs[0]
+		switch {
+		case !slices.Contains(theirs, rc.part):
+			t.Errorf("m-%d of partition %d (not the crashed member's) delivered %d times: %+v", seq, rc.part, len(rs), rs)
+		case rc.off < committed[rc.part]:
+			t.Errorf("m-%d (partition %d offset %d, below the committed %d) delivered %d times: %+v",
+				seq, rc.part, rc.off, committed[rc.part], len(rs), rs)
+		}
+	}
+	t.Logf("duplicates after the crash: %d extra deliveries, all of the crashed member's partitions", extra)
+}
+
+// 4. A member paused (SIGSTOP) past its ZooKeeper session loses its
+// partitions to the others; resumed, it cannot commit them (the records
+// moved on: the committed offsets never go backwards) and it stops
+// delivering them: after it noticed, it delivers only partitions it
+// reserved anew.
+func TestSpreadPausedMemberLosesItsPartitions(t *testing.T) {
+	const partitions, n = 12, 2400
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	c := spNewCluster(t, topic, 3)
+	c.startAll()
+	conn := spZK(t)
+	before := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	f := clStartFlowOn(t, c, n, partitions, 12*time.Second, spConsumers(c.nodes), 0)
+	f.waitAcked(n/4, 60*time.Second)
+
+	paused := c.nodes[0]
+	theirs := before[paused.id]
+	stopAt := time.Now()
+	paused.signal(t, syscall.SIGSTOP)
+	atStop := zkOffsets(t, c.id, topic)
+	paused.mark(t, "paused") // whatever the daemon logs from here on, it did after SIGCONT
+	after := spWaitOwned(t, conn, c, c.others(paused), partitions, 60*time.Second)
+	t.Logf("%s paused: its partitions %v owned by the others after %d ms: %v",
+		paused.id, theirs, time.Since(stopAt).Milliseconds(), after)
+	contAt := time.Now()
+	paused.signal(t, syscall.SIGCONT)
+
+	var noticed time.Time
+	noticedLines := func() []string {
+		return append(spLogLines(paused, "paused", "dropping them all"), spLogLines(paused, "paused", "partition lost")...)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the resumed member to drop what it lost", func() bool {
+		if len(noticedLines()) == 0 {
+			return false
+		}
+		noticed = time.Now()
+		return true
+	})
+	t.Logf("the resumed member noticed its loss within %d ms after SIGCONT: %q", noticed.Sub(contAt).Milliseconds(), noticedLines())
+
+	f.finish(90 * time.Second)
+	// It may serve partitions again, reserved anew after it rejoined.
+	var reservedAgain []int32
+	for _, line := range spLogLines(paused, "paused", "partition reserved") {
+		var p int32
+		if _, err := fmt.Sscanf(spField(line, "partition"), "partition=%d", &p); err == nil {
+			reservedAgain = append(reservedAgain, p)
+		}
+	}
+	for _, rc := range f.rec.all() {
+		if rc.node == paused.id && rc.at.After(noticed) && !slices.Contains(reservedAgain, rc.part) {
+			t.Errorf("the resumed member delivered %+v after it noticed its loss, of a partition it did not reserve again", rc)
+		}
+	}
+	// A commit the resumed member logs of a partition it lost is one made
+	// before the pause (logged after it), naming the offset read at the
+	// pause; any other is a commit after it lost the partition.
+	for _, line := range spLogLines(paused, "paused", `msg="offsets committed"`) {
+		m := clCommittedLine.FindStringSubmatch(line)
+		if m == nil {
+			t.Errorf("commit of the resumed member not parsed: %s", line)
+			continue
+		}
+		for _, po := range strings.Fields(m[1]) {
+			var p int32
+			var o int64
+			if _, err := fmt.Sscanf(strings.Replace(po, ":", " ", 1), "%d %d", &p, &o); err != nil {
+				t.Errorf("commit %q of the resumed member not parsed", po)
+				continue
+			}
+			if slices.Contains(theirs, p) && !slices.Contains(reservedAgain, p) && atStop[p] != o {
+				t.Errorf("the resumed member committed partition %d at %d after it lost it (at the pause: %d): %s", p, o, atStop[p], line)
+			}
+		}
+	}
+	t.Logf("fenced commit attempts of the resumed member: %d", len(spLogLines(paused, "paused", "offset commit fenced")))
+	t.Logf("partitions the resumed member reserved anew: %v", reservedAgain)
+	f.logDuplicates("after a pause")
+}
+
+// 5. The leader crashes: the new leader keeps the assignment of the members
+// still alive (only the crashed leader's partitions move).
+func TestSpreadLeaderCrashKeepsTheAssignment(t *testing.T) {
+	const partitions = 12
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	c := spNewCluster(t, topic, 3)
+	c.startAll()
+	conn := spZK(t)
+	before := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	rec := clFencePath(t, c)
+	data, _, err := conn.Get(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leader *clNode
+	for _, nd := range c.nodes {
+		if strings.Contains(string(data), `"`+nd.id+`"`) {
+			leader = nd
+		}
+	}
+	if leader == nil {
+		t.Fatalf("no node named by the fence record %s", data)
+	}
+	killed := time.Now()
+	leader.signal(t, syscall.SIGKILL)
+	leader.waitExit(t, 10*time.Second)
+	after := spWaitOwned(t, conn, c, c.others(leader), partitions, 60*time.Second)
+	t.Logf("leader %s crashed; owners before %v, after %v (%d ms)", leader.id, before, after, time.Since(killed).Milliseconds())
+	for _, nd := range c.others(leader) {
+		for _, p := range before[nd.id] {
+			if !slices.Contains(after[nd.id], p) {
+				t.Errorf("partition %d moved from %s, which stayed alive, when the leader crashed", p, nd.id)
+			}
+		}
+	}
+	var published []string
+	for _, nd := range c.others(leader) {
+		published = append(published, spLogLines(nd, "", "assignment published")...)
+	}
+	if len(published) == 0 {
+		t.Error("no survivor published an assignment")
+	}
+}
+
+// 6. Partitions added to the topic are spread over the members, and their
+// messages (produced before the members noticed) are delivered.
+func TestSpreadPartitionIncrease(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, 3)
+	c := spNewCluster(t, topic, 3)
+	c.startAll()
+	conn := spZK(t)
+	spWaitOwned(t, conn, c, c.nodes, 3, 60*time.Second)
+	admin, err := sarama.NewClusterAdmin(kafkaAddrs(t), kafka.NewConfig("fanout-integration-admin"))
+	if err != nil {
+		t.Fatalf("sarama.NewClusterAdmin: %v", err)
+	}
+	defer admin.Close()
+	if err := admin.CreatePartitions(topic, 9, nil, false); err != nil {
+		t.Fatalf("create partitions: %v", err)
+	}
+	added := time.Now()
+	kc := newClient(t)
+	testutil.WaitFor(t, 30*time.Second, "the new partitions to have leaders", func() bool {
+		if kc.RefreshMetadata(topic) != nil {
+			return false
+		}
+		for p := range int32(9) {
+			if _, err := kc.Leader(topic, p); err != nil {
+				return false
+			}
+		}
+		return true
+	})
+	produceSeq(t, topic, "m", 9, 9) // one to each partition, before the members noticed
+	owned := spWaitOwned(t, conn, c, c.nodes, 9, 60*time.Second)
+	t.Logf("9 partitions owned %v after the increase: %v", time.Since(added).Round(time.Millisecond), owned)
+	var clients []*clientOf
+	for _, nd := range c.nodes {
+		clients = append(clients, &clientOf{nd: nd, c: dial(t, clClientConfig("sp-"+nd.id, &clHook{}), nd.addr)})
+	}
+	seen := map[int32]string{}
+	testutil.WaitFor(t, 60*time.Second, "a message of every partition", func() bool {
+		for _, cl := range clients {
+			select {
+			case m := <-cl.c.Messages():
+				_ = m.Ack()
+				seen[m.Partition] = cl.nd.id
+			default:
+			}
+		}
+		return len(seen) == 9
+	})
+	ownerOf := spOwnerAt(owned)
+	for p, id := range seen {
+		if ownerOf[p] != id {
+			t.Errorf("partition %d delivered by %s, owned by %s", p, id, ownerOf[p])
+		}
+	}
+}
+
+// clientOf is a Go client connected to one member.
+type clientOf struct {
+	nd *clNode
+	c  *client.Client
+}

@@ -238,14 +238,16 @@ func (c *committer) run(ctx context.Context) {
 		if m == nil {
 			continue
 		}
-		err := c.commit(ctx, m, fence)
+		done, err := c.commit(ctx, m, fence)
 		switch {
 		case err == nil:
-			if failures > 0 {
+			if failures > 0 && len(done) > 0 {
 				c.log.WithField("failures", failures).Info("offset commits work again")
+				failures = 0
 			}
-			failures = 0
-			c.log.WithField("offsets", m).Debug("offsets committed")
+			if len(done) > 0 {
+				c.log.WithField("offsets", done).Debug("offsets committed")
+			}
 		case errors.Is(err, offsets.ErrFenced):
 			c.fenced <- err
 			return
@@ -267,26 +269,30 @@ func (c *committer) run(ctx context.Context) {
 	}
 }
 
-// commit writes m under fence and records the outcome. In per-partition mode
-// a fenced commit is retried partition by partition: the partitions whose
-// condition no longer holds are forgotten and kept for takeLost, the others
-// are committed; it then returns the first other error, if any, never
-// offsets.ErrFenced.
-func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets.Fence) error {
+// commit writes m under fence, records the outcome and returns what it
+// committed. In per-partition mode a fenced commit is retried partition by
+// partition: the partitions whose condition no longer holds are forgotten
+// and kept for takeLost, the others are committed; it then returns the
+// first other error, if any, never offsets.ErrFenced.
+func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets.Fence) (map[int32]int64, error) {
 	start := time.Now()
 	c.mu.Lock()
 	c.runningSince = start
 	c.mu.Unlock()
 	err := c.store.Commit(ctx, fence, m)
 	c.record(m, fence, time.Since(start), err)
-	if err == nil || !errors.Is(err, offsets.ErrFenced) || !c.perPartition {
-		return err
+	if err == nil {
+		return m, nil
+	}
+	if !errors.Is(err, offsets.ErrFenced) || !c.perPartition {
+		return nil, err
 	}
 	parts := slices.Sorted(maps.Keys(m))
 	if len(parts) == 1 {
 		c.markLost(parts[0], fence, err)
-		return nil
+		return nil, nil
 	}
+	done := map[int32]int64{}
 	var first error
 	for _, p := range parts {
 		one := map[int32]int64{p: m[p]}
@@ -294,16 +300,18 @@ func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets
 		err := c.store.Commit(ctx, fence, one)
 		c.record(one, fence, time.Since(start), err)
 		switch {
+		case err == nil:
+			done[p] = m[p]
 		case errors.Is(err, offsets.ErrFenced):
 			c.markLost(p, fence, err)
-		case err != nil:
+		default:
 			c.putBack(one, fence)
 			if first == nil {
 				first = err
 			}
 		}
 	}
-	return first
+	return done, first
 }
 
 // markLost forgets partition p, found fenced under its condition in fence,
@@ -342,7 +350,7 @@ func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 	if all == nil {
 		return nil
 	}
-	if err := c.commit(ctx, all, fence); err != nil {
+	if _, err := c.commit(ctx, all, fence); err != nil {
 		c.resolveFinals(err)
 		return fmt.Errorf("commit %v: %w", all, err)
 	}
