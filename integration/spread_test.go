@@ -182,6 +182,20 @@ func spSampleRecords(t *testing.T, c *clCluster) *spRecordLog {
 	return l
 }
 
+// ownedAfter returns when the record of partition p was first seen, after
+// t0, naming an owner that is not "" and for which ok holds (zero when
+// never).
+func (l *spRecordLog) ownedAfter(p int32, ok func(owner string) bool, t0 time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, st := range l.history[p] {
+		if st.at.After(t0) && st.owner != "" && ok(st.owner) {
+			return st.at
+		}
+	}
+	return time.Time{}
+}
+
 // checkReleaseBeforeReserve reports every partition whose record went from
 // one owner to another without a write in between (a release): in a
 // cluster where nobody crashed, a partition changes hands only through its
@@ -294,8 +308,14 @@ func TestSpreadJoinHandsOverReleaseBeforeReserve(t *testing.T) {
 	c.start(joiner)
 	f.consumers = append(f.consumers, clConsume(t, f.rec, len(f.consumers), []string{joiner.addr}))
 	after := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
-	t.Logf("%s serves its %d partitions %v after it started; before %v, after %v",
-		joiner.id, len(after[joiner.id]), time.Since(joined).Round(time.Millisecond), before, after)
+	var slowest time.Duration
+	for _, p := range after[joiner.id] {
+		if at := records.ownedAfter(p, func(o string) bool { return o == joiner.id }, joined); !at.IsZero() && at.Sub(joined) > slowest {
+			slowest = at.Sub(joined)
+		}
+	}
+	t.Logf("%s reserved its %d partitions within %d ms of its start (records sampled every 20 ms); before %v, after %v",
+		joiner.id, len(after[joiner.id]), slowest.Milliseconds(), before, after)
 	for _, nd := range c.nodes[:3] {
 		if kept := len(slices.DeleteFunc(slices.Clone(after[nd.id]), func(p int32) bool { return !slices.Contains(before[nd.id], p) })); kept != 3 {
 			t.Errorf("%s owns %v after the join, had %v: want 3 of its 4 kept", nd.id, after[nd.id], before[nd.id])
@@ -342,6 +362,74 @@ func spField(line string, keys ...string) string {
 		out = append(out, k+"="+v)
 	}
 	return strings.Join(out, " ")
+}
+
+// 2b. SIGTERM of a member while messages flow is a handoff of all its
+// partitions: it resigns, drains (its in-flight acked), commits, releases
+// and exits 0; the others reserve each partition as it is released, and no
+// message acked before the move is delivered again.
+func TestSpreadSigtermHandsOver(t *testing.T) {
+	const partitions, n = 12, 2400
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	c := spNewCluster(t, topic, 3)
+	c.startAll()
+	conn := spZK(t)
+	before := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	records := spSampleRecords(t, c)
+	f := clStartFlowOn(t, c, n, partitions, 10*time.Second, spConsumers(c.nodes), 300*time.Millisecond)
+	f.waitAcked(n/4, 60*time.Second)
+
+	leaving := c.nodes[0]
+	theirs := before[leaving.id]
+	termAt := time.Now()
+	leaving.signal(t, syscall.SIGTERM)
+	code, exitAt := leaving.waitExit(t, spHandoffTimeout+30*time.Second)
+	if code != 0 {
+		t.Errorf("%s exited with code %d after SIGTERM, want 0", leaving.id, code)
+	}
+	var first clReceipt
+	testutil.WaitFor(t, 60*time.Second, "a message of the stopped member's partitions from another member", func() bool {
+		for _, rc := range f.rec.all() {
+			if rc.at.After(termAt) && rc.node != leaving.id && slices.Contains(theirs, rc.part) {
+				first = rc
+				return true
+			}
+		}
+		return false
+	})
+	after := spWaitOwned(t, conn, c, c.others(leaving), partitions, 60*time.Second)
+	t.Logf("SIGTERM of %s (partitions %v): exited after %d ms; the first of its partitions served again by %s after %d ms; owners now %v",
+		leaving.id, theirs, exitAt.Sub(termAt).Milliseconds(), first.node, first.at.Sub(termAt).Milliseconds(), after)
+	var slowest time.Duration
+	for _, p := range theirs {
+		if at := records.ownedAfter(p, func(o string) bool { return o != leaving.id }, termAt); !at.IsZero() {
+			slowest = max(slowest, at.Sub(termAt))
+		}
+	}
+	t.Logf("every partition of %s reserved by another member within %d ms of SIGTERM (ownership records sampled every 20 ms)",
+		leaving.id, slowest.Milliseconds())
+	for _, line := range spLogLines(leaving, "", "partition handed over") {
+		t.Errorf("%s handed a partition over one by one at SIGTERM: %s", leaving.id, line)
+	}
+	if len(spLogLines(leaving, "", "stopping: handing every partition over")) == 0 {
+		t.Errorf("%s did not log its handoff at SIGTERM", leaving.id)
+	}
+
+	f.finish(90 * time.Second)
+	if moves := records.checkReleaseBeforeReserve(t); moves < len(theirs) {
+		t.Errorf("the sampled records saw %d moves, want at least the %d of the stopped member", moves, len(theirs))
+	}
+	dups, _ := f.rec.duplicates()
+	for seq, rs := range dups {
+		for i, rc := range rs[:len(rs)-1] {
+			if rc.acked {
+				t.Errorf("m-%d acked (%+v) and then delivered again: %+v", seq, rc, rs[i+1:])
+				break
+			}
+		}
+	}
+	f.logDuplicates("after a SIGTERM")
 }
 
 // 3. kill -9 of a member while messages flow: the others serve its
