@@ -42,6 +42,7 @@ type Daemon struct {
 
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
+	committed atomic.Bool                     // spread mode: the group has committed offsets, as far as this member knows
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -155,7 +156,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Warn(w)
 	}
 
-	client, err := d.connectKafka(ctx, "fanout-"+d.opts.NodeID, nil)
+	// The source's client: the one place its fetches are configured.
+	isolation, err := kafka.ParseIsolation(d.opts.Isolation)
+	if err != nil {
+		return err // Validate checked it
+	}
+	client, err := d.connectKafka(ctx, "fanout-"+d.opts.NodeID, func(c *sarama.Config) {
+		c.Consumer.IsolationLevel = isolation
+	})
 	if err != nil {
 		return nil // ctx ended
 	}
@@ -189,6 +197,21 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic),
 		zkstore.OwnersPath(chroot, d.opts.ID, d.opts.Topic))
 
+	if d.opts.Assignment == AssignmentSpread {
+		// Whether the group ever committed decides where a new line of
+		// assignments starts the partitions without a committed offset.
+		err := retry(ctx, d.log, "load offsets", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
+			stored, err := store.Load(ctx)
+			if len(stored) > 0 {
+				d.committed.Store(true)
+			}
+			return err
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+	}
+
 	// The election reads its log with short fetch waits, so it gets a client
 	// of its own: the source's fetch settings are tuned for throughput.
 	elClient, err := d.connectKafka(ctx, "fanout-election-"+d.opts.NodeID, func(c *sarama.Config) {
@@ -206,7 +229,7 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		ID: d.opts.ID, Topic: d.opts.Topic, NodeID: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()),
 		Heartbeat: d.opts.ClusterHeartbeat, LeaderTimeout: d.opts.LeaderTimeout,
 		Client: elClient, ZK: conn, Chroot: chroot, ACL: acl, Logger: d.log,
-		Mode: mode, Weight: d.opts.Weight,
+		Mode: mode, Weight: d.opts.Weight, Committed: d.committed.Load,
 	})
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
@@ -318,6 +341,15 @@ func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offse
 		auth.End(err) // a no-op when the authority ended it
 	}
 	d.srv.RedirectAll(d.leadership())
+}
+
+// observeCommit is the committer's report of one commit: metrics, and that
+// the group has committed.
+func (d *Daemon) observeCommit(took time.Duration, err error) {
+	d.collector.ObserveCommit(took, err)
+	if err == nil {
+		d.committed.Store(true)
+	}
 }
 
 // markReady closes Ready, once.

@@ -352,8 +352,10 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 		start, stored := ev.offset, ev.offset
 		if !ev.stored {
 			start, stored = o.initial, -1
-			if a := o.current; a != nil && a.InitialPartitions > 0 && ev.p >= a.InitialPartitions {
-				start = sarama.OffsetOldest // added while the cluster ran: nothing of it may be skipped
+			if a := o.current; a == nil || ev.p >= a.InitialPartitions {
+				// Added while the cluster ran, or its start was never
+				// committed: nothing of it may be skipped.
+				start = sarama.OffsetOldest
 			}
 		}
 		if !o.disp.Assign(ev.p, ev.cond, stored) {

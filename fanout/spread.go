@@ -67,24 +67,15 @@ func (t *term) runSpread(ctx context.Context, started func()) error {
 		return fmt.Errorf("kafka source: %w", err)
 	}
 	var own *ownership
-	disp, err := dispatch.New(dispatch.Config{
-		AckTimeout:       t.opts.AckTimeout,
-		MaxBuffered:      t.opts.MaxBuffered,
-		MaxBufferedBytes: t.opts.MaxBufferedBytes,
-		CommitInterval:   t.opts.CommitInterval,
-		DrainTimeout:     t.opts.HandoffTimeout, // stopping hands every partition over
-		MaxCommitFailure: t.opts.ZooKeeperSessionTimeout,
-		Store:            t.store,
-		Logger:           t.log,
-		OnCommit:         t.onCommit,
-		FrameSize:        server.DeliverFrameSize,
-		PerPartition:     true,
-		OnLost: func(p int32, c offsets.Condition) {
-			if v, ok := c.(zkstore.Version); ok {
-				own.dispatcherLost(p, v)
-			}
-		},
-	}, src)
+	cfg := t.dispatchConfig()
+	cfg.PerPartition = true
+	cfg.DrainTimeout = t.opts.HandoffTimeout // stopping hands every partition over
+	cfg.OnLost = func(p int32, c offsets.Condition) {
+		if v, ok := c.(zkstore.Version); ok {
+			own.dispatcherLost(p, v)
+		}
+	}
+	disp, err := dispatch.New(cfg, src)
 	if err != nil {
 		return err
 	}

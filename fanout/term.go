@@ -55,7 +55,7 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 		client:   client,
 		opts:     d.opts,
 		log:      log,
-		onCommit: d.collector.ObserveCommit,
+		onCommit: d.observeCommit,
 		redirect: func() { d.srv.RedirectAll(d.leadership()) },
 		serving:  &d.backend.cur,
 
@@ -99,20 +99,9 @@ func (t *term) run(ctx context.Context, started func()) error {
 	if err != nil {
 		return fmt.Errorf("kafka source: %w", err)
 	}
-	disp, err := dispatch.New(dispatch.Config{
-		AckTimeout:       t.opts.AckTimeout,
-		MaxBuffered:      t.opts.MaxBuffered,
-		MaxBufferedBytes: t.opts.MaxBufferedBytes,
-		CommitInterval:   t.opts.CommitInterval,
-		DrainTimeout:     t.opts.DrainTimeout,
-		MaxCommitFailure: t.opts.ZooKeeperSessionTimeout,
-		Store:            t.store,
-		Fence:            t.fence,
-		Logger:           t.log,
-		Stored:           stored,
-		OnCommit:         t.onCommit,
-		FrameSize:        server.DeliverFrameSize,
-	}, src)
+	cfg := t.dispatchConfig()
+	cfg.Fence, cfg.Stored = t.fence, stored
+	disp, err := dispatch.New(cfg, src)
 	if err != nil {
 		return err
 	}
@@ -141,6 +130,24 @@ func (t *term) run(ctx context.Context, started func()) error {
 		t.redirect()
 	}
 	return err
+}
+
+// dispatchConfig is the dispatcher's configuration derived from the
+// options, without a fence.
+func (t *term) dispatchConfig() dispatch.Config {
+	return dispatch.Config{
+		AckTimeout:       t.opts.AckTimeout,
+		MaxBuffered:      t.opts.MaxBuffered,
+		MaxBufferedBytes: t.opts.MaxBufferedBytes,
+		MaxOutstanding:   t.opts.MaxOutstanding,
+		CommitInterval:   t.opts.CommitInterval,
+		DrainTimeout:     t.opts.DrainTimeout,
+		MaxCommitFailure: t.opts.ZooKeeperSessionTimeout,
+		Store:            t.store,
+		Logger:           t.log,
+		OnCommit:         t.onCommit,
+		FrameSize:        server.DeliverFrameSize,
+	}
 }
 
 // termBackend forwards the server's calls to the dispatcher of the serving

@@ -14,10 +14,12 @@ type Assignment struct {
 	Epoch      uint64 // the epoch of the leader that computed it
 	Generation uint64 // grows by one with every change, across leaders
 	Partitions int32  // the topic's partition count it covers
-	// InitialPartitions is the partition count when this line of
-	// assignments began (carried from generation to generation): a
-	// partition at or above it was added while the cluster ran, and starts
-	// at the oldest offset when it has no committed offset.
+	// InitialPartitions is the number of partitions that start at
+	// --initial-offset when they have no committed offset: the partition
+	// count when this line of assignments began, in a group that had
+	// committed nothing then; else 0. It is carried from generation to
+	// generation. A partition at or above it (added while the cluster ran,
+	// or whose start nobody committed) starts at the oldest offset.
 	InitialPartitions int32
 	Owners            []Owner // by node id; every member in the assignment, even one that owns nothing
 }

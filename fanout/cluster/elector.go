@@ -67,6 +67,13 @@ type Config struct {
 	Mode             Mode
 	Weight           int // this member's capacity in spread mode (--weight); 0 means 1
 	PartitionRefresh time.Duration
+	// Committed reports whether the group has committed offsets of the
+	// topic, as far as this member knows (spread mode). A line of
+	// assignments that begins when it has (no assignment in the log: the
+	// first leader, or every member was down) gives --initial-offset to no
+	// partition: one without a committed offset then starts at the oldest
+	// offset. Nil means never committed.
+	Committed func() bool
 }
 
 // withDefaults returns c with zero values replaced by defaults.

@@ -110,9 +110,12 @@ func (l *loop) rebalance(now time.Time) {
 		cands = append(cands, candidate{id: l.e.cfg.NodeID, addr: l.e.cfg.Addr, weight: l.e.cfg.Weight})
 	}
 	owned := assign(base.owned(), cands, n)
-	next := &Assignment{Epoch: epoch, Partitions: n, InitialPartitions: n}
-	if base != nil && base.InitialPartitions > 0 {
+	next := &Assignment{Epoch: epoch, Partitions: n}
+	switch {
+	case base != nil:
 		next.InitialPartitions = base.InitialPartitions
+	case l.e.cfg.Committed == nil || !l.e.cfg.Committed():
+		next.InitialPartitions = n // a new line in a group that never committed
 	}
 	slices.SortFunc(cands, func(a, b candidate) int { return strings.Compare(a.id, b.id) })
 	for _, c := range cands {

@@ -240,3 +240,27 @@ func TestAssignmentString(t *testing.T) {
 		t.Fatalf("round trip: %+v", back)
 	}
 }
+
+// A line of assignments that begins in a group that has committed offsets
+// gives --initial-offset to no partition (InitialPartitions 0); one that
+// begins in a group that never committed, to those the topic has.
+func TestSpreadInitialPartitions(t *testing.T) {
+	for _, committed := range []bool{false, true} {
+		t.Run(fmt.Sprint("committed=", committed), func(t *testing.T) {
+			c := newSpreadKafka(t, 6)
+			n := startNodeWith(t, c, &memFence{}, "init", "a", func(cfg *Config) {
+				cfg.Mode, cfg.PartitionRefresh = Mode_MODE_SPREAD, 100*time.Millisecond
+				cfg.Committed = func() bool { return committed }
+			})
+			var a *Assignment
+			testutil.WaitFor(t, 15*time.Second, "an assignment", func() bool { a = n.e.Assignment(); return a != nil })
+			want := int32(6)
+			if committed {
+				want = 0
+			}
+			if a.InitialPartitions != want {
+				t.Fatalf("InitialPartitions = %d, want %d", a.InitialPartitions, want)
+			}
+		})
+	}
+}

@@ -39,6 +39,7 @@ type committer struct {
 
 	mu           sync.Mutex                  // guards the fields below
 	pending      map[int32]int64             // offered, not yet stored
+	anchors      map[int32][]chan struct{}   // closed once a commit of their partition, offered after them, succeeds
 	conds        map[int32]offsets.Condition // per-partition mode: the partitions committed, each under its condition
 	finals       map[int32]chan error        // per-partition mode: finish waits for these partitions' next commit
 	lostParts    map[int32]offsets.Condition // per-partition mode: found fenced, not yet sent on lost
@@ -64,6 +65,7 @@ func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Durati
 		log:          log,
 		observe:      observe,
 		pending:      map[int32]int64{},
+		anchors:      map[int32][]chan struct{}{},
 		conds:        map[int32]offsets.Condition{},
 		finals:       map[int32]chan error{},
 		stored:       maps.Clone(stored),
@@ -118,6 +120,20 @@ func (c *committer) offer(m map[int32]int64) {
 	c.poke()
 }
 
+// anchor queues offset for partition p, like offer, and closes done once a
+// commit that includes p, of this offset or of a newer offer, has succeeded.
+// In per-partition mode an anchor of a partition not assigned, or forgotten
+// before its commit, is never closed (its source has stopped fetching it).
+func (c *committer) anchor(p int32, offset int64, done chan struct{}) {
+	c.mu.Lock()
+	if !c.perPartition || c.conds[p] != nil {
+		c.pending[p] = offset
+		c.anchors[p] = append(c.anchors[p], done)
+	}
+	c.mu.Unlock()
+	c.poke()
+}
+
 // poke wakes the loop.
 func (c *committer) poke() {
 	select {
@@ -154,6 +170,7 @@ func (c *committer) forget(p int32) {
 func (c *committer) forgetLocked(p int32, err error) {
 	delete(c.conds, p)
 	delete(c.pending, p)
+	delete(c.anchors, p)
 	delete(c.stored, p)
 	if w := c.finals[p]; w != nil {
 		w <- err
@@ -185,41 +202,55 @@ func (c *committer) finish(p int32, o int64) <-chan error {
 }
 
 // take removes and returns everything pending with the fence to commit it
-// under, or nil when nothing is pending.
-func (c *committer) take() (map[int32]int64, offsets.Fence) {
+// under and the anchors waiting for it (every anchor waits for a pending
+// partition), or nil when nothing is pending.
+func (c *committer) take() (map[int32]int64, offsets.Fence, map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.pending) == 0 {
-		return nil, offsets.Fence{}
+		return nil, offsets.Fence{}, nil
 	}
-	m := c.pending
-	c.pending = map[int32]int64{}
+	m, anchors := c.pending, c.anchors
+	c.pending, c.anchors = map[int32]int64{}, map[int32][]chan struct{}{}
 	if !c.perPartition {
-		return m, c.fence
+		return m, c.fence, anchors
 	}
 	conds := make(map[int32]offsets.Condition, len(m))
 	for p := range m {
-		conds[p] = c.conds[p] // offer and finish keep only assigned partitions
+		conds[p] = c.conds[p] // offer, anchor and finish keep only assigned partitions
 	}
-	return m, offsets.PartitionFence(conds)
+	return m, offsets.PartitionFence(conds), anchors
 }
 
 // putBack returns offsets of a failed commit, unless newer ones arrived or
-// (per-partition mode) the partition was forgotten or assigned again since.
-func (c *committer) putBack(m map[int32]int64, fence offsets.Fence) {
+// (per-partition mode) the partition was forgotten or assigned again since,
+// and their anchors, which wait for whichever is committed next.
+func (c *committer) putBack(m map[int32]int64, fence offsets.Fence, anchors map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for p, o := range m {
-		if _, newer := c.pending[p]; newer {
-			continue
-		}
 		if c.perPartition {
 			conds, err := fence.Conditions([]int32{p})
 			if err != nil || c.conds[p] == nil || conds[0] != c.conds[p] {
 				continue
 			}
 		}
-		c.pending[p] = o
+		if _, newer := c.pending[p]; !newer {
+			c.pending[p] = o
+		}
+		c.anchors[p] = append(c.anchors[p], anchors[p]...)
+	}
+}
+
+// release closes the anchors of the partitions of done, committed.
+func release(anchors map[int32][]chan struct{}, done map[int32]int64) {
+	for p, a := range anchors {
+		if _, ok := done[p]; !ok {
+			continue
+		}
+		for _, ch := range a {
+			close(ch)
+		}
 	}
 }
 
@@ -234,11 +265,12 @@ func (c *committer) run(ctx context.Context) {
 		case <-retry:
 			retry = nil
 		}
-		m, fence := c.take()
+		m, fence, anchors := c.take()
 		if m == nil {
 			continue
 		}
-		done, err := c.commit(ctx, m, fence)
+		done, err := c.commit(ctx, m, fence, anchors)
+		release(anchors, done)
 		switch {
 		case err == nil:
 			if failures > 0 && len(done) > 0 {
@@ -252,7 +284,9 @@ func (c *committer) run(ctx context.Context) {
 			c.fenced <- err
 			return
 		default:
-			c.putBack(m, fence)
+			if !c.perPartition { // per partition: commit put back what failed
+				c.putBack(m, fence, anchors)
+			}
 			if failures == 0 || failures%30 == 0 {
 				c.log.WithError(err).WithField("failures", failures+1).Warn("offset commit failed; retrying")
 			}
@@ -274,7 +308,8 @@ func (c *committer) run(ctx context.Context) {
 // partition: the partitions whose condition no longer holds are forgotten
 // and kept for takeLost, the others are committed; it then returns the
 // first other error, if any, never offsets.ErrFenced.
-func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets.Fence) (map[int32]int64, error) {
+func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets.Fence,
+	anchors map[int32][]chan struct{}) (map[int32]int64, error) {
 	start := time.Now()
 	c.mu.Lock()
 	c.runningSince = start
@@ -284,7 +319,11 @@ func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets
 	if err == nil {
 		return m, nil
 	}
-	if !errors.Is(err, offsets.ErrFenced) || !c.perPartition {
+	if !c.perPartition {
+		return nil, err
+	}
+	if !errors.Is(err, offsets.ErrFenced) {
+		c.putBack(m, fence, anchors)
 		return nil, err
 	}
 	parts := slices.Sorted(maps.Keys(m))
@@ -305,7 +344,7 @@ func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets
 		case errors.Is(err, offsets.ErrFenced):
 			c.markLost(p, fence, err)
 		default:
-			c.putBack(one, fence)
+			c.putBack(one, fence, anchors)
 			if first == nil {
 				first = err
 			}
@@ -346,11 +385,13 @@ func (c *committer) takeLost() map[int32]offsets.Condition {
 func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 	c.stop()
 	c.offer(m)
-	all, fence := c.take()
+	all, fence, anchors := c.take()
 	if all == nil {
 		return nil
 	}
-	if _, err := c.commit(ctx, all, fence); err != nil {
+	done, err := c.commit(ctx, all, fence, anchors)
+	release(anchors, done)
+	if err != nil {
 		c.resolveFinals(err)
 		return fmt.Errorf("commit %v: %w", all, err)
 	}

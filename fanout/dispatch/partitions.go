@@ -120,6 +120,7 @@ func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacke
 	offset, tracked = s.tracker.Committable(p)
 	s.tracker.Forget(p)
 	delete(s.parts, p)
+	delete(s.held, p) // its source has stopped fetching it (Source.Remove)
 	s.revoking--
 	return o, offset, tracked, unacked
 }
@@ -136,6 +137,7 @@ func (s *state) forget(p int32) {
 	s.dropFlights(p)
 	s.tracker.Forget(p)
 	delete(s.parts, p)
+	delete(s.held, p)
 	if o.revoke != nil {
 		s.revoking--
 		o.revoke.reply <- revokeReply{err: errDropped(p)}
@@ -145,23 +147,7 @@ func (s *state) forget(p int32) {
 // dropBuffered removes partition p's messages waiting for a client and
 // returns how many it removed.
 func (s *state) dropBuffered(p int32) int {
-	of := func(m *Message) bool {
-		if m.Partition == p {
-			s.bytes -= m.Size()
-			return true
-		}
-		return false
-	}
-	n := s.fresh.filter(func(m *Message) bool { return !of(m) })
-	n += s.retries.filter(func(r retry) bool { return !of(r.msg) })
-	if s.large.len() > 0 {
-		first := s.large.front().msg
-		n += s.large.filter(func(r retry) bool { return !of(r.msg) })
-		if s.large.len() == 0 || s.large.front().msg != first {
-			s.largeBlocked = false // a new first message
-		}
-	}
-	return n
+	return s.dropWaiting(func(m *Message) bool { return m.Partition == p })
 }
 
 // dropFlights ends partition p's deliveries in flight without requeueing

@@ -37,6 +37,13 @@ func TestSourceManualAddRemove(t *testing.T) {
 	if got := rec.startsOf(0); !slices.Equal(got, []int64{0}) {
 		t.Fatalf("partition 0 started at %v, want [0] (oldest)", got)
 	}
+	// A start resolved by the source is anchored, a stored one is not.
+	if got := rec.anchoredOf(0); !slices.Equal(got, []int64{0}) {
+		t.Fatalf("partition 0's anchored starts %v, want [0]", got)
+	}
+	if got := rec.anchoredOf(1); len(got) != 0 {
+		t.Fatalf("partition 1 started at its stored offset but was anchored: %v", got)
+	}
 	if got := src.Partitions(); !slices.Equal(got, []int32{0, 1}) {
 		t.Fatalf("Partitions() = %v, want [0 1]", got)
 	}

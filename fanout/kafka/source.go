@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
@@ -44,10 +45,12 @@ const (
 type SourceConfig struct {
 	// Topic is the Kafka topic to consume, every partition of it.
 	Topic string
-	// Initial is where partitions without a stored offset start, and where a
-	// partition whose offset is out of range restarts: sarama.OffsetNewest or
-	// sarama.OffsetOldest. Partitions discovered while running always use
-	// sarama.OffsetOldest (see Source).
+	// Initial (--initial-offset) is sarama.OffsetNewest or
+	// sarama.OffsetOldest: where partitions start when Stored is empty (the
+	// group never committed an offset of this topic), and where a partition
+	// whose offset is beyond the log end restarts. Once Stored holds any
+	// offset, a partition without one starts at its oldest offset (see
+	// Source).
 	Initial int64
 	// Stored holds the next offset to consume per partition, as loaded from
 	// the offset store.
@@ -85,10 +88,20 @@ func ParseInitialOffset(s string) (int64, error) {
 // offset before its first messages, then batches of the messages already
 // fetched (at most BatchSize each, never mixing partitions, in offset order).
 //
-// Partitions added to the topic while running start at their stored offset,
-// or else at the oldest offset whatever SourceConfig.Initial says: their
-// messages produced before we noticed the partition (up to RefreshInterval
-// late) must not be skipped.
+// A partition starts at its stored offset. Without one it starts by
+// SourceConfig.Initial only in a group that has stored no offset at all for
+// the topic; otherwise, and for partitions added while running, at its
+// oldest offset whatever Initial says: such a partition was added (or
+// written to) before anyone committed its start, while the cluster was down
+// or just before a crash or failover, or before we noticed it (up to
+// RefreshInterval late), and its messages must not be skipped.
+//
+// A start offset this Source resolved itself (from a policy, or by
+// resetting an offset out of range) is anchored before the partition's first
+// message is sent: its Start batch carries an Anchor that the dispatcher
+// closes once the partition's committable offset is stored. Otherwise a
+// crash right after the first deliveries would resolve the start again
+// (newest has moved on) and lose them.
 //
 // A Manual source (spread mode) consumes only the partitions given to Add,
 // each until Remove, and discovers nothing by itself.
@@ -98,20 +111,21 @@ type Source struct {
 	log     *logrus.Entry
 	batches chan dispatch.Batch
 
-	mu       sync.Mutex      // guards the fields below
-	consumer sarama.Consumer // nil outside Run
-	paused   bool
-	running  bool                               // Run has started consuming
-	parts    map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
-	manual   manualParts                        // Manual: the partitions added
+	mu      sync.Mutex                         // guards the fields below
+	paused  bool                               // Pause: every partition is paused
+	held    map[int32]bool                     // PausePartition: these are paused whatever Resume says
+	running bool                               // Run has started consuming
+	parts   map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
+	manual  manualParts                        // Manual: the partitions added
 }
 
 // manualParts are the partitions of a Manual source.
 type manualParts struct {
-	ctx     context.Context // Run's; nil before Run consumes and after it stops
-	wg      *sync.WaitGroup // Run's partition goroutines
-	waiting map[int32]int64 // added before Run consumes: their start offsets
-	running map[int32]*partRun
+	ctx      context.Context // Run's; nil before Run consumes and after it stops
+	consumer sarama.Consumer // Run's
+	group    *actor.Group    // Run's partition goroutines
+	waiting  map[int32]int64 // added before Run consumes: their start offsets
+	running  map[int32]*partRun
 }
 
 // partRun is a partition goroutine of a Manual source.
@@ -156,6 +170,7 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.WithField("topic", cfg.Topic),
 		batches: make(chan dispatch.Batch),
+		held:    map[int32]bool{},
 		parts:   map[int32]sarama.PartitionConsumer{},
 		manual:  manualParts{waiting: map[int32]int64{}, running: map[int32]*partRun{}},
 	}, nil
@@ -163,10 +178,9 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 
 // Add starts consuming partition p (Manual sources): at offset when it is
 // >= 0 (the committed offset), else by that policy (sarama.OffsetOldest or
-// sarama.OffsetNewest), which also decides where an out-of-range partition
-// restarts. It sends a Batch with the numeric Start first. Adding a
-// partition being consumed does nothing. Before Run consumes, the partition
-// waits for it.
+// sarama.OffsetNewest; a start resolved so is anchored, see Source). It
+// sends a Batch with the numeric Start first. Adding a partition being
+// consumed does nothing. Before Run consumes, the partition waits for it.
 func (s *Source) Add(p int32, offset int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -182,26 +196,21 @@ func (s *Source) Add(p int32, offset int64) {
 
 // startLocked runs partition p's goroutine under Run's context; s.mu held.
 func (s *Source) startLocked(p int32, offset int64) {
-	policy := s.cfg.Initial
-	if offset < 0 {
-		policy = offset
-	}
 	ctx, cancel := context.WithCancel(s.manual.ctx)
 	r := &partRun{cancel: cancel, done: make(chan struct{})}
 	s.manual.running[p] = r
 	s.parts[p] = nil
-	consumer, wg := s.consumer, s.manual.wg
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	consumer := s.manual.consumer
+	s.manual.group.Go(s.log.WithField("partition", p), "partition", func() {
 		defer close(r.done)
-		s.runPartition(ctx, consumer, p, offset, policy)
-	}()
+		s.runPartition(ctx, consumer, p, offset)
+	}, nil)
 }
 
 // Remove stops consuming partition p (Manual sources) and returns once its
 // goroutine has stopped: no batch of p is sent after Remove returns (one
 // being sent when it is called is either taken before it returns or never).
+// A PausePartition of p ends with it.
 func (s *Source) Remove(p int32) {
 	s.mu.Lock()
 	delete(s.manual.waiting, p)
@@ -216,6 +225,7 @@ func (s *Source) Remove(p int32) {
 	s.mu.Lock()
 	if _, again := s.manual.running[p]; !again {
 		delete(s.parts, p)
+		delete(s.held, p)
 	}
 	s.mu.Unlock()
 }
@@ -235,12 +245,15 @@ func (s *Source) Pause() {
 		return
 	}
 	s.paused = true
-	if s.consumer != nil {
-		s.consumer.PauseAll()
+	for _, pc := range s.parts {
+		if pc != nil {
+			pc.Pause()
+		}
 	}
 }
 
-// Resume implements dispatch.Source: it restarts fetching after Pause.
+// Resume implements dispatch.Source: it restarts fetching after Pause,
+// except for the partitions paused by PausePartition.
 func (s *Source) Resume() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -248,8 +261,33 @@ func (s *Source) Resume() {
 		return
 	}
 	s.paused = false
-	if s.consumer != nil {
-		s.consumer.ResumeAll()
+	for p, pc := range s.parts {
+		if pc != nil && !s.held[p] {
+			pc.Resume()
+		}
+	}
+}
+
+// PausePartition implements dispatch.Source: it stops fetching partition p
+// until ResumePartition, across Pause and Resume and a reopen of the
+// partition. Messages of p already fetched may still arrive.
+func (s *Source) PausePartition(p int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held[p] = true
+	if pc := s.parts[p]; pc != nil {
+		pc.Pause()
+	}
+}
+
+// ResumePartition implements dispatch.Source: it restarts fetching partition
+// p after PausePartition, unless the Source is paused.
+func (s *Source) ResumePartition(p int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.held, p)
+	if pc := s.parts[p]; pc != nil && !s.paused {
+		pc.Resume()
 	}
 }
 
@@ -304,40 +342,41 @@ func (s *Source) Run(ctx context.Context) error {
 			err = fmt.Errorf("kafka source: new consumer for topic %q: %w", s.cfg.Topic, err)
 		}
 	}
-	s.mu.Lock()
 	if err != nil {
+		s.mu.Lock()
 		s.running = false // Run may be retried
 		s.mu.Unlock()
 		return err
 	}
-	s.consumer = consumer
-	if s.paused {
-		consumer.PauseAll() // no children yet; openPartition pauses each one
-	}
-	s.mu.Unlock()
+	// openPartition pauses each partition as Pause and PausePartition say.
 
-	var wg sync.WaitGroup
+	var partitions actor.Group
 	if s.cfg.Manual {
-		return s.runManual(ctx, consumer, &wg)
+		return s.runManual(ctx, consumer, &partitions)
 	}
 	started := make(map[int32]bool, len(parts)) // owned by this goroutine
-	start := func(p int32, policy int64) {
+	start := func(p int32, from int64) {
 		started[p] = true
 		s.mu.Lock()
 		s.parts[p] = nil
 		s.mu.Unlock()
-		wg.Add(1)
 		offset, ok := s.cfg.Stored[p]
 		if !ok {
-			offset = policy
+			offset = from
 		}
-		go func() {
-			defer wg.Done()
-			s.runPartition(ctx, consumer, p, offset, policy)
-		}()
+		partitions.Go(s.log.WithField("partition", p), "partition", func() {
+			s.runPartition(ctx, consumer, p, offset)
+		}, nil)
+	}
+	// --initial-offset applies only to a group that never committed: once
+	// it has, a partition without an offset is one whose start nobody
+	// committed, and the oldest offset skips none of it.
+	first := s.cfg.Initial
+	if len(s.cfg.Stored) > 0 {
+		first = sarama.OffsetOldest
 	}
 	for _, p := range parts {
-		start(p, s.cfg.Initial)
+		start(p, first)
 	}
 	s.log.WithField("partitions", len(parts)).Info("kafka source started")
 
@@ -362,14 +401,14 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 
-	s.stop(consumer, &wg)
+	s.stop(consumer, &partitions)
 	return nil
 }
 
 // runManual consumes the partitions added until ctx ends (Manual sources).
-func (s *Source) runManual(ctx context.Context, consumer sarama.Consumer, wg *sync.WaitGroup) error {
+func (s *Source) runManual(ctx context.Context, consumer sarama.Consumer, partitions *actor.Group) error {
 	s.mu.Lock()
-	s.manual.ctx, s.manual.wg = ctx, wg
+	s.manual.ctx, s.manual.consumer, s.manual.group = ctx, consumer, partitions
 	for p, offset := range s.manual.waiting {
 		s.startLocked(p, offset)
 	}
@@ -381,15 +420,14 @@ func (s *Source) runManual(ctx context.Context, consumer sarama.Consumer, wg *sy
 	s.manual.ctx = nil
 	clear(s.manual.running)
 	s.mu.Unlock()
-	s.stop(consumer, wg)
+	s.stop(consumer, partitions)
 	return nil
 }
 
 // stop waits for the partition goroutines, closes the consumer and Batches.
-func (s *Source) stop(consumer sarama.Consumer, wg *sync.WaitGroup) {
-	wg.Wait()
+func (s *Source) stop(consumer sarama.Consumer, partitions *actor.Group) {
+	partitions.Wait()
 	s.mu.Lock()
-	s.consumer = nil
 	clear(s.parts)
 	s.mu.Unlock()
 	if err := consumer.Close(); err != nil {
@@ -417,21 +455,23 @@ func (s *Source) partitions() ([]int32, error) {
 	return parts, nil
 }
 
-// runPartition consumes partition p from offset (a number, or a policy)
-// until ctx ends. policy is where it restarts when out of range.
-func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, offset, policy int64) {
+// runPartition consumes partition p from offset (a number: its stored
+// offset; or a policy constant, resolved and anchored) until ctx ends.
+func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, offset int64) {
 	log := s.log.WithField("partition", p)
-	log.Debug("partition goroutine started")
-	defer log.Debug("partition goroutine stopped")
 	announce := true // the first start is always announced
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
-		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, policy)
+		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, s.cfg.Initial)
 		if err != nil {
 			return // ctx ended
 		}
 		if announce || reset {
-			if !s.send(ctx, dispatch.Batch{Partition: p, Start: at}) {
+			start := dispatch.Batch{Partition: p, Start: at}
+			if reset || offset < 0 { // resolved here, not read from the store
+				start.Anchor = make(chan struct{})
+			}
+			if !s.send(ctx, start) || !s.anchored(ctx, log, start) {
 				closePartition(pc)
 				return
 			}
@@ -461,27 +501,30 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 // openPartition opens partition p at offset (a number, or a policy
 // constant resolved to a number here), retrying with backoff until ctx ends.
 // A numeric offset out of range is replaced, and reset is true: below the
-// log start by the oldest offset, beyond the end by policy.
+// log start by the oldest offset, beyond the end by policy. Which of the two
+// it is takes a lookup of the log start; a failed lookup is retried, never
+// taken as a reason to apply the policy.
 // It returns the numeric offset consumption starts at.
 func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, log *logrus.Entry,
 	p int32, offset, policy int64) (pc sarama.PartitionConsumer, at int64, reset bool, err error) {
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
-	var outOfRange int64 // the numeric offset found out of range, when reset
+	var outOfRange int64 // the first numeric offset found out of range, when reset
+	var resetBy string   // what replaced it: "oldest" or the policy's name
 	for {
 		at, err = offset, nil
 		if offset < 0 {
-			at, err = s.client.GetOffset(s.cfg.Topic, p, offset)
-			if err == nil && reset {
-				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": policyName(offset), "reset_to": at}).
-					Warn("offset out of range, resetting")
-			}
+			at, err = s.offsetOf(p, offset)
 		}
 		if err == nil {
 			pc, err = consumer.ConsumePartition(s.cfg.Topic, p, at)
 		}
 		if err == nil {
+			if reset {
+				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": resetBy, "reset_to": at}).
+					Warn("offset out of range, resetting")
+			}
 			s.mu.Lock()
-			if s.paused {
+			if s.paused || s.held[p] {
 				pc.Pause()
 			}
 			s.parts[p] = pc
@@ -492,12 +535,23 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			// Below the log start (retention removed those records): go on
 			// from the oldest record still there, whatever the policy, so that
 			// nothing still in Kafka is skipped. Beyond the end (the log was
-			// truncated): the policy decides.
-			target := policy
-			if oldest, oerr := s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest); oerr == nil && offset < oldest {
-				target = sarama.OffsetOldest
+			// truncated): the policy decides. Out of range again after a
+			// reset (the log moved meanwhile): back off first.
+			if reset && !backoff.Sleep(ctx, b.Next()) {
+				return nil, 0, false, ctx.Err()
 			}
-			outOfRange, offset, reset = offset, target, true
+			oldest, ok := s.logStart(ctx, log, p)
+			if !ok {
+				return nil, 0, false, ctx.Err()
+			}
+			if !reset {
+				outOfRange, reset = at, true
+			}
+			if at < oldest {
+				offset, resetBy = oldest, policyName(sarama.OffsetOldest)
+			} else {
+				offset, resetBy = policy, policyName(policy)
+			}
 			continue // no backoff: the next attempt is a different one
 		}
 		wait := b.Next()
@@ -507,6 +561,56 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			return nil, 0, false, ctx.Err()
 		}
 	}
+}
+
+// offsetOf resolves policy (sarama.OffsetNewest or OffsetOldest) to an
+// offset of partition p. Under read_committed, newest is the last stable
+// offset, not the high watermark: the records of a transaction still open
+// lie between the two, and are delivered once it commits.
+func (s *Source) offsetOf(p int32, policy int64) (int64, error) {
+	conf := s.client.Config()
+	if policy != sarama.OffsetNewest || conf.Consumer.IsolationLevel != sarama.ReadCommitted {
+		return s.client.GetOffset(s.cfg.Topic, p, policy)
+	}
+	broker, err := s.client.Leader(s.cfg.Topic, p)
+	if err != nil {
+		return -1, fmt.Errorf("leader of partition %d: %w", p, err)
+	}
+	req := sarama.NewOffsetRequest(conf.Version)
+	req.IsolationLevel = sarama.ReadCommitted
+	req.AddBlock(s.cfg.Topic, p, sarama.OffsetNewest, 1)
+	resp, err := broker.GetAvailableOffsets(req)
+	if err != nil {
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, err)
+	}
+	block := resp.GetBlock(s.cfg.Topic, p)
+	switch {
+	case block == nil:
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
+	case !errors.Is(block.Err, sarama.ErrNoError):
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, block.Err)
+	case req.Version == 0:
+		if len(block.Offsets) != 1 {
+			return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
+		}
+		return block.Offsets[0], nil
+	}
+	return block.Offset, nil
+}
+
+// logStart returns the oldest offset of partition p, retrying a failed
+// lookup with backoff; false when ctx ends first.
+func (s *Source) logStart(ctx context.Context, log *logrus.Entry, p int32) (int64, bool) {
+	var oldest int64
+	err := backoff.Retry(ctx, backoff.Backoff{Min: retryMin, Max: retryMax}, func(context.Context) error {
+		var err error
+		oldest, err = s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest)
+		return err
+	}, func(attempt int, err error, wait time.Duration) {
+		log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait}).
+			Warn("offset out of range: cannot look up the oldest offset to tell where to reset, retrying")
+	})
+	return oldest, err == nil
 }
 
 // consume sends batches from pc until ctx ends (ok false; pc is closed) or
@@ -562,6 +666,22 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, pc sarama.Parti
 			}
 			next = batch.Messages[len(batch.Messages)-1].Offset + 1
 		}
+	}
+}
+
+// anchored waits until the dispatcher has stored the committable offset of
+// start's partition, when start asks for it (Anchor); false if ctx ends
+// first.
+func (s *Source) anchored(ctx context.Context, log *logrus.Entry, start dispatch.Batch) bool {
+	if start.Anchor == nil {
+		return true
+	}
+	select {
+	case <-start.Anchor:
+		log.WithField("offset", start.Start).Debug("start offset anchored")
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
