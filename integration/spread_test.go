@@ -10,9 +10,11 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -272,6 +274,44 @@ func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
 		t.Logf("%s delivered partitions %v", id, slices.Sorted(maps.Keys(ps)))
 	}
 	f.logDuplicates("three spread members")
+
+	// fanout status shows the mode, the assignment with each member's
+	// partitions and lag, and no handoff.
+	args := []string{"status", "--id", c.id, "--topic", topic,
+		"--kafka", strings.Join(kafkaAddrs(t), ","), "--zookeeper", strings.Join(zkAddrs(t), ",")}
+	out, err := exec.Command(procBinary(t), append(args, "--json")...).Output()
+	if err != nil {
+		t.Fatalf("fanout status --json: %v", err)
+	}
+	var st struct {
+		Mode       string `json:"mode"`
+		Assignment *struct {
+			Members []struct {
+				NodeID     string  `json:"node_id"`
+				Partitions []int32 `json:"partitions"`
+				Owned      []int32 `json:"owned"`
+				Lag        int64   `json:"lag"`
+			} `json:"members"`
+		} `json:"assignment"`
+		Handoffs []json.RawMessage `json:"handoffs"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("fanout status --json printed %q: %v", out, err)
+	}
+	if st.Mode != "spread" || st.Assignment == nil || len(st.Assignment.Members) != 3 || len(st.Handoffs) != 0 {
+		t.Fatalf("fanout status: %s", out)
+	}
+	for _, m := range st.Assignment.Members {
+		if !slices.Equal(m.Partitions, owned[m.NodeID]) || !slices.Equal(m.Owned, owned[m.NodeID]) || m.Lag != 0 {
+			t.Errorf("fanout status: %s assigned %v, owns %v, lag %d; want %v, %v, 0", m.NodeID, m.Partitions, m.Owned, m.Lag,
+				owned[m.NodeID], owned[m.NodeID])
+		}
+	}
+	text, err := exec.Command(procBinary(t), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("fanout status: %v\n%s", err, text)
+	}
+	t.Logf("fanout status:\n%s", text)
 }
 
 // spOwnerAt returns the owner of each partition in owned.

@@ -152,7 +152,11 @@ func (a *Assignment) String() string {
 	return b.String()
 }
 
-// ranges writes ascending partitions compactly: "0-3,6".
+// PartitionRanges writes ascending partitions compactly: "0-3,6"; "-"
+// for none.
+func PartitionRanges(ps []int32) string { return ranges(ps) }
+
+// ranges is PartitionRanges.
 func ranges(ps []int32) string {
 	if len(ps) == 0 {
 		return "-"
@@ -183,6 +187,16 @@ func (a *Assignment) proto() *PartitionAssignment {
 		out.Owners = append(out.Owners, &PartitionOwner{NodeId: o.NodeID, Addr: o.Addr, Partitions: o.Partitions})
 	}
 	return out
+}
+
+// AssignmentOf returns the assignment a heartbeat carries, or nil. Check
+// first that the heartbeat comes from the leader ZooKeeper records, for its
+// epoch: heartbeats are not authenticated.
+func AssignmentOf(hb *Heartbeat) *Assignment {
+	if hb.GetAssignment() == nil {
+		return nil
+	}
+	return fromProto(hb.GetAssignment())
 }
 
 // fromProto returns the assignment of its wire form, owners ordered by node
