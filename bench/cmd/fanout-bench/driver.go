@@ -40,6 +40,9 @@ type plan struct {
 	// with SpreadClients client processes each connected to every member.
 	Members       []int `json:"spread_members"`
 	SpreadClients int   `json:"spread_clients"`
+	// SpreadOnly measures only B (the ceiling) and E, on data of the
+	// plan's sizes (--spread).
+	SpreadOnly bool `json:"spread_only,omitempty"`
 }
 
 func fullPlan() plan {
@@ -80,6 +83,7 @@ func (e *env) deleteTopics() {
 func runDriver(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	quick := fs.Bool("quick", false, "small data; asserts only that every message arrived")
+	spreadOnly := fs.Bool("spread", false, "measure only the plain sarama consumer (B) and spread mode (E)")
 	var e env
 	fs.StringVar(&e.kafka, "kafka", "127.0.0.1:9092", "Kafka bootstrap broker")
 	fs.StringVar(&e.zk, "zookeeper", "127.0.0.1:2181", "ZooKeeper")
@@ -92,6 +96,7 @@ func runDriver(args []string) error {
 	if *quick {
 		p = quickPlan()
 	}
+	p.SpreadOnly = *spreadOnly
 	var err error
 	if e.self, err = os.Executable(); err != nil {
 		return err
@@ -167,6 +172,21 @@ func measure(e *env, p plan, rep *report) error {
 			say("   %-34s %9.0f msg/s %8.1f MB/s", r.label(), r.MsgPerS, r.MBPerS)
 			rep.Throughput = append(rep.Throughput, r)
 		}
+		if p.SpreadOnly {
+			b, err := e.saramaRun(topic, n)
+			if err != nil {
+				return err
+			}
+			row(b)
+			for _, m := range p.Members {
+				sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight)
+				if err != nil {
+					return err
+				}
+				row(sp)
+			}
+			continue
+		}
 		a, err := e.consumerPerf(topic, n)
 		if err != nil {
 			return err
@@ -199,6 +219,9 @@ func measure(e *env, p plan, rep *report) error {
 			}
 			row(sp)
 		}
+	}
+	if p.SpreadOnly {
+		return nil
 	}
 	for _, rate := range p.Rates {
 		ls, err := e.latencyRun(rate, p.RateFor, p.LatencySize)

@@ -228,7 +228,11 @@ func (r *report) markdown() string {
 		for _, t := range spread {
 			var cpu, msgs []string
 			for i := range t.MemberCPUPerM {
-				cpu = append(cpu, fmt.Sprintf("%.1f", t.MemberCPUPerM[i]))
+				if t.MemberMessages[i] == 0 {
+					cpu = append(cpu, "-") // its partitions held no message
+				} else {
+					cpu = append(cpu, fmt.Sprintf("%.1f", t.MemberCPUPerM[i]))
+				}
 				msgs = append(msgs, fmt.Sprint(t.MemberMessages[i]))
 			}
 			p("| %s | %d | %d | %.0f | %.2f | %.1f | %s | %s | %.0f |", sizeLabel(t.Size), t.Members, t.Messages, t.MsgPerS,
