@@ -73,6 +73,7 @@ func New(opts Options) (*Daemon, error) {
 		MaxOutboxBytes: opts.MaxOutboxBytes,
 		AuthToken:      opts.AuthToken,
 		Leadership:     d.leadership,
+		Members:        d.members,
 		Logger:         d.log,
 	}, &d.backend)
 	if err != nil {

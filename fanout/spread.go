@@ -137,7 +137,8 @@ func (d *Daemon) spreadLeadership() server.Leadership {
 
 // members lists the advertised addresses of the members that own
 // partitions (spread mode), sorted; nil in leader mode or without an
-// assignment in force. It is the server's Config.Members.
+// assignment in force. It is the server's Config.Members: it reads the
+// elector's snapshot, never blocks.
 func (d *Daemon) members() []string {
 	if el := d.elector.Load(); el != nil {
 		return el.Assignment().Addrs()
@@ -150,9 +151,7 @@ func (d *Daemon) members() []string {
 // clients that asked for it); without an assignment in force it also sends
 // the clients away (to retry: this member does not serve).
 func (d *Daemon) membersChanged(addrs []string) {
-	if s, ok := any(d.srv).(interface{ MembersChanged() }); ok {
-		s.MembersChanged()
-	}
+	d.srv.MembersChanged()
 	if addrs == nil {
 		d.srv.RedirectAll(d.leadership())
 	}

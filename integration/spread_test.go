@@ -16,6 +16,7 @@ import (
 	"maps"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,9 +27,9 @@ import (
 	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
+	"github.com/nanoservice/core-fanout/protocol"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -128,8 +129,8 @@ func spWaitOwned(t *testing.T, conn *zk.Conn, c *clCluster, nodes []*clNode, par
 	return got
 }
 
-// spConsumers returns one consumer address list per node: its own address
-// alone, so that each member's partitions have a consumer.
+// spConsumers returns one consumer address list per node, its own address
+// first: each Go client follows the member list from there.
 func spConsumers(nodes []*clNode) [][]string {
 	var out [][]string
 	for _, nd := range nodes {
@@ -229,6 +230,92 @@ func (l *spRecordLog) checkReleaseBeforeReserve(t *testing.T) (moves int) {
 	return moves
 }
 
+// spRaw is a raw protocol client of one member, without
+// CAPABILITY_MEMBERS: as a client of today's protocol it receives that
+// member's deliveries only, so what it records is what the member
+// delivered. It acks every delivery, and records it into rec when set
+// (the receipts of a flow: it is one more consumer of the flow).
+type spRaw struct {
+	node *clNode
+	conn *procRaw
+	mu   sync.Mutex
+	got  []spDelivery
+}
+
+type spDelivery struct {
+	part  int32
+	off   int64
+	value string
+	at    time.Time
+}
+
+func spRawConsume(t *testing.T, nd *clNode, rec *clRecorder) *spRaw {
+	t.Helper()
+	c := procRawDial(t, nd.addr, 100)
+	r := &spRaw{node: nd, conn: c}
+	if f := c.next(t, 30*time.Second); f.GetWelcome() == nil {
+		t.Fatalf("%s answered %v, want a Welcome", nd.id, f)
+	}
+	go func() {
+		for f := range c.frames {
+			d := f.GetDeliver()
+			if d == nil {
+				continue
+			}
+			now := time.Now()
+			r.mu.Lock()
+			r.got = append(r.got, spDelivery{part: d.GetPartition(), off: d.GetOffset(), value: string(d.GetValue()), at: now})
+			r.mu.Unlock()
+			err := c.send(protocol.AckFrame([]uint64{d.GetDeliveryId()}))
+			if rec != nil {
+				rc := clReceipt{seq: -1, part: d.GetPartition(), off: d.GetOffset(), attempt: int(d.GetAttempt()),
+					node: nd.id, consumer: -1, at: now, acked: err == nil}
+				if v, ok := strings.CutPrefix(string(d.GetValue()), "m-"); ok {
+					if n, err := strconv.Atoi(v); err == nil {
+						rc.seq = n
+					}
+				}
+				rec.add(rc)
+			}
+		}
+	}()
+	return r
+}
+
+// close ends the connection: its unacked deliveries go to other clients.
+func (r *spRaw) close() { _ = r.conn.conn.Close() }
+
+func (r *spRaw) all() []spDelivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// spFirstBeyond returns the first receipt, after t0, of one of parts at an
+// offset beyond any received of that partition before t0: a record the
+// consumers had not seen, so one that whoever serves the partition now
+// delivered (zero when none yet).
+func spFirstBeyond(f *clFlow, parts []int32, t0 time.Time) (clReceipt, bool) {
+	seen := map[int32]int64{}
+	var after []clReceipt
+	for _, rc := range f.rec.all() {
+		switch {
+		case !slices.Contains(parts, rc.part):
+		case rc.at.After(t0):
+			after = append(after, rc)
+		case rc.off >= seen[rc.part]:
+			seen[rc.part] = rc.off + 1
+		}
+	}
+	slices.SortFunc(after, func(a, b clReceipt) int { return a.at.Compare(b.at) })
+	for _, rc := range after {
+		if rc.off >= seen[rc.part] {
+			return rc, true
+		}
+	}
+	return clReceipt{}, false
+}
+
 // spLogTimes returns the times of the lines of nd's log (after marker)
 // that contain every one of substrs, parsed from logrus' time field.
 func spLogLines(nd *clNode, marker string, substrs ...string) []string {
@@ -236,10 +323,11 @@ func spLogLines(nd *clNode, marker string, substrs ...string) []string {
 }
 
 // 1. Three spread members share a topic of 12 partitions: each owns 4 (in
-// its ownership records), serves exactly those, and every message is
-// delivered and acked.
+// its ownership records) and delivers exactly those (to a client of today's
+// protocol); one Go client given one member's address receives and acks the
+// messages of all 12 through a session per member; fanout status shows it.
 func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
-	const partitions, n = 12, 1200
+	const partitions, n = 12, 240
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
 	c := spNewCluster(t, topic, 3)
@@ -252,28 +340,73 @@ func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
 			t.Fatalf("%s owns %v, want 4 partitions", nd.id, owned[nd.id])
 		}
 	}
-	f := clStartFlowOn(t, c, n, partitions, 3*time.Second, spConsumers(c.nodes), 0)
-	f.finish(90 * time.Second)
-	ownerOf := map[int32]string{}
-	for id, ps := range owned {
-		for _, p := range ps {
-			ownerOf[p] = id
+	// A client of today's protocol (no member list) connected to a member
+	// receives that member's partitions only.
+	var raws []*spRaw
+	for _, nd := range c.nodes {
+		raws = append(raws, spRawConsume(t, nd, nil))
+	}
+	produceSeq(t, topic, "m", n, partitions)
+	testutil.WaitFor(t, 60*time.Second, fmt.Sprintf("the %d messages received by the members' raw clients", n), func() bool {
+		got := map[string]bool{}
+		for _, r := range raws {
+			for _, d := range r.all() {
+				got[d.value] = true
+			}
+		}
+		return len(got) == n
+	})
+	for _, r := range raws {
+		parts := map[int32]bool{}
+		for _, d := range r.all() {
+			parts[d.part] = true
+		}
+		got := slices.Sorted(maps.Keys(parts))
+		if !slices.Equal(got, owned[r.node.id]) {
+			t.Errorf("%s delivered partitions %v to its raw client, it owns %v", r.node.id, got, owned[r.node.id])
 		}
 	}
-	by := map[string]map[int32]bool{}
-	for _, rc := range f.rec.all() {
-		if ownerOf[rc.part] != rc.node {
-			t.Errorf("%s delivered partition %d, which %s owns", rc.node, rc.part, ownerOf[rc.part])
-		}
-		if by[rc.node] == nil {
-			by[rc.node] = map[int32]bool{}
-		}
-		by[rc.node][rc.part] = true
+	for _, r := range raws {
+		r.close()
 	}
-	for id, ps := range by {
-		t.Logf("%s delivered partitions %v", id, slices.Sorted(maps.Keys(ps)))
+	watch := clWatchOffsets(t, c.id, topic)
+
+	// One Go client given one member's address follows the member list: a
+	// session per member, and every partition's messages, acked.
+	hook := &clHook{}
+	one := dial(t, clClientConfig("sp-one-address", hook), c.nodes[0].addr)
+	const more = 240
+	produceSeq(t, topic, "more", more, partitions)
+	seen, parts := map[string]bool{}, map[int32]bool{}
+	for len(seen) < more {
+		m := recv(t, one, 30*time.Second)
+		if !strings.HasPrefix(string(m.Value), "more-") {
+			continue
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatalf("ack %s: %v", m.Value, err)
+		}
+		seen[string(m.Value)], parts[m.Partition] = true, true
 	}
-	f.logDuplicates("three spread members")
+	hook.mu.Lock()
+	connects := slices.Clone(hook.connects)
+	hook.mu.Unlock()
+	slices.Sort(connects)
+	if len(parts) != partitions || !slices.Equal(slices.Compact(connects), []string{"node-1", "node-2", "node-3"}) {
+		t.Fatalf("the client given %s received partitions %v through sessions with %v: want all %d, through every member",
+			c.nodes[0].addr, slices.Sorted(maps.Keys(parts)), connects, partitions)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the one-address client's acks committed", func() bool {
+		offs := watch.latest()
+		for p := range int32(partitions) {
+			if offs[p] != (n+more)/partitions {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("one client given %s received and acked %d messages of all %d partitions through sessions with %v",
+		c.nodes[0].addr, more, partitions, slices.Compact(connects))
 
 	// fanout status shows the mode, the assignment with each member's
 	// partitions and lag, and no handoff.
@@ -349,11 +482,17 @@ func TestSpreadJoinHandsOverReleaseBeforeReserve(t *testing.T) {
 	f.consumers = append(f.consumers, clConsume(t, f.rec, len(f.consumers), []string{joiner.addr}))
 	after := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
 	var slowest time.Duration
-	for _, p := range after[joiner.id] {
-		if at := records.ownedAfter(p, func(o string) bool { return o == joiner.id }, joined); !at.IsZero() && at.Sub(joined) > slowest {
-			slowest = at.Sub(joined)
+	testutil.WaitFor(t, 10*time.Second, "the record sampler to see the joiner's partitions", func() bool {
+		slowest = 0
+		for _, p := range after[joiner.id] {
+			at := records.ownedAfter(p, func(o string) bool { return o == joiner.id }, joined)
+			if at.IsZero() {
+				return false
+			}
+			slowest = max(slowest, at.Sub(joined))
 		}
-	}
+		return true
+	})
 	t.Logf("%s reserved its %d partitions within %d ms of its start (records sampled every 20 ms); before %v, after %v",
 		joiner.id, len(after[joiner.id]), slowest.Milliseconds(), before, after)
 	for _, nd := range c.nodes[:3] {
@@ -428,25 +567,24 @@ func TestSpreadSigtermHandsOver(t *testing.T) {
 	if code != 0 {
 		t.Errorf("%s exited with code %d after SIGTERM, want 0", leaving.id, code)
 	}
-	var first clReceipt
-	testutil.WaitFor(t, 60*time.Second, "a message of the stopped member's partitions from another member", func() bool {
-		for _, rc := range f.rec.all() {
-			if rc.at.After(termAt) && rc.node != leaving.id && slices.Contains(theirs, rc.part) {
-				first = rc
-				return true
-			}
-		}
-		return false
+	testutil.WaitFor(t, 60*time.Second, "a new message of the stopped member's partitions", func() bool {
+		_, ok := spFirstBeyond(f, theirs, termAt)
+		return ok
 	})
 	after := spWaitOwned(t, conn, c, c.others(leaving), partitions, 60*time.Second)
-	t.Logf("SIGTERM of %s (partitions %v): exited after %d ms; the first of its partitions served again by %s after %d ms; owners now %v",
-		leaving.id, theirs, exitAt.Sub(termAt).Milliseconds(), first.node, first.at.Sub(termAt).Milliseconds(), after)
+	t.Logf("SIGTERM of %s (partitions %v): exited after %d ms; owners now %v", leaving.id, theirs, exitAt.Sub(termAt).Milliseconds(), after)
 	var slowest time.Duration
-	for _, p := range theirs {
-		if at := records.ownedAfter(p, func(o string) bool { return o != leaving.id }, termAt); !at.IsZero() {
+	testutil.WaitFor(t, 10*time.Second, "the record sampler to see the stopped member's partitions taken", func() bool {
+		slowest = 0
+		for _, p := range theirs {
+			at := records.ownedAfter(p, func(o string) bool { return o != leaving.id }, termAt)
+			if at.IsZero() {
+				return false
+			}
 			slowest = max(slowest, at.Sub(termAt))
 		}
-	}
+		return true
+	})
 	t.Logf("every partition of %s reserved by another member within %d ms of SIGTERM (ownership records sampled every 20 ms)",
 		leaving.id, slowest.Milliseconds())
 	for _, line := range spLogLines(leaving, "", "partition handed over") {
@@ -485,6 +623,7 @@ func TestSpreadMemberCrash(t *testing.T) {
 	c.startAll()
 	conn := spZK(t)
 	before := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	records := spSampleRecords(t, c)
 	f := clStartFlowOn(t, c, n, partitions, 10*time.Second, spConsumers(c.nodes), 0)
 	f.waitAcked(n/3, 60*time.Second)
 
@@ -497,20 +636,28 @@ func TestSpreadMemberCrash(t *testing.T) {
 	victim.waitExit(t, 10*time.Second)
 
 	var first clReceipt
-	testutil.WaitFor(t, 60*time.Second, "a message of the crashed member's partitions from another member", func() bool {
-		for _, rc := range f.rec.all() {
-			if rc.at.After(killed) && rc.node != victim.id && slices.Contains(theirs, rc.part) {
-				first = rc
-				return true
-			}
-		}
-		return false
+	testutil.WaitFor(t, 60*time.Second, "a new message of the crashed member's partitions", func() bool {
+		var ok bool
+		first, ok = spFirstBeyond(f, theirs, killed)
+		return ok
 	})
 	took := first.at.Sub(killed)
 	after := spWaitOwned(t, conn, c, c.others(victim), partitions, 60*time.Second)
-	t.Logf("crash of %s (partitions %v): the first of its partitions served again by %s after %d ms "+
-		"(leader timeout %v + session timeout %v); owners now %v", victim.id, theirs, first.node,
-		took.Milliseconds(), clLeaderTimeout, spSessionTimeout, after)
+	var reserved time.Duration
+	testutil.WaitFor(t, 10*time.Second, "the record sampler to see the crashed member's partitions taken", func() bool {
+		reserved = 0
+		for _, p := range theirs {
+			at := records.ownedAfter(p, func(o string) bool { return o != victim.id }, killed)
+			if at.IsZero() {
+				return false
+			}
+			reserved = max(reserved, at.Sub(killed))
+		}
+		return true
+	})
+	t.Logf("crash of %s (partitions %v): all reserved by others %d ms after the kill, the first new message of "+
+		"them received after %d ms (leader timeout %v + session timeout %v); owners now %v", victim.id, theirs,
+		reserved.Milliseconds(), took.Milliseconds(), clLeaderTimeout, spSessionTimeout, after)
 	if took > spCrashBound {
 		t.Errorf("the crashed member's partitions were served again after %v, want under %v", took, spCrashBound)
 	}
@@ -551,11 +698,12 @@ func TestSpreadPausedMemberLosesItsPartitions(t *testing.T) {
 	c.startAll()
 	conn := spZK(t)
 	before := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
-	f := clStartFlowOn(t, c, n, partitions, 12*time.Second, spConsumers(c.nodes), 0)
-	f.waitAcked(n/4, 60*time.Second)
-
 	paused := c.nodes[0]
 	theirs := before[paused.id]
+	f := clStartFlowOn(t, c, n, partitions, 12*time.Second, spConsumers(c.nodes), 0)
+	raw := spRawConsume(t, paused, f.rec) // what the paused member delivers, and only that
+	f.waitAcked(n/4, 60*time.Second)
+
 	stopAt := time.Now()
 	paused.signal(t, syscall.SIGSTOP)
 	atStop := zkOffsets(t, c.id, topic)
@@ -588,9 +736,13 @@ func TestSpreadPausedMemberLosesItsPartitions(t *testing.T) {
 			reservedAgain = append(reservedAgain, p)
 		}
 	}
-	for _, rc := range f.rec.all() {
-		if rc.node == paused.id && rc.at.After(noticed) && !slices.Contains(reservedAgain, rc.part) {
-			t.Errorf("the resumed member delivered %+v after it noticed its loss, of a partition it did not reserve again", rc)
+	mine := 0
+	for _, d := range raw.all() {
+		if slices.Contains(theirs, d.part) && d.at.Before(stopAt) {
+			mine++
+		}
+		if d.at.After(noticed) && slices.Contains(theirs, d.part) && !slices.Contains(reservedAgain, d.part) {
+			t.Errorf("the resumed member delivered %+v after it noticed its loss, of a partition it did not reserve again", d)
 		}
 	}
 	// A commit the resumed member logs of a partition it lost is one made
@@ -615,7 +767,11 @@ func TestSpreadPausedMemberLosesItsPartitions(t *testing.T) {
 		}
 	}
 	t.Logf("fenced commit attempts of the resumed member: %d", len(spLogLines(paused, "paused", "offset commit fenced")))
-	t.Logf("partitions the resumed member reserved anew: %v", reservedAgain)
+	t.Logf("partitions the resumed member reserved anew: %v; its raw client received %d of its partitions' messages before the pause, %d deliveries in all",
+		reservedAgain, mine, len(raw.all()))
+	if mine == 0 {
+		t.Errorf("the raw client of %s received nothing of its partitions before the pause: it observed nothing", paused.id)
+	}
 	f.logDuplicates("after a pause")
 }
 
@@ -697,18 +853,15 @@ func TestSpreadPartitionIncrease(t *testing.T) {
 	produceSeq(t, topic, "m", 9, 9) // one to each partition, before the members noticed
 	owned := spWaitOwned(t, conn, c, c.nodes, 9, 60*time.Second)
 	t.Logf("9 partitions owned %v after the increase: %v", time.Since(added).Round(time.Millisecond), owned)
-	var clients []*clientOf
+	var raws []*spRaw
 	for _, nd := range c.nodes {
-		clients = append(clients, &clientOf{nd: nd, c: dial(t, clClientConfig("sp-"+nd.id, &clHook{}), nd.addr)})
+		raws = append(raws, spRawConsume(t, nd, nil))
 	}
 	seen := map[int32]string{}
 	testutil.WaitFor(t, 60*time.Second, "a message of every partition", func() bool {
-		for _, cl := range clients {
-			select {
-			case m := <-cl.c.Messages():
-				_ = m.Ack()
-				seen[m.Partition] = cl.nd.id
-			default:
+		for _, r := range raws {
+			for _, d := range r.all() {
+				seen[d.part] = r.node.id
 			}
 		}
 		return len(seen) == 9
@@ -719,10 +872,4 @@ func TestSpreadPartitionIncrease(t *testing.T) {
 			t.Errorf("partition %d delivered by %s, owned by %s", p, id, ownerOf[p])
 		}
 	}
-}
-
-// clientOf is a Go client connected to one member.
-type clientOf struct {
-	nd *clNode
-	c  *client.Client
 }

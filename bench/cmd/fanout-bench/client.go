@@ -18,63 +18,53 @@ import (
 // runClient is one fanout client process: it acks every message it receives
 // and, when standard input closes, closes the client (flushing the last acks)
 // and prints its Result. Only messages whose Ack succeeded are counted; the
-// receipt time is taken for latency before the ack. With several addresses
-// (the members of a spread cluster) it runs one Go client per address, each
-// given that address alone, all counted together: the same process takes
-// every member's partitions.
+// receipt time is taken for latency before the ack. Given the members of a
+// spread cluster, the Go client keeps a session with each (its credit split
+// over them).
 func runClient(args []string) error {
 	fs := flag.NewFlagSet("client", flag.ExitOnError)
-	addrs := fs.String("addr", "127.0.0.1:4987", "daemon address, or comma-separated member addresses")
-	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello (of each client)")
+	addrs := fs.String("addr", "127.0.0.1:4987", "daemon address, or comma-separated addresses of one cluster")
+	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello (split over the members in spread mode)")
 	latency := fs.Bool("latency", false, "record produce-to-receipt latency of synthetic values")
 	_ = fs.Parse(args)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var clients []*client.Client
-	for _, addr := range strings.Split(*addrs, ",") {
-		c, err := client.Dial(ctx, client.Config{Addrs: []string{addr}, MaxInFlight: *inFlight,
-			ClientID: fmt.Sprintf("bench-%d", os.Getpid())})
-		if err != nil {
-			return err
-		}
-		clients = append(clients, c)
+	c, err := client.Dial(ctx, client.Config{Addrs: strings.Split(*addrs, ","), MaxInFlight: *inFlight,
+		ClientID: fmt.Sprintf("bench-%d", os.Getpid())})
+	if err != nil {
+		return err
 	}
 	cnt := &counter{measureLatency: *latency}
 	var redelivered, ackErrs atomic.Int64
 	stop := stdinClosed()
 	stopProgress := make(chan struct{})
 	go reportProgress(&cnt.n, 250*time.Millisecond, stopProgress)
-	var receivers sync.WaitGroup
-	for _, c := range clients {
-		receivers.Add(1)
-		go func() {
-			defer receivers.Done()
-			for m := range c.Messages() {
-				now := time.Now()
-				if m.Attempt > 1 {
-					redelivered.Add(1)
-				}
-				if err := m.Ack(); err != nil {
-					ackErrs.Add(1)
-					continue
-				}
-				cnt.add(m.Value, now)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range c.Messages() {
+			now := time.Now()
+			if m.Attempt > 1 {
+				redelivered.Add(1)
 			}
-		}()
-	}
-	<-stop
-	var closeErrs int64
-	for _, c := range clients {
-		if err := c.Close(); err != nil { // Messages is closed when Close returns
-			closeErrs++
-			fmt.Fprintf(os.Stderr, "close: %v\n", err)
+			if err := m.Ack(); err != nil {
+				ackErrs.Add(1)
+				continue
+			}
+			cnt.add(m.Value, now)
 		}
-	}
-	receivers.Wait()
+	}()
+	<-stop
+	closeErr := c.Close() // Messages is closed when Close returns
+	<-done
 	close(stopProgress)
 	r := cnt.result()
-	r.Redelivered, r.Errors = redelivered.Load(), ackErrs.Load()+closeErrs
+	r.Redelivered, r.Errors = redelivered.Load(), ackErrs.Load()
+	if closeErr != nil {
+		r.Errors++
+		fmt.Fprintf(os.Stderr, "close: %v\n", closeErr)
+	}
 	return printResult(r)
 }
 

@@ -13,7 +13,8 @@ import (
 
 // spreadRun is (E): the same preloaded topic drained by m daemons in spread
 // mode, each serving the partitions the leader assigns it, and k client
-// processes each connected to every member (one Go client per member). The
+// processes given every member's address (the Go client keeps a session
+// with each, its credit split over them). The
 // rate counts acked messages from the first ack to the last; each member's
 // CPU is divided by the messages it acked (its fanout_messages_acked_total),
 // so that the per-message cost of each member shows whether it stays flat
