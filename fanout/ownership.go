@@ -107,11 +107,6 @@ type OwnershipStatus struct {
 	Handoffs   uint64  // handoffs done since the daemon started
 }
 
-// Ready reports whether the member serves every partition it is assigned.
-func (s OwnershipStatus) Ready() bool {
-	return s.Generation != 0 && slices.Equal(s.Assigned, s.Owned)
-}
-
 // ownership is the loop of spread mode that makes a member own exactly the
 // partitions its assignment gives it: it reserves each assigned partition
 // once free (release-before-reserve: while another member holds it, it
@@ -341,8 +336,9 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 	case evReserved:
 		if op == nil || op.state != acquiring || op.token != ev.token || ctx.Err() != nil {
 			// No longer wanted: give it back.
+			gen := o.generation()
 			o.helpers.Go(log, "release unwanted partition", func() {
-				if err := o.records.Release(ev.p, ev.cond, o.generation()); err != nil {
+				if err := o.records.Release(ev.p, ev.cond, gen); err != nil {
 					log.WithError(err).Debug("releasing a partition reserved after it was no longer assigned")
 				}
 			}, nil)
