@@ -873,3 +873,52 @@ func TestSpreadPartitionIncrease(t *testing.T) {
 		}
 	}
 }
+
+// 7. Members of one cluster in different modes: a member whose
+// --assignment differs from the leader's says so in its log and serves
+// nothing (a client is told to retry: no Welcome, no Redirect); a spread
+// leader leaves a leader-mode member out of the assignment.
+func TestSpreadModeMismatch(t *testing.T) {
+	const partitions = 4
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	c := spNewCluster(t, topic, 3)
+	leaderMode := c.nodes[2] // node-3, the highest id: it leads first, in leader mode
+	leaderMode.args = nil
+	c.startAll()
+	clWaitFor := func(nd *clNode, what string) {
+		t.Helper()
+		testutil.WaitFor(t, 60*time.Second, nd.id+" to say "+what, func() bool {
+			return len(clGrep(nd.logAfter(""), "the leader runs another --assignment", what)) > 0
+		})
+	}
+	for _, nd := range c.nodes[:2] {
+		clWaitFor(nd, `leader_assignment=leader`)
+		if a := clHello(nd.addr); a.welcome != "" || a.redirectTo != "" || a.code != protocol.ErrorCode_ERROR_CODE_NO_LEADER {
+			t.Errorf("%s (spread, under a leader-mode leader) answered %v, want NO_LEADER", nd.id, a)
+		}
+	}
+	if a := clHello(leaderMode.addr); a.welcome != leaderMode.id {
+		t.Errorf("the leader-mode leader answered %v, want its Welcome", a)
+	}
+
+	// The leader-mode leader stops: a spread member leads and assigns every
+	// partition to the spread members; node-3, back in leader mode, is left
+	// out and serves nothing.
+	leaderMode.signal(t, syscall.SIGTERM)
+	leaderMode.waitExit(t, 30*time.Second)
+	leaderMode.mark(t, "restarted")
+	c.start(leaderMode)
+	conn := spZK(t)
+	owned := spWaitOwned(t, conn, c, c.nodes[:2], partitions, 60*time.Second)
+	testutil.WaitFor(t, 60*time.Second, leaderMode.id+" to say the leader runs spread", func() bool {
+		return len(clGrep(leaderMode.logAfter("restarted"), "the leader runs another --assignment", "leader_assignment=spread")) > 0
+	})
+	if a := clHello(leaderMode.addr); a.welcome != "" || a.redirectTo != "" || a.code != protocol.ErrorCode_ERROR_CODE_NO_LEADER {
+		t.Errorf("%s (leader mode, under a spread leader) answered %v, want NO_LEADER", leaderMode.id, a)
+	}
+	if _, ok := owned[leaderMode.id]; ok {
+		t.Errorf("the leader-mode member owns partitions: %v", owned)
+	}
+	t.Logf("owners under the spread leader: %v", owned)
+}
