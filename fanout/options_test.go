@@ -57,6 +57,29 @@ func TestValidate(t *testing.T) {
 		{"negative weight", func(o *Options) { o.Weight = -1 }, "--weight"},
 		{"huge weight", func(o *Options) { o.Weight = 5000 }, "--weight"},
 		{"negative handoff timeout", func(o *Options) { o.HandoffTimeout = -time.Second }, "--handoff-timeout"},
+		{"kafka offset store", func(o *Options) { o.OffsetStore = OffsetStoreKafka }, ""},
+		{"spread with the kafka offset store", func(o *Options) { o.Assignment, o.OffsetStore = AssignmentSpread, OffsetStoreKafka }, "needs --offset-store zookeeper"},
+		{"kafka offset store with the default read acl", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.ReadACL = OffsetStoreKafka, "world" }, ""},
+		{"kafka offset store with a zookeeper identity", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.Auth = OffsetStoreKafka, "u:p" }, "not used with --offset-store kafka"},
+		{"unknown offset store", func(o *Options) { o.OffsetStore = "etcd" }, "--offset-store"},
+		{"kafka offset store with zookeeper servers", func(o *Options) {
+			o.OffsetStore, o.ZooKeeper = OffsetStoreKafka, []string{"zk:2181"}
+		}, "--zookeeper zk:2181: not used with --offset-store kafka"},
+		{"kafka offset store with zookeeper security", func(o *Options) {
+			o.OffsetStore, o.ZooKeeperSecurity.TLS = OffsetStoreKafka, true
+		}, "not used with --offset-store kafka"},
+		{"kafka session timeout below a second", func(o *Options) {
+			o.OffsetStore, o.KafkaSessionTimeout = OffsetStoreKafka, 500*time.Millisecond
+		}, "--kafka-session-timeout"},
+		{"kafka session timeout below two commit intervals", func(o *Options) {
+			o.OffsetStore, o.KafkaSessionTimeout, o.CommitInterval = OffsetStoreKafka, 3*time.Second, 2*time.Second
+		}, "--kafka-session-timeout"},
+		{"a long commit interval needs only the zookeeper session to be longer", func(o *Options) {
+			o.CommitInterval, o.ZooKeeperSessionTimeout = time.Hour, 2*time.Hour
+		}, ""},
+		{"a long commit interval needs only the kafka session to be longer", func(o *Options) {
+			o.OffsetStore, o.CommitInterval, o.KafkaSessionTimeout = OffsetStoreKafka, time.Hour, 2*time.Hour
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,6 +100,21 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	err := Options{}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "--id") || !strings.Contains(err.Error(), "--topic") {
 		t.Fatalf("Validate() = %v, want both --id and --topic named", err)
+	}
+}
+
+// The ZooKeeper default (localhost:2181) applies only to the ZooKeeper
+// offset store: with Kafka's, no ZooKeeper is contacted.
+func TestZooKeeperDefaultOnlyForItsStore(t *testing.T) {
+	if zk := (Options{}).withDefaults().ZooKeeper; len(zk) != 1 || zk[0] != "localhost:2181" {
+		t.Errorf("default ZooKeeper %v, want localhost:2181", zk)
+	}
+	o := Options{OffsetStore: OffsetStoreKafka}.withDefaults()
+	if len(o.ZooKeeper) != 0 || o.usesZooKeeper() {
+		t.Errorf("with the Kafka offset store: ZooKeeper %v, uses it %v; want none", o.ZooKeeper, o.usesZooKeeper())
+	}
+	if o.storeSessionTimeout() != DefaultKafkaSession {
+		t.Errorf("store session timeout %v, want the Kafka one (%v)", o.storeSessionTimeout(), DefaultKafkaSession)
 	}
 }
 
