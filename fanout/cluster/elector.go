@@ -284,15 +284,26 @@ func (e *Elector) Run(ctx context.Context) error {
 	defer close(e.terms)
 	// Goroutines must be done before terms is closed (LIFO defers).
 	defer e.routines.Wait()
+	// ZooKeeper calls cannot be cancelled, so Run waits for the fence watcher
+	// only up to releaseTimeout: long enough for the release of a resigned
+	// term (a Kafka leader leaving its group) to run while the caller's
+	// clients are still open; a watcher stuck on an unanswered call returns
+	// when the authority answers or the caller closes the connection.
+	fenceDone := make(chan struct{})
+	defer func() {
+		select {
+		case <-fenceDone:
+		case <-time.After(releaseTimeout):
+			e.log.Warn("fence watcher still busy after the election stopped: not waiting for it")
+		}
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	// ZooKeeper calls cannot be cancelled, so Run does not wait for the
-	// fence watcher: it returns when the authority answers or the caller
-	// closes the connection.
 	reqs, reports := make(chan fenceReq, 2), make(chan fenceReport)
 	var detached actor.Group
 	detached.Go(e.log, "fence watcher", func() {
+		defer close(fenceDone)
 		watchFence(ctx, e.fence, e.cfg.NodeID, e.cfg.Addr, e.cfg.Heartbeat, reqs, reports)
 	}, nil)
 	var partitions chan int32 // spread mode: the topic's partition count, when it changes
