@@ -250,6 +250,30 @@ func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
 	return out, nil
 }
 
+// LoadPartition returns the stored offset of partition p, and false when it
+// has none.
+func (s *Store) LoadPartition(ctx context.Context, p int32) (int64, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, false, fmt.Errorf("zkstore: load partition %d of %s: %w", p, s.dir, err)
+	}
+	znode := s.partitionPath(p)
+	data, _, err := s.conn.Get(znode)
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
+	}
+	o, err := parseOffset(data)
+	if err != nil {
+		return 0, false, fmt.Errorf("zkstore: znode %s: %w", znode, err)
+	}
+	s.commitMu.Lock()
+	s.known[p] = true
+	s.commitMu.Unlock()
+	return o, true, nil
+}
+
 // parseOffset parses a znode value: a decimal, non-negative offset
 // (surrounding white space tolerated).
 func parseOffset(data []byte) (int64, error) {
