@@ -76,6 +76,9 @@ func (d *deadLetters) Send(r dispatch.DeadLetterRecord) {
 	}
 }
 
+// close closes the producer; call it once run has returned.
+func (d *deadLetters) close() { _ = d.producer.Close() }
+
 // Stored implements dispatch.DeadLetter.
 func (d *deadLetters) Stored() <-chan []*dispatch.Message { return d.stored }
 

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
 func TestValidate(t *testing.T) {
@@ -62,7 +64,15 @@ func TestValidate(t *testing.T) {
 		{"key ordering", func(o *Options) { o.Ordering = OrderingKey }, ""},
 		{"bad ordering", func(o *Options) { o.Ordering = "fifo" }, "--ordering"},
 		{"tiny observer bound", func(o *Options) { o.MaxObserverBytes = 100 }, "--max-observer-bytes"},
+		{"spread", func(o *Options) { o.Assignment = AssignmentSpread; o.Weight = 3 }, ""},
+		{"unknown assignment", func(o *Options) { o.Assignment = "round-robin" }, "--assignment"},
+		{"spread without zookeeper", func(o *Options) { o.Assignment, o.Store = AssignmentSpread, offsets.NewMemoryStore() }, "--assignment spread"},
+		{"weight zero means default", func(o *Options) { o.Weight = 0 }, ""},
+		{"negative weight", func(o *Options) { o.Weight = -1 }, "--weight"},
+		{"huge weight", func(o *Options) { o.Weight = 5000 }, "--weight"},
+		{"negative handoff timeout", func(o *Options) { o.HandoffTimeout = -time.Second }, "--handoff-timeout"},
 		{"kafka offset store", func(o *Options) { o.OffsetStore = OffsetStoreKafka }, ""},
+		{"spread with the kafka offset store", func(o *Options) { o.Assignment, o.OffsetStore = AssignmentSpread, OffsetStoreKafka }, "needs --offset-store zookeeper"},
 		{"kafka offset store with the default read acl", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.ReadACL = OffsetStoreKafka, "world" }, ""},
 		{"kafka offset store with a zookeeper identity", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.Auth = OffsetStoreKafka, "u:p" }, "not used with --offset-store kafka"},
 		{"unknown offset store", func(o *Options) { o.OffsetStore = "etcd" }, "--offset-store"},

@@ -33,6 +33,15 @@ type term struct {
 	redirect func()                              // sends every client away once the term is lost
 	serving  *atomic.Pointer[term]               // holds the term while its dispatcher runs
 
+	// Spread mode (nil spread: a leader's term, fenced as a whole): the
+	// term serves the partitions this member owns, each under its own
+	// fence condition (see runSpread).
+	spread    *spreadDeps
+	ownStatus *atomic.Pointer[OwnershipStatus] // the ownership loop's status
+	handoffs  *atomic.Uint64                   // handoffs done since the daemon started
+	onHandoff func(took time.Duration)         // metrics
+	onMembers func(addrs []string)             // the members owning partitions changed
+
 	// Set before the term is published in serving, never changed after.
 	src  *kafka.Source
 	disp *dispatch.Dispatcher
@@ -47,9 +56,14 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 		client:   client,
 		opts:     d.opts,
 		log:      log,
-		onCommit: d.collector.ObserveCommit,
+		onCommit: d.observeCommit,
 		redirect: func() { d.srv.RedirectAll(d.leadership()) },
 		serving:  &d.backend.cur,
+
+		ownStatus: &d.ownStatus,
+		handoffs:  &d.handoffs,
+		onHandoff: d.collector.ObserveHandoff,
+		onMembers: d.membersChanged,
 	}
 }
 
@@ -61,6 +75,9 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 // for the offset store's session timeout. A lost term's clients are redirected before its source
 // stops. started is called once the term serves clients.
 func (t *term) run(ctx context.Context, started func()) error {
+	if t.spread != nil {
+		return t.runSpread(ctx, started)
+	}
 	var stored map[int32]int64
 	err := retry(ctx, t.log, "load offsets", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
 		var err error
@@ -90,43 +107,21 @@ func (t *term) run(ctx context.Context, started func()) error {
 	if err != nil {
 		return fmt.Errorf("kafka source: %w", err)
 	}
-	// One dead-letter producer per term, on the term's Kafka client.
-	var dead dispatch.DeadLetter
-	var deadOrNil *deadLetters
-	if t.opts.MaxAttempts > 0 {
-		producer, err := sarama.NewSyncProducerFromClient(t.client)
-		if err != nil {
-			return fmt.Errorf("dead-letter producer: %w", err)
-		}
-		defer func() { _ = producer.Close() }()
-		deadOrNil = newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.opts.ConnectBackoffMax, t.log)
-		dead = deadOrNil
-	}
-	disp, err := dispatch.New(dispatch.Config{
-		AckTimeout:       t.opts.AckTimeout,
-		MaxBuffered:      t.opts.MaxBuffered,
-		MaxBufferedBytes: t.opts.MaxBufferedBytes,
-		MaxOutstanding:   t.opts.MaxOutstanding,
-		CommitInterval:   t.opts.CommitInterval,
-		DrainTimeout:     t.opts.DrainTimeout,
-		MaxCommitFailure: t.opts.storeSessionTimeout(),
-		Store:            t.store,
-		Fence:            t.fence,
-		Logger:           t.log,
-		Stored:           stored,
-		Progress:         progress,
-		OnCommit:         t.onCommit,
-		FrameSize:        server.DeliverFrameSize,
-		MaxAttempts:      t.opts.MaxAttempts,
-		RetryBackoffMin:  t.opts.RetryBackoffMin,
-		RetryBackoffMax:  t.opts.RetryBackoffMax,
-		KeyOrdering:      t.opts.Ordering == OrderingKey,
-		DeadLetter:       dead,
-	}, src)
+	cfg := t.dispatchConfig()
+	cfg.Fence, cfg.Stored, cfg.Progress = t.fence, stored, progress
+	dead, err := t.newDeadLetters()
 	if err != nil {
 		return err
 	}
-	t.src, t.disp, t.dead = src, disp, deadOrNil
+	if dead != nil {
+		defer dead.close()
+		cfg.DeadLetter = dead
+	}
+	disp, err := dispatch.New(cfg, src)
+	if err != nil {
+		return err
+	}
+	t.src, t.disp, t.dead = src, disp, dead
 
 	// The source and the dead-letter producer outlive the dispatcher's
 	// drain: they stop only after the dispatcher has returned.
@@ -135,8 +130,8 @@ func (t *term) run(ctx context.Context, started func()) error {
 	routines.Go(t.log, "source", func() {
 		_ = retry(srcCtx, t.log, "consume topic "+t.opts.Topic, t.opts.ConnectBackoffMax, src.Run)
 	}, nil)
-	if deadOrNil != nil {
-		routines.Go(t.log, "dead letters", func() { deadOrNil.run(srcCtx) }, nil)
+	if dead != nil {
+		routines.Go(t.log, "dead letters", func() { dead.run(srcCtx) }, nil)
 	}
 	defer func() {
 		stopSource()
@@ -176,6 +171,42 @@ func (t *term) loadProgress(ctx context.Context) (map[int32]offsets.Progress, er
 		return err
 	})
 	return progress, err
+}
+
+// newDeadLetters returns, with --max-attempts, the term's dead-letter
+// producer on the term's Kafka client (the caller runs it, and closes it
+// once it has stopped); nil without.
+func (t *term) newDeadLetters() (*deadLetters, error) {
+	if t.opts.MaxAttempts == 0 {
+		return nil, nil
+	}
+	producer, err := sarama.NewSyncProducerFromClient(t.client)
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter producer: %w", err)
+	}
+	return newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.opts.ConnectBackoffMax, t.log), nil
+}
+
+// dispatchConfig is the dispatcher's configuration derived from the
+// options, without a fence.
+func (t *term) dispatchConfig() dispatch.Config {
+	return dispatch.Config{
+		AckTimeout:       t.opts.AckTimeout,
+		MaxBuffered:      t.opts.MaxBuffered,
+		MaxBufferedBytes: t.opts.MaxBufferedBytes,
+		MaxOutstanding:   t.opts.MaxOutstanding,
+		CommitInterval:   t.opts.CommitInterval,
+		DrainTimeout:     t.opts.DrainTimeout,
+		MaxCommitFailure: t.opts.storeSessionTimeout(),
+		Store:            t.store,
+		Logger:           t.log,
+		OnCommit:         t.onCommit,
+		FrameSize:        server.DeliverFrameSize,
+		MaxAttempts:      t.opts.MaxAttempts,
+		RetryBackoffMin:  t.opts.RetryBackoffMin,
+		RetryBackoffMax:  t.opts.RetryBackoffMax,
+		KeyOrdering:      t.opts.Ordering == OrderingKey,
+	}
 }
 
 // termBackend forwards the server's calls to the dispatcher of the serving

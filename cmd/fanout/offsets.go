@@ -225,7 +225,7 @@ func optional(m map[int32]int64, p int32) *int64 {
 // member's heartbeat on heartbeatTopic within window before now (one that
 // left is not counted), or a member in the group of the Kafka store.
 func checkStopped(ctx context.Context, client sarama.Client, group *kafkastore.Store, heartbeatTopic string, window time.Duration, now time.Time) error {
-	members, err := readMembers(ctx, client, heartbeatTopic, now.Add(-window))
+	members, _, err := readMembers(ctx, client, heartbeatTopic, now.Add(-window), nil)
 	if err != nil {
 		return err
 	}

@@ -52,6 +52,9 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "retry-backoff", Value: "off", Usage: "`MIN,MAX`: wait MIN·2^(failures-1), at most MAX, with jitter, before redelivering after a timeout, a nack without a delay or a client gone (off: at once)", EnvVars: env("RETRY_BACKOFF")},
 		&cli.StringFlag{Name: "ordering", Value: fanout.DefaultOrdering, Usage: "none, or key: a key's messages go out one at a time, in offset order", EnvVars: env("ORDERING")},
 		&cli.IntFlag{Name: "max-observer-bytes", Value: fanout.DefaultMaxObserverBytes, Usage: "drop an observer with more than this many bytes of copies queued and not written", EnvVars: env("MAX_OBSERVER_BYTES")},
+		&cli.StringFlag{Name: "assignment", Value: fanout.DefaultAssignment, Usage: "leader (the leader serves every partition) or spread (each member serves the partitions the leader assigns it); the same on every member", EnvVars: env("ASSIGNMENT")},
+		&cli.IntFlag{Name: "weight", Value: 1, Usage: "spread mode: this member's share of the partitions is proportional to its weight", EnvVars: env("WEIGHT")},
+		&cli.DurationFlag{Name: "handoff-timeout", Value: fanout.DefaultHandoffTimeout, Usage: "spread mode: a partition moving away waits this long for its in-flight messages to be acked", EnvVars: env("HANDOFF_TIMEOUT")},
 		metricsTokenFlag(),
 	}
 	flags = append(flags, kafkaSecurityFlags()...)
@@ -124,6 +127,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	if opts.RetryBackoffMin, opts.RetryBackoffMax, err = fanout.ParseRetryBackoff(str("retry-backoff")); err != nil {
 		return fanout.Options{}, err
 	}
+	opts.Assignment, opts.Weight, opts.HandoffTimeout = str("assignment"), num("weight"), dur("handoff-timeout")
 	// Security: the flags, and the secrets from the environment or files.
 	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
 	if opts.KafkaSecurity, err = kafkaSecurity(environ, flags); err != nil {

@@ -73,13 +73,14 @@ func (s *state) keyDone(m *Message) {
 	s.unblocked.push(next)
 }
 
-// restartKeys drops from the gates the messages of partition p at or above
-// r, which a restart forgot. dropped are the forgotten messages that were
-// buffered (not in flight): a gate whose holder is one of them passes to the
-// first message of its chain that is not forgotten. A forgotten holder in
-// flight keeps its gate until its flight comes back (keyDone).
-func (s *state) restartKeys(p int32, r int64, dropped []*Message) {
-	gone := func(m *Message) bool { return m.Partition == p && m.Offset >= r }
+// dropKeys drops from the gates the messages for which gone returns true
+// (a restart or a handoff forgot them) and returns how many waited in the
+// chains. dropped are the forgotten messages that were buffered (not in
+// flight): a gate whose holder is one of them passes to the first message
+// of its chain that is not forgotten. A forgotten holder in flight keeps its
+// gate until its flight comes back or is dropped (keyDone).
+func (s *state) dropKeys(gone func(*Message) bool, dropped []*Message) int {
+	n := 0
 	buffered := make(map[*Message]bool, len(dropped))
 	for _, m := range dropped {
 		buffered[m] = true
@@ -96,6 +97,7 @@ func (s *state) restartKeys(p int32, r int64, dropped []*Message) {
 			m.keyNext = nil
 			s.keyWaiting--
 			s.bytes -= m.Size()
+			n++
 		}
 		g.tail = prev
 		if !buffered[g.holder] {
@@ -113,4 +115,5 @@ func (s *state) restartKeys(p int32, r int64, dropped []*Message) {
 		s.keyWaiting--
 		s.unblocked.push(next)
 	}
+	return n
 }

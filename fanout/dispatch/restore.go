@@ -21,24 +21,43 @@ type restoring struct {
 
 // newRestore indexes the loaded progress by partition.
 func newRestore(progress map[int32]offsets.Progress) map[int32]*restoring {
-	out := map[int32]*restoring{}
+	var out map[int32]*restoring
 	for p, pr := range progress {
-		if pr.IsZero() {
-			continue
+		if rs := newRestoring(pr); rs != nil {
+			if out == nil {
+				out = map[int32]*restoring{}
+			}
+			out[p] = rs
 		}
-		rs := &restoring{Progress: pr, last: pr.Base}
-		if n := len(pr.Acked); n > 0 {
-			rs.last = max(rs.last, pr.Acked[n-1].Last)
-		}
-		if n := len(pr.Failed); n > 0 {
-			rs.last = max(rs.last, pr.Failed[n-1].Offset)
-		}
-		out[p] = rs
-	}
-	if len(out) == 0 {
-		return nil
 	}
 	return out
+}
+
+// newRestoring returns the restoring of pr, or nil when pr records nothing.
+func newRestoring(pr offsets.Progress) *restoring {
+	if pr.IsZero() {
+		return nil
+	}
+	rs := &restoring{Progress: pr, last: pr.Base}
+	if n := len(pr.Acked); n > 0 {
+		rs.last = max(rs.last, pr.Acked[n-1].Last)
+	}
+	if n := len(pr.Failed); n > 0 {
+		rs.last = max(rs.last, pr.Failed[n-1].Offset)
+	}
+	return rs
+}
+
+// addRestore sets the progress of partition p, assigned now (per-partition
+// mode), replacing any it had.
+func (s *state) addRestore(p int32, pr offsets.Progress) {
+	s.forgetRestore(p)
+	if rs := newRestoring(pr); rs != nil {
+		if s.restore == nil {
+			s.restore = map[int32]*restoring{}
+		}
+		s.restore[p] = rs
+	}
 }
 
 // restoring returns the progress that applies to b's messages, or nil. The

@@ -40,8 +40,10 @@ func (h *delayHeap) pop() delayed {
 	return d
 }
 
-// filter keeps the entries for which keep returns true.
-func (h *delayHeap) filter(keep func(delayed) bool) {
+// filter keeps the entries for which keep returns true and returns how many
+// it removed.
+func (h *delayHeap) filter(keep func(delayed) bool) int {
+	n := len(*h)
 	kept := (*h)[:0]
 	for _, d := range *h {
 		if keep(d) {
@@ -53,6 +55,7 @@ func (h *delayHeap) filter(keep func(delayed) bool) {
 	for i := len(kept)/2 - 1; i >= 0; i-- {
 		h.down(i)
 	}
+	return n - len(kept)
 }
 
 func (h delayHeap) up(j int) {

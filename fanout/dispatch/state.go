@@ -145,6 +145,12 @@ type state struct {
 	flights flightTable // outstanding deliveries by id
 	heap    deadlineHeap
 
+	// parts holds, in per-partition mode, the partitions served; nil when
+	// every partition is (a term's dispatcher). revoking counts those being
+	// revoked, so that the hot path checks one integer (see partitions.go).
+	parts    map[int32]*owned
+	revoking int
+
 	draining bool      // no more deliveries
 	paused   bool      // the source is paused
 	touched  []*client // clients given deliveries in the current round
@@ -233,9 +239,17 @@ func (s *state) restart(p int32, r int64) {
 	if s.tracker.Start(p, r) == 0 {
 		return // nothing at or above r was outstanding, so nothing is buffered there
 	}
+	s.dropWaiting(func(m *Message) bool { return m.Partition == p && m.Offset >= r })
+}
+
+// dropWaiting removes the messages waiting for a client (fresh,
+// redeliveries, unblocked, delayed, large, and in key order those waiting
+// behind their key) for which forgotten returns true, and returns how many
+// it removed.
+func (s *state) dropWaiting(forgotten func(*Message) bool) int {
 	var dropped []*Message // forgotten messages that held their key's gate
-	forgotten := func(m *Message) bool {
-		if m.Partition == p && m.Offset >= r {
+	drop := func(m *Message) bool {
+		if forgotten(m) {
 			s.bytes -= m.Size()
 			if m.keyHash != 0 {
 				dropped = append(dropped, m)
@@ -244,20 +258,21 @@ func (s *state) restart(p int32, r int64) {
 		}
 		return false
 	}
-	s.fresh.filter(func(m *Message) bool { return !forgotten(m) })
-	s.retries.filter(func(rt retry) bool { return !forgotten(rt.msg) })
-	s.unblocked.filter(func(m *Message) bool { return !forgotten(m) })
-	s.delays.filter(func(d delayed) bool { return !forgotten(d.msg) })
+	n := s.fresh.filter(func(m *Message) bool { return !drop(m) })
+	n += s.retries.filter(func(rt retry) bool { return !drop(rt.msg) })
+	n += s.unblocked.filter(func(m *Message) bool { return !drop(m) })
+	n += s.delays.filter(func(d delayed) bool { return !drop(d.msg) })
 	if s.large.len() > 0 {
 		first := s.large.front().msg
-		s.large.filter(func(rt retry) bool { return !forgotten(rt.msg) })
+		n += s.large.filter(func(rt retry) bool { return !drop(rt.msg) })
 		if s.large.len() == 0 || s.large.front().msg != first {
 			s.largeBlocked = false // a new first message
 		}
 	}
 	if s.keys != nil {
-		s.restartKeys(p, r, dropped)
+		n += s.dropKeys(forgotten, dropped)
 	}
+	return n
 }
 
 // join adds a client.
@@ -415,9 +430,19 @@ func (s *state) own(id, did uint64) *flight {
 // the message is dead-lettered when it failed Config.MaxAttempts times, else
 // queued for another delivery, at once or after its delay (see retry.go).
 // When its partition restarted at or below its offset since it was
-// received, the message is forgotten (fetched again, or gone) and dropped.
+// received, the message is forgotten (fetched again, or gone) and dropped;
+// so is a message of a partition being handed over (the next owner delivers
+// it).
 func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	c, m := f.client, f.msg
+	if s.revoking > 0 && s.revoked(m.Partition) {
+		s.unlink(f)
+		s.recycle(f)
+		if m.keyHash != 0 {
+			s.keyDone(m)
+		}
+		return
+	}
 	s.unlink(f)
 	s.recycle(f)
 	if !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
@@ -458,6 +483,11 @@ func (s *state) unlink(f *flight) {
 		c.last = f.prev
 	}
 	c.n--
+	if s.revoking > 0 {
+		if o := s.parts[f.msg.Partition]; o != nil && o.revoke != nil {
+			o.revoke.inFlight--
+		}
+	}
 }
 
 // recycle frees f's id; a later ack naming it is unknown.

@@ -56,6 +56,9 @@ func NewTracker() *Tracker { return &Tracker{parts: map[int32]*partition{}} }
 // too, for a store that keeps it (ProgressStore).
 func (t *Tracker) TrackProgress() { t.progress = true }
 
+// TracksProgress reports whether TrackProgress was called.
+func (t *Tracker) TracksProgress() bool { return t.progress }
+
 // Start (re)starts partition p at offset R: consumption goes on from R, in a
 // new generation. Tracked offsets at or above R are forgotten; outstanding
 // offsets below R stay outstanding and their acks (AckIn with their own
@@ -320,3 +323,8 @@ func (pt *partition) grow() {
 	}
 	pt.buf, pt.head = buf, 0
 }
+
+// Forget stops tracking partition p (it was handed over to another owner):
+// what it held is dropped, and p is neither committable nor dirty until it
+// is received or started again.
+func (t *Tracker) Forget(p int32) { delete(t.parts, p) }

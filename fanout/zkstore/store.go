@@ -274,6 +274,55 @@ func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
 	return out, nil
 }
 
+// LoadPartition returns the stored offset of partition p, and false when it
+// has none.
+func (s *Store) LoadPartition(ctx context.Context, p int32) (int64, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, false, fmt.Errorf("zkstore: load partition %d of %s: %w", p, s.dir, err)
+	}
+	znode := s.partitionPath(p)
+	data, _, err := s.conn.Get(znode)
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
+	}
+	o, err := parseOffset(data)
+	if err != nil {
+		return 0, false, fmt.Errorf("zkstore: znode %s: %w", znode, err)
+	}
+	s.commitMu.Lock()
+	s.known[p] = true
+	s.commitMu.Unlock()
+	return o, true, nil
+}
+
+// LoadPartitionProgress returns the progress stored above partition p's
+// offset (the zero Progress, base -1, when there is none). Progress that does
+// not decode is reported in an error wrapping offsets.ErrBadProgress.
+func (s *Store) LoadPartitionProgress(ctx context.Context, p int32) (offsets.Progress, error) {
+	if err := ctx.Err(); err != nil {
+		return offsets.Progress{}, fmt.Errorf("zkstore: load progress of partition %d: %w", p, err)
+	}
+	znode := s.progressPath(p)
+	data, _, err := s.conn.Get(znode)
+	if errors.Is(err, zk.ErrNoNode) {
+		return offsets.Progress{Base: -1}, nil
+	}
+	if err != nil {
+		return offsets.Progress{}, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
+	}
+	s.commitMu.Lock()
+	s.progress[p] = len(data) > 0
+	s.commitMu.Unlock()
+	pr, err := offsets.ParseProgress(string(data))
+	if err != nil {
+		return offsets.Progress{}, fmt.Errorf("zkstore: znode %s: %w", znode, err)
+	}
+	return pr, nil
+}
+
 // parseOffset parses a znode value: a decimal, non-negative offset
 // (surrounding white space tolerated).
 func parseOffset(data []byte) (int64, error) {
