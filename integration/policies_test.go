@@ -11,6 +11,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -405,4 +406,89 @@ func TestAckedRangesSpareDuplicatesAfterKillNine(t *testing.T) {
 		offs := zkOffsets(t, id, topic)
 		return offs[0] == n/partitions && offs[1] == n/partitions
 	})
+}
+
+// Spread mode: a partition's stored progress moves with it at a handoff.
+// One member serves both partitions; each partition's poison message fails
+// once (nacked with a long delay) and the rest is acked. A second member
+// joins and takes one partition over (release-before-reserve, the old
+// owner's final commit carrying the progress): it does not deliver the acked
+// messages again and resumes the poison message at its second attempt, so
+// that --max-attempts 3 dead-letters it after three attempts in all.
+func TestSpreadProgressMovesWithThePartition(t *testing.T) {
+	const partitions, n = 2, 5
+	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
+	createTopic(t, topic, partitions)
+	createTopic(t, dlq, 1)
+	producer := manualProducer(t)
+	for p := range int32(partitions) {
+		msgs := []*sarama.ProducerMessage{{Topic: topic, Partition: p, Value: sarama.StringEncoder(fmt.Sprintf("poison-%d", p))}}
+		for i := 1; i <= n; i++ {
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Partition: p, Value: sarama.StringEncoder(fmt.Sprintf("ok-%d-%d", p, i))})
+		}
+		if err := producer.SendMessages(msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = producer.Close()
+
+	conn := spZK(t)
+	c := spNewCluster(t, topic, 1)
+	policy := []string{"--max-attempts", "3", "--dead-letter-topic", dlq}
+	c.nodes[0].args = append(c.nodes[0].args, policy...)
+	c.startAll()
+	spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	cl := procDial(t, client.Config{MaxInFlight: 20}, c.nodes[0].addr)
+	for acked := 0; acked < partitions*n; {
+		m := recv(t, cl, 30*time.Second)
+		if strings.HasPrefix(string(m.Value), "poison") {
+			if m.Attempt != 1 {
+				t.Fatalf("%s: attempt %d first", m.Value, m.Attempt)
+			}
+			if err := m.NackWith(10*time.Minute, "first"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+		acked++
+	}
+	testutil.WaitFor(t, 15*time.Second, "each partition's failure and acked range stored", func() bool {
+		pr := polProgress(t, false, c.id, topic)
+		for p := range int32(partitions) {
+			if pr[p].FailuresAt(0) != 1 || !pr[p].AckedAt(n) {
+				return false
+			}
+		}
+		return true
+	})
+
+	joiner := spAdd(t, c)
+	joiner.args = append(joiner.args, policy...)
+	c.start(joiner)
+	after := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	moved := after[joiner.id][0]
+	t.Logf("partition %d moved to %s", moved, joiner.id)
+	for want := 2; want <= 3; want++ {
+		m := recv(t, cl, 60*time.Second)
+		if string(m.Value) != fmt.Sprintf("poison-%d", moved) || m.Attempt != want || m.Member() != joiner.addr {
+			t.Fatalf("after the handoff: %q attempt %d from %s, want poison-%d attempt %d from %s (acked messages are not delivered again)",
+				m.Value, m.Attempt, m.Member(), moved, want, joiner.addr)
+		}
+		if err := m.NackWith(0, "still bad"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := polReadTopic(t, dlq, 1)[0]
+	h := polHeaders(r)
+	if h[fanout.HeaderDeadLetterAttempts] != "3" || h[fanout.HeaderDeadLetterPartition] != strconv.Itoa(int(moved)) ||
+		h[fanout.HeaderDeadLetterOffset] != "0" || string(r.Value) != fmt.Sprintf("poison-%d", moved) {
+		t.Fatalf("dead letter %q headers %v", r.Value, h)
+	}
+	testutil.WaitFor(t, 15*time.Second, "the moved partition committed past its poison message", func() bool {
+		return zkOffsets(t, c.id, topic)[moved] == n+1
+	})
+	noMessage(t, cl, 2*time.Second)
 }
