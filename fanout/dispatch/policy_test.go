@@ -558,3 +558,57 @@ func TestWeightsOffWhenAllDefault(t *testing.T) {
 		t.Fatalf("weighted %d; got %v and %v, want round-robin", s.weighted, offsetsOf(sinks[0].got), offsetsOf(sinks[1].got))
 	}
 }
+
+// keyedBatch returns the messages from..to-1 of partition p, all with key k.
+func keyedBatch(p int32, from, to int64, k string) Batch {
+	b := Batch{Partition: p, Start: -1}
+	for o := from; o < to; o++ {
+		b.Messages = append(b.Messages, &Message{Partition: p, Offset: o, Key: []byte(k), Value: []byte{1}})
+	}
+	return b
+}
+
+// Per-partition mode (spread): a partition assigned with stored progress
+// skips what it shows acked and resumes the failure counts; revoking it
+// hands back its progress for the final commit, and releases its key gates,
+// those of messages in flight and of one given back during the handoff, so
+// that the partition assigned again orders its key afresh.
+func TestPoliciesAcrossAHandoff(t *testing.T) {
+	s, sinks := setup(10)
+	k := sinks[0]
+	s.parts = map[int32]*owned{}
+	s.keys = map[uint64]keyGate{}
+	s.tracker.TrackProgress()
+	s.assign(0, testTerm(10), offsets.Progress{Base: 0, Acked: []offsets.Range{{First: 1, Last: 1}}, Failed: []offsets.Failure{{Offset: 0, Count: 2}}})
+	s.addBatch(Batch{Partition: 0, Start: 0})
+	s.addBatch(keyedBatch(0, 0, 4, "k"))
+	s.dispatch(t0)
+	if len(k.got) != 1 || k.got[0].Msg.Offset != 0 || k.got[0].Attempt != 3 {
+		t.Fatalf("delivered %v, want 0@0 alone (its key holds 2, 3; 1 acked before), at attempt 3", k.got)
+	}
+	s.ack(1, ids(k.got))
+	s.dispatch(t0)
+	if len(k.got) != 2 || k.got[1].Msg.Offset != 2 {
+		t.Fatalf("after the ack: %v, want 0@2 next (0@1 acked before the handoff)", k.got)
+	}
+	reply := make(chan revokeReply, 1)
+	s.revokeStart(0, t0.Add(time.Second), reply)     // 0@3 waiting behind its key: dropped
+	s.nack(1, []uint64{k.got[1].ID}, NackInfo{}, t0) // 0@2 given back: not queued again
+	_, off, tracked, _, prog := s.revokeEnd(0)
+	want := offsets.Progress{Base: 2}
+	if off != 2 || !tracked || fmt.Sprint(prog) != fmt.Sprint(want) {
+		t.Fatalf("revokeEnd = %d, %v, progress %+v; want 2 and %+v", off, tracked, prog, want)
+	}
+	if len(s.keys) != 0 || s.keyWaiting != 0 || s.buffered() != 0 || s.bytes != 0 {
+		t.Fatalf("after the handoff: %d key gates, %d waiting, %d buffered, %d bytes; want none", len(s.keys), s.keyWaiting, s.buffered(), s.bytes)
+	}
+	// Assigned again (its offset 2 committed by the final commit): the key
+	// is free.
+	s.assign(0, testTerm(12), prog)
+	s.addBatch(Batch{Partition: 0, Start: 2})
+	s.addBatch(keyedBatch(0, 2, 4, "k"))
+	s.dispatch(t0)
+	if len(k.got) != 3 || k.got[2].Msg.Offset != 2 {
+		t.Fatalf("after the partition came back: %v, want 0@2 delivered", k.got[2:])
+	}
+}
