@@ -106,7 +106,7 @@ func offsetsResetAction(c *cli.Context) error {
 				"which ends the leader's term (its commits are refused from then on, it stops delivering), writes the offsets "+
 				"under the tool's own fence, and leaves the record to the next election, whose leader resumes from them", err)
 		}
-		fmt.Fprintf(w, "the cluster runs: %v\n--fence-leader: taking the leader record over ends the leader's term\n", err)
+		fmt.Fprintf(w, "%v\n--fence-leader: taking the leader record over ends the leader's term\n", err)
 	}
 	if !c.Bool("yes") {
 		if !isTerminal(c.App.Reader) {
