@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -206,5 +207,37 @@ func TestTimestampMillis(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 7, 8e6, time.UTC)
 	if got := timestampMillis(at); got != at.UnixMilli() {
 		t.Errorf("%v: %d, want %d", at, got, at.UnixMilli())
+	}
+}
+
+// The read-back of a reset: what was written verifies; a partition that
+// holds another offset fails, unless a later epoch is recorded (the next
+// leader committed since), which is noted.
+func TestVerifyReset(t *testing.T) {
+	written := map[int32]int64{0: 3, 1: 4}
+	read := func(leader *leaderStatus, offs map[int32]int64) func(context.Context) (*leaderStatus, map[int32]int64, error) {
+		return func(context.Context) (*leaderStatus, map[int32]int64, error) { return leader, offs, nil }
+	}
+	tool := &leaderStatus{Node: "fanout-offsets-tool", Epoch: 5}
+	if note, err := verifyReset(t.Context(), read(tool, map[int32]int64{0: 3, 1: 4, 2: 9}), "store", 5, written); err != nil || note != "" {
+		t.Errorf("as written: %q, %v; want no note, no error", note, err)
+	}
+	_, err := verifyReset(t.Context(), read(tool, map[int32]int64{0: 3}), "store", 5, written)
+	if err == nil || !strings.Contains(err.Error(), "partition 1 holds none, want 4") {
+		t.Errorf("a partition lost: %v, want an error naming it", err)
+	}
+	_, err = verifyReset(t.Context(), read(nil, map[int32]int64{0: 3, 1: 2}), "store", 5, written)
+	if err == nil || !strings.Contains(err.Error(), "partition 1 holds 2, want 4") {
+		t.Errorf("a partition with another offset: %v, want an error naming it", err)
+	}
+	next := &leaderStatus{Node: "node-b", Epoch: 6}
+	note, err := verifyReset(t.Context(), read(next, map[int32]int64{0: 3, 1: 6}), "store", 5, written)
+	if err != nil || !strings.Contains(note, "the next leader, node-b at epoch 6, has committed since") {
+		t.Errorf("moved on by the next leader: %q, %v; want a note", note, err)
+	}
+	if _, err := verifyReset(t.Context(), func(context.Context) (*leaderStatus, map[int32]int64, error) {
+		return nil, nil, errors.New("connection lost")
+	}, "store", 5, written); err == nil || !strings.Contains(err.Error(), "reading it back failed") {
+		t.Errorf("a failed read: %v", err)
 	}
 }

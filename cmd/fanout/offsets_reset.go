@@ -209,7 +209,7 @@ func resetOffsets(ctx context.Context, t *offsetsTarget, seen uint64, offs map[i
 		}
 		epoch = e
 	}
-	note, err := verifyReset(ctx, t, epoch, offs)
+	note, err := verifyReset(ctx, t.read, t.storeName(), epoch, offs)
 	return epoch, note, err
 }
 
@@ -229,11 +229,13 @@ func writeError(t *offsetsTarget, err error) error {
 	return fmt.Errorf("write to %s: %w; nothing written", t.storeName(), err)
 }
 
-// verifyReset reads the offsets back and compares them with offs. A
-// difference is no error when a leader elected after the reset (an epoch
+// verifyReset reads the offsets back from the store named name (read: its
+// leader record and offsets) and compares them with offs, written at epoch.
+// A difference is no error when a leader elected after the reset (an epoch
 // above the tool's) has committed already; the note says so.
-func verifyReset(ctx context.Context, t *offsetsTarget, epoch uint64, offs map[int32]int64) (string, error) {
-	leader, after, err := t.read(ctx)
+func verifyReset(ctx context.Context, read func(context.Context) (*leaderStatus, map[int32]int64, error), name string,
+	epoch uint64, offs map[int32]int64) (string, error) {
+	leader, after, err := read(ctx)
 	if err != nil {
 		return "", fmt.Errorf("verify: the reset was written, but reading it back failed: %w", err)
 	}
@@ -249,7 +251,7 @@ func verifyReset(ctx context.Context, t *offsetsTarget, epoch uint64, offs map[i
 	case leader != nil && leader.Epoch > epoch:
 		return fmt.Sprintf(" (the next leader, %s at epoch %d, has committed since: %s)", leader.Node, leader.Epoch, strings.Join(wrong, "; ")), nil
 	}
-	return "", fmt.Errorf("verify %s after the reset: %s", t.storeName(), strings.Join(wrong, "; "))
+	return "", fmt.Errorf("verify %s after the reset: %s", name, strings.Join(wrong, "; "))
 }
 
 // partitionCount is "1 partition", "2 partitions".
