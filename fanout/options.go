@@ -17,6 +17,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
@@ -323,6 +324,9 @@ func (o Options) Validate() error {
 		if err := checkHostPort(a); err != nil {
 			bad("--zookeeper %q: %v", a, err)
 		}
+	}
+	if o.NodeID == cluster.ToolNode {
+		bad("--node-id %q is reserved: fanout offsets reset records it in the leader record it takes", o.NodeID)
 	}
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		bad("--listen %q: %v", o.Listen, err)

@@ -23,6 +23,7 @@ func TestValidate(t *testing.T) {
 		{"kafka without port", func(o *Options) { o.Kafka = []string{"kafka"} }, "--kafka"},
 		{"zookeeper chroot on the last server", func(o *Options) { o.ZooKeeper = []string{"zk1:2181", "zk2:2181/fanout"} }, ""},
 		{"zookeeper chroot elsewhere", func(o *Options) { o.ZooKeeper = []string{"zk1:2181/x", "zk2:2181"} }, "--zookeeper"},
+		{"the offsets tool's node id", func(o *Options) { o.NodeID = "fanout-offsets-tool" }, "--node-id"},
 		{"bad listen", func(o *Options) { o.Listen = "4987" }, "--listen"},
 		{"bad advertise", func(o *Options) { o.Advertise = ":4987" }, "--advertise"},
 		{"negative ack timeout", func(o *Options) { o.AckTimeout = -time.Second }, "--ack-timeout"},

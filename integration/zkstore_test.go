@@ -300,4 +300,16 @@ func TestZKStoreProgress(t *testing.T) {
 	if !errors.Is(err, offsets.ErrBadProgress) || !strings.Contains(err.Error(), "/progress/t/0") || len(got) != 1 || got[1].Base != 21 {
 		t.Fatalf("LoadProgress with a bad znode = %v, %v; want partition 1 and an error naming partition 0's znode", got, err)
 	}
+
+	// A Store that read the offsets but never the progress (another
+	// process: the offsets tool's reset) empties it with the offset it
+	// writes, so that stale progress can never apply to the offset set.
+	tool := zkstore.New(conn, chroot, "a", "t")
+	mustLoad(t, tool)
+	if err := tool.Commit(ctx, fence, map[int32]int64{1: 21}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx); len(got) != 0 {
+		t.Fatalf("LoadProgress after a new Store's commit = %v, want none", got)
+	}
 }

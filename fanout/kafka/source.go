@@ -568,22 +568,29 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 // offset, not the high watermark: the records of a transaction still open
 // lie between the two, and are delivered once it commits.
 func (s *Source) offsetOf(p int32, policy int64) (int64, error) {
-	conf := s.client.Config()
-	if policy != sarama.OffsetNewest || conf.Consumer.IsolationLevel != sarama.ReadCommitted {
+	if policy != sarama.OffsetNewest || s.client.Config().Consumer.IsolationLevel != sarama.ReadCommitted {
 		return s.client.GetOffset(s.cfg.Topic, p, policy)
 	}
-	broker, err := s.client.Leader(s.cfg.Topic, p)
+	return LastStableOffset(s.client, s.cfg.Topic, p)
+}
+
+// LastStableOffset returns the last stable offset of partition p of topic:
+// newest for a read_committed consumer, below every record of a
+// transaction still open (sarama's GetOffset gives the high watermark,
+// beyond them: a start there would skip them once they commit).
+func LastStableOffset(client sarama.Client, topic string, p int32) (int64, error) {
+	broker, err := client.Leader(topic, p)
 	if err != nil {
 		return -1, fmt.Errorf("leader of partition %d: %w", p, err)
 	}
-	req := sarama.NewOffsetRequest(conf.Version)
+	req := sarama.NewOffsetRequest(client.Config().Version)
 	req.IsolationLevel = sarama.ReadCommitted
-	req.AddBlock(s.cfg.Topic, p, sarama.OffsetNewest, 1)
+	req.AddBlock(topic, p, sarama.OffsetNewest, 1)
 	resp, err := broker.GetAvailableOffsets(req)
 	if err != nil {
 		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, err)
 	}
-	block := resp.GetBlock(s.cfg.Topic, p)
+	block := resp.GetBlock(topic, p)
 	switch {
 	case block == nil:
 		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)

@@ -206,9 +206,9 @@ type Store struct {
 	commitMu    sync.Mutex // serialises Load and Commit; guards the fields below
 	parentsMade bool
 	known       map[int32]bool // partition znodes known to exist
-	// progress znodes known to exist, and whether each holds progress
-	// (true) or is empty (false); a partition absent is not known to have one.
-	progress map[int32]bool
+	// what each partition's progress znode is known to be; a partition
+	// absent is not known yet (learnProgress)
+	progress map[int32]progState
 }
 
 // New returns the Store of topic for fanout instance id, under chroot (from
@@ -216,7 +216,7 @@ type Store struct {
 func New(conn *zk.Conn, chroot, id, topic string) *Store {
 	chroot, _ = cleanChroot(chroot)
 	return &Store{conn: conn, chroot: chroot, dir: OffsetsPath(chroot, id, topic), progDir: ProgressPath(chroot, id, topic),
-		known: map[int32]bool{}, progress: map[int32]bool{}}
+		known: map[int32]bool{}, progress: map[int32]progState{}}
 }
 
 // SetACL sets the ACL of the znodes the Store creates (its offsets znode,
@@ -314,7 +314,7 @@ func (s *Store) LoadPartitionProgress(ctx context.Context, p int32) (offsets.Pro
 		return offsets.Progress{}, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
 	}
 	s.commitMu.Lock()
-	s.progress[p] = len(data) > 0
+	s.progress[p] = stateOf(data)
 	s.commitMu.Unlock()
 	pr, err := offsets.ParseProgress(string(data))
 	if err != nil {
@@ -375,10 +375,10 @@ func (s *Store) LoadProgress(ctx context.Context) (map[int32]offsets.Progress, e
 		if err != nil {
 			return nil, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
 		}
-		s.progress[int32(p)] = len(data) > 0
+		s.progress[int32(p)] = stateOf(data)
 		pr, err := offsets.ParseProgress(string(data))
 		if err != nil {
-			s.progress[int32(p)] = true // rewritten by the next commit of the partition
+			s.progress[int32(p)] = progFull // rewritten by the next commit of the partition
 			bad = append(bad, fmt.Errorf("zkstore: znode %s: %w", znode, err))
 			continue
 		}
@@ -400,25 +400,83 @@ func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs ma
 	if len(offs) == 0 {
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
+	parts, err := s.partitions(ctx, offs)
+	if err != nil {
+		return err
 	}
-	parts := make([]int32, 0, len(offs))
-	for p, o := range offs {
-		if p < 0 || o < 0 {
-			return fmt.Errorf("zkstore: commit to %s: invalid partition %d offset %d", s.dir, p, o)
-		}
-		parts = append(parts, p)
-	}
-	slices.Sort(parts)
 	checks, err := versions(fence, parts)
 	if err != nil {
 		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
 	}
+	return s.commit(checkOps(checks), func(i int) string { return "fence " + checks[i].String() }, parts, offs, progress)
+}
 
+// Take is a znode that a commit takes over in its own multi: a
+// compare-and-set that writes Data if the znode still has Version. Taking a
+// znode whose version fences other writers' commits (the leader record,
+// whose version every commit of a term checks) fences them in the same
+// atomic write as the offsets: none of them can commit after it, and if
+// any of them changed the znode first, nothing is written.
+type Take struct {
+	Path    string // absolute: chroot included
+	Version int32  // the version read; the write requires it
+	Data    []byte // written in its place
+}
+
+// String describes the take for errors: "<path>@<version>".
+func (t Take) String() string { return fmt.Sprintf("%s@%d", t.Path, t.Version) }
+
+// CommitTaking writes offs in one multi that first takes every znode of
+// takes (see Take), so that the offsets are written, and every holder of
+// those versions fenced, all at once or not at all. When a znode of takes
+// is no longer at its version (or gone) it writes nothing and returns an
+// error wrapping offsets.ErrFenced; without takes it refuses likewise (a
+// commit is always fenced).
+func (s *Store) CommitTaking(ctx context.Context, takes []Take, offs map[int32]int64) error {
+	if len(takes) == 0 {
+		return fmt.Errorf("zkstore: commit to %s takes no znode: %w", s.dir, offsets.ErrFenced)
+	}
+	if len(offs) == 0 {
+		return nil
+	}
+	parts, err := s.partitions(ctx, offs)
+	if err != nil {
+		return err
+	}
+	return s.commit(takeOps(takes), func(i int) string { return "take of " + takes[i].String() }, parts, offs, nil)
+}
+
+// partitions checks ctx and offs and returns the partitions of offs in
+// order.
+func (s *Store) partitions(ctx context.Context, offs map[int32]int64) ([]int32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
+	}
+	parts := make([]int32, 0, len(offs))
+	for p, o := range offs {
+		if p < 0 || o < 0 {
+			return nil, fmt.Errorf("zkstore: commit to %s: invalid partition %d offset %d", s.dir, p, o)
+		}
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	return parts, nil
+}
+
+// commit runs the multi of a commit: the ops of pre (the fence: version
+// checks, or takes), then the partitions' writes, offsets and progress
+// (empty progress empties a progress znode that holds some). A failed op of pre is
+// offsets.ErrFenced, described by describe(its index).
+func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs map[int32]int64,
+	progress map[int32]offsets.Progress) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	if err := s.makeParents(); err != nil {
+		return err
+	}
+	// A partition whose progress znode this Store has not seen may hold
+	// progress of an earlier writer: it is emptied with this commit.
+	if err := s.learnProgress(parts); err != nil {
 		return err
 	}
 	texts := make(map[int32]string, len(progress))
@@ -428,20 +486,23 @@ func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs ma
 		}
 	}
 	for attempt := 0; ; attempt++ {
-		ops := s.commitOps(checks, parts, offs, texts)
+		ops := s.commitOps(pre, parts, offs, texts)
 		resps, err := s.conn.Multi(ops...)
 		if err == nil {
 			for _, p := range parts {
 				s.known[p] = true
-				if _, ok := s.progress[p]; ok || texts[p] != "" {
-					s.progress[p] = texts[p] != ""
+				switch {
+				case texts[p] != "":
+					s.progress[p] = progFull
+				case s.progress[p] == progFull:
+					s.progress[p] = progEmpty
 				}
 			}
 			return nil
 		}
 		failed, opErr := failedOp(resps, err)
-		if failed >= 0 && failed < len(checks) && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
-			return fmt.Errorf("zkstore: commit to %s: fence %v: %w: %w", s.dir, checks[failed], offsets.ErrFenced, opErr)
+		if failed >= 0 && failed < len(pre) && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
+			return fmt.Errorf("zkstore: commit to %s: %s: %w: %w", s.dir, describe(failed), offsets.ErrFenced, opErr)
 		}
 		raced := errors.Is(opErr, zk.ErrNodeExists) || errors.Is(opErr, zk.ErrNoNode)
 		if attempt > 0 || !raced {
@@ -472,14 +533,31 @@ func versions(fence offsets.Fence, parts []int32) ([]Version, error) {
 	return out, nil
 }
 
-// commitOps builds the multi: the fence checks first, then per partition in
-// partition order one SetData or Create of its offset and, when it has
-// progress (texts) or its progress znode holds some, one of its progress.
-func (s *Store) commitOps(checks []Version, parts []int32, offs map[int32]int64, texts map[int32]string) []any {
-	ops := make([]any, 0, len(checks)+2*len(parts))
-	for _, c := range checks {
-		ops = append(ops, &zk.CheckVersionRequest{Path: c.Path, Version: c.Version})
+// checkOps are the ops of a fence: a version check per condition.
+func checkOps(checks []Version) []any {
+	ops := make([]any, len(checks))
+	for i, c := range checks {
+		ops[i] = &zk.CheckVersionRequest{Path: c.Path, Version: c.Version}
 	}
+	return ops
+}
+
+// takeOps are the ops of takes: a compare-and-set per znode.
+func takeOps(takes []Take) []any {
+	ops := make([]any, len(takes))
+	for i, t := range takes {
+		ops[i] = &zk.SetDataRequest{Path: t.Path, Data: t.Data, Version: t.Version}
+	}
+	return ops
+}
+
+// commitOps builds the multi: the fence's ops first (pre), then per
+// partition in partition order one SetData or Create of its offset and,
+// when it has progress (texts) or its progress znode may hold some, one of
+// its progress.
+func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64, texts map[int32]string) []any {
+	ops := make([]any, 0, len(pre)+2*len(parts))
+	ops = append(ops, pre...)
 	write := func(znode string, data []byte, exists bool) {
 		if exists {
 			ops = append(ops, &zk.SetDataRequest{Path: znode, Data: data, Version: -1})
@@ -489,9 +567,9 @@ func (s *Store) commitOps(checks []Version, parts []int32, offs map[int32]int64,
 	}
 	for _, p := range parts {
 		write(s.partitionPath(p), []byte(strconv.FormatInt(offs[p], 10)), s.known[p])
-		full, exists := s.progress[p]
-		if text := texts[p]; text != "" || full {
-			write(s.progressPath(p), []byte(text), exists)
+		st := s.progress[p]
+		if text := texts[p]; text != "" || st == progFull {
+			write(s.progressPath(p), []byte(text), st == progFull || st == progEmpty)
 		}
 	}
 	return ops
@@ -511,6 +589,55 @@ func failedOp(resps []zk.MultiResponse, err error) (int, error) {
 // partitionPath is the znode of partition p.
 func (s *Store) partitionPath(p int32) string {
 	return s.dir + "/" + strconv.FormatInt(int64(p), 10)
+}
+
+// progState is what a partition's progress znode is known to be.
+type progState uint8
+
+const (
+	progUnknown progState = iota // not looked at yet
+	progAbsent                   // no znode
+	progEmpty                    // a znode without progress
+	progFull                     // a znode that holds progress
+)
+
+// stateOf returns the state of a progress znode holding data.
+func stateOf(data []byte) progState {
+	if len(data) > 0 {
+		return progFull
+	}
+	return progEmpty
+}
+
+// learnProgress finds out, for the partitions whose progress znode's state
+// is unknown, whether it exists and holds progress. s.commitMu must be held.
+func (s *Store) learnProgress(parts []int32) error {
+	for _, p := range parts {
+		if s.progress[p] == progUnknown {
+			if err := s.lookProgress(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// lookProgress records the state of partition p's progress znode.
+// s.commitMu must be held.
+func (s *Store) lookProgress(p int32) error {
+	ok, stat, err := s.conn.Exists(s.progressPath(p))
+	if err != nil {
+		return fmt.Errorf("zkstore: exists %s: %w", s.progressPath(p), noAuthHint(err))
+	}
+	switch {
+	case !ok:
+		s.progress[p] = progAbsent
+	case stat.DataLength > 0:
+		s.progress[p] = progFull
+	default:
+		s.progress[p] = progEmpty
+	}
+	return nil
 }
 
 // progressPath is the progress znode of partition p.
@@ -559,14 +686,8 @@ func (s *Store) refreshKnown(parts []int32) error {
 			return fmt.Errorf("zkstore: exists %s: %w", s.partitionPath(p), err)
 		}
 		s.known[p] = ok
-		ok, stat, err := s.conn.Exists(s.progressPath(p))
-		if err != nil {
-			return fmt.Errorf("zkstore: exists %s: %w", s.progressPath(p), err)
-		}
-		if ok {
-			s.progress[p] = stat.DataLength > 0
-		} else {
-			delete(s.progress, p)
+		if err := s.lookProgress(p); err != nil {
+			return err
 		}
 	}
 	return nil
