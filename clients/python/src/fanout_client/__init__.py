@@ -12,6 +12,8 @@
 See :class:`Client` and :class:`Message`, and clients/python/README.md.
 """
 
+import logging
+
 from .client import Client, connect
 from .errors import (
     AlreadyAckedError,
@@ -43,3 +45,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# A library logs only where the application configured logging.
+logging.getLogger("fanout_client").addHandler(logging.NullHandler())
