@@ -88,7 +88,8 @@ class Conn:
 class FakeDaemon:
     """Listens on 127.0.0.1:0; accept() returns the next connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context=None) -> None:
+        self.ssl_context = ssl_context  # a server context: the connections speak TLS
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(16)
@@ -104,6 +105,13 @@ class FakeDaemon:
                 s, _ = self.lsock.accept()
             except OSError:
                 return
+            if self.ssl_context is not None:
+                try:
+                    s.settimeout(TIMEOUT)
+                    s = self.ssl_context.wrap_socket(s, server_side=True)
+                except OSError:
+                    s.close()
+                    continue
             c = Conn(s)
             self._all.append(c)
             self._conns.put(c)

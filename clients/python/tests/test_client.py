@@ -405,3 +405,53 @@ def test_bad_arguments_are_refused():
         fanout_client.Client("h:1", max_in_flight=0)
     with pytest.raises(ValueError):
         fanout_client.Client("h:1", max_frame_size=10)
+
+
+@pytest.fixture
+def tls(tmp_path):
+    """A server context with a certificate for 127.0.0.1 and a client context trusting it."""
+    import shutil
+    import ssl
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is needed to make the test certificate"
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(cert))
+
+
+def test_tls_session(tls):
+    from fake import FakeDaemon
+    import ssl
+
+    server, client_ctx = tls
+    d = FakeDaemon(server)
+    try:
+        c, conn, hello = open_session(d, ssl_context=client_ctx)
+        try:
+            assert isinstance(conn.sock, ssl.SSLSocket)
+            for i in range(1, 4):
+                conn.deliver(i, b"x" * 100_000, offset=i)  # larger than one TLS record
+            conn.send(pb.Frame(ping=pb.Ping(nonce=7)))
+            msgs = [c.get(TIMEOUT) for _ in range(3)]
+            assert [m.value for m in msgs] == [b"x" * 100_000] * 3
+            assert conn.expect("pong", skip=()).pong.nonce == 7
+            for m in msgs:
+                m.ack()
+            ids = []
+            while len(ids) < 3:
+                f = conn.expect("ack")
+                ids += f.ack.delivery_ids
+            assert sorted(ids) == [1, 2, 3]
+        finally:
+            c.close()
+        # A client that does not trust the certificate does not get in.
+        with pytest.raises(fanout_client.ConnectError):
+            fanout_client.connect(d.addr, ssl_context=ssl.create_default_context(), timeout=1, **FAST)
+    finally:
+        d.close()
