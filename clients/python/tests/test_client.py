@@ -260,8 +260,9 @@ def test_frame_above_the_limit_stops_the_client(daemon):
     c, conn, _ = open_session(daemon, max_frame_size=4096)
     conn.send_raw(frame_len(4097))  # declared only: refused before the body
     with pytest.raises(fanout_client.FrameTooLargeError):
-        for _ in c:
-            pass
+        c.get(TIMEOUT)
+    with pytest.raises(fanout_client.FrameTooLargeError):
+        list(c)  # the iteration raises it too
     assert isinstance(c.error, fanout_client.FrameTooLargeError)
     assert daemon.no_connection(0.3)  # permanent: no reconnect
     c.close()
