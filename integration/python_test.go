@@ -261,3 +261,30 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// In spread mode the Python client given one member's address keeps a
+// session with each member and receives every partition's messages.
+func TestPythonClientSpread(t *testing.T) {
+	const partitions, n = 4, 40
+	topic := uniqueName(t, "topic")
+	id := uniqueName(t, "svc")
+	createTopic(t, topic, partitions)
+	addrs := []string{procFreeAddr(t), procFreeAddr(t)}
+	for i, a := range addrs {
+		procStart(t, procDaemonArgs(t, id, topic, a, append(spArgs(), "--node-id", fmt.Sprintf("node-%d", i+1))...)...)
+	}
+	conn := spZK(t)
+	c := &clCluster{id: id, topic: topic}
+	testutil.WaitFor(t, 90*time.Second, "both members own partitions", func() bool { return len(spOwners(t, conn, c)) == 2 })
+	produceSeq(t, topic, "m", n, partitions)
+	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + addrs[0], "FANOUT_TEST_MEMBERS=" + strings.Join(addrs, ","),
+		fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
+		"tests/integration/test_daemon.py::test_spread_one_session_per_member")
+	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool {
+		var sum int64
+		for _, o := range zkOffsets(t, id, topic) {
+			sum += o
+		}
+		return sum == n
+	})
+}

@@ -84,3 +84,13 @@ def test_redirected_to_the_leader():
         assert client.members == []  # leader mode
     assert sorted(acked) == sorted(f"m-{i}" for i in range(n))
     assert {m.member for m in acked.values()} == {leader}
+
+
+def test_spread_one_session_per_member():
+    n = int(env("FANOUT_TEST_COUNT"))
+    members = sorted(env("FANOUT_TEST_MEMBERS").split(","))
+    with fanout_client.connect(daemons(), max_in_flight=8, timeout=TIMEOUT) as client:
+        acked = consume_all(client, n)
+        assert client.members == members
+    assert sorted(acked) == sorted(f"m-{i}" for i in range(n))
+    assert {m.member for m in acked.values()} == set(members)
