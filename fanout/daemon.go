@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/tlsconf"
 )
 
 // Daemon is one fanout process: a client listener, a Kafka client, an
@@ -40,10 +42,11 @@ type Daemon struct {
 
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
+	tls       *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
-func New(opts Options) (*Daemon, error) {
+func New(opts Options) (_ *Daemon, err error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
@@ -55,6 +58,13 @@ func New(opts Options) (*Daemon, error) {
 		ready:     make(chan struct{}),
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
+	var tlsCfg *tls.Config
+	if opts.ClientTLS.Set() {
+		if d.tls, err = tlsconf.NewServer(opts.ClientTLS, d.tlsReloaded); err != nil {
+			return nil, fmt.Errorf("client listener TLS: %w", err)
+		}
+		tlsCfg = d.tls.Config()
+	}
 	srv, err := server.New(server.Config{
 		Listen:         opts.Listen,
 		NodeID:         opts.NodeID,
@@ -69,6 +79,7 @@ func New(opts Options) (*Daemon, error) {
 		MaxHandshakes:  opts.MaxHandshakes,
 		MaxOutboxBytes: opts.MaxOutboxBytes,
 		AuthToken:      opts.AuthToken,
+		TLS:            tlsCfg,
 		Leadership:     d.leadership,
 		Logger:         d.log,
 	}, &d.backend)
@@ -77,6 +88,26 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.srv = srv
 	return d, nil
+}
+
+// ReloadTLS re-reads the client listener's certificate, key and client CA
+// (SIGHUP); they are also re-read when the files change. On error the
+// previous ones stay in force. Without TLS it does nothing.
+func (d *Daemon) ReloadTLS() error {
+	if d.tls == nil {
+		return nil
+	}
+	return d.tls.Reload()
+}
+
+// tlsReloaded logs the outcome of re-reading the listener's TLS files.
+func (d *Daemon) tlsReloaded(err error) {
+	log := d.log.WithFields(logrus.Fields{"tls_cert": d.opts.ClientTLS.Cert, "tls_client_ca": d.opts.ClientTLS.ClientCA})
+	if err != nil {
+		log.WithError(err).Error("client TLS files changed but do not load: the previous certificate stays in force")
+		return
+	}
+	log.Info("client TLS files reloaded: new connections use them")
 }
 
 // Addr returns the client listener's address once Listening is closed.
@@ -140,7 +171,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	fields := logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
+	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
 		"kafka_security": d.opts.KafkaSecurity.String(), "offset_store": d.opts.OffsetStore}
 	if d.opts.usesZooKeeper() {
 		fields["zookeeper"], fields["zookeeper_security"] = d.opts.ZooKeeper, d.opts.ZooKeeperSecurity.String()
@@ -459,6 +490,22 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.Members = len(el.Members())
 	} else if s.Serving { // alone, without an election (Options.Store)
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
+	}
+	return s
+}
+
+// clientSecurity describes the client listener's protection for the
+// first log line; never a secret.
+func (d *Daemon) clientSecurity() string {
+	s := "plain text"
+	switch {
+	case d.tls != nil && d.tls.MutualTLS():
+		s = "mutual TLS"
+	case d.tls != nil:
+		s = "TLS"
+	}
+	if d.opts.AuthToken != "" {
+		s += ", auth token"
 	}
 	return s
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
+	"github.com/nanoservice/core-fanout/internal/tlsconf"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
@@ -72,6 +73,13 @@ type Options struct {
 	MaxClients       int           // 0 = unlimited
 	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
 	AuthToken        string        // when set, clients must present it in Hello
+
+	// ClientTLS makes the client listener speak TLS (--tls-cert,
+	// --tls-key; TLS 1.2 minimum) and, with ClientCA, require client
+	// certificates that CA signs (--tls-client-ca: mutual TLS, the
+	// certificate's subject names the client in logs). The files are
+	// re-read when they change and on Daemon.ReloadTLS (SIGHUP).
+	ClientTLS tlsconf.ServerFiles
 
 	InitialOffset  string        // "newest" or "oldest": where partitions start in a group that never committed; default newest
 	CommitInterval time.Duration // default 1s
@@ -332,6 +340,9 @@ func (o Options) Validate() error {
 	}
 	if err := o.ZooKeeperSecurity.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := o.ClientTLS.Validate(); err != nil {
+		bad("--tls-cert, --tls-key, --tls-client-ca: %v", err)
 	}
 	if o.MetricsToken != "" && strings.TrimSpace(o.MetricsToken) != o.MetricsToken {
 		bad("the metrics token (FANOUT_METRICS_TOKEN or --metrics-token-file) starts or ends with white space")

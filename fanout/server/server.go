@@ -11,6 +11,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -72,6 +73,13 @@ type Config struct {
 	// closed. Default DefaultMaxHandshakes.
 	MaxHandshakes int
 	AuthToken     string // when set, Hello.auth_token must equal it
+	// TLS, when set, makes the listener speak TLS with this configuration
+	// (tlsconf.Server.Config: TLS 1.2 minimum, certificates re-read when
+	// their files change). The handshake runs within HelloTimeout; a
+	// configuration that requires client certificates refuses clients
+	// without a good one there. A plain-text client is answered in plain
+	// text with an Error UNAUTHORIZED that says so.
+	TLS *tls.Config
 	// Leadership reports whether this node leads the cluster. It is asked at
 	// every Hello; nil means this node always leads.
 	Leadership func() Leadership
