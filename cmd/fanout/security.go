@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"os"
@@ -131,6 +132,34 @@ func zookeeperSecurity(env []string, f flagValues) (zkstore.Security, error) {
 			InsecureSkipVerify: f.boolean("zookeeper-tls-insecure-skip-verify"),
 		},
 	}, nil
+}
+
+// clientTLSFlags are the flags of a tool that connects to the daemons'
+// client listener over TLS (tail).
+func clientTLSFlags() []cli.Flag {
+	env := func(name string) []string { return []string{"FANOUT_" + name} }
+	return []cli.Flag{
+		&cli.StringFlag{Name: "tls-ca", Usage: "connect over TLS, verifying the daemons' certificates against this PEM CA file (implied by any --tls-* flag; default: the system's roots)", EnvVars: env("CLIENT_TLS_CA")},
+		&cli.StringFlag{Name: "tls-cert", Usage: "PEM file of this client's certificate, for daemons with --tls-client-ca (mutual TLS)", EnvVars: env("CLIENT_TLS_CERT")},
+		&cli.StringFlag{Name: "tls-key", Usage: "PEM file of the --tls-cert certificate's key", EnvVars: env("CLIENT_TLS_KEY")},
+		&cli.StringFlag{Name: "tls-server-name", Usage: "name every daemon's certificate must carry (default: the host of each address connected to)", EnvVars: env("CLIENT_TLS_SERVER_NAME")},
+	}
+}
+
+// clientTLS returns the TLS configuration of the client TLS flags, or nil
+// when none is set (plain text).
+func clientTLS(f flagValues) (*tls.Config, error) {
+	files := tlsconf.Files{CA: f.str("tls-ca"), Cert: f.str("tls-cert"), Key: f.str("tls-key")}
+	name := f.str("tls-server-name")
+	if !files.Set() && name == "" {
+		return nil, nil
+	}
+	cfg, err := files.Config()
+	if err != nil {
+		return nil, fmt.Errorf("--tls-*: %w", err)
+	}
+	cfg.ServerName = name
+	return cfg, nil
 }
 
 // metricsTokenFlag is serve's --metrics-token-file.
