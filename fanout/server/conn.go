@@ -94,7 +94,7 @@ type conn struct {
 	s      *Server
 	nc     net.Conn // the protocol's stream: raw, or a *tls.Conn over it
 	raw    net.Conn // the TCP connection
-	id     uint64 // session id, also the client id given to the backend
+	id     uint64   // session id, also the client id given to the backend
 	log    *logrus.Entry
 	remote string
 	start  time.Time
