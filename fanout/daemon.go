@@ -171,7 +171,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
+	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "heartbeat_security": d.heartbeatSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
 		"kafka_security": d.opts.KafkaSecurity.String(), "offset_store": d.opts.OffsetStore}
 	if d.opts.usesZooKeeper() {
 		fields["zookeeper"], fields["zookeeper_security"] = d.opts.ZooKeeper, d.opts.ZooKeeperSecurity.String()
@@ -225,6 +225,9 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	cfg := authority
 	cfg.ID, cfg.Topic, cfg.NodeID, cfg.Addr = d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr())
 	cfg.Heartbeat, cfg.LeaderTimeout, cfg.Client, cfg.Logger = d.opts.ClusterHeartbeat, d.opts.LeaderTimeout, elClient, d.log
+	if d.opts.ClusterSecret != "" {
+		cfg.Secret = []byte(d.opts.ClusterSecret)
+	}
 	el, err := cluster.New(cfg)
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
@@ -487,6 +490,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.LeaderKnown = l.Known
 		s.LeaderID, s.Epoch = l.LeaderID, l.Epoch
 		s.Failovers = el.Failovers()
+		s.UnauthenticatedHeartbeats = el.Unauthenticated()
 		s.Members = len(el.Members())
 	} else if s.Serving { // alone, without an election (Options.Store)
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
@@ -508,6 +512,15 @@ func (d *Daemon) clientSecurity() string {
 		s += ", auth token"
 	}
 	return s
+}
+
+// heartbeatSecurity describes the heartbeat log's protection for the first
+// log line; never the secret.
+func (d *Daemon) heartbeatSecurity() string {
+	if d.opts.ClusterSecret != "" {
+		return "MAC (--cluster-secret)"
+	}
+	return "none"
 }
 
 // portTaken adds a hint to a listen error caused by a port in use: several

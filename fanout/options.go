@@ -111,6 +111,13 @@ type Options struct {
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
+	// ClusterSecret, when set, authenticates the heartbeat log: every
+	// heartbeat carries a MAC made with it, and records without a valid one
+	// are ignored and counted. Every member needs the same one; at least 16
+	// bytes. A secret: never logged (FANOUT_CLUSTER_SECRET or
+	// --cluster-secret-file).
+	ClusterSecret string
+
 	// Store, when set, replaces the offset store with an in-memory one
 	// (tests). Neither ZooKeeper nor the election is then used, and
 	// OffsetStore is ignored: the daemon leads alone, in a term of the
@@ -149,6 +156,9 @@ const (
 	DefaultZKSessionTimeout = 10 * time.Second
 	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
 )
+
+// minClusterSecret is the shortest --cluster-secret accepted, in bytes.
+const minClusterSecret = 16
 
 // topicName is what Kafka accepts as a topic name.
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
@@ -340,6 +350,9 @@ func (o Options) Validate() error {
 	}
 	if err := o.ZooKeeperSecurity.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if o.ClusterSecret != "" && len(o.ClusterSecret) < minClusterSecret {
+		bad("the cluster secret (FANOUT_CLUSTER_SECRET or --cluster-secret-file) is shorter than %d bytes: use a random one (openssl rand -hex 32)", minClusterSecret)
 	}
 	if err := o.ClientTLS.Validate(); err != nil {
 		bad("--tls-cert, --tls-key, --tls-client-ca: %v", err)

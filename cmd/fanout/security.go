@@ -21,6 +21,7 @@ const (
 	secretKafkaPassword = "KAFKA_SASL_PASSWORD" // --kafka-sasl-password-file
 	secretZooKeeperAuth = "ZOOKEEPER_AUTH"      // --zookeeper-auth-file
 	secretMetricsToken  = "METRICS_TOKEN"       // --metrics-token-file
+	secretCluster       = "CLUSTER_SECRET"      // --cluster-secret-file
 )
 
 // secretFlag is the --<name>-file flag of the secret FANOUT_<name>.
@@ -165,6 +166,11 @@ func clientTLS(f flagValues) (*tls.Config, error) {
 // metricsTokenFlag is serve's --metrics-token-file.
 func metricsTokenFlag() cli.Flag {
 	return &cli.StringFlag{Name: secretFlag(secretMetricsToken), Usage: "file holding the bearer token /metrics requires (or set FANOUT_" + secretMetricsToken + "); /healthz and /readyz stay open", EnvVars: []string{"FANOUT_" + secretMetricsToken + "_FILE"}}
+}
+
+// clusterSecretFlag is serve's --cluster-secret-file.
+func clusterSecretFlag() cli.Flag {
+	return &cli.StringFlag{Name: secretFlag(secretCluster), Usage: "file holding the secret that authenticates the heartbeats of the cluster (or set FANOUT_" + secretCluster + "); the same on every member, at least 16 bytes", EnvVars: []string{"FANOUT_" + secretCluster + "_FILE"}}
 }
 
 // warn prints what is legal but unsafe in a tool's options (produce,

@@ -56,6 +56,7 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "kafka-session-timeout", Value: fanout.DefaultKafkaSession, Usage: "with --offset-store kafka: session timeout of the leader's membership of the group fanout_<id>; a leader whose offset commits have failed this long steps down", EnvVars: env("KAFKA_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
 		metricsTokenFlag(),
+		clusterSecretFlag(),
 	}
 	flags = append(flags, kafkaSecurityFlags()...)
 	return append(flags, zookeeperSecurityFlags()...)
@@ -130,6 +131,9 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 		return fanout.Options{}, err
 	}
 	if opts.MetricsToken, err = readSecret(environ, flags, secretMetricsToken); err != nil {
+		return fanout.Options{}, err
+	}
+	if opts.ClusterSecret, err = readSecret(environ, flags, secretCluster); err != nil {
 		return fanout.Options{}, err
 	}
 	return opts, nil

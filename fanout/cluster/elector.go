@@ -65,6 +65,12 @@ type Config struct {
 	// fences the leader (--offset-store kafka); the caller owns its client.
 	Group *kafkastore.Store
 
+	// Secret, when set, authenticates the heartbeat log: every heartbeat
+	// this member publishes carries a MAC made with it (heartbeatMAC), and
+	// records without a valid one are ignored and counted
+	// (Unauthenticated). Every member needs the same secret (--cluster-secret).
+	Secret []byte
+
 	Logger *logrus.Entry    // nil means the logrus standard logger
 	Now    func() time.Time // clock; nil means time.Now
 }
@@ -139,6 +145,7 @@ type Elector struct {
 	running  atomic.Bool
 	snap     atomic.Pointer[snapshot]
 	failover atomic.Uint64
+	unauth   atomic.Uint64 // heartbeat records ignored for want of a valid MAC
 	routines actor.Group // goroutines of Run
 }
 
@@ -197,6 +204,10 @@ func (e *Elector) Members() []Member { return e.snap.Load().members }
 // leader it learnt of.
 func (e *Elector) Failovers() uint64 { return e.failover.Load() }
 
+// Unauthenticated counts the heartbeat records ignored because they carry
+// no valid MAC (Config.Secret); always zero without a secret.
+func (e *Elector) Unauthenticated() uint64 { return e.unauth.Load() }
+
 // Resign ends this node's term, if any, publishes a leaving heartbeat and
 // waits until Kafka has it (or ctx ends), so that another member takes
 // over at once; then this node stops heartbeating. Run keeps reading the
@@ -253,7 +264,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: heartbeat producer: %w", err)
 	}
-	pub := newPublisher(producer, e.topic)
+	pub := newPublisher(producer, e.topic, e.cfg.Secret)
 	e.routines.Go(e.log, "heartbeat publisher", func() { pub.run(ctx) }, nil)
 
 	consumer, err := sarama.NewConsumerFromClient(e.cfg.Client)
@@ -336,6 +347,7 @@ func (e *Elector) retry(ctx context.Context, what string, fn func(context.Contex
 type publisher struct {
 	producer sarama.SyncProducer
 	topic    string
+	secret   []byte // when set, each record carries the MAC of its value
 	next     chan pubReq // capacity 1; only the loop sends
 }
 
@@ -345,8 +357,8 @@ type pubReq struct {
 	done chan<- error
 }
 
-func newPublisher(p sarama.SyncProducer, topic string) *publisher {
-	return &publisher{producer: p, topic: topic, next: make(chan pubReq, 1)}
+func newPublisher(p sarama.SyncProducer, topic string, secret []byte) *publisher {
+	return &publisher{producer: p, topic: topic, secret: secret, next: make(chan pubReq, 1)}
 }
 
 // send queues r, replacing a queued request that was not sent yet (whose
@@ -389,9 +401,11 @@ func (p *publisher) publish(hb *Heartbeat) error {
 	if err != nil {
 		return fmt.Errorf("cluster: encode heartbeat: %w", err)
 	}
-	_, _, err = p.producer.SendMessage(&sarama.ProducerMessage{
-		Topic: p.topic, Key: sarama.StringEncoder(hb.GetNodeId()), Value: sarama.ByteEncoder(b),
-	})
+	msg := &sarama.ProducerMessage{Topic: p.topic, Key: sarama.StringEncoder(hb.GetNodeId()), Value: sarama.ByteEncoder(b)}
+	if len(p.secret) > 0 {
+		msg.Headers = []sarama.RecordHeader{{Key: []byte(macHeader), Value: heartbeatMAC(p.secret, p.topic, b)}}
+	}
+	_, _, err = p.producer.SendMessage(msg)
 	if err != nil {
 		return fmt.Errorf("cluster: publish heartbeat to %s: %w", p.topic, err)
 	}

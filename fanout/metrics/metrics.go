@@ -49,6 +49,9 @@ type Snapshot struct {
 	Epoch       uint64
 	Failovers   uint64 // leader changes seen after the first leader
 	Members     int    // cluster members heard from recently, this node included
+	// UnauthenticatedHeartbeats counts the heartbeat records ignored for
+	// want of a valid MAC (--cluster-secret).
+	UnauthenticatedHeartbeats uint64
 }
 
 // Namespace prefixes every metric name.
@@ -76,6 +79,7 @@ type Collector struct {
 	lag, committed, highWater                                    *prometheus.Desc
 	outstanding, held                                            *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
+	unauthHeartbeats                                             *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -120,7 +124,9 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		leader:        desc("leader", "1 while this node leads the cluster."),
 		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
 		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
-		members:       desc("cluster_members", "Cluster members heard from recently, this node included."),
+		unauthHeartbeats: desc("heartbeats_unauthenticated_total",
+			"Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records."),
+		members: desc("cluster_members", "Cluster members heard from recently, this node included."),
 	}
 }
 
@@ -140,7 +146,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
 		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
-		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members,
+		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members, c.unauthHeartbeats,
 	} {
 		ch <- d
 	}
@@ -196,6 +202,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.epoch, float64(s.Epoch))
 	counter(c.failovers, s.Failovers)
 	gauge(c.members, float64(s.Members))
+	counter(c.unauthHeartbeats, s.UnauthenticatedHeartbeats)
 
 	ch <- c.commitLatency
 	ch <- c.commitFailures

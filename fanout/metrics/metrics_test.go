@@ -32,7 +32,7 @@ func leaderSnapshot() Snapshot {
 		Handshaking:       5,
 		ConnectionsClosed: map[string]uint64{"slow consumer": 2, "handshake evicted": 4},
 		Clustered:         true, Leader: true, LeaderKnown: true, LeaderID: "a", Epoch: 7,
-		Failovers: 1, Members: 3,
+		Failovers: 1, Members: 3, UnauthenticatedHeartbeats: 6,
 	}
 }
 
@@ -119,6 +119,9 @@ fanout_failovers_total 1
 # HELP fanout_cluster_members Cluster members heard from recently, this node included.
 # TYPE fanout_cluster_members gauge
 fanout_cluster_members 3
+# HELP fanout_heartbeats_unauthenticated_total Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records.
+# TYPE fanout_heartbeats_unauthenticated_total counter
+fanout_heartbeats_unauthenticated_total 6
 # HELP fanout_commit_failures_total Offset commits that failed (they are retried).
 # TYPE fanout_commit_failures_total counter
 fanout_commit_failures_total 1
