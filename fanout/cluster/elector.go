@@ -146,7 +146,7 @@ type Elector struct {
 	snap     atomic.Pointer[snapshot]
 	failover atomic.Uint64
 	unauth   atomic.Uint64 // heartbeat records ignored for want of a valid MAC
-	routines actor.Group // goroutines of Run
+	routines actor.Group   // goroutines of Run
 }
 
 // New validates cfg and returns an Elector. Nothing runs until Run.
@@ -347,7 +347,7 @@ func (e *Elector) retry(ctx context.Context, what string, fn func(context.Contex
 type publisher struct {
 	producer sarama.SyncProducer
 	topic    string
-	secret   []byte // when set, each record carries the MAC of its value
+	secret   []byte      // when set, each record carries the MAC of its value
 	next     chan pubReq // capacity 1; only the loop sends
 }
 
