@@ -24,6 +24,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/authtoken"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
 )
 
@@ -43,6 +44,7 @@ type Daemon struct {
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
 	tls       *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
+	tokens    *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -65,6 +67,13 @@ func New(opts Options) (_ *Daemon, err error) {
 		}
 		tlsCfg = d.tls.Config()
 	}
+	var authenticate func(string) (string, bool)
+	if opts.AuthTokensFile != "" {
+		if d.tokens, err = authtoken.Open(opts.AuthTokensFile, d.tokensReloaded); err != nil {
+			return nil, err
+		}
+		authenticate = d.tokens.Check
+	}
 	srv, err := server.New(server.Config{
 		Listen:         opts.Listen,
 		NodeID:         opts.NodeID,
@@ -80,6 +89,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		MaxOutboxBytes: opts.MaxOutboxBytes,
 		AuthToken:      opts.AuthToken,
 		TLS:            tlsCfg,
+		Authenticate:   authenticate,
 		Leadership:     d.leadership,
 		Logger:         d.log,
 	}, &d.backend)
@@ -108,6 +118,17 @@ func (d *Daemon) tlsReloaded(err error) {
 		return
 	}
 	log.Info("client TLS files reloaded: new connections use them")
+}
+
+// tokensReloaded logs the outcome of re-reading the named tokens; never a
+// token.
+func (d *Daemon) tokensReloaded(err error) {
+	log := d.log.WithField("auth_tokens_file", d.opts.AuthTokensFile)
+	if err != nil {
+		log.WithError(err).Error("client tokens file changed but does not load: the previous tokens stay in force")
+		return
+	}
+	log.WithField("tokens", d.tokens.Len()).Info("client tokens file reloaded: new connections use it")
 }
 
 // Addr returns the client listener's address once Listening is closed.
@@ -510,6 +531,9 @@ func (d *Daemon) clientSecurity() string {
 	}
 	if d.opts.AuthToken != "" {
 		s += ", auth token"
+	}
+	if d.tokens != nil {
+		s += fmt.Sprintf(", %d named tokens", d.tokens.Len())
 	}
 	return s
 }

@@ -72,7 +72,12 @@ type Options struct {
 	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
 	MaxClients       int           // 0 = unlimited
 	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
-	AuthToken        string        // when set, clients must present it in Hello
+	AuthToken        string        // when set, clients must present it in Hello (or a named token)
+	// AuthTokensFile names a file of "name:token" lines: a client presenting
+	// one of the tokens is let in and named by it in the logs
+	// (--auth-tokens-file). Re-read when it changes. With AuthToken, either
+	// passes.
+	AuthTokensFile string
 
 	// ClientTLS makes the client listener speak TLS (--tls-cert,
 	// --tls-key; TLS 1.2 minimum) and, with ClientCA, require client

@@ -265,3 +265,61 @@ func TestClusterSecretForgedHeartbeatsChangeNothing(t *testing.T) {
 		t.Errorf("fence record now %s at epoch %d, want %s at %d", n, e, leader.id, epoch)
 	}
 }
+
+// Named tokens (--auth-tokens-file): a client with one is welcomed and
+// named by it in the logs; the file rewritten revokes the token at once,
+// without a restart; no token appears in any log line at -v.
+func TestClientNamedTokens(t *testing.T) {
+	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
+	createTopic(t, topic, 1)
+	billing, reports := randomSecret(t, "tok-billing-"), randomSecret(t, "tok-reports-")
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte("# clients\nbilling:"+billing+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := procFreeAddr(t)
+	d := procStart(t, procDaemonArgs(t, id, topic, addr, "--auth-tokens-file", file)...)
+	c := procDial(t, client.Config{AuthToken: billing}, addr)
+	produceSeq(t, topic, "m", 1, 1)
+	if err := recv(t, c, 30*time.Second).Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if d.logLine("client welcomed", "identity=", "token billing") == "" {
+		t.Error("no log line names the client by its token's name")
+	}
+
+	ctInstall(t, writeTemp(t, "reports:"+reports+"\n"), file)
+	dialWith := func(token string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := client.Dial(ctx, client.Config{Addrs: []string{addr}, AuthToken: token})
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	}
+	if err := dialWith(billing); err == nil || !strings.Contains(err.Error(), "UNAUTHORIZED") {
+		t.Errorf("the revoked token: %v, want refused", err)
+	}
+	if err := dialWith(reports); err != nil {
+		t.Errorf("the new token: %v", err)
+	}
+	if d.logLine("client tokens file reloaded", "tokens=1") == "" {
+		t.Error("the reload is not logged")
+	}
+	noSecrets(t, "the daemon's output at -v", d.output(), billing, reports)
+}
+
+// writeTemp writes content to a new file of the test and returns its path.
+func writeTemp(t testing.TB, content string) string {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "content-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(content); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
+}

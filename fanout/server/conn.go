@@ -336,7 +336,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 			"protocol version %d is not supported; this daemon speaks version %d", v, protocol.Version)
 		return false
 	}
-	if cfg.AuthToken != "" && !tokenMatches(h.GetAuthToken(), cfg.AuthToken) {
+	if !c.authenticate(h.GetAuthToken()) {
 		c.reject(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, "missing or wrong auth token")
 		return false
 	}
@@ -484,6 +484,31 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 func (c *conn) reject(code protocol.ErrorCode, format string, args ...any) {
 	c.close(closeRejected, fmt.Errorf("%v: "+format, append([]any{code}, args...)...),
 		protocol.ErrorFrame(code, true, format, args...))
+}
+
+// authenticate checks the Hello's token against Config.AuthToken and
+// Config.Authenticate; a named token's name joins the client's identity.
+// Without either, every client passes.
+func (c *conn) authenticate(token string) bool {
+	cfg := &c.s.cfg
+	switch {
+	case cfg.AuthToken == "" && cfg.Authenticate == nil:
+		return true
+	case cfg.AuthToken != "" && tokenMatches(token, cfg.AuthToken):
+		return true
+	case cfg.Authenticate == nil:
+		return false
+	}
+	name, ok := cfg.Authenticate(token)
+	if ok {
+		c.mu.Lock()
+		if c.identity != "" {
+			c.identity += ", "
+		}
+		c.identity += "token " + name
+		c.mu.Unlock()
+	}
+	return ok
 }
 
 // tokenMatches compares tokens in constant time; hashing first hides the

@@ -72,7 +72,13 @@ type Config struct {
 	// Hello yet; when one more arrives, the one that has waited longest is
 	// closed. Default DefaultMaxHandshakes.
 	MaxHandshakes int
-	AuthToken     string // when set, Hello.auth_token must equal it
+	AuthToken     string // when set, Hello.auth_token must equal it (or pass Authenticate)
+	// Authenticate, when set, checks Hello.auth_token against named tokens
+	// (--auth-tokens-file) and returns the token's name, which then names
+	// the client in the logs. A client passes with AuthToken or with a
+	// token Authenticate knows. It is called by the connection's reader at
+	// each Hello and must compare in constant time.
+	Authenticate func(token string) (name string, ok bool)
 	// TLS, when set, makes the listener speak TLS with this configuration
 	// (tlsconf.Server.Config: TLS 1.2 minimum, certificates re-read when
 	// their files change). The handshake runs within HelloTimeout; a

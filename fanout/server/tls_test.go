@@ -131,3 +131,45 @@ func TestTLSClientOnPlainListenerGetsAnErrorNotAHang(t *testing.T) {
 		t.Fatalf("handshake: %v, want a record header error (the daemon answered in plain text)", err)
 	}
 }
+
+// Named tokens beside the shared one: each passes, a named one names the
+// client in the logs (never the token), an unknown one is refused.
+func TestNamedTokensNameTheClient(t *testing.T) {
+	named := map[string]string{"tok-billing": "billing"}
+	s := startServer(t, func(c *Config) {
+		c.AuthToken = "shared-token"
+		c.Authenticate = func(token string) (string, bool) { name, ok := named[token]; return name, ok }
+	})
+	for _, tc := range []struct{ token, identity string }{{"tok-billing", "token billing"}, {"shared-token", ""}} {
+		c := dial(t, s)
+		w := c.hello(&protocol.Hello{ClientId: "c", ProtocolVersion: protocol.Version, AuthToken: tc.token})
+		c.send(protocol.GoodbyeFrame("done"))
+		testutil.WaitFor(t, testTimeout, "close log", func() bool { return len(s.closeLogs(w.GetSessionId())) > 0 })
+		if got, _ := s.closeLogs(w.GetSessionId())[0].Data["identity"].(string); got != tc.identity {
+			t.Errorf("token %s: identity %q, want %q", tc.token, got, tc.identity)
+		}
+	}
+	c := dial(t, s)
+	c.send(protocol.HelloFrame(&protocol.Hello{ClientId: "c", ProtocolVersion: protocol.Version, AuthToken: "tok-unknown"}))
+	c.expectError(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED)
+	for _, e := range s.logs.AllEntries() {
+		if line, _ := e.String(); strings.Contains(line, "tok-") || strings.Contains(line, "shared-token") {
+			t.Errorf("a token is logged: %s", line)
+		}
+	}
+}
+
+// Mutual TLS and a named token: the identity names both.
+func TestCertificateAndNamedTokenBothNameTheClient(t *testing.T) {
+	f := testutil.NewTLSFiles(t)
+	s := startServer(t, withTLS(t, f, true), func(c *Config) {
+		c.Authenticate = func(token string) (string, bool) { return "billing", token == "tok-billing" }
+	})
+	c := dialTLS(t, s, f, f.ClientCert, f.ClientKey)
+	w := c.hello(&protocol.Hello{ClientId: "c", ProtocolVersion: protocol.Version, AuthToken: "tok-billing"})
+	c.send(protocol.GoodbyeFrame("done"))
+	testutil.WaitFor(t, testTimeout, "close log", func() bool { return len(s.closeLogs(w.GetSessionId())) > 0 })
+	if got := s.closeLogs(w.GetSessionId())[0].Data["identity"]; got != "CN=fanout-test-client,O=fanout tests, token billing" {
+		t.Errorf("identity %v", got)
+	}
+}
