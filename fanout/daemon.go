@@ -500,6 +500,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	s.Clients = d.srv.Clients()
 	ss := d.srv.Stats()
 	s.Handshaking = ss.Handshaking
+	s.ClientsByIdentity = ss.Identities
 	s.ConnectionsClosed = make(map[string]uint64, len(ss.Closed))
 	for i, n := range ss.Closed {
 		s.ConnectionsClosed[server.CloseReasons[i]] = n

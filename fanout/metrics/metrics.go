@@ -37,6 +37,10 @@ type Snapshot struct {
 	// ConnectionsClosed counts the client connections closed since the
 	// daemon started, by reason ("slow consumer", "handshake evicted", ...).
 	ConnectionsClosed map[string]uint64
+	// ClientsByIdentity counts the connected clients by identity: the
+	// client certificate's subject and the named token's name ("" for
+	// neither, reported as "none").
+	ClientsByIdentity map[string]int
 
 	// Clustered: the daemon takes part in an election (not the dev mode).
 	// Before the election starts, Clustered is false and so is Serving.
@@ -75,7 +79,7 @@ type Collector struct {
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
-	handshaking, connsClosed, tooLarge                           *prometheus.Desc
+	handshaking, connsClosed, tooLarge, clientsByIdentity        *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
 	outstanding, held                                            *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
@@ -115,15 +119,17 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		clients:       desc("clients_connected", "Connected clients."),
 		handshaking:   desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
 		connsClosed:   desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
-		tooLarge:      desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
-		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
-		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
-		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
-		outstanding:   desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
-		held:          desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
-		leader:        desc("leader", "1 while this node leads the cluster."),
-		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
-		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
+		clientsByIdentity: desc("clients_connected_by_identity",
+			"Connected clients by identity: the client certificate's subject (mutual TLS) and the named token's name; none for neither.", "identity"),
+		tooLarge:    desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
+		lag:         desc("consumer_lag", "High watermark minus committed offset.", "partition"),
+		committed:   desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
+		highWater:   desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
+		outstanding: desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
+		held:        desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
+		leader:      desc("leader", "1 while this node leads the cluster."),
+		epoch:       desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
+		failovers:   desc("failovers_total", "Leader changes this node has seen after the first leader."),
 		unauthHeartbeats: desc("heartbeats_unauthenticated_total",
 			"Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records."),
 		members: desc("cluster_members", "Cluster members heard from recently, this node included."),
@@ -145,7 +151,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.commitFailures.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
+		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge, c.clientsByIdentity,
 		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members, c.unauthHeartbeats,
 	} {
 		ch <- d
@@ -182,6 +188,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.handshaking, float64(s.Handshaking))
 	for reason, n := range s.ConnectionsClosed {
 		counter(c.connsClosed, n, reason)
+	}
+	for identity, n := range s.ClientsByIdentity {
+		if identity == "" {
+			identity = "none"
+		}
+		gauge(c.clientsByIdentity, float64(n), identity)
 	}
 
 	for p, hw := range s.HighWaterMarks {

@@ -31,6 +31,7 @@ func leaderSnapshot() Snapshot {
 		Clients:           2,
 		Handshaking:       5,
 		ConnectionsClosed: map[string]uint64{"slow consumer": 2, "handshake evicted": 4},
+		ClientsByIdentity: map[string]int{"CN=billing": 1, "": 1},
 		Clustered:         true, Leader: true, LeaderKnown: true, LeaderID: "a", Epoch: 7,
 		Failovers: 1, Members: 3, UnauthenticatedHeartbeats: 6,
 	}
@@ -80,6 +81,10 @@ fanout_fetching_paused 1
 # HELP fanout_clients_connected Connected clients.
 # TYPE fanout_clients_connected gauge
 fanout_clients_connected 2
+# HELP fanout_clients_connected_by_identity Connected clients by identity: the client certificate's subject (mutual TLS) and the named token's name; none for neither.
+# TYPE fanout_clients_connected_by_identity gauge
+fanout_clients_connected_by_identity{identity="CN=billing"} 1
+fanout_clients_connected_by_identity{identity="none"} 1
 # HELP fanout_client_handshakes_waiting Client connections that have not sent their Hello yet.
 # TYPE fanout_client_handshakes_waiting gauge
 fanout_client_handshakes_waiting 5

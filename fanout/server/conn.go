@@ -192,6 +192,7 @@ func (c *conn) close(reason closeReason, err error, final *protocol.Frame) {
 		c.joinMu.Unlock()
 		if reserved {
 			c.s.clients.Add(-1)
+			c.s.countIdentity(identity, -1)
 		}
 		entry := c.log.WithFields(logrus.Fields{
 			"client":   name,
@@ -437,6 +438,7 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 		return joinFull
 	}
 	c.reserved = true
+	c.s.countIdentity(c.identity, 1) // set by the reader, which runs this
 	name := h.GetClientId()
 	cfg := &c.s.cfg
 	w := &protocol.Welcome{

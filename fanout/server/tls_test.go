@@ -167,9 +167,16 @@ func TestCertificateAndNamedTokenBothNameTheClient(t *testing.T) {
 	})
 	c := dialTLS(t, s, f, f.ClientCert, f.ClientKey)
 	w := c.hello(&protocol.Hello{ClientId: "c", ProtocolVersion: protocol.Version, AuthToken: "tok-billing"})
+	const identity = "CN=fanout-test-client,O=fanout tests, token billing"
+	if got := s.Stats().Identities; len(got) != 1 || got[identity] != 1 {
+		t.Errorf("Stats().Identities = %v, want one client %q", got, identity)
+	}
 	c.send(protocol.GoodbyeFrame("done"))
 	testutil.WaitFor(t, testTimeout, "close log", func() bool { return len(s.closeLogs(w.GetSessionId())) > 0 })
-	if got := s.closeLogs(w.GetSessionId())[0].Data["identity"]; got != "CN=fanout-test-client,O=fanout tests, token billing" {
+	if got := s.closeLogs(w.GetSessionId())[0].Data["identity"]; got != identity {
 		t.Errorf("identity %v", got)
+	}
+	if got := s.Stats().Identities; len(got) != 0 {
+		t.Errorf("Stats().Identities = %v after the client left, want none", got)
 	}
 }
