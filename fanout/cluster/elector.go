@@ -66,7 +66,7 @@ type Config struct {
 	Group *kafkastore.Store
 
 	// Secret, when set, authenticates the heartbeat log: every heartbeat
-	// this member publishes carries a MAC made with it (heartbeatMAC), and
+	// this member publishes carries a MAC made with it (HeartbeatMAC), and
 	// records without a valid one are ignored and counted
 	// (Unauthenticated). Every member needs the same secret (--cluster-secret).
 	Secret []byte
@@ -403,7 +403,7 @@ func (p *publisher) publish(hb *Heartbeat) error {
 	}
 	msg := &sarama.ProducerMessage{Topic: p.topic, Key: sarama.StringEncoder(hb.GetNodeId()), Value: sarama.ByteEncoder(b)}
 	if len(p.secret) > 0 {
-		msg.Headers = []sarama.RecordHeader{{Key: []byte(macHeader), Value: heartbeatMAC(p.secret, p.topic, b)}}
+		msg.Headers = []sarama.RecordHeader{{Key: []byte(MACHeader), Value: HeartbeatMAC(p.secret, p.topic, b)}}
 	}
 	_, _, err = p.producer.SendMessage(msg)
 	if err != nil {

@@ -91,7 +91,7 @@ func (l *loop) run(ctx context.Context) {
 				continue
 			}
 			l.next = m.Offset + 1
-			if !authentic(e.cfg.Secret, e.topic, m) {
+			if !Authentic(e.cfg.Secret, e.topic, m) {
 				l.unauthenticated(m)
 				continue
 			}

@@ -62,11 +62,11 @@ func TestElectorWithSecretIgnoresRecordsWithoutAValidMAC(t *testing.T) {
 
 	goodbye := &Heartbeat{NodeId: "c", Addr: "c:4000", Epoch: term.Epoch, Role: Role_ROLE_FOLLOWER, Leaving: true}
 	produceRecord(t, c, "mac", goodbye) // no MAC
-	wrong := heartbeatMAC([]byte("another secret, as long as it must be"), TopicName("mac", "jobs"), mustMarshal(t, goodbye))
-	produceRecord(t, c, "mac", goodbye, sarama.RecordHeader{Key: []byte(macHeader), Value: wrong})
+	wrong := HeartbeatMAC([]byte("another secret, as long as it must be"), TopicName("mac", "jobs"), mustMarshal(t, goodbye))
+	produceRecord(t, c, "mac", goodbye, sarama.RecordHeader{Key: []byte(MACHeader), Value: wrong})
 	// The right secret over another cluster's topic does not pass either.
-	other := heartbeatMAC([]byte(testSecret), TopicName("other", "jobs"), mustMarshal(t, goodbye))
-	produceRecord(t, c, "mac", goodbye, sarama.RecordHeader{Key: []byte(macHeader), Value: other})
+	other := HeartbeatMAC([]byte(testSecret), TopicName("other", "jobs"), mustMarshal(t, goodbye))
+	produceRecord(t, c, "mac", goodbye, sarama.RecordHeader{Key: []byte(MACHeader), Value: other})
 	produceRecord(t, c, "mac", &Heartbeat{NodeId: "zz-forged", Addr: "evil:666", Epoch: term.Epoch,
 		ClaimEpoch: term.Epoch + 1, Role: Role_ROLE_CANDIDATE})
 
