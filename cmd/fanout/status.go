@@ -60,16 +60,16 @@ func statusCommand() *cli.Command {
 
 // clusterStatus is what fanout status reports.
 type clusterStatus struct {
-	ID             string `json:"id"`
-	Topic          string `json:"topic"`
-	HeartbeatTopic string `json:"heartbeat_topic"`
-	// Unauthenticated counts the heartbeat records of the window ignored for
-	// want of a valid MAC (with --cluster-secret-file only).
-	Unauthenticated int               `json:"unauthenticated_heartbeats,omitempty"`
-	Leader          *leaderStatus     `json:"leader"` // nil: no leader recorded
-	Members         []memberStatus    `json:"members"`
-	Partitions      []partitionStatus `json:"partitions"`
-	TotalLag        int64             `json:"total_lag"` // over the partitions with a committed offset
+	ID             string            `json:"id"`
+	Topic          string            `json:"topic"`
+	HeartbeatTopic string            `json:"heartbeat_topic"`
+	Leader         *leaderStatus     `json:"leader"` // nil: no leader recorded
+	Members        []memberStatus    `json:"members"`
+	Partitions     []partitionStatus `json:"partitions"`
+	TotalLag       int64             `json:"total_lag"` // over the partitions with a committed offset
+	// Unauthenticated counts the heartbeat records of the window ignored
+	// for want of a valid MAC (with --cluster-secret-file only).
+	Unauthenticated int `json:"unauthenticated_heartbeats,omitempty"`
 }
 
 // leaderStatus is the leader record of the offset store.
