@@ -56,6 +56,16 @@ type Snapshot struct {
 	// UnauthenticatedHeartbeats counts the heartbeat records ignored for
 	// want of a valid MAC (--cluster-secret).
 	UnauthenticatedHeartbeats uint64
+
+	// Spread: the member serves the partitions the leader assigns it
+	// (--assignment spread); the fields below describe them.
+	Spread bool
+	// Generation is the generation of the assignment in force; 0 when
+	// none is.
+	Generation uint64
+	// Assigned, Owned and HandingOff are the partitions the assignment
+	// gives this member, those it serves, and those it is handing over.
+	Assigned, Owned, HandingOff []int32
 }
 
 // Namespace prefixes every metric name.
@@ -76,14 +86,16 @@ type Collector struct {
 
 	commitLatency  prometheus.Histogram
 	commitFailures prometheus.Counter
+	handoffLatency prometheus.Histogram
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
-	handshaking, connsClosed, tooLarge, clientsByIdentity        *prometheus.Desc
+	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
 	outstanding, held                                            *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
-	unauthHeartbeats                                             *prometheus.Desc
+	unauthHeartbeats, clientsByIdentity                          *prometheus.Desc
+	owned, assigned, handingOff, generation                      *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -106,6 +118,11 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 			Namespace: Namespace, Name: "commit_failures_total",
 			Help: "Offset commits that failed (they are retried).",
 		}),
+		handoffLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "handoff_duration_seconds",
+			Help:    "Spread mode: handoffs of a partition to another member, from the decision to the release (count: handoffs done).",
+			Buckets: handoffBuckets,
+		}),
 		consumed:      desc("messages_consumed_total", "Messages taken from Kafka by the current dispatcher."),
 		delivered:     desc("messages_delivered_total", "Deliveries sent to clients, first attempts and redeliveries."),
 		acked:         desc("messages_acked_total", "Deliveries acked by clients."),
@@ -119,22 +136,34 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		clients:       desc("clients_connected", "Connected clients."),
 		handshaking:   desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
 		connsClosed:   desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
-		clientsByIdentity: desc("clients_connected_by_identity",
-			"Connected clients by identity: the client certificate's subject (mutual TLS) and the named token's name; none for neither.", "identity"),
-		tooLarge:    desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
-		lag:         desc("consumer_lag", "High watermark minus committed offset.", "partition"),
-		committed:   desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
-		highWater:   desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
-		outstanding: desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
-		held:        desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
-		leader:      desc("leader", "1 while this node leads the cluster."),
-		epoch:       desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
-		failovers:   desc("failovers_total", "Leader changes this node has seen after the first leader."),
+		tooLarge:      desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
+		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
+		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
+		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
+		outstanding:   desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
+		held:          desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
+		leader:        desc("leader", "1 while this node leads the cluster."),
+		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
+		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
+		members:       desc("cluster_members", "Cluster members heard from recently, this node included."),
 		unauthHeartbeats: desc("heartbeats_unauthenticated_total",
 			"Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records."),
-		members: desc("cluster_members", "Cluster members heard from recently, this node included."),
+		clientsByIdentity: desc("clients_connected_by_identity",
+			"Connected clients by identity: the client certificate's subject (mutual TLS) and the named token's name; none for neither.", "identity"),
+		owned:      desc("partitions_owned", "Spread mode: partitions this member serves."),
+		assigned:   desc("partitions_assigned", "Spread mode: partitions the assignment gives this member."),
+		handingOff: desc("handoffs_in_progress", "Spread mode: partitions this member is handing over."),
+		generation: desc("assignment_generation", "Spread mode: generation of the assignment in force (0: none)."),
 	}
 }
+
+// handoffBuckets are the handoff duration buckets, in seconds: a handoff
+// waits for in-flight acks, up to --handoff-timeout (10 s by default).
+var handoffBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
+// ObserveHandoff records one handoff of a partition to another member and
+// its duration.
+func (c *Collector) ObserveHandoff(took time.Duration) { c.handoffLatency.Observe(took.Seconds()) }
 
 // ObserveCommit records one commit attempt: its duration and, when err is
 // not nil, a failure. It is dispatch.Config.OnCommit.
@@ -149,10 +178,12 @@ func (c *Collector) ObserveCommit(took time.Duration, err error) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.commitLatency.Describe(ch)
 	c.commitFailures.Describe(ch)
+	c.handoffLatency.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge, c.clientsByIdentity,
-		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members, c.unauthHeartbeats,
+		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
+		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members,
+		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 	} {
 		ch <- d
 	}
@@ -215,6 +246,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.failovers, s.Failovers)
 	gauge(c.members, float64(s.Members))
 	counter(c.unauthHeartbeats, s.UnauthenticatedHeartbeats)
+
+	if s.Spread {
+		gauge(c.owned, float64(len(s.Owned)))
+		gauge(c.assigned, float64(len(s.Assigned)))
+		gauge(c.handingOff, float64(len(s.HandingOff)))
+		gauge(c.generation, float64(s.Generation))
+		ch <- c.handoffLatency
+	}
 
 	ch <- c.commitLatency
 	ch <- c.commitFailures
