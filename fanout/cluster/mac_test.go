@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -137,4 +138,39 @@ func mustMarshal(t *testing.T, hb *Heartbeat) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// In spread mode, with the cluster secret, a heartbeat forged in the
+// recorded leader's name, for its epoch, carrying an assignment that gives
+// every partition to a foreign address, is not accepted: without the MAC
+// it would be (the leader's own heartbeats are all the proof there is).
+func TestSpreadWithSecretIgnoresAForgedLeaderAssignment(t *testing.T) {
+	c := newSpreadKafka(t, 4)
+	fence := &memFence{}
+	spread := func(cfg *Config) {
+		cfg.Mode, cfg.PartitionRefresh, cfg.Secret = Mode_MODE_SPREAD, 100*time.Millisecond, []byte(testSecret)
+	}
+	a, b := startNodeWith(t, c, fence, "spm", "a", spread), startNodeWith(t, c, fence, "spm", "b", spread)
+	var real *Assignment
+	testutil.WaitFor(t, 15*time.Second, "a and b to agree", func() bool {
+		real = agreed(a, b)
+		return real != nil && len(real.Owners) == 2
+	})
+	rec := fence.get()
+	produceRecord(t, c, "spm", &Heartbeat{NodeId: rec.Node, Addr: rec.Addr, Epoch: rec.Epoch, Role: Role_ROLE_LEADER,
+		Mode: Mode_MODE_SPREAD, Instance: "forger",
+		Assignment: &PartitionAssignment{Epoch: rec.Epoch, Generation: real.Generation + 100, Partitions: 4,
+			Owners: []*PartitionOwner{{NodeId: "zz", Addr: "evil:666", Partitions: []int32{0, 1, 2, 3}}}}})
+	testutil.WaitFor(t, 10*time.Second, "a and b to ignore the forged record", func() bool {
+		return a.e.Unauthenticated() == 1 && b.e.Unauthenticated() == 1
+	})
+	deadline := time.Now().Add(2 * time.Second) // many heartbeats after the forged one
+	for time.Now().Before(deadline) {
+		for _, n := range []*node{a, b} {
+			if got := n.e.Assignment(); got == nil || got.Generation >= real.Generation+100 || slices.Contains(got.Addrs(), "evil:666") {
+				t.Fatalf("%s accepted a forged assignment: %+v", n.e.cfg.NodeID, got)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
