@@ -102,3 +102,33 @@ func TestTLSRefusalsStopDialAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// In spread mode the client connects to each member at the address listed,
+// over TLS, with the server name taken from that address.
+func TestTLSSpreadServerNameTakenFromEachMember(t *testing.T) {
+	f := testutil.NewTLSFiles(t)
+	names := make(chan string, 8)
+	first, second := startFakeTLS(t, f, names), startFakeTLS(t, f, names)
+	_, port, _ := net.SplitHostPort(second.addr())
+	byName := net.JoinHostPort("localhost", port)
+	members := []string{first.addr(), byName}
+	ch := dialAsync(t, Config{Addrs: []string{first.addr()}, MaxInFlight: 10, TLS: clientTLS(t, f)})
+	boot := first.join(t, 10, members...)
+	c := connected(t, ch)
+	boot.expectGoodbye(t)
+	first.join(t, 5, members...)
+	fc := second.join(t, 5, members...)
+	fc.deliver(t, 1, "from the second member")
+	if m := <-c.Messages(); string(m.Value) != "from the second member" || m.Member() != byName {
+		t.Fatalf("got %q from %s", m.Value, m.Member())
+	}
+	got := map[string]int{}
+	for range 3 {
+		got[<-names]++
+	}
+	// No SNI for 127.0.0.1 (the bootstrap and the first member), localhost
+	// for the member listed by name.
+	if got[""] != 2 || got["localhost"] != 1 {
+		t.Fatalf("server names %v, want two without and one localhost", got)
+	}
+}
