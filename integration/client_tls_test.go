@@ -10,9 +10,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -322,4 +324,83 @@ func writeTemp(t testing.TB, content string) string {
 		t.Fatal(err)
 	}
 	return f.Name()
+}
+
+// Spread mode secured: two members with mutual TLS and the cluster secret.
+// A Go client given one address connects to each member over TLS (the
+// server name from each member's address), receives every partition's
+// messages and acks them; heartbeats forged without the MAC (the leader's
+// name and epoch, an assignment giving every partition to a foreign
+// address) move no partition.
+func TestSpreadOverMutualTLSWithClusterSecret(t *testing.T) {
+	const n, partitions = 40, 4
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	files := testutil.NewTLSFiles(t)
+	secret := filepath.Join(t.TempDir(), "cluster-secret")
+	if err := os.WriteFile(secret, []byte(randomSecret(t, "cluster-secret-")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := spNewCluster(t, topic, 2)
+	for _, nd := range c.nodes {
+		nd.args = append(nd.args, "--tls-cert", files.ServerCert, "--tls-key", files.ServerKey,
+			"--tls-client-ca", files.CA, "--cluster-secret-file", secret)
+	}
+	c.startAll()
+	conn := spZK(t)
+	owned := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+
+	cl := procDial(t, client.Config{TLS: ctClientTLS(t, files.CA, files.ClientCert, files.ClientKey), MaxInFlight: 20}, c.nodes[0].addr)
+	produceSeq(t, topic, "m", n, partitions)
+	from := map[string]int{}
+	for range n {
+		m := recv(t, cl, 30*time.Second)
+		from[m.Member()]++
+		if err := m.Ack(); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+	}
+	for _, nd := range c.nodes {
+		if from[nd.addr] == 0 {
+			t.Errorf("nothing received from %s (%s): %v", nd.id, nd.addr, from)
+		}
+	}
+	testutil.WaitFor(t, 30*time.Second, "every ack committed", func() bool {
+		offs, total := zkOffsets(t, c.id, topic), int64(0)
+		for _, o := range offs {
+			total += o
+		}
+		return total == n
+	})
+
+	epoch, leaderID, _ := electorFence(t, conn, clFencePath(t, c))
+	var leaderAddr string
+	for _, nd := range c.nodes {
+		nd.mark(t, "forged")
+		if nd.id == leaderID {
+			leaderAddr = nd.addr
+		}
+	}
+	clForge(t, c, &cluster.Heartbeat{NodeId: leaderID, Addr: leaderAddr, Epoch: epoch, Role: cluster.Role_ROLE_LEADER,
+		Mode: cluster.Mode_MODE_SPREAD, Instance: "forger",
+		Assignment: &cluster.PartitionAssignment{Epoch: epoch, Generation: 1 << 40, Partitions: partitions,
+			Owners: []*cluster.PartitionOwner{{NodeId: "zz-forged", Addr: "127.0.0.1:1", Partitions: []int32{0, 1, 2, 3}}}}})
+	testutil.WaitFor(t, 15*time.Second, "both members to say that someone writes unauthenticated records", func() bool {
+		for _, nd := range c.nodes {
+			if len(clGrep(nd.logAfter("forged"), "someone writes records without a valid MAC")) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for end := time.Now().Add(3 * clLeaderTimeout); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if now := spOwners(t, conn, c); !maps.EqualFunc(now, owned, slices.Equal) {
+			t.Fatalf("ownership moved after the forged assignment: %v, was %v", now, owned)
+		}
+	}
+	for _, nd := range c.nodes {
+		if got := clGrep(nd.logAfter("forged"), "assignment accepted"); len(got) > 0 {
+			t.Errorf("%s accepted an assignment after the forgery: %q", nd.id, got)
+		}
+	}
 }
