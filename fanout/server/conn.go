@@ -320,6 +320,14 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 			c.close(closeProtocol, fmt.Errorf("no hello within %v", cfg.HelloTimeout), nil)
 			return false
 		}
+		if tlsHello(err) && !c.closing.Load() {
+			// The client's TLS layer cannot read an Error frame: it reports
+			// a non-TLS answer. The log says what happened.
+			c.close(closeProtocol, fmt.Errorf("a TLS client on this plain-text listener (its first bytes are a TLS "+
+				"handshake): give the daemon --tls-cert, or connect without TLS: %w", err),
+				protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_BAD_FRAME, true, "this listener speaks plain text, not TLS"))
+			return false
+		}
 		c.readFailed(err)
 		return false
 	}
@@ -407,6 +415,14 @@ func (c *conn) tlsHandshake(tc *tls.Conn) bool {
 		c.closeRaw(closeRejected, fmt.Errorf("TLS handshake refused: %w", err), nil)
 	}
 	return false
+}
+
+// tlsHello reports whether err is what reading a TLS ClientHello as a
+// frame gives: a length whose bytes are a TLS handshake record's header
+// (type 22, version 3.x).
+func tlsHello(err error) bool {
+	var tooLarge *protocol.FrameTooLargeError
+	return errors.As(err, &tooLarge) && tooLarge.Size>>24 == 22 && (tooLarge.Size>>16)&0xff == 3
 }
 
 // closeRaw closes like close, with the final frame (if any) written in plain

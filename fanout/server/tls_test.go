@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -130,6 +131,14 @@ func TestTLSClientOnPlainListenerGetsAnErrorNotAHang(t *testing.T) {
 	if !errors.As(err, &rhe) && !errors.Is(err, io.EOF) {
 		t.Fatalf("handshake: %v, want a record header error (the daemon answered in plain text)", err)
 	}
+	testutil.WaitFor(t, testTimeout, "the close logged", func() bool {
+		for _, e := range s.logs.AllEntries() {
+			if e.Message == "client connection closed" && strings.Contains(fmt.Sprint(e.Data["error"]), "a TLS client on this plain-text listener") {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // Named tokens beside the shared one: each passes, a named one names the
