@@ -325,7 +325,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 			// a non-TLS answer. The log says what happened.
 			c.close(closeProtocol, fmt.Errorf("a TLS client on this plain-text listener (its first bytes are a TLS "+
 				"handshake): give the daemon --tls-cert, or connect without TLS: %w", err),
-				protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_BAD_FRAME, true, "this listener speaks plain text, not TLS"))
+				protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE, true, "%v: this listener speaks plain text, not TLS", err))
 			return false
 		}
 		c.readFailed(err)
