@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"os"
@@ -403,4 +404,22 @@ func TestSpreadOverMutualTLSWithClusterSecret(t *testing.T) {
 			t.Errorf("%s accepted an assignment after the forgery: %q", nd.id, got)
 		}
 	}
+}
+
+// The Python client's tail.py over TLS (--tls-ca) against a daemon with
+// --tls-cert: it receives and acks, the offsets are committed.
+func TestPythonTailOverTLS(t *testing.T) {
+	const n = 3
+	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
+	createTopic(t, topic, 1)
+	files := testutil.NewTLSFiles(t)
+	addr := procFreeAddr(t)
+	procStart(t, procDaemonArgs(t, id, topic, addr, "--tls-cert", files.ServerCert, "--tls-key", files.ServerKey)...)
+	produceSeq(t, topic, "m", n, 1)
+	out := pyRun(t, "clients/python", 2*time.Minute, nil,
+		"examples/tail.py", "--connect", addr, "--count", fmt.Sprint(n), "--tls-ca", files.CA, "--timeout", "60")
+	if got := strings.Fields(out); len(got) != n {
+		t.Fatalf("tail.py printed %q, want %d values", out, n)
+	}
+	testutil.WaitFor(t, 15*time.Second, "the tailed offsets committed", func() bool { return zkOffsets(t, id, topic)[0] == n })
 }
