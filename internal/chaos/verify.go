@@ -1,0 +1,294 @@
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Record is one message Kafka holds at the end of a run.
+type Record struct {
+	Partition int32
+	Offset    int64
+	At        time.Time // the record's timestamp: when it was produced
+}
+
+// Fault is one injected fault, from its start to the moment it was healed
+// (the process restarted, the link restored, the server answering again).
+type Fault struct {
+	Kind   string    `json:"kind"`
+	Target string    `json:"target"` // d0, c1, kafka, zookeeper, topic
+	Leader bool      `json:"leader,omitempty"`
+	Start  time.Time `json:"start"`
+	End    time.Time `json:"end"`
+}
+
+// Fault kinds.
+const (
+	FaultDaemonKill     = "daemon-kill9"
+	FaultDaemonTerm     = "daemon-term"
+	FaultDaemonStop     = "daemon-stop"
+	FaultClientKill     = "client-kill9"
+	FaultClientTerm     = "client-term"
+	FaultClientStop     = "client-stop"
+	FaultKafkaRestart   = "kafka-restart"
+	FaultZKRestart      = "zookeeper-restart"
+	FaultCutKafka       = "cut-kafka"
+	FaultCutZooKeeper   = "cut-zookeeper"
+	FaultCutClients     = "cut-clients"
+	FaultAddPartitions  = "add-partitions"
+	causeNack           = "nack"
+	causeTimeout        = "timeout"
+	causeFault          = "fault"
+	causeUnexplained    = "unexplained"
+	maxListed           = 20 // lost records, unexplained duplicates and violations listed in full
+	recoveryActiveSince = 5 * time.Second
+)
+
+// clientFault reports whether a fault of this kind hits one client (and so
+// explains only the redeliveries of what that client held).
+func clientFault(kind string) bool {
+	return kind == FaultClientKill || kind == FaultClientTerm || kind == FaultClientStop
+}
+
+// daemonFault reports whether a fault of this kind stops a daemon.
+func daemonFault(kind string) bool {
+	return kind == FaultDaemonKill || kind == FaultDaemonTerm || kind == FaultDaemonStop
+}
+
+// OffsetSample is a committed offset read from the offset store during the run.
+type OffsetSample struct {
+	At        time.Time // after the read returned
+	Partition int32
+	Offset    int64 // the next offset to deliver: every record below it was acked
+}
+
+// Input is what a run leaves for verification.
+type Input struct {
+	Records    []Record
+	Events     []Event
+	Faults     []Fault
+	Samples    []OffsetSample
+	AckTimeout time.Duration
+}
+
+// Result is the verdict of a run.
+type Result struct {
+	Messages         int            `json:"messages"`   // records in Kafka
+	Deliveries       int            `json:"deliveries"` // D events
+	Acked            int            `json:"acked"`      // records acked at least once
+	Lost             int            `json:"lost"`       // records never acked
+	LostRecords      []string       `json:"lost_records,omitempty"`
+	Duplicates       map[string]int `json:"duplicates"` // redeliveries by cause
+	Unexplained      []string       `json:"unexplained,omitempty"`
+	OffsetSamples    int            `json:"offset_samples"`
+	OffsetViolations int            `json:"offset_violations"`
+	Violations       []string       `json:"violations,omitempty"`
+	// Recovery is, per daemon fault that needed one (leader mode: the
+	// leader's; spread mode: any member's), the time from the fault until
+	// every partition that had been receiving records delivered again.
+	Recovery []time.Duration `json:"-"`
+	// NotRecovered counts such faults after which some partition never
+	// delivered again.
+	NotRecovered int `json:"not_recovered"`
+}
+
+// Passed reports whether nothing was lost, every duplicate is explained and
+// no committed offset passed an unacked record.
+func (r *Result) Passed() bool {
+	return r.Lost == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0
+}
+
+type key struct {
+	p int32
+	o int64
+}
+
+// delivery is a D event with what its client did with it.
+type delivery struct {
+	Event
+	outcome byte      // EventAck, EventNack or 0 (nothing logged)
+	doneAt  time.Time // time of the ack or nack
+}
+
+// Verify checks a run: no record lost, every redelivery explained, every
+// committed offset sample behind acked records only, and recovery after
+// each daemon fault (leaderOnly: only faults of the leader count).
+func Verify(in Input, leaderOnly bool) *Result {
+	res := &Result{Messages: len(in.Records), Duplicates: map[string]int{causeNack: 0, causeTimeout: 0, causeFault: 0, causeUnexplained: 0}}
+	type ck struct {
+		client string
+		idx    uint64
+	}
+	byIdx := map[ck]*delivery{}
+	perRecord := map[key][]*delivery{}
+	firstAck := map[key]time.Time{}
+	events := slices.Clone(in.Events)
+	slices.SortStableFunc(events, func(a, b Event) int { return a.At.Compare(b.At) })
+	for _, e := range events {
+		k := key{e.Partition, e.Offset}
+		switch e.Kind {
+		case EventDeliver:
+			d := &delivery{Event: e}
+			byIdx[ck{e.Client, e.Index}] = d
+			perRecord[k] = append(perRecord[k], d)
+			res.Deliveries++
+		case EventAck, EventNack:
+			if d := byIdx[ck{e.Client, e.Index}]; d != nil && d.outcome == 0 {
+				d.outcome, d.doneAt = e.Kind, e.At
+			}
+			if t, ok := firstAck[k]; e.Kind == EventAck && (!ok || e.At.Before(t)) {
+				firstAck[k] = e.At
+			}
+		}
+	}
+	records := slices.Clone(in.Records)
+	slices.SortFunc(records, func(a, b Record) int {
+		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+	})
+	for _, r := range records {
+		if _, ok := firstAck[key{r.Partition, r.Offset}]; ok {
+			res.Acked++
+			continue
+		}
+		res.Lost++
+		if len(res.LostRecords) < maxListed {
+			res.LostRecords = append(res.LostRecords, fmt.Sprintf("%d/%d (produced %s)", r.Partition, r.Offset, r.At.Format(time.RFC3339Nano)))
+		}
+	}
+	for k, ds := range perRecord {
+		for i := 1; i < len(ds); i++ {
+			cause := redeliveryCause(ds[i-1], ds[i], in.Faults, in.AckTimeout)
+			res.Duplicates[cause]++
+			if cause == causeUnexplained && len(res.Unexplained) < maxListed {
+				res.Unexplained = append(res.Unexplained, fmt.Sprintf("%d/%d: delivered to %s at %s (outcome %q at %s), again to %s at %s",
+					k.p, k.o, ds[i-1].Client, ds[i-1].At.Format(time.RFC3339Nano), ds[i-1].outcome,
+					ds[i-1].doneAt.Format(time.RFC3339Nano), ds[i].Client, ds[i].At.Format(time.RFC3339Nano)))
+			}
+		}
+	}
+	checkOffsets(res, records, firstAck, in.Samples)
+	recovery(res, records, perRecord, in.Faults, leaderOnly)
+	return res
+}
+
+// redeliveryCause explains why cur delivered again what prev had delivered.
+func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout time.Duration) string {
+	if prev.outcome == EventNack {
+		return causeNack
+	}
+	unacked := prev.outcome == 0
+	if unacked && cur.At.Sub(prev.At) >= ackTimeout {
+		return causeTimeout
+	}
+	for _, f := range faults {
+		if f.Start.After(cur.At) || f.End.Before(prev.At) {
+			continue
+		}
+		if clientFault(f.Kind) && f.Target != prev.Role() {
+			continue
+		}
+		return causeFault
+	}
+	if !unacked && prev.doneAt.Sub(prev.At) >= ackTimeout {
+		return causeTimeout // acked after the daemon had given up on it
+	}
+	return causeUnexplained
+}
+
+// checkOffsets compares every sampled committed offset with the first acks:
+// each record below it must have been acked before the sample was read.
+func checkOffsets(res *Result, records []Record, firstAck map[key]time.Time, samples []OffsetSample) {
+	// Per partition, the latest first-ack among the records up to each offset
+	// (an unacked record counts as acked never).
+	never := time.Unix(1<<40, 0)
+	type prefix struct {
+		offs   []int64
+		latest []time.Time
+	}
+	parts := map[int32]*prefix{}
+	for _, r := range records {
+		p := parts[r.Partition]
+		if p == nil {
+			p = &prefix{}
+			parts[r.Partition] = p
+		}
+		t, ok := firstAck[key{r.Partition, r.Offset}]
+		if !ok {
+			t = never
+		}
+		if n := len(p.latest); n > 0 && p.latest[n-1].After(t) {
+			t = p.latest[n-1]
+		}
+		p.offs, p.latest = append(p.offs, r.Offset), append(p.latest, t)
+	}
+	res.OffsetSamples = len(samples)
+	for _, s := range samples {
+		p := parts[s.Partition]
+		if p == nil {
+			continue
+		}
+		// The records below s.Offset: p.offs[:i].
+		i, _ := slices.BinarySearch(p.offs, s.Offset)
+		if i == 0 || p.latest[i-1].Before(s.At) {
+			continue
+		}
+		res.OffsetViolations++
+		if len(res.Violations) < maxListed {
+			what := "acked only at " + p.latest[i-1].Format(time.RFC3339Nano)
+			if p.latest[i-1].Equal(never) {
+				what = "never acked"
+			}
+			res.Violations = append(res.Violations, fmt.Sprintf("partition %d committed %d at %s, but a record below it was %s",
+				s.Partition, s.Offset, s.At.Format(time.RFC3339Nano), what))
+		}
+	}
+}
+
+// recovery measures, for each daemon fault that interrupts delivery, the
+// time until every partition that was receiving records delivers again.
+func recovery(res *Result, records []Record, perRecord map[key][]*delivery, faults []Fault, leaderOnly bool) {
+	lastProduced := map[int32][]time.Time{} // per partition, record times, sorted
+	for _, r := range records {
+		lastProduced[r.Partition] = append(lastProduced[r.Partition], r.At)
+	}
+	deliveries := map[int32][]time.Time{}
+	for k, ds := range perRecord {
+		for _, d := range ds {
+			deliveries[k.p] = append(deliveries[k.p], d.At)
+		}
+	}
+	for _, ts := range deliveries {
+		slices.SortFunc(ts, time.Time.Compare)
+	}
+	for _, ts := range lastProduced {
+		slices.SortFunc(ts, time.Time.Compare)
+	}
+	for _, f := range faults {
+		if !daemonFault(f.Kind) || (leaderOnly && !f.Leader) {
+			continue
+		}
+		var worst time.Duration
+		recovered := true
+		for p, produced := range lastProduced {
+			// Active: records were produced just before the fault.
+			i, _ := slices.BinarySearchFunc(produced, f.Start.Add(-recoveryActiveSince), time.Time.Compare)
+			if i == len(produced) || produced[i].After(f.Start) {
+				continue
+			}
+			ds := deliveries[p]
+			j, _ := slices.BinarySearchFunc(ds, f.Start, time.Time.Compare)
+			if j == len(ds) {
+				recovered = false
+				continue
+			}
+			worst = max(worst, ds[j].Sub(f.Start))
+		}
+		if !recovered {
+			res.NotRecovered++
+			continue
+		}
+		res.Recovery = append(res.Recovery, worst)
+	}
+}
