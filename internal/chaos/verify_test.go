@@ -1,0 +1,143 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+func ev(ms int, kind byte, client string, idx uint64, p int32, o int64) Event {
+	return Event{At: at(ms), Kind: kind, Client: client, Index: idx, Partition: p, Offset: o, Attempt: 1, Member: "m", Value: "1"}
+}
+
+func records(p int32, n int) []Record {
+	var out []Record
+	for o := range n {
+		out = append(out, Record{Partition: p, Offset: int64(o), At: at(o)})
+	}
+	return out
+}
+
+func TestVerifyCountsARecordNeverAckedAsLost(t *testing.T) {
+	in := Input{Records: records(0, 3), AckTimeout: 5 * time.Second, Events: []Event{
+		ev(10, EventDeliver, "c0.1", 1, 0, 0), ev(11, EventAck, "c0.1", 1, 0, 0),
+		ev(12, EventDeliver, "c0.1", 2, 0, 1), // delivered, never acked
+		ev(13, EventDeliver, "c0.1", 3, 0, 2), ev(14, EventAck, "c0.1", 3, 0, 2),
+	}}
+	res := Verify(in, true)
+	if res.Lost != 1 || res.Acked != 2 || len(res.LostRecords) != 1 || !strings.HasPrefix(res.LostRecords[0], "0/1 ") {
+		t.Fatalf("lost %d acked %d %v, want 0/1 lost", res.Lost, res.Acked, res.LostRecords)
+	}
+	if res.Passed() {
+		t.Fatal("a run that lost a record passed")
+	}
+}
+
+func TestVerifyExplainsEachRedelivery(t *testing.T) {
+	faults := []Fault{
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(1000), End: at(2000)},
+		{Kind: FaultClientKill, Target: "c1", Start: at(20_000), End: at(21_000)},
+	}
+	in := Input{Records: records(0, 5), AckTimeout: 5 * time.Second, Faults: faults, Events: []Event{
+		// nacked, then delivered again
+		ev(10, EventDeliver, "nacker.1", 1, 0, 0), ev(210, EventNack, "nacker.1", 1, 0, 0),
+		ev(220, EventDeliver, "c0.1", 1, 0, 0), ev(230, EventAck, "c0.1", 1, 0, 0),
+		// acked before the leader's kill, replayed by the next leader
+		ev(500, EventDeliver, "c0.1", 2, 0, 1), ev(510, EventAck, "c0.1", 2, 0, 1),
+		ev(3000, EventDeliver, "c0.1", 3, 0, 1), ev(3010, EventAck, "c0.1", 3, 0, 1),
+		// held by the silent client past the ack timeout
+		ev(4000, EventDeliver, "silent.1", 1, 0, 2),
+		ev(9500, EventDeliver, "c0.1", 4, 0, 2), ev(9510, EventAck, "c0.1", 4, 0, 2),
+		// acked by c0, delivered again with no fault, nack or timeout in between
+		ev(10_000, EventDeliver, "c0.1", 5, 0, 3), ev(10_010, EventAck, "c0.1", 5, 0, 3),
+		ev(12_000, EventDeliver, "c2.1", 1, 0, 3), ev(12_010, EventAck, "c2.1", 1, 0, 3),
+		// c0 acked, c1 (not c0) was killed: the kill of another client explains nothing
+		ev(19_000, EventDeliver, "c0.1", 6, 0, 4), ev(19_500, EventAck, "c0.1", 6, 0, 4),
+		ev(21_500, EventDeliver, "c2.1", 2, 0, 4), ev(21_510, EventAck, "c2.1", 2, 0, 4),
+	}}
+	res := Verify(in, true)
+	want := map[string]int{causeNack: 1, causeFault: 1, causeTimeout: 1, causeUnexplained: 2}
+	for c, n := range want {
+		if res.Duplicates[c] != n {
+			t.Errorf("duplicates %s: %d, want %d (all %v)", c, res.Duplicates[c], n, res.Duplicates)
+		}
+	}
+	if len(res.Unexplained) != 2 || res.Passed() {
+		t.Fatalf("unexplained %v, passed %v", res.Unexplained, res.Passed())
+	}
+}
+
+func TestVerifyFindsACommittedOffsetPastAnUnackedRecord(t *testing.T) {
+	in := Input{Records: records(0, 3), AckTimeout: 5 * time.Second, Events: []Event{
+		ev(10, EventDeliver, "c0.1", 1, 0, 0), ev(11, EventAck, "c0.1", 1, 0, 0),
+		ev(12, EventDeliver, "c0.1", 2, 0, 1), ev(500, EventAck, "c0.1", 2, 0, 1),
+		ev(13, EventDeliver, "c0.1", 3, 0, 2), ev(14, EventAck, "c0.1", 3, 0, 2),
+	}, Samples: []OffsetSample{
+		{At: at(100), Partition: 0, Offset: 1}, // fine: 0 acked at 11
+		{At: at(200), Partition: 0, Offset: 3}, // 1 acked only at 500
+		{At: at(600), Partition: 0, Offset: 3}, // fine
+		{At: at(700), Partition: 1, Offset: 9}, // a partition without records: nothing to check
+	}}
+	res := Verify(in, true)
+	if res.OffsetViolations != 1 || res.OffsetSamples != 4 || !strings.Contains(res.Violations[0], "committed 3") {
+		t.Fatalf("violations %d of %d: %v", res.OffsetViolations, res.OffsetSamples, res.Violations)
+	}
+	if res.Passed() {
+		t.Fatal("a run whose offsets passed an unacked record passed")
+	}
+}
+
+func TestVerifyMeasuresRecoveryAfterLeaderFaults(t *testing.T) {
+	var recs []Record
+	var evs []Event
+	idx := uint64(0)
+	for p := range int32(2) {
+		for ms := 0; ms < 10_000; ms += 100 {
+			o := int64(ms / 100)
+			recs = append(recs, Record{Partition: p, Offset: o, At: at(ms)})
+			d := ms + 5
+			if ms >= 3000 {
+				d = max(d, 5000+int(p)*700) // held up by the failover; partition 1 resumes at 5.7 s
+			}
+			idx++
+			evs = append(evs, ev(d, EventDeliver, "c0.1", idx, p, o), ev(d+1, EventAck, "c0.1", idx, p, o))
+		}
+	}
+	faults := []Fault{
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(3000), End: at(4000)},
+		{Kind: FaultDaemonKill, Target: "d1", Start: at(7000), End: at(8000)}, // not the leader
+		{Kind: FaultCutZooKeeper, Target: "d2", Leader: true, Start: at(8000), End: at(8100)},
+	}
+	res := Verify(Input{Records: recs, Events: evs, Faults: faults, AckTimeout: 5 * time.Second}, true)
+	if len(res.Recovery) != 1 || res.Recovery[0] != 2700*time.Millisecond {
+		t.Fatalf("recovery %v, want [2.7s]", res.Recovery)
+	}
+	res = Verify(Input{Records: recs, Events: evs, Faults: faults, AckTimeout: 5 * time.Second}, false)
+	if len(res.Recovery) != 2 {
+		t.Fatalf("spread mode: recovery %v, want one per member fault", res.Recovery)
+	}
+	// Nothing delivered after the fault: not recovered.
+	res = Verify(Input{Records: recs, Events: evs[:60], Faults: faults[:1], AckTimeout: 5 * time.Second}, true)
+	if res.NotRecovered != 1 || res.Passed() {
+		t.Fatalf("not recovered %d, passed %v", res.NotRecovered, res.Passed())
+	}
+}
+
+func TestParseEventsSkipsOnlyATruncatedLastLine(t *testing.T) {
+	good := "1700000000000000000 D c0.1 1 2 3 1 127.0.0.1:19210 42\n1700000000000000001 A c0.1 1 2 3 1 127.0.0.1:19210 42\n"
+	evs, err := ParseEvents(strings.NewReader(good + "1700000000000000002 D c0.1 2 2"))
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("events %v, err %v", evs, err)
+	}
+	e := evs[1]
+	if e.Kind != EventAck || e.Client != "c0.1" || e.Role() != "c0" || e.Partition != 2 || e.Offset != 3 || e.Value != "42" {
+		t.Fatalf("parsed %+v", e)
+	}
+	if _, err := ParseEvents(strings.NewReader("garbage\n" + good)); err == nil {
+		t.Fatal("a malformed line in the middle was accepted")
+	}
+}
