@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,9 +29,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	if len(os.Args) > 1 && os.Args[1] == "client" {
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "client":
 		err = client(ctx, os.Args[2:], logrus.NewEntry(log))
-	} else {
+	case len(os.Args) > 1 && os.Args[1] == "verify":
+		err = verify(os.Args[2:])
+	default:
 		err = run(ctx, os.Args[1:], logrus.NewEntry(log))
 	}
 	if err != nil {
@@ -119,6 +123,29 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 		}
 	}
 	if failed {
+		return errFailed
+	}
+	return nil
+}
+
+// verify verifies again a finished run from the files it left.
+func verify(args []string) error {
+	fs := flag.NewFlagSet("chaos verify", flag.ContinueOnError)
+	dir := fs.String("dir", "", "a mode's results directory, e.g. chaos-results/leader")
+	mode := fs.String("assignment", "leader", "the run's mode: leader or spread")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	res, err := chaos.VerifyDir(*dir, *mode == "leader")
+	if err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Println(string(b))
+	if !res.Passed() {
 		return errFailed
 	}
 	return nil

@@ -156,6 +156,9 @@ func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 		AckTimeout: cfg.AckTimeout}
 	skipped := r.skipped
 	r.mu.Unlock()
+	if err := writeInput(filepath.Join(cfg.Out, "input.json"), in); err != nil {
+		return nil, err
+	}
 	res := Verify(in, cfg.Mode == "leader")
 	sum := summarize(cfg, in, res, start, end, drained, skipped)
 	if err := sum.Write(cfg.Out, in, start, end); err != nil {
@@ -408,6 +411,35 @@ func (r *run) readTopic() ([]Record, error) {
 		pc.Close()
 	}
 	return out, nil
+}
+
+// writeInput keeps what the verification read from Kafka and the run
+// (records, faults, offset samples) beside the client logs, so that a run
+// can be verified again (chaos verify) after its servers are gone.
+func writeInput(name string, in Input) error {
+	saved := in
+	saved.Events = nil // in the client logs
+	b, err := json.Marshal(saved)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(name, b, 0o644)
+}
+
+// VerifyDir verifies again the run whose results are in dir.
+func VerifyDir(dir string, leaderOnly bool) (*Result, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "input.json"))
+	if err != nil {
+		return nil, err
+	}
+	var in Input
+	if err := json.Unmarshal(b, &in); err != nil {
+		return nil, fmt.Errorf("%s/input.json: %w", dir, err)
+	}
+	if in.Events, err = readEvents(filepath.Join(dir, "clients")); err != nil {
+		return nil, err
+	}
+	return Verify(in, leaderOnly), nil
 }
 
 // readEvents reads every client log of dir.
