@@ -74,6 +74,10 @@ func (s *Summary) Markdown() string {
 			s.RecoveryMS[0], s.RecoveryMS[1], s.RecoveryMS[2], len(s.Recovery))
 	}
 	fmt.Fprintf(&b, "| faults after which a partition never delivered again | %d |\n", s.NotRecovered)
+	if s.Mode == "spread" {
+		fmt.Fprintf(&b, "| ownership-record samples | %d |\n| deliveries by a member while another owned the partition | %d |\n",
+			s.OwnerSamples, s.TwoOwners)
+	}
 	fmt.Fprintf(&b, "| drained (every record acked, offsets committed) | %v |\n\n", s.Drained)
 	fmt.Fprintf(&b, "Faults injected: %d (%d skipped: their target was held by another fault)\n\n| kind | count |\n|---|---|\n", s.Faults, s.Skipped)
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
@@ -88,7 +92,7 @@ func (s *Summary) Markdown() string {
 	for _, l := range []struct {
 		name string
 		xs   []string
-	}{{"Lost records", s.LostRecords}, {"Unexplained duplicates", s.Unexplained}, {"Offset violations", s.Violations}} {
+	}{{"Lost records", s.LostRecords}, {"Unexplained duplicates", s.Unexplained}, {"Offset violations", s.Violations}, {"Two owners", s.TwoOwnersAt}} {
 		if len(l.xs) > 0 {
 			fmt.Fprintf(&b, "\n%s (first %d):\n\n", l.name, len(l.xs))
 			for _, x := range l.xs {

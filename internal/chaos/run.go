@@ -67,6 +67,8 @@ type run struct {
 	faults    []Fault
 	samples   []OffsetSample
 	committed map[int32]int64
+	owners    []OwnerSample
+	members   map[string]string // a daemon's advertised address → its role
 	leader    string
 	svcBusy   bool
 	skipped   int
@@ -76,7 +78,7 @@ type run struct {
 // and the verification. It returns the summary, written to cfg.Out too.
 func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	r := &run{cfg: cfg, log: log, id: "chaos-" + cfg.Mode,
-		topic: fmt.Sprintf("chaos-%s-%d", cfg.Mode, cfg.Seed), committed: map[int32]int64{}}
+		topic: fmt.Sprintf("chaos-%s-%d", cfg.Mode, cfg.Seed), committed: map[int32]int64{}, members: map[string]string{}}
 	for _, d := range []string{"daemons", "clients"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Out, d), 0o755); err != nil {
 			return nil, err
@@ -153,7 +155,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	}
 	r.mu.Lock()
 	in := Input{Records: records, Events: events, Faults: slices.Clone(r.faults), Samples: slices.Clone(r.samples),
-		AckTimeout: cfg.AckTimeout}
+		Owners: slices.Clone(r.owners), Members: r.members, AckTimeout: cfg.AckTimeout}
 	skipped := r.skipped
 	r.mu.Unlock()
 	if err := writeInput(filepath.Join(cfg.Out, "input.json"), in); err != nil {
@@ -212,9 +214,8 @@ func (r *run) setup(ctx context.Context) error {
 			"--listen", listen, "--advertise", cp.Addr(), "--node-id", "d" + strconv.Itoa(i),
 			"--metrics-listen", "", "--ack-timeout", cfg.AckTimeout.String(), "--heartbeat", "1s",
 			"--initial-offset", "oldest", "--commit-interval", "500ms", "--zookeeper-session-timeout", "6s"}
-		if cfg.Mode != "leader" {
-			args = append(args, "--assignment", cfg.Mode)
-		}
+		args = append(args, "--assignment", cfg.Mode)
+		r.members[cp.Addr()] = "d" + strconv.Itoa(i)
 		r.daemons = append(r.daemons, &proc{role: "d" + strconv.Itoa(i), bin: cfg.Fanout, g: &r.g, lg: r.log,
 			args: func(int) []string { return args }, log: filepath.Join(cfg.Out, "daemons", fmt.Sprintf("d%d.log", i))})
 	}
@@ -314,6 +315,17 @@ func (r *run) sample(ctx context.Context) {
 				r.committed[p] = o
 			}
 			r.mu.Unlock()
+		}
+		if r.cfg.Mode == "spread" {
+			owners, _, err := zkstore.ReadOwners(conn, "", r.id, r.topic)
+			at := time.Now()
+			if err == nil {
+				r.mu.Lock()
+				for p, o := range owners {
+					r.owners = append(r.owners, OwnerSample{At: at, Partition: p, Owner: o.Owner})
+				}
+				r.mu.Unlock()
+			}
 		}
 		if data, _, err := conn.Get(cluster.FencePath(r.id, r.topic)); err == nil {
 			var rec struct {

@@ -64,12 +64,22 @@ type OffsetSample struct {
 	Offset    int64 // the next offset to deliver: every record below it was acked
 }
 
+// OwnerSample is a partition's ownership record (spread mode) read from
+// ZooKeeper during the run: Owner is a daemon's node id, "" when released.
+type OwnerSample struct {
+	At        time.Time // after the read returned
+	Partition int32
+	Owner     string
+}
+
 // Input is what a run leaves for verification.
 type Input struct {
 	Records    []Record
 	Events     []Event
 	Faults     []Fault
 	Samples    []OffsetSample
+	Owners     []OwnerSample     // spread mode
+	Members    map[string]string // a daemon's advertised address (Event.Member) → its node id
 	AckTimeout time.Duration
 }
 
@@ -92,12 +102,19 @@ type Result struct {
 	// NotRecovered counts such faults after which some partition never
 	// delivered again.
 	NotRecovered int `json:"not_recovered"`
+	// TwoOwners counts deliveries (spread mode) by a member while the
+	// ownership record had named another member throughout the
+	// ownerSlack before it: two owners of one partition at once.
+	OwnerSamples int      `json:"owner_samples"`
+	TwoOwners    int      `json:"two_owners"`
+	TwoOwnersAt  []string `json:"two_owners_at,omitempty"`
 }
 
 // Passed reports whether nothing was lost, every duplicate is explained and
 // no committed offset passed an unacked record.
 func (r *Result) Passed() bool {
-	return r.Lost == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0
+	return r.Lost == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
+		r.TwoOwners == 0
 }
 
 type key struct {
@@ -170,7 +187,70 @@ func Verify(in Input, leaderOnly bool) *Result {
 	}
 	checkOffsets(res, records, firstAck, in.Samples)
 	recovery(res, records, perRecord, in.Faults, leaderOnly)
+	checkOwners(res, events, in)
 	return res
+}
+
+// ownerSlack is how long the ownership record must have named another
+// member before a delivery for it to count as a second owner's: a delivery
+// is logged when the client reads it, a little after the daemon sent it.
+const ownerSlack = 2 * time.Second
+
+// checkOwners finds deliveries (spread mode) by a member while the ownership
+// record of their partition named another member, continuously from
+// ownerSlack before the delivery until after it. Deliveries to a client
+// while a fault held it, or within ownerSlack after, are not judged: a
+// stopped client logs late what it was sent long before.
+func checkOwners(res *Result, events []Event, in Input) {
+	res.OwnerSamples = len(in.Owners)
+	if len(in.Owners) == 0 {
+		return
+	}
+	type run struct {
+		owner      string
+		from, till time.Time // first and last sample of an unbroken run of one owner
+	}
+	runs := map[int32][]run{}
+	owners := slices.Clone(in.Owners)
+	slices.SortStableFunc(owners, func(a, b OwnerSample) int { return a.At.Compare(b.At) })
+	for _, o := range owners {
+		rs := runs[o.Partition]
+		if n := len(rs); n > 0 && rs[n-1].owner == o.Owner {
+			rs[n-1].till = o.At
+			continue
+		}
+		runs[o.Partition] = append(rs, run{owner: o.Owner, from: o.At, till: o.At})
+	}
+	held := func(e Event) bool {
+		for _, f := range in.Faults {
+			if clientFault(f.Kind) && f.Target == e.Role() && !e.At.Before(f.Start) && !e.At.After(f.End.Add(ownerSlack)) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, e := range events {
+		member, ok := in.Members[e.Member]
+		if e.Kind != EventDeliver || !ok {
+			continue
+		}
+		rs := runs[e.Partition]
+		// The run covering the delivery: started ownerSlack before it, lasted until after it.
+		i, _ := slices.BinarySearchFunc(rs, e.At, func(r run, t time.Time) int { return r.from.Compare(t) })
+		if i == 0 {
+			continue
+		}
+		r := rs[i-1]
+		if r.owner == "" || r.owner == member || r.from.After(e.At.Add(-ownerSlack)) || !r.till.After(e.At) || held(e) {
+			continue
+		}
+		res.TwoOwners++
+		if len(res.TwoOwnersAt) < maxListed {
+			res.TwoOwnersAt = append(res.TwoOwnersAt, fmt.Sprintf("partition %d offset %d delivered by %s to %s at %s; its record named %s from %s to %s",
+				e.Partition, e.Offset, member, e.Client, e.At.Format(time.RFC3339Nano), r.owner,
+				r.from.Format(time.RFC3339Nano), r.till.Format(time.RFC3339Nano)))
+		}
+	}
 }
 
 // redeliveryCause explains why cur delivered again what prev had delivered.

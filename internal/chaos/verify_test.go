@@ -142,3 +142,35 @@ func TestParseEventsSkipsOnlyATruncatedLastLine(t *testing.T) {
 		t.Fatal("a malformed line in the middle was accepted")
 	}
 }
+
+func TestVerifyFindsADeliveryByAMemberThatNoLongerOwnsThePartition(t *testing.T) {
+	members := map[string]string{"127.0.0.1:1": "d0", "127.0.0.1:2": "d1"}
+	var owners []OwnerSample
+	for ms := 0; ms <= 20_000; ms += 250 {
+		owner := "d0"
+		if ms >= 5000 {
+			owner = "d1" // handed over at 5 s
+		}
+		owners = append(owners, OwnerSample{At: at(ms), Partition: 0, Owner: owner})
+	}
+	d := func(ms int, member string, o int64) Event {
+		e := ev(ms, EventDeliver, "c0.1", uint64(o+1), 0, o)
+		e.Member = member
+		return e
+	}
+	in := Input{Records: records(0, 5), AckTimeout: 5 * time.Second, Owners: owners, Members: members,
+		Faults: []Fault{{Kind: FaultClientStop, Target: "c1", Start: at(9000), End: at(12_000)}},
+		Events: []Event{
+			d(1000, "127.0.0.1:1", 0), // d0 owns it
+			d(5500, "127.0.0.1:1", 1), // d0, just after the handoff: within the slack
+			d(6000, "127.0.0.1:2", 2), // d1 owns it
+			d(9000, "127.0.0.1:1", 3), // d0, 4 s after the handoff: a second owner
+		}}
+	late := d(12_500, "127.0.0.1:1", 4) // logged by a client just resumed from SIGSTOP: not judged
+	late.Client = "c1.1"
+	in.Events = append(in.Events, late)
+	res := Verify(in, false)
+	if res.TwoOwners != 1 || !strings.Contains(res.TwoOwnersAt[0], "offset 3 delivered by d0") || res.Passed() {
+		t.Fatalf("two owners %d: %v (passed %v)", res.TwoOwners, res.TwoOwnersAt, res.Passed())
+	}
+}
