@@ -79,6 +79,10 @@ type run struct {
 func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	r := &run{cfg: cfg, log: log, id: "chaos-" + cfg.Mode,
 		topic: fmt.Sprintf("chaos-%s-%d", cfg.Mode, cfg.Seed), committed: map[int32]int64{}, members: map[string]string{}}
+	// A fresh directory: the client logs are appended to, and verified whole.
+	if err := os.RemoveAll(cfg.Out); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{"daemons", "clients"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Out, d), 0o755); err != nil {
 			return nil, err

@@ -329,43 +329,50 @@ func checkOffsets(res *Result, records []Record, firstAck map[key]time.Time, sam
 }
 
 // recovery measures, for each daemon fault that interrupts delivery, the
-// time until every partition that was receiving records delivers again.
+// time until every partition that was receiving records delivers again a
+// record produced after the fault: only a live owner can have sent that one
+// (a client logs a delivery when it reads it, and may read late what a dead
+// daemon sent before the fault).
 func recovery(res *Result, records []Record, perRecord map[key][]*delivery, faults []Fault, leaderOnly bool) {
-	lastProduced := map[int32][]time.Time{} // per partition, record times, sorted
+	type rec struct{ at, first time.Time } // produced; first delivered (zero: never)
+	parts := map[int32][]rec{}
 	for _, r := range records {
-		lastProduced[r.Partition] = append(lastProduced[r.Partition], r.At)
-	}
-	deliveries := map[int32][]time.Time{}
-	for k, ds := range perRecord {
-		for _, d := range ds {
-			deliveries[k.p] = append(deliveries[k.p], d.At)
+		var first time.Time
+		for _, d := range perRecord[key{r.Partition, r.Offset}] {
+			if first.IsZero() || d.At.Before(first) {
+				first = d.At
+			}
 		}
+		parts[r.Partition] = append(parts[r.Partition], rec{r.At, first})
 	}
-	for _, ts := range deliveries {
-		slices.SortFunc(ts, time.Time.Compare)
+	for _, rs := range parts {
+		slices.SortFunc(rs, func(a, b rec) int { return a.at.Compare(b.at) })
 	}
-	for _, ts := range lastProduced {
-		slices.SortFunc(ts, time.Time.Compare)
-	}
+	byAt := func(r rec, t time.Time) int { return r.at.Compare(t) }
 	for _, f := range faults {
 		if !daemonFault(f.Kind) || (leaderOnly && !f.Leader) {
 			continue
 		}
 		var worst time.Duration
 		recovered := true
-		for p, produced := range lastProduced {
+		for _, rs := range parts {
 			// Active: records were produced just before the fault.
-			i, _ := slices.BinarySearchFunc(produced, f.Start.Add(-recoveryActiveSince), time.Time.Compare)
-			if i == len(produced) || produced[i].After(f.Start) {
+			i, _ := slices.BinarySearchFunc(rs, f.Start.Add(-recoveryActiveSince), byAt)
+			if i == len(rs) || rs[i].at.After(f.Start) {
 				continue
 			}
-			ds := deliveries[p]
-			j, _ := slices.BinarySearchFunc(ds, f.Start, time.Time.Compare)
-			if j == len(ds) {
+			j, _ := slices.BinarySearchFunc(rs, f.Start.Add(time.Nanosecond), byAt)
+			var best time.Time
+			for ; j < len(rs) && (best.IsZero() || rs[j].at.Before(best)); j++ {
+				if !rs[j].first.IsZero() && (best.IsZero() || rs[j].first.Before(best)) {
+					best = rs[j].first
+				}
+			}
+			if best.IsZero() {
 				recovered = false
 				continue
 			}
-			worst = max(worst, ds[j].Sub(f.Start))
+			worst = max(worst, best.Sub(f.Start))
 		}
 		if !recovered {
 			res.NotRecovered++

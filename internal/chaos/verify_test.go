@@ -108,6 +108,9 @@ func TestVerifyMeasuresRecoveryAfterLeaderFaults(t *testing.T) {
 			evs = append(evs, ev(d, EventDeliver, "c0.1", idx, p, o), ev(d+1, EventAck, "c0.1", idx, p, o))
 		}
 	}
+	// A client reads late, after the kill, what the dead leader sent before it: not a recovery.
+	idx++
+	evs = append(evs, ev(3050, EventDeliver, "c1.1", idx, 1, 29), ev(3051, EventAck, "c1.1", idx, 1, 29))
 	faults := []Fault{
 		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(3000), End: at(4000)},
 		{Kind: FaultDaemonKill, Target: "d1", Start: at(7000), End: at(8000)}, // not the leader
@@ -123,6 +126,11 @@ func TestVerifyMeasuresRecoveryAfterLeaderFaults(t *testing.T) {
 	}
 	// Nothing delivered after the fault: not recovered.
 	res = Verify(Input{Records: recs, Events: evs[:60], Faults: faults[:1], AckTimeout: 5 * time.Second}, true)
+	if res.NotRecovered != 1 || res.Passed() {
+		t.Fatalf("not recovered %d, passed %v", res.NotRecovered, res.Passed())
+	}
+	// Only the stale delivery after the fault: not recovered either.
+	res = Verify(Input{Records: recs, Events: append(evs[:60:60], evs[len(evs)-2:]...), Faults: faults[:1], AckTimeout: 5 * time.Second}, true)
 	if res.NotRecovered != 1 || res.Passed() {
 		t.Fatalf("not recovered %d, passed %v", res.NotRecovered, res.Passed())
 	}
