@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -128,24 +127,20 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	return nil
 }
 
-// verify verifies again a finished run from the files it left.
+// verify verifies again a finished run from the files it left, and
+// rewrites its summary and timeline.
 func verify(args []string) error {
 	fs := flag.NewFlagSet("chaos verify", flag.ContinueOnError)
 	dir := fs.String("dir", "", "a mode's results directory, e.g. chaos-results/leader")
-	mode := fs.String("assignment", "leader", "the run's mode: leader or spread")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	res, err := chaos.VerifyDir(*dir, *mode == "leader")
+	sum, err := chaos.VerifyDir(*dir)
 	if err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	fmt.Println(string(b))
-	if !res.Passed() {
+	fmt.Println(sum.Markdown())
+	if !sum.Passed {
 		return errFailed
 	}
 	return nil

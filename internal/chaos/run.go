@@ -442,20 +442,32 @@ func writeInput(name string, in Input) error {
 	return os.WriteFile(name, b, 0o644)
 }
 
-// VerifyDir verifies again the run whose results are in dir.
-func VerifyDir(dir string, leaderOnly bool) (*Result, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "input.json"))
-	if err != nil {
-		return nil, err
-	}
+// VerifyDir verifies again, with this code, the run whose results are in
+// dir, and rewrites its summary and timeline: a run of a long soak is not
+// lost to a fix of the verification.
+func VerifyDir(dir string) (*Summary, error) {
 	var in Input
-	if err := json.Unmarshal(b, &in); err != nil {
-		return nil, fmt.Errorf("%s/input.json: %w", dir, err)
+	var sum Summary
+	for name, v := range map[string]any{"input.json": &in, "summary.json": &sum} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(b, v); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
 	}
+	var err error
 	if in.Events, err = readEvents(filepath.Join(dir, "clients")); err != nil {
 		return nil, err
 	}
-	return Verify(in, leaderOnly), nil
+	start := sum.Started
+	end := start.Add(time.Duration(sum.Seconds * float64(time.Second)))
+	cfg := Config{Mode: sum.Mode, Seed: sum.Seed, Daemons: sum.Daemons, Clients: sum.Clients - 2, Rate: sum.Rate}
+	res := Verify(in, sum.Mode == "leader")
+	out := summarize(cfg, in, res, start, end, sum.Drained, sum.Skipped)
+	out.Command = sum.Command
+	return out, out.Write(dir, in, start, end)
 }
 
 // readEvents reads every client log of dir.

@@ -102,6 +102,10 @@ type Result struct {
 	// NotRecovered counts such faults after which some partition never
 	// delivered again.
 	NotRecovered int `json:"not_recovered"`
+	// Unmeasured counts daemon faults that recovered but whose time is left
+	// out of Recovery: no partition was receiving records before them, or
+	// the broker restarted meanwhile (then no record can flow either way).
+	Unmeasured int `json:"recovery_unmeasured"`
 	// TwoOwners counts deliveries (spread mode) by a member while the
 	// ownership record had named another member throughout the
 	// ownerSlack before it: two owners of one partition at once.
@@ -189,6 +193,16 @@ func Verify(in Input, leaderOnly bool) *Result {
 	recovery(res, records, perRecord, in.Faults, leaderOnly)
 	checkOwners(res, events, in)
 	return res
+}
+
+// brokerDown reports whether a Kafka restart overlapped [from, to].
+func brokerDown(faults []Fault, from, to time.Time) bool {
+	for _, f := range faults {
+		if f.Kind == FaultKafkaRestart && !f.Start.After(to) && !f.End.Before(from) {
+			return true
+		}
+	}
+	return false
 }
 
 // ownerSlack is how long the ownership record must have named another
@@ -354,13 +368,14 @@ func recovery(res *Result, records []Record, perRecord map[key][]*delivery, faul
 			continue
 		}
 		var worst time.Duration
-		recovered := true
+		recovered, active := true, 0
 		for _, rs := range parts {
 			// Active: records were produced just before the fault.
 			i, _ := slices.BinarySearchFunc(rs, f.Start.Add(-recoveryActiveSince), byAt)
 			if i == len(rs) || rs[i].at.After(f.Start) {
 				continue
 			}
+			active++
 			j, _ := slices.BinarySearchFunc(rs, f.Start.Add(time.Nanosecond), byAt)
 			var best time.Time
 			for ; j < len(rs) && (best.IsZero() || rs[j].at.Before(best)); j++ {
@@ -376,6 +391,11 @@ func recovery(res *Result, records []Record, perRecord map[key][]*delivery, faul
 		}
 		if !recovered {
 			res.NotRecovered++
+			continue
+		}
+		if active == 0 || brokerDown(faults, f.Start, f.Start.Add(worst)) {
+			// Nothing flowed, or nothing could: no failover time to measure.
+			res.Unmeasured++
 			continue
 		}
 		res.Recovery = append(res.Recovery, worst)

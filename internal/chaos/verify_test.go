@@ -182,3 +182,26 @@ func TestVerifyFindsADeliveryByAMemberThatNoLongerOwnsThePartition(t *testing.T)
 		t.Fatalf("two owners %d: %v (passed %v)", res.TwoOwners, res.TwoOwnersAt, res.Passed())
 	}
 }
+
+func TestVerifyLeavesOutOfTheFiguresARecoveryDuringABrokerRestart(t *testing.T) {
+	var recs []Record
+	var evs []Event
+	for ms := 0; ms < 20_000; ms += 100 {
+		if ms >= 3000 && ms < 9000 {
+			continue // the broker is down: nothing produced
+		}
+		o := int64(len(recs))
+		recs = append(recs, Record{Partition: 0, Offset: o, At: at(ms)})
+		evs = append(evs, ev(ms+5, EventDeliver, "c0.1", uint64(o+1), 0, o), ev(ms+6, EventAck, "c0.1", uint64(o+1), 0, o))
+	}
+	faults := []Fault{
+		{Kind: FaultKafkaRestart, Target: "kafka", Start: at(3000), End: at(9000)},
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(4000), End: at(5000)},  // during it
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(12000), End: at(13000)}, // after it
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(8500), End: at(8600)},   // no traffic before
+	}
+	res := Verify(Input{Records: recs, Events: evs, Faults: faults, AckTimeout: 5 * time.Second}, true)
+	if len(res.Recovery) != 1 || res.Recovery[0] != 105*time.Millisecond || res.Unmeasured != 2 || res.NotRecovered != 0 {
+		t.Fatalf("recovery %v, unmeasured %d, not recovered %d", res.Recovery, res.Unmeasured, res.NotRecovered)
+	}
+}
