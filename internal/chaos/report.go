@@ -65,7 +65,7 @@ func (s *Summary) Markdown() string {
 	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")
 	fmt.Fprintf(&b, "| messages in Kafka | %d |\n| deliveries | %d |\n| acked at least once | %d |\n| **lost** | **%d** |\n",
 		s.Messages, s.Deliveries, s.Acked, s.Lost)
-	for _, c := range []string{causeFault, causeTimeout, causeNack, causeUnexplained} {
+	for _, c := range []string{causeFault, causeHandoff, causeTimeout, causeNack, causeUnexplained} {
 		fmt.Fprintf(&b, "| duplicates: %s | %d |\n", c, s.Duplicates[c])
 	}
 	fmt.Fprintf(&b, "| committed-offset samples | %d |\n| samples past an unacked record | %d |\n", s.OffsetSamples, s.OffsetViolations)
@@ -102,7 +102,8 @@ func (s *Summary) Markdown() string {
 	}
 	b.WriteString("\nDuplicates by cause: *fault*, the previous delivery was in flight (or acked, not yet committed) " +
 		"when a daemon, a server, a link or its client failed; *timeout*, not acked within --ack-timeout; *nack*, " +
-		"given back by the nacking client.\n\n")
+		"given back by the nacking client; *handoff* (spread mode), the partition moved to another member, which " +
+		"resumed from the offset committed at the handoff (below records acked above an unacked one).\n\n")
 	b.WriteString("Timeline (timeline.png): green, records acked per second (first acks); red, lag (records produced " +
 		"and not yet acked); bands, faults: red daemon kill/term, orange daemon stop, blue client faults, purple server " +
 		"restarts, grey cuts, black partition additions.\n")

@@ -41,6 +41,7 @@ const (
 	causeNack           = "nack"
 	causeTimeout        = "timeout"
 	causeFault          = "fault"
+	causeHandoff        = "handoff"
 	causeUnexplained    = "unexplained"
 	maxListed           = 20 // lost records, unexplained duplicates and violations listed in full
 	recoveryActiveSince = 5 * time.Second
@@ -137,7 +138,7 @@ type delivery struct {
 // committed offset sample behind acked records only, and recovery after
 // each daemon fault (leaderOnly: only faults of the leader count).
 func Verify(in Input, leaderOnly bool) *Result {
-	res := &Result{Messages: len(in.Records), Duplicates: map[string]int{causeNack: 0, causeTimeout: 0, causeFault: 0, causeUnexplained: 0}}
+	res := &Result{Messages: len(in.Records), Duplicates: map[string]int{causeNack: 0, causeTimeout: 0, causeFault: 0, causeHandoff: 0, causeUnexplained: 0}}
 	type ck struct {
 		client string
 		idx    uint64
@@ -181,6 +182,12 @@ func Verify(in Input, leaderOnly bool) *Result {
 	for k, ds := range perRecord {
 		for i := 1; i < len(ds); i++ {
 			cause := redeliveryCause(ds[i-1], ds[i], in.Faults, in.AckTimeout)
+			if cause == causeUnexplained && len(in.Owners) > 0 && ds[i-1].Member != ds[i].Member {
+				// Spread mode: the partition moved; its new owner resumed
+				// from the offset committed at the handoff, below records
+				// acked above an unacked one.
+				cause = causeHandoff
+			}
 			res.Duplicates[cause]++
 			if cause == causeUnexplained && len(res.Unexplained) < maxListed {
 				res.Unexplained = append(res.Unexplained, fmt.Sprintf("%d/%d: delivered to %s at %s (outcome %q at %s), again to %s at %s",

@@ -205,3 +205,24 @@ func TestVerifyLeavesOutOfTheFiguresARecoveryDuringABrokerRestart(t *testing.T) 
 		t.Fatalf("recovery %v, unmeasured %d, not recovered %d", res.Recovery, res.Unmeasured, res.NotRecovered)
 	}
 }
+
+func TestVerifyExplainsARedeliveryByTheNextOwnerAsAHandoffInSpreadMode(t *testing.T) {
+	d := func(ms int, kind byte, client, member string, idx uint64) Event {
+		e := ev(ms, kind, client, idx, 0, 0)
+		e.Member = member
+		return e
+	}
+	in := Input{Records: records(0, 1), AckTimeout: 5 * time.Second, Events: []Event{
+		d(1000, EventDeliver, "c0.1", "127.0.0.1:1", 1), d(1010, EventAck, "c0.1", "127.0.0.1:1", 1),
+		d(3000, EventDeliver, "c0.1", "127.0.0.1:2", 2), d(3010, EventAck, "c0.1", "127.0.0.1:2", 2),
+		d(4000, EventDeliver, "c0.1", "127.0.0.1:2", 3), d(4010, EventAck, "c0.1", "127.0.0.1:2", 3),
+	}}
+	if res := Verify(in, false); res.Duplicates[causeUnexplained] != 2 {
+		t.Fatalf("leader mode (no ownership records): %v, want both unexplained", res.Duplicates)
+	}
+	in.Owners = []OwnerSample{{At: at(0), Partition: 0, Owner: "d0"}, {At: at(2000), Partition: 0, Owner: "d1"}}
+	res := Verify(in, false)
+	if res.Duplicates[causeHandoff] != 1 || res.Duplicates[causeUnexplained] != 1 {
+		t.Fatalf("spread mode: %v, want one handoff (another member) and one unexplained (the same member)", res.Duplicates)
+	}
+}
