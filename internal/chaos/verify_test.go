@@ -196,7 +196,7 @@ func TestVerifyLeavesOutOfTheFiguresARecoveryDuringABrokerRestart(t *testing.T) 
 	}
 	faults := []Fault{
 		{Kind: FaultKafkaRestart, Target: "kafka", Start: at(3000), End: at(9000)},
-		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(4000), End: at(5000)},  // during it
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(4000), End: at(5000)},   // during it
 		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(12000), End: at(13000)}, // after it
 		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(8500), End: at(8600)},   // no traffic before
 	}
