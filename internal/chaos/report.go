@@ -63,6 +63,7 @@ func (s *Summary) Markdown() string {
 	fmt.Fprintf(&b, "Command: `%s`  \nStarted %s, %.0f s; %d daemons, %d clients, %d msg/s.\n\n",
 		s.Command, s.Started.Format(time.RFC3339), s.Seconds, s.Daemons, s.Clients, s.Rate)
 	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")
+	fmt.Fprintf(&b, "| acknowledged sends missing from Kafka at the end | %d |\n", s.Vanished)
 	fmt.Fprintf(&b, "| messages in Kafka | %d |\n| deliveries | %d |\n| acked at least once | %d |\n| **lost** | **%d** |\n",
 		s.Messages, s.Deliveries, s.Acked, s.Lost)
 	for _, c := range []string{causeFault, causeHandoff, causeTimeout, causeNack, causeUnexplained} {

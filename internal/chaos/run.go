@@ -68,6 +68,7 @@ type run struct {
 	samples   []OffsetSample
 	committed map[int32]int64
 	owners    []OwnerSample
+	sent      []Record          // acknowledged by Kafka to the producer
 	members   map[string]string // a daemon's advertised address → its role
 	leader    string
 	svcBusy   bool
@@ -159,7 +160,7 @@ func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	}
 	r.mu.Lock()
 	in := Input{Records: records, Events: events, Faults: slices.Clone(r.faults), Samples: slices.Clone(r.samples),
-		Owners: slices.Clone(r.owners), Members: r.members, AckTimeout: cfg.AckTimeout}
+		Owners: slices.Clone(r.owners), Members: r.members, Sent: slices.Clone(r.sent), AckTimeout: cfg.AckTimeout}
 	skipped := r.skipped
 	r.mu.Unlock()
 	if err := writeInput(filepath.Join(cfg.Out, "input.json"), in); err != nil {
@@ -295,6 +296,12 @@ func (r *run) produce(ctx context.Context) {
 			continue
 		}
 		r.produced.Add(int64(len(batch)))
+		now := time.Now()
+		r.mu.Lock()
+		for _, m := range batch {
+			r.sent = append(r.sent, Record{Partition: m.Partition, Offset: m.Offset, At: now})
+		}
+		r.mu.Unlock()
 	}
 }
 

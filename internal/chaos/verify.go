@@ -81,15 +81,19 @@ type Input struct {
 	Samples    []OffsetSample
 	Owners     []OwnerSample     // spread mode
 	Members    map[string]string // a daemon's advertised address (Event.Member) → its node id
+	Sent       []Record          // the producer's sends Kafka acknowledged
 	AckTimeout time.Duration
 }
 
 // Result is the verdict of a run.
 type Result struct {
-	Messages         int            `json:"messages"`   // records in Kafka
-	Deliveries       int            `json:"deliveries"` // D events
-	Acked            int            `json:"acked"`      // records acked at least once
-	Lost             int            `json:"lost"`       // records never acked
+	Messages   int `json:"messages"`   // records in Kafka
+	Deliveries int `json:"deliveries"` // D events
+	Acked      int `json:"acked"`      // records acked at least once
+	Lost       int `json:"lost"`       // records never acked
+	// Vanished counts sends Kafka acknowledged that it no longer holds at
+	// the end (a restart that lost data would hide records from Lost).
+	Vanished         int            `json:"vanished"`
 	LostRecords      []string       `json:"lost_records,omitempty"`
 	Duplicates       map[string]int `json:"duplicates"` // redeliveries by cause
 	Unexplained      []string       `json:"unexplained,omitempty"`
@@ -118,7 +122,7 @@ type Result struct {
 // Passed reports whether nothing was lost, every duplicate is explained and
 // no committed offset passed an unacked record.
 func (r *Result) Passed() bool {
-	return r.Lost == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
+	return r.Lost == 0 && r.Vanished == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
 		r.TwoOwners == 0
 }
 
@@ -177,6 +181,15 @@ func Verify(in Input, leaderOnly bool) *Result {
 		res.Lost++
 		if len(res.LostRecords) < maxListed {
 			res.LostRecords = append(res.LostRecords, fmt.Sprintf("%d/%d (produced %s)", r.Partition, r.Offset, r.At.Format(time.RFC3339Nano)))
+		}
+	}
+	held := make(map[key]bool, len(records))
+	for _, r := range records {
+		held[key{r.Partition, r.Offset}] = true
+	}
+	for _, s := range in.Sent {
+		if !held[key{s.Partition, s.Offset}] {
+			res.Vanished++
 		}
 	}
 	for k, ds := range perRecord {

@@ -28,7 +28,11 @@ func TestVerifyCountsARecordNeverAckedAsLost(t *testing.T) {
 		ev(12, EventDeliver, "c0.1", 2, 0, 1), // delivered, never acked
 		ev(13, EventDeliver, "c0.1", 3, 0, 2), ev(14, EventAck, "c0.1", 3, 0, 2),
 	}}
+	in.Sent = append(records(0, 3), Record{Partition: 0, Offset: 3, At: at(20)}) // acknowledged, then gone from Kafka
 	res := Verify(in, true)
+	if res.Vanished != 1 {
+		t.Fatalf("vanished %d, want 1", res.Vanished)
+	}
 	if res.Lost != 1 || res.Acked != 2 || len(res.LostRecords) != 1 || !strings.HasPrefix(res.LostRecords[0], "0/1 ") {
 		t.Fatalf("lost %d acked %d %v, want 0/1 lost", res.Lost, res.Acked, res.LostRecords)
 	}
