@@ -71,7 +71,7 @@ func (s *Summary) Markdown() string {
 	}
 	fmt.Fprintf(&b, "| committed-offset samples | %d |\n| samples past an unacked record | %d |\n", s.OffsetSamples, s.OffsetViolations)
 	if len(s.RecoveryMS) == 3 {
-		fmt.Fprintf(&b, "| %s min / median / max | %d / %d / %d ms (%d faults; %d more during a broker restart or with no traffic) |\n",
+		fmt.Fprintf(&b, "| %s min / median / max | %d / %d / %d ms (%d faults; %d more during a server restart or with no traffic) |\n",
 			recoveryName, s.RecoveryMS[0], s.RecoveryMS[1], s.RecoveryMS[2], len(s.Recovery), s.Unmeasured)
 	}
 	fmt.Fprintf(&b, "| faults after which a partition never delivered again | %d |\n", s.NotRecovered)

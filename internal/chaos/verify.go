@@ -109,7 +109,7 @@ type Result struct {
 	NotRecovered int `json:"not_recovered"`
 	// Unmeasured counts daemon faults that recovered but whose time is left
 	// out of Recovery: no partition was receiving records before them, or
-	// the broker restarted meanwhile (then no record can flow either way).
+	// Kafka or ZooKeeper restarted meanwhile (then nothing can flow or move).
 	Unmeasured int `json:"recovery_unmeasured"`
 	// TwoOwners counts deliveries (spread mode) by a member while the
 	// ownership record had named another member throughout the
@@ -215,10 +215,12 @@ func Verify(in Input, leaderOnly bool) *Result {
 	return res
 }
 
-// brokerDown reports whether a Kafka restart overlapped [from, to].
-func brokerDown(faults []Fault, from, to time.Time) bool {
+// serverDown reports whether a restart of Kafka (nothing flows) or of
+// ZooKeeper (no fence or ownership record can change hands) overlapped
+// [from, to].
+func serverDown(faults []Fault, from, to time.Time) bool {
 	for _, f := range faults {
-		if f.Kind == FaultKafkaRestart && !f.Start.After(to) && !f.End.Before(from) {
+		if (f.Kind == FaultKafkaRestart || f.Kind == FaultZKRestart) && !f.Start.After(to) && !f.End.Before(from) {
 			return true
 		}
 	}
@@ -413,8 +415,8 @@ func recovery(res *Result, records []Record, perRecord map[key][]*delivery, faul
 			res.NotRecovered++
 			continue
 		}
-		if active == 0 || brokerDown(faults, f.Start, f.Start.Add(worst)) {
-			// Nothing flowed, or nothing could: no failover time to measure.
+		if active == 0 || serverDown(faults, f.Start, f.Start.Add(worst)) {
+			// Nothing flowed, or nothing could move: no failover time to measure.
 			res.Unmeasured++
 			continue
 		}

@@ -203,9 +203,11 @@ func TestVerifyLeavesOutOfTheFiguresARecoveryDuringABrokerRestart(t *testing.T) 
 		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(4000), End: at(5000)},   // during it
 		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(12000), End: at(13000)}, // after it
 		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(8500), End: at(8600)},   // no traffic before
+		{Kind: FaultZKRestart, Target: "zookeeper", Start: at(15000), End: at(16000)},
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(15500), End: at(15600)}, // during a ZooKeeper restart
 	}
 	res := Verify(Input{Records: recs, Events: evs, Faults: faults, AckTimeout: 5 * time.Second}, true)
-	if len(res.Recovery) != 1 || res.Recovery[0] != 105*time.Millisecond || res.Unmeasured != 2 || res.NotRecovered != 0 {
+	if len(res.Recovery) != 1 || res.Recovery[0] != 105*time.Millisecond || res.Unmeasured != 3 || res.NotRecovered != 0 {
 		t.Fatalf("recovery %v, unmeasured %d, not recovered %d", res.Recovery, res.Unmeasured, res.NotRecovered)
 	}
 }
