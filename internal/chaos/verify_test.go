@@ -187,7 +187,7 @@ func TestVerifyFindsADeliveryByAMemberThatNoLongerOwnsThePartition(t *testing.T)
 	}
 }
 
-func TestVerifyLeavesOutOfTheFiguresARecoveryDuringABrokerRestart(t *testing.T) {
+func TestVerifyLeavesOutOfTheFiguresARecoveryDuringAServerRestart(t *testing.T) {
 	var recs []Record
 	var evs []Event
 	for ms := 0; ms < 20_000; ms += 100 {
