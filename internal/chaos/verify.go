@@ -301,10 +301,15 @@ func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout time.Durati
 		return causeTimeout
 	}
 	for _, f := range faults {
-		if f.Start.After(cur.At) || f.End.Before(prev.At) {
+		// A fault's aftermath outlasts it by up to an ack timeout: a daemon
+		// resumed from SIGSTOP drops the clients whose pings it missed, and
+		// a deposed leader delivers until its next commit fails.
+		if f.Start.After(cur.At) || f.End.Add(ackTimeout).Before(prev.At) {
 			continue
 		}
-		if clientFault(f.Kind) && f.Target != prev.Role() {
+		// A client fault explains what that client held, and what it logs
+		// late: a stopped client reads after SIGCONT what it was sent before.
+		if clientFault(f.Kind) && f.Target != prev.Role() && f.Target != cur.Role() {
 			continue
 		}
 		return causeFault

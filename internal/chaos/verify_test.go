@@ -64,8 +64,19 @@ func TestVerifyExplainsEachRedelivery(t *testing.T) {
 		ev(19_000, EventDeliver, "c0.1", 6, 0, 4), ev(19_500, EventAck, "c0.1", 6, 0, 4),
 		ev(21_500, EventDeliver, "c2.1", 2, 0, 4), ev(21_510, EventAck, "c2.1", 2, 0, 4),
 	}}
+	// A leader resumed from SIGSTOP at 30 s drops a client whose ack it had not read: acked, delivered again.
+	faults = append(faults, Fault{Kind: FaultDaemonStop, Target: "d1", Leader: true, Start: at(28_000), End: at(30_000)},
+		Fault{Kind: FaultClientStop, Target: "silent", Start: at(38_000), End: at(40_000)})
+	in.Faults = faults
+	in.Records = records(0, 7)
+	in.Events = append(in.Events,
+		ev(30_005, EventDeliver, "c0.1", 7, 0, 5), ev(30_006, EventAck, "c0.1", 7, 0, 5),
+		ev(30_020, EventDeliver, "c2.1", 3, 0, 5), ev(30_030, EventAck, "c2.1", 3, 0, 5),
+		// the silent client, stopped, logs at 40 s a delivery it was sent before
+		ev(39_500, EventDeliver, "c0.1", 8, 0, 6), ev(39_510, EventAck, "c0.1", 8, 0, 6),
+		ev(40_001, EventDeliver, "silent.1", 2, 0, 6))
 	res := Verify(in, true)
-	want := map[string]int{causeNack: 1, causeFault: 1, causeTimeout: 1, causeUnexplained: 2}
+	want := map[string]int{causeNack: 1, causeFault: 3, causeTimeout: 1, causeUnexplained: 2}
 	for c, n := range want {
 		if res.Duplicates[c] != n {
 			t.Errorf("duplicates %s: %d, want %d (all %v)", c, res.Duplicates[c], n, res.Duplicates)
