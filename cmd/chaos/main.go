@@ -61,6 +61,7 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	rate := fs.Int("rate", 200, "messages produced per second")
 	portBase := fs.Int("port-base", 19000, "Kafka on BASE+92, ZooKeeper on BASE+181, daemons from BASE+200")
 	ackTimeout := fs.Duration("ack-timeout", 5*time.Second, "the daemons' --ack-timeout")
+	python := fs.String("python", "", "a Python 3 with the Python client's dependencies: one more acking client on it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -109,7 +110,7 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	failed := false
 	for _, m := range modes {
 		cfg := chaos.Config{Services: svc, Out: filepath.Join(absOut, m), Fanout: *fanoutBin, Self: self, Mode: m,
-			Seed: *seed, Duration: *duration, Interval: *interval, Daemons: *daemons, Clients: *clients,
+			Python: *python, Root: absRoot, Seed: *seed, Duration: *duration, Interval: *interval, Daemons: *daemons, Clients: *clients,
 			Partitions: *partitions, Rate: *rate, AckTimeout: *ackTimeout, Drain: 2 * time.Minute}
 		log.Infof("===== %s mode: %s of faults, one every %s", m, *duration, *interval)
 		sum, err := chaos.Run(ctx, cfg, log.WithField("mode", m))

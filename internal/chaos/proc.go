@@ -20,6 +20,7 @@ type proc struct {
 	bin  string
 	args func(incarnation int) []string
 	log  string
+	env  []string     // added to the environment
 	g    *actor.Group // reapers
 	lg   *logrus.Entry
 
@@ -43,6 +44,9 @@ func (p *proc) start() error {
 	fmt.Fprintf(f, "===== chaos: %s incarnation %d starts at %s\n", p.role, p.incarnation, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(p.bin, p.args(p.incarnation)...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(p.env) > 0 {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	// The process dies with the run, whatever ends it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -36,7 +36,7 @@ type Summary struct {
 
 func summarize(cfg Config, in Input, res *Result, start, end time.Time, drained bool, skipped int) *Summary {
 	s := &Summary{Mode: cfg.Mode, Seed: cfg.Seed, Command: strings.Join(os.Args, " "), Started: start.UTC(),
-		Seconds: end.Sub(start).Seconds(), Daemons: cfg.Daemons, Clients: cfg.Clients + 2, Rate: cfg.Rate,
+		Seconds: end.Sub(start).Seconds(), Daemons: cfg.Daemons, Clients: cfg.Clients + 2 + btoi(cfg.Python != ""), Rate: cfg.Rate,
 		FaultsByKind: map[string]int{}, Faults: len(in.Faults), Skipped: skipped, Drained: drained, Result: res}
 	for _, f := range in.Faults {
 		s.FaultsByKind[f.Kind]++
@@ -46,6 +46,13 @@ func summarize(cfg Config, in Input, res *Result, start, end time.Time, drained 
 	}
 	s.Passed = drained && res.Passed()
 	return s
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Markdown renders the summary.

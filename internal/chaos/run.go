@@ -28,10 +28,14 @@ import (
 
 // Config configures one run in one assignment mode.
 type Config struct {
-	Services   *Services
-	Out        string // this run's directory: logs, results
-	Fanout     string // the daemon binary
-	Self       string // the chaos binary, run as `chaos client` for the clients
+	Services *Services
+	Out      string // this run's directory: logs, results
+	Fanout   string // the daemon binary
+	Self     string // the chaos binary, run as `chaos client` for the clients
+	// Python, when set, is the interpreter of one more acking client on the
+	// Python client (Root/clients/python), running Root/internal/chaos/pyclient.py.
+	Python     string
+	Root       string
 	Mode       string // leader or spread
 	Seed       uint64
 	Duration   time.Duration // of the fault phase
@@ -236,6 +240,16 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	for i := range cfg.Clients {
 		addClient("c"+strconv.Itoa(i), ModeAck, 16, 4)
+	}
+	if cfg.Python != "" {
+		r.clients = append(r.clients, &proc{role: "py0", bin: cfg.Python, g: &r.g, lg: r.log,
+			log: filepath.Join(cfg.Out, "clients", "py0.out"),
+			env: []string{"PYTHONPATH=" + filepath.Join(cfg.Root, "clients", "python", "src")},
+			args: func(inc int) []string {
+				return []string{filepath.Join(cfg.Root, "internal", "chaos", "pyclient.py"), "--addrs", strings.Join(members, ","),
+					"--name", fmt.Sprintf("py0.%d", inc), "--log", filepath.Join(cfg.Out, "clients", "py0.log"),
+					"--seed", strconv.FormatUint(cfg.Seed+uint64(inc), 10)}
+			}})
 	}
 	addClient("silent", ModeSilent, 4, 1)
 	addClient("nacker", ModeNack, 8, 2)
@@ -473,7 +487,7 @@ func VerifyDir(dir string) (*Summary, error) {
 	cfg := Config{Mode: sum.Mode, Seed: sum.Seed, Daemons: sum.Daemons, Clients: sum.Clients - 2, Rate: sum.Rate}
 	res := Verify(in, sum.Mode == "leader")
 	out := summarize(cfg, in, res, start, end, sum.Drained, sum.Skipped)
-	out.Command = sum.Command
+	out.Command, out.Clients = sum.Command, sum.Clients
 	return out, out.Write(dir, in, start, end)
 }
 
