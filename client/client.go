@@ -149,6 +149,9 @@ type Client struct {
 	done   chan struct{} // closed when run has returned
 	events chan event    // links → run
 	linkWG sync.WaitGroup
+	// version is the version of the member list followed (nil: none); only
+	// the run loop uses it.
+	version *protocol.MembersVersion
 
 	mu       sync.Mutex // guards the fields below
 	err      error      // why the client stopped on its own

@@ -222,7 +222,7 @@ func framesFrom(kinds, payload []byte, n uint64) []*Frame {
 		case 10:
 			f = GoodbyeFrame(string(cut(i)))
 		case 11:
-			f = MembersFrame(addrs(i))
+			f = MembersFrame(addrs(i), nil)
 		}
 		frames = append(frames, f)
 	}
