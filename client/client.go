@@ -3,17 +3,17 @@ package client
 import (
 	"context"
 	"fmt"
-	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // Defaults for the zero values of Config.
@@ -68,8 +68,11 @@ type Config struct {
 	// *protocol.FrameTooLargeError). The daemon's Welcome may lower the
 	// limit for frames the client sends.
 	MaxFrameSize int
-	// Logger receives connection events; nil logs nothing.
-	Logger *logrus.Entry
+	// Logger receives connection events (connected, redirected,
+	// disconnected, members changed) and the worker pool's panics (see
+	// Consume); nil logs nothing. A *slog.Logger is any handler's: the
+	// application's own logger, whatever it writes to.
+	Logger *slog.Logger
 }
 
 // withDefaults returns cfg with zero values replaced, or an error for a
@@ -104,10 +107,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
 	}
 	if cfg.Logger == nil {
-		l := logrus.New()
-		l.Out = io.Discard
-		l.Level = logrus.PanicLevel
-		cfg.Logger = logrus.NewEntry(l)
+		cfg.Logger = slog.New(discardHandler{})
 	}
 	return cfg, nil
 }
@@ -117,7 +117,7 @@ func (cfg Config) withDefaults() (Config, error) {
 // mode. It reconnects by itself. Its methods are safe for concurrent use.
 type Client struct {
 	cfg  Config
-	log  *logrus.Entry
+	log  *slog.Logger
 	msgs chan *Message
 
 	ctx    context.Context // canceled by Close (or a failed Dial)
@@ -125,6 +125,9 @@ type Client struct {
 	done   chan struct{} // closed when run has returned
 	events chan event    // links → run
 	linkWG sync.WaitGroup
+	// shuttingDown is set by Shutdown: a session's failure to send its
+	// final acks is then Shutdown's error.
+	shuttingDown atomic.Bool
 
 	mu       sync.Mutex // guards the fields below
 	err      error      // why the client stopped on its own
@@ -147,7 +150,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:    cfg,
-		log:    cfg.Logger.WithField("client_id", cfg.ClientID),
+		log:    cfg.Logger.With("client_id", cfg.ClientID),
 		msgs:   make(chan *Message, cfg.MaxInFlight),
 		done:   make(chan struct{}),
 		events: make(chan event, 16),
@@ -241,7 +244,7 @@ func (c *Client) connect(l *link, addr string, credit int) (*session, error) {
 		if hop == maxRedirects {
 			return nil, fmt.Errorf("more than %d redirects, last to %s", maxRedirects, redirect)
 		}
-		c.log.WithFields(logrus.Fields{"from": addr, "to": redirect}).Info("redirected to the leader")
+		c.log.Info("redirected to the leader", "from", addr, "to", redirect)
 		addr = redirect
 	}
 }
