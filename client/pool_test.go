@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // consumeAsync runs c.Consume in the background; the returned channel gets
@@ -120,7 +118,7 @@ func TestConsumeConcurrency(t *testing.T) {
 	for i := uint64(1); i <= 10; i++ {
 		fc.deliver(t, i, "x")
 	}
-	testutil.WaitFor(t, testTimeout, "every worker to run a handler", func() bool { return running.Load() == workers })
+	waitFor(t, testTimeout, "every worker to run a handler", func() bool { return running.Load() == workers })
 	close(release)
 	fc.expectIDs(t, 10, ackIDs)
 	if p := peak.Load(); p != workers {
