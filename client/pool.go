@@ -6,11 +6,18 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"time"
+
+	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Handler processes one message for Consume. It returns nil once the
 // message is processed, and Consume acks it; an error makes Consume nack it,
-// so the daemon delivers it again. A handler may ack, nack or touch the
+// so the daemon delivers it again: at once (or after its --retry-backoff),
+// or no earlier than d from now for an error made by RetryAfter(d, err).
+// The error's text goes with the nack as its reason, into the daemon's logs
+// and, when the message fails --max-attempts times, the fanout.dlq.*
+// headers of its dead-letter record. A handler may ack, nack or touch the
 // message itself; Consume then does nothing more with it.
 //
 // ctx ends when Consume's ctx does, or when the client closes (Close, or
@@ -69,14 +76,42 @@ func (c *Client) Consume(ctx context.Context, concurrency int, h Handler) error 
 	return nil
 }
 
+// RetryAfter returns err marked for Consume to nack the message with a
+// delay: the daemon delivers it again no earlier than d from now (at most
+// protocol.MaxNackDelay), to this client or another. Use it for a failure
+// that may pass, a dependency that is down, say; for a message that can
+// never succeed, return the error as it is, and let the daemon's
+// --max-attempts send it to the dead-letter topic.
+func RetryAfter(d time.Duration, err error) error {
+	if err == nil {
+		err = errors.New("retry")
+	}
+	return &retryError{delay: d, err: err}
+}
+
+// retryError is RetryAfter's error.
+type retryError struct {
+	delay time.Duration
+	err   error
+}
+
+func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Unwrap() error { return e.err }
+
 // handle runs h on m and acks or nacks m by the outcome.
 func (c *Client) handle(ctx context.Context, h Handler, m *Message) {
 	err := c.call(ctx, h, m)
 	if err == nil {
 		err = m.Ack()
 	} else {
-		c.log.Debug("handler failed: nacking the message", "partition", m.Partition, "offset", m.Offset, "attempt", m.Attempt, "error", err)
-		err = m.Nack()
+		var delay time.Duration
+		var re *retryError
+		if errors.As(err, &re) {
+			delay = re.delay
+		}
+		c.log.Debug("handler failed: nacking the message", "partition", m.Partition, "offset", m.Offset,
+			"attempt", m.Attempt, "delay", delay, "error", err)
+		err = m.NackWith(delay, protocol.NackReason(&protocol.Nack{Reason: err.Error()}))
 	}
 	if err != nil && !errors.Is(err, ErrAlreadyAcked) {
 		// ErrStale, ErrClosed: the daemon delivers the message again.

@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -155,5 +157,35 @@ func TestConsumeEndsWithClose(t *testing.T) {
 	go func() { _ = c.Close() }()
 	if err := returned(t, done); err != nil {
 		t.Errorf("Consume = %v after Close, want nil", err)
+	}
+}
+
+// A handler's error is the nack's reason; RetryAfter's delay is the nack's.
+func TestConsumeNackDelayAndReason(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	consumeAsync(ctx, c, 1, func(_ context.Context, m *Message) error {
+		if string(m.Value) == "transient" {
+			return RetryAfter(3*time.Second, errors.New("downstream: 503"))
+		}
+		return errors.New("cannot parse")
+	})
+	fc.deliver(t, 1, "transient")
+	fc.deliver(t, 2, "poison")
+	got := map[uint64]string{}
+	for len(got) < 2 {
+		if n := fc.next(t).GetNack(); n != nil {
+			for _, id := range n.GetDeliveryIds() {
+				got[id] = fmt.Sprintf("%d ms %q", n.GetDelayMs(), n.GetReason())
+			}
+		}
+	}
+	if got[1] != `3000 ms "downstream: 503"` || got[2] != `0 ms "cannot parse"` {
+		t.Errorf("nacks = %v", got)
+	}
+	if err := RetryAfter(time.Second, io.EOF); !errors.Is(err, io.EOF) || err.Error() != io.EOF.Error() {
+		t.Errorf("RetryAfter(1s, EOF) = %v: want it to wrap EOF and read as it", err)
 	}
 }

@@ -139,3 +139,19 @@ func TestShutdownSpread(t *testing.T) {
 		}
 	}
 }
+
+// A message nacked with a delay or a reason is done: Shutdown does not wait
+// for it until the daemon's ack timeout.
+func TestShutdownAfterNackWith(t *testing.T) {
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	fc.deliver(t, 1, "x")
+	if err := receive(t, c).NackWith(time.Minute, "later"); err != nil {
+		t.Fatal(err)
+	}
+	shut := shutdownAsync(c, testTimeout)
+	fc.expectGoodbye(t)
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown = %v", err)
+	}
+}
