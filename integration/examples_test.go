@@ -1,0 +1,188 @@
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+// exBuild builds the example ./examples/<name> into the test's temporary
+// directory and returns the binary's path.
+func exBuild(t testing.TB, name string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command("go", "build", "-o", bin, "./examples/"+name)
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./examples/%s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// exRequest is one request the example worker made to the test's service.
+type exRequest struct {
+	value, key string // the body, the Idempotency-Key
+	status     int
+	at         time.Time // when the answer was decided, before it was sent
+}
+
+// exService is the HTTP service the example worker posts to: a job
+// "job-<n>" with n a multiple of 3 fails with a 503 the first time, a
+// "poison-<n>" is refused (422), "slow" waits for release; the rest is taken.
+type exService struct {
+	mu       sync.Mutex
+	requests []exRequest
+	release  chan struct{}
+}
+
+func (s *exService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	v := string(body)
+	status := http.StatusOK
+	switch n, _ := strconv.Atoi(strings.TrimPrefix(v, "job-")); {
+	case strings.HasPrefix(v, "poison-"):
+		status = http.StatusUnprocessableEntity
+	case v == "slow":
+		s.record(exRequest{value: v, key: r.Header.Get("Idempotency-Key"), status: 0, at: time.Now()})
+		<-s.release
+	case strings.HasPrefix(v, "job-") && n%3 == 0 && len(s.of(v)) == 0:
+		status = http.StatusServiceUnavailable
+	}
+	s.record(exRequest{value: v, key: r.Header.Get("Idempotency-Key"), status: status, at: time.Now()})
+	w.WriteHeader(status)
+}
+
+func (s *exService) record(r exRequest) {
+	s.mu.Lock()
+	s.requests = append(s.requests, r)
+	s.mu.Unlock()
+}
+
+// of returns the requests for value, answered or not, in order.
+func (s *exService) of(value string) []exRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []exRequest
+	for _, r := range s.requests {
+		if r.value == value {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// taken reports whether value was answered 200.
+func (s *exService) taken(value string) bool {
+	for _, r := range s.of(value) {
+		if r.status == http.StatusOK {
+			return true
+		}
+	}
+	return false
+}
+
+// The Go worker example against a real daemon with --max-attempts 3 and a
+// dead-letter topic: every job reaches the service; a job that failed
+// transiently comes again after the worker's --retry-delay, not before; a
+// poison message is tried 3 times and lands in the dead-letter topic with
+// the service's answer as the reason; and SIGTERM lets the request in
+// flight finish and be acked before the worker exits 0.
+func TestExampleWorker(t *testing.T) {
+	const jobs, retryDelay = 9, 1500 * time.Millisecond
+	topic, dlq, id := uniqueName(t, "topic"), uniqueName(t, "dlq"), uniqueName(t, "svc")
+	createTopic(t, topic, 1)
+	createTopic(t, dlq, 1)
+	svc := &exService{release: make(chan struct{})}
+	srv := httptest.NewServer(svc)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-svc.release:
+		default:
+			close(svc.release)
+		}
+	})
+	worker := exBuild(t, "worker")
+
+	var msgs []*sarama.ProducerMessage
+	for i := 1; i <= jobs; i++ {
+		msgs = append(msgs, &sarama.ProducerMessage{Value: sarama.StringEncoder(fmt.Sprintf("job-%d", i))})
+		if i == jobs/2 {
+			msgs = append(msgs, &sarama.ProducerMessage{Value: sarama.StringEncoder("poison-1")})
+		}
+	}
+	produce(t, topic, msgs...)
+	addr := procFreeAddr(t)
+	procStart(t, procDaemonArgs(t, id, topic, addr, "--max-attempts", "3", "--dead-letter-topic", dlq)...)
+	w := procRun(t, worker, nil, "--connect", addr, "--target", srv.URL, "--concurrency", "4",
+		"--retry-delay", retryDelay.String(), "--shutdown-timeout", "30s")
+
+	testutil.WaitFor(t, 60*time.Second, "every job taken by the service", func() bool {
+		for i := 1; i <= jobs; i++ {
+			if !svc.taken(fmt.Sprintf("job-%d", i)) {
+				return false
+			}
+		}
+		return true
+	})
+	for i := 3; i <= jobs; i += 3 {
+		rs := svc.of(fmt.Sprintf("job-%d", i))
+		if len(rs) < 2 || rs[0].status != http.StatusServiceUnavailable {
+			t.Fatalf("job-%d: requests %+v, want a 503 and then a 200", i, rs)
+		}
+		if gap := rs[1].at.Sub(rs[0].at); gap < retryDelay {
+			t.Errorf("job-%d came again %v after its 503, before the retry delay %v", i, gap, retryDelay)
+		}
+		if rs[0].key == "" || rs[0].key != rs[1].key {
+			t.Errorf("job-%d: Idempotency-Keys %q and %q, want the same", i, rs[0].key, rs[1].key)
+		}
+	}
+
+	r := polReadTopic(t, dlq, 1)[0]
+	h := polHeaders(r)
+	if string(r.Value) != "poison-1" || h[fanout.HeaderDeadLetterAttempts] != "3" ||
+		!strings.Contains(h[fanout.HeaderDeadLetterNackReason], "422") {
+		t.Errorf("dead letter %q, headers %v: want poison-1 after 3 attempts, the reason naming the 422", r.Value, h)
+	}
+	if n := len(svc.of("poison-1")); n != 3 {
+		t.Errorf("the service saw poison-1 %d times, want 3", n)
+	}
+
+	// SIGTERM while a request is in flight: it finishes and is acked.
+	produce(t, topic, &sarama.ProducerMessage{Value: sarama.StringEncoder("slow")})
+	testutil.WaitFor(t, 30*time.Second, "the slow request", func() bool { return len(svc.of("slow")) == 1 })
+	w.signal(t, syscall.SIGTERM)
+	testutil.WaitFor(t, 30*time.Second, "the worker to begin its shutdown", func() bool {
+		return w.logLine("shutting down") != ""
+	})
+	if w.exited() {
+		t.Fatal("the worker exited with a request in flight")
+	}
+	close(svc.release)
+	if code := w.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("the worker exited %d after SIGTERM, want 0", code)
+	}
+	want := int64(jobs + 2) // every job, poison-1 and slow: all done
+	testutil.WaitFor(t, 30*time.Second, "the offset committed past slow", func() bool {
+		return zkOffsets(t, id, topic)[0] == want
+	})
+	if rs := svc.of("slow"); len(rs) != 2 || rs[1].status != http.StatusOK {
+		t.Errorf("slow: requests %+v, want one, answered 200", rs)
+	}
+}
