@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,5 +186,64 @@ func TestExampleWorker(t *testing.T) {
 	})
 	if rs := svc.of("slow"); len(rs) != 2 || rs[1].status != http.StatusOK {
 		t.Errorf("slow: requests %+v, want one, answered 200", rs)
+	}
+}
+
+// exProcessed matches a line the canary example logs per message.
+var exProcessed = regexp.MustCompile(`msg=processed version=(\S+) partition=\d+ offset=\d+ value=(\S+)`)
+
+// exCounts returns, per version, the values a canary example process
+// logged as processed.
+func exCounts(p *procProcess) map[string][]string {
+	out := map[string][]string{}
+	for _, m := range exProcessed.FindAllStringSubmatch(p.output(), -1) {
+		out[m[1]] = append(out[m[1]], m[2])
+	}
+	return out
+}
+
+// The canary example against a real daemon: a stable client of the
+// default weight and a canary of weight 5 share traffic they keep up with,
+// every message is processed, and the canary's share is about 5/105
+// (between 1% and 15%, loose for a loaded machine: a stable client whose
+// credit is full lets the canary take more).
+func TestExampleCanary(t *testing.T) {
+	const n = 2000
+	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
+	createTopic(t, topic, 2)
+	bin := exBuild(t, "canary")
+	addr := procFreeAddr(t)
+	procStart(t, procDaemonArgs(t, id, topic, addr)...)
+	stable := procRun(t, bin, nil, "--connect", addr, "--version", "v1")
+	canary := procRun(t, bin, nil, "--connect", addr, "--version", "v2", "--weight", "5")
+	for _, p := range []*procProcess{stable, canary} {
+		testutil.WaitFor(t, 60*time.Second, "both versions connected", func() bool { return p.logLine("msg=connected") != "" })
+	}
+	// Traffic the services keep up with: with a backlog every client is
+	// full and the split follows their speeds, not their weights.
+	produced := procProducePaced(t, topic, n, 2, 10, 20*time.Millisecond)
+
+	var v1, v2 []string
+	testutil.WaitFor(t, 60*time.Second, "every message processed", func() bool {
+		v1, v2 = exCounts(stable)["v1"], exCounts(canary)["v2"]
+		seen := map[string]bool{}
+		for _, v := range append(slices.Clone(v1), v2...) {
+			seen[v] = true
+		}
+		return len(seen) == n
+	})
+	if err := <-produced; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	share := float64(len(v2)) / float64(len(v1)+len(v2))
+	t.Logf("stable processed %d, canary %d: %.1f%% (weights 100 and 5: %.1f%%)", len(v1), len(v2), 100*share, 100*5.0/105)
+	if share < 0.01 || share > 0.15 {
+		t.Errorf("the canary processed %.1f%% of the messages, want about %.1f%%", 100*share, 100*5.0/105)
+	}
+	for _, p := range []*procProcess{stable, canary} {
+		p.signal(t, syscall.SIGTERM)
+		if code := p.wait(t, 30*time.Second); code != 0 {
+			t.Errorf("exit code %d after SIGTERM, want 0", code)
+		}
 	}
 }
