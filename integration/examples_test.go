@@ -37,6 +37,37 @@ func exBuild(t testing.TB, name string) string {
 	return bin
 }
 
+// exDaemons starts the daemons an example runs against and returns them
+// and the address to give it: in leader mode one daemon; in spread mode two
+// members, once every partition is owned (the example follows the member
+// list from the first's address). extra are more flags of each daemon.
+func exDaemons(t *testing.T, topic string, partitions int, spread bool, extra ...string) (*clCluster, string) {
+	t.Helper()
+	if !spread {
+		c := clNewCluster(t, topic, 1)
+		c.nodes[0].args = extra
+		c.startAll()
+		clWaitLeader(t, c.nodes, 60*time.Second)
+		return c, c.nodes[0].addr
+	}
+	c := spNewCluster(t, topic, 2)
+	for _, nd := range c.nodes {
+		nd.args = append(nd.args, extra...)
+	}
+	c.startAll()
+	spWaitOwned(t, spZK(t), c, c.nodes, partitions, 60*time.Second)
+	return c, c.nodes[0].addr
+}
+
+// exCommitted returns the sum of c's committed offsets.
+func exCommitted(c *clCluster) int64 {
+	var sum int64
+	for _, o := range c.offsets() {
+		sum += o
+	}
+	return sum
+}
+
 // exRequest is one request the example worker made to the test's service.
 type exRequest struct {
 	value, key string // the body, the Idempotency-Key
@@ -99,16 +130,26 @@ func (s *exService) taken(value string) bool {
 	return false
 }
 
-// The Go worker example against a real daemon with --max-attempts 3 and a
-// dead-letter topic: every job reaches the service; a job that failed
-// transiently comes again after the worker's --retry-delay, not before; a
-// poison message is tried 3 times and lands in the dead-letter topic with
-// the service's answer as the reason; and SIGTERM lets the request in
-// flight finish and be acked before the worker exits 0.
+// The Go worker example against real daemons with --max-attempts 3 and a
+// dead-letter topic, in leader mode and in spread mode: every job reaches
+// the service; a job that failed transiently comes again after the worker's
+// --retry-delay, not before; a poison message is tried 3 times and lands in
+// the dead-letter topic with the service's answer as the reason; and
+// SIGTERM lets the request in flight finish and be acked before the worker
+// exits 0.
 func TestExampleWorker(t *testing.T) {
+	t.Run("leader", func(t *testing.T) { testExampleWorker(t, false) })
+	t.Run("spread", func(t *testing.T) { testExampleWorker(t, true) })
+}
+
+func testExampleWorker(t *testing.T, spread bool) {
 	const jobs, retryDelay = 9, 1500 * time.Millisecond
-	topic, dlq, id := uniqueName(t, "topic"), uniqueName(t, "dlq"), uniqueName(t, "svc")
-	createTopic(t, topic, 1)
+	partitions := 1
+	if spread {
+		partitions = 2
+	}
+	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
+	createTopic(t, topic, int32(partitions))
 	createTopic(t, dlq, 1)
 	svc := &exService{release: make(chan struct{})}
 	srv := httptest.NewServer(svc)
@@ -130,10 +171,9 @@ func TestExampleWorker(t *testing.T) {
 		}
 	}
 	produce(t, topic, msgs...)
-	addr := procFreeAddr(t)
 	// An ack timeout above the slow request's wait: a worker's requests
 	// must finish within it, or the message comes again meanwhile.
-	procStart(t, procDaemonArgs(t, id, topic, addr, "--max-attempts", "3", "--dead-letter-topic", dlq, "--ack-timeout", "60s")...)
+	c, addr := exDaemons(t, topic, partitions, spread, "--max-attempts", "3", "--dead-letter-topic", dlq, "--ack-timeout", "60s")
 	w := procRun(t, worker, nil, "--connect", addr, "--target", srv.URL, "--concurrency", "4",
 		"--retry-delay", retryDelay.String(), "--shutdown-timeout", "30s")
 
@@ -183,9 +223,7 @@ func TestExampleWorker(t *testing.T) {
 		t.Fatalf("the worker exited %d after SIGTERM, want 0", code)
 	}
 	want := int64(jobs + 2) // every job, poison-1 and slow: all done
-	testutil.WaitFor(t, 30*time.Second, "the offset committed past slow", func() bool {
-		return zkOffsets(t, id, topic)[0] == want
-	})
+	testutil.WaitFor(t, 30*time.Second, "the offsets committed past slow", func() bool { return exCommitted(c) == want })
 	if rs := svc.of("slow"); len(rs) != 2 || rs[1].status != http.StatusOK {
 		t.Errorf("slow: requests %+v, want one, answered 200", rs)
 	}
@@ -204,18 +242,23 @@ func exCounts(p *procProcess) map[string][]string {
 	return out
 }
 
-// The canary example against a real daemon: a stable client of the
-// default weight and a canary of weight 5 share traffic they keep up with,
+// The canary example against real daemons, in leader mode and in spread
+// mode: a stable client of the default weight and a canary of weight 5
+// share traffic they keep up with,
 // every message is processed, and the canary's share is about 5/105
 // (between 1% and 15%, loose for a loaded machine: a stable client whose
 // credit is full lets the canary take more).
 func TestExampleCanary(t *testing.T) {
+	t.Run("leader", func(t *testing.T) { testExampleCanary(t, false) })
+	t.Run("spread", func(t *testing.T) { testExampleCanary(t, true) })
+}
+
+func testExampleCanary(t *testing.T, spread bool) {
 	const n = 2000
-	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
+	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 2)
 	bin := exBuild(t, "canary")
-	addr := procFreeAddr(t)
-	procStart(t, procDaemonArgs(t, id, topic, addr)...)
+	_, addr := exDaemons(t, topic, 2, spread)
 	stable := procRun(t, bin, nil, "--connect", addr, "--version", "v1")
 	canary := procRun(t, bin, nil, "--connect", addr, "--version", "v2", "--weight", "5")
 	for _, p := range []*procProcess{stable, canary} {
