@@ -20,7 +20,8 @@
 //	return c.Err() // nil after Close; the reason when the client gave up
 //
 // Consume runs a handler on the messages in a fixed pool of workers: the
-// handler's nil acks, its error nacks, its panic nacks and is logged.
+// handler's nil acks, its error nacks (with a delay for RetryAfter's), its
+// panic nacks and is logged.
 // Shutdown stops gracefully: no new messages, the running handlers finish
 // and their acks are sent, then goodbye; Close stops at once, and acks not
 // yet sent then return ErrClosed.
