@@ -5,17 +5,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // Defaults for the zero values of Config.
@@ -89,8 +89,11 @@ type Config struct {
 	// daemon that does not confirm it stops the client with ErrNoObservers.
 	// An observer that falls behind is dropped by the daemon and reconnects.
 	Observe bool
-	// Logger receives connection events; nil logs nothing.
-	Logger *logrus.Entry
+	// Logger receives connection events (connected, redirected,
+	// disconnected, members changed) and the worker pool's panics (see
+	// Consume); nil logs nothing. A *slog.Logger is any handler's: the
+	// application's own logger, whatever it writes to.
+	Logger *slog.Logger
 }
 
 // withDefaults returns cfg with zero values replaced, or an error for a
@@ -128,10 +131,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
 	}
 	if cfg.Logger == nil {
-		l := logrus.New()
-		l.Out = io.Discard
-		l.Level = logrus.PanicLevel
-		cfg.Logger = logrus.NewEntry(l)
+		cfg.Logger = slog.New(discardHandler{})
 	}
 	return cfg, nil
 }
@@ -141,7 +141,7 @@ func (cfg Config) withDefaults() (Config, error) {
 // mode. It reconnects by itself. Its methods are safe for concurrent use.
 type Client struct {
 	cfg  Config
-	log  *logrus.Entry
+	log  *slog.Logger
 	msgs chan *Message
 
 	ctx    context.Context // canceled by Close (or a failed Dial)
@@ -149,6 +149,9 @@ type Client struct {
 	done   chan struct{} // closed when run has returned
 	events chan event    // links → run
 	linkWG sync.WaitGroup
+	// shuttingDown is set by Shutdown: a session's failure to send its
+	// final acks is then Shutdown's error.
+	shuttingDown atomic.Bool
 
 	mu       sync.Mutex // guards the fields below
 	err      error      // why the client stopped on its own
@@ -171,7 +174,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:    cfg,
-		log:    cfg.Logger.WithField("client_id", cfg.ClientID),
+		log:    cfg.Logger.With("client_id", cfg.ClientID),
 		msgs:   make(chan *Message, cfg.MaxInFlight),
 		done:   make(chan struct{}),
 		events: make(chan event, 16),
@@ -265,7 +268,7 @@ func (c *Client) connect(l *link, addr string, credit int) (*session, error) {
 		if hop == maxRedirects {
 			return nil, fmt.Errorf("more than %d redirects, last to %s", maxRedirects, redirect)
 		}
-		c.log.WithFields(logrus.Fields{"from": addr, "to": redirect}).Info("redirected to the leader")
+		c.log.Info("redirected to the leader", "from", addr, "to", redirect)
 		addr = redirect
 	}
 }

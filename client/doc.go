@@ -19,6 +19,26 @@
 //	}
 //	return c.Err() // nil after Close; the reason when the client gave up
 //
+// Consume runs a handler on the messages in a fixed pool of workers: the
+// handler's nil acks, its error nacks (with a delay for RetryAfter's), its
+// panic nacks and is logged.
+// Shutdown stops gracefully: no new messages, the running handlers finish
+// and their acks are sent, then goodbye; Close stops at once, and acks not
+// yet sent then return ErrClosed.
+//
+//	go func() {
+//		<-ctx.Done() // SIGTERM, say
+//		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//		defer cancel()
+//		c.Shutdown(sctx) // finish the work in hand within 10 s
+//	}()
+//	return c.Consume(context.Background(), 8, func(ctx context.Context, m *client.Message) error {
+//		return process(ctx, m.Value) // an error: the message comes again
+//	})
+//
+// Config.Logger is a *slog.Logger: the client logs connection events
+// through the application's own handler, or nowhere.
+//
 // Delivery is at least once. A message that is not acked within the daemon's
 // ack timeout, or whose connection breaks before its ack is sent, is
 // delivered again, possibly to another client; process messages

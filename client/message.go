@@ -68,7 +68,9 @@ func (m *Message) NackWith(d time.Duration, reason string) error {
 	if !m.done.CompareAndSwap(false, true) {
 		return ErrAlreadyAcked
 	}
-	return m.sess.enqueueNack(m.DeliveryID, d, reason)
+	err := m.sess.enqueueNack(m.DeliveryID, d, reason)
+	m.sess.release() // as in finish: a retiring session waits for no nacked message
+	return err
 }
 
 // Touch restarts the message's ack timeout on the daemon, for work that

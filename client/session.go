@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // op is the kind of a queued delivery id.
@@ -55,7 +55,7 @@ type session struct {
 	r       *protocol.Reader
 	w       *protocol.Writer
 	maxIDs  int // ids per Ack/Nack/Touch frame that fit the frame limit
-	log     *logrus.Entry
+	log     *slog.Logger
 
 	// held counts the messages handed to Messages and not yet acked or
 	// nacked. draining is set, and drain closed, by retire: the reader
@@ -99,7 +99,7 @@ func newSession(c *Client, l *link, nc net.Conn, addr string, r *protocol.Reader
 		welcome:      w,
 		credit:       credit,
 		r:            r,
-		log:          c.log.WithFields(logrus.Fields{"addr": addr, "node": w.GetNodeId(), "session": w.GetSessionId()}),
+		log:          c.log.With("addr", addr, "node", w.GetNodeId(), "session", w.GetSessionId()),
 		writeTimeout: c.cfg.DialTimeout,
 		wake:         make(chan struct{}, 1),
 		quit:         make(chan struct{}),
@@ -287,19 +287,19 @@ func (s *session) readLoop(ctx context.Context) error {
 			// Any frame counts as a sign of life.
 		case *protocol.Frame_Goodbye:
 			// The daemon sends nothing more but takes acks until it closes.
-			s.log.WithField("reason", b.Goodbye.GetReason()).Info("daemon said goodbye")
+			s.log.Info("daemon said goodbye", "reason", b.Goodbye.GetReason())
 		case *protocol.Frame_Error:
 			rerr := protocol.NewRemoteError(b.Error)
 			if rerr.Fatal {
 				return fmt.Errorf("daemon %s: %w", s.addr, rerr)
 			}
-			s.log.WithError(rerr).Warn("daemon reported an error")
+			s.log.Warn("daemon reported an error", "error", rerr)
 		case *protocol.Frame_Redirect:
 			return &redirectError{addr: b.Redirect.GetLeaderAddress()}
 		case *protocol.Frame_Members:
 			s.c.event(event{kind: evMembers, link: s.link, sess: s, members: protocol.Addresses(b.Members.GetMembers())})
 		default:
-			s.log.Warnf("ignoring unexpected %T frame", b)
+			s.log.Warn("ignoring an unexpected frame", "type", fmt.Sprintf("%T", b))
 		}
 	}
 }
@@ -371,7 +371,7 @@ func (s *session) writeLoop(ctx context.Context) error {
 			defer t.Stop()
 			drained = t.C
 		case <-drained:
-			s.log.WithField("held", s.held.Load()).Warn("retired session: messages not acked within the ack timeout; they come again")
+			s.log.Warn("retired session: messages not acked within the ack timeout; they come again", "held", s.held.Load())
 			return s.goodbye(b, ErrStale, "session retired")
 		}
 		s.mu.Lock()
@@ -404,7 +404,7 @@ func (s *session) goodbye(b *batch, ended error, reason string) error {
 		err = s.flush()
 	}
 	if err != nil {
-		if ended == ErrClosed {
+		if ended == ErrClosed || s.c.shuttingDown.Load() {
 			s.c.setCloseErr(err)
 		}
 		return err

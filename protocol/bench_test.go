@@ -32,7 +32,8 @@ func benchWrite(b *testing.B, f *Frame) {
 	n := encodedSize(b, f)
 	b.SetBytes(int64(n))
 	b.ReportAllocs()
-	for b.Loop() {
+	b.ResetTimer()
+	for range b.N {
 		if err := w.WriteFrame(f); err != nil {
 			b.Fatal(err)
 		}
@@ -61,8 +62,9 @@ func benchRead(b *testing.B, f *Frame) {
 	var got Frame
 	b.SetBytes(int64(stream.Len() / frames))
 	b.ReportAllocs()
+	b.ResetTimer()
 	i := 0
-	for b.Loop() {
+	for range b.N {
 		if i == frames {
 			src.Reset(stream.Bytes())
 			i = 0
@@ -81,7 +83,8 @@ func BenchmarkWriteDeliver(b *testing.B) {
 	w := NewWriter(io.Discard, 0)
 	b.SetBytes(int64(encodedSize(b, DeliverFrame(d))))
 	b.ReportAllocs()
-	for b.Loop() {
+	b.ResetTimer()
+	for range b.N {
 		if err := w.WriteDeliver(d); err != nil {
 			b.Fatal(err)
 		}
