@@ -73,6 +73,7 @@ const (
 	reqNack
 	reqTouch
 	reqStats
+	reqClients
 )
 
 // request is a call from another goroutine, handled by Run in order.
@@ -85,6 +86,7 @@ type request struct {
 	sink   ClientSink
 	reason LeaveReason
 	reply  chan Stats
+	list   chan []ClientStats // the answer to reqClients
 }
 
 // Dispatcher hands messages from a Source to clients. Create it with New,
@@ -158,20 +160,36 @@ func (d *Dispatcher) sendIDs(kind reqKind, id uint64, ids []uint64) {
 // or ctx ends first.
 func (d *Dispatcher) Stats(ctx context.Context) (Stats, bool) {
 	reply := make(chan Stats, 1)
+	return call(ctx, d, request{kind: reqStats, reply: reply}, reply)
+}
+
+// Clients returns a snapshot of every joined client, ordered by name, or
+// false once Run has returned or ctx ends first. Like Stats it is one
+// request, answered between deliveries; the per-client counters it reads are
+// added to once per ack request, not per message.
+func (d *Dispatcher) Clients(ctx context.Context) ([]ClientStats, bool) {
+	reply := make(chan []ClientStats, 1)
+	return call(ctx, d, request{kind: reqClients, list: reply}, reply)
+}
+
+// call queues r and waits for its answer on reply (capacity 1), or returns
+// false once Run has returned or ctx ends first.
+func call[T any](ctx context.Context, d *Dispatcher, r request, reply <-chan T) (T, bool) {
+	var zero T
 	select {
-	case d.reqs <- request{kind: reqStats, reply: reply}:
+	case d.reqs <- r:
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 	select {
-	case st := <-reply:
-		return st, true
+	case v := <-reply:
+		return v, true
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 }
 
@@ -325,6 +343,8 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 		st := s.snapshot()
 		cm.report(&st)
 		r.reply <- st
+	case reqClients:
+		r.list <- s.clientStats()
 	}
 }
 

@@ -1,6 +1,9 @@
 package dispatch
 
 import (
+	"cmp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -42,6 +45,15 @@ type Stats struct {
 	CommitFailingSince time.Time // first failed commit since the last success; zero after a success
 }
 
+// ClientStats is a snapshot of one joined client, for the console.
+type ClientStats struct {
+	ID          uint64 // the id the client joined with (the server's session id)
+	Name        string // the name it joined with (Hello.client_id)
+	InFlight    int    // its deliveries waiting for an ack
+	MaxInFlight int    // its in-flight limit
+	Acked       uint64 // its deliveries acked since it joined
+}
+
 // client is the dispatcher's view of one connection.
 type client struct {
 	id      uint64
@@ -52,6 +64,7 @@ type client struct {
 	n       int     // deliveries in flight
 	first   *flight // oldest of its flights; a doubly linked list
 	last    *flight
+	acked   uint64     // deliveries acked, added once per ack request
 	inReady bool       // queued in state.ready
 	gone    bool       // left; dropped lazily from state.ready
 	out     []Delivery // deliveries of the current dispatch round
@@ -203,19 +216,26 @@ func (s *state) leave(id uint64) {
 }
 
 // ack completes deliveries of client id.
+// The counters are added to once per request, not per delivery.
 func (s *state) ack(id uint64, ids []uint64) {
+	var c *client // client id, once one of its flights is found
+	var n uint64
 	for _, did := range ids {
 		f := s.own(id, did)
 		if f == nil {
 			continue
 		}
 		s.heap.remove(f)
-		c := f.client
+		c = f.client
 		s.unlink(f)
 		s.tracker.AckIn(f.msg.Partition, f.msg.Offset, f.msg.gen)
-		s.stats.Acked++
 		s.recycle(f)
 		s.makeReady(c)
+		n++
+	}
+	if c != nil {
+		s.stats.Acked += n
+		c.acked += n
 	}
 }
 
@@ -464,4 +484,17 @@ func (s *state) snapshot() Stats {
 		}
 	}
 	return st
+}
+
+// clientStats returns a snapshot of every joined client, ordered by name
+// and id.
+func (s *state) clientStats() []ClientStats {
+	out := make([]ClientStats, 0, len(s.clients))
+	for _, c := range s.clients {
+		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked})
+	}
+	slices.SortFunc(out, func(a, b ClientStats) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.ID, b.ID))
+	})
+	return out
 }

@@ -569,3 +569,50 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 		t.Fatalf("client got %v without FrameSize", got)
 	}
 }
+
+// Per-client counters: only the client's own acks of outstanding deliveries
+// count; nacks, unknown ids and another client's ids do not; a client that
+// leaves is gone from the snapshot.
+func TestClientStats(t *testing.T) {
+	s, sinks := setup(4, 3)
+	s.addBatch(batch(0, 0, 6))
+	s.dispatch(t0)
+	a, b := ids(sinks[0].got), ids(sinks[1].got) // 3 each
+	s.ack(1, []uint64{a[0], a[1], b[0], 999})     // b[0] is not client 1's, 999 unknown
+	s.nack(2, []uint64{b[1]})
+	s.ack(2, []uint64{b[2]})
+	s.ack(2, []uint64{b[2]}) // again: no longer outstanding
+	got := s.clientStats()
+	want := []ClientStats{
+		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2},
+		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("clientStats() = %+v, want %+v", got, want)
+	}
+	if st := s.snapshot(); st.Acked != 3 || st.UnknownAcks != 3 {
+		t.Errorf("Acked %d, UnknownAcks %d; want 3 and 3", st.Acked, st.UnknownAcks)
+	}
+	s.leave(1)
+	if got := s.clientStats(); len(got) != 1 || got[0].ID != 2 {
+		t.Errorf("after client 1 left: %+v", got)
+	}
+}
+
+// Clients are ordered by name, then id.
+func TestClientStatsOrder(t *testing.T) {
+	s := newState(timeout)
+	for _, c := range []struct {
+		id   uint64
+		name string
+	}{{5, "b"}, {3, "a"}, {4, "b"}, {9, ""}} {
+		s.join(c.id, c.name, 1, &recSink{})
+	}
+	var got []uint64
+	for _, c := range s.clientStats() {
+		got = append(got, c.ID)
+	}
+	if want := []uint64{9, 3, 4, 5}; !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+}
