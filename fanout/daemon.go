@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
@@ -39,6 +40,7 @@ type Daemon struct {
 
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
+	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -54,6 +56,7 @@ func New(opts Options) (*Daemon, error) {
 		ready:     make(chan struct{}),
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
+	d.rates = console.NewRates(console.SampleInterval)
 	srv, err := server.New(server.Config{
 		Listen:         opts.Listen,
 		NodeID:         opts.NodeID,
@@ -365,8 +368,8 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 	return conn, err
 }
 
-// MetricsAddr returns the address of /metrics, /healthz and /readyz once
-// Listening is closed, or nil when Options.MetricsListen is "".
+// MetricsAddr returns the address of /metrics, /healthz, /readyz and the
+// console once Listening is closed, or nil when Options.MetricsListen is "".
 func (d *Daemon) MetricsAddr() net.Addr {
 	if d.metrics == nil {
 		return nil
@@ -374,8 +377,9 @@ func (d *Daemon) MetricsAddr() net.Addr {
 	return d.metrics.Addr()
 }
 
-// startMetrics binds Options.MetricsListen, if set, and serves metrics and
-// health checks on it until stop is called.
+// startMetrics binds Options.MetricsListen, if set, and serves metrics,
+// health checks and the console on it, and samples the console's rates,
+// until stop is called.
 func (d *Daemon) startMetrics() (stop func(), err error) {
 	if d.opts.MetricsListen == "" {
 		return func() {}, nil
@@ -383,8 +387,9 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 	ms, err := metrics.Listen(d.opts.MetricsListen, metrics.Handler(metrics.HandlerConfig{
 		Collector:        d.collector,
 		Snapshot:         d.metricsSnapshot,
-		MaxCommitFailing: max(3*d.opts.CommitInterval, 10*time.Second),
+		MaxCommitFailing: d.maxCommitFailing(),
 		Token:            d.opts.MetricsToken,
+		Console:          console.Handler(console.Config{Status: d.Status}),
 	}))
 	if err != nil {
 		return nil, err
@@ -397,8 +402,13 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 			d.log.WithError(err).Error("metrics server stopped")
 		}
 	}()
-	d.log.WithField("metrics", ms.Addr().String()).Info("serving /metrics, /healthz and /readyz")
+	sampleCtx, stopSampling := context.WithCancel(context.Background())
+	var sampler actor.Group
+	sampler.Go(d.log, "rate sampler", func() { d.sampleRates(sampleCtx) }, nil)
+	d.log.WithField("metrics", ms.Addr().String()).Info("serving /metrics, /healthz, /readyz and the console at /")
 	return func() {
+		stopSampling()
+		sampler.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := ms.Shutdown(ctx); err != nil {
@@ -406,6 +416,12 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 		}
 		<-served
 	}, nil
+}
+
+// maxCommitFailing is how long a leader's commits may fail before /readyz
+// (and the console) report it unready.
+func (d *Daemon) maxCommitFailing() time.Duration {
+	return max(3*d.opts.CommitInterval, 10*time.Second)
 }
 
 // metricsSnapshot gathers the daemon's state for metrics and /readyz.

@@ -21,7 +21,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
-	"github.com/nanoservice/core-fanout/fanout/metrics"
+	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
@@ -52,42 +52,6 @@ func statusCommand() *cli.Command {
 		Action:       statusAction,
 		OnUsageError: commandUsageError,
 	}
-}
-
-// clusterStatus is what fanout status reports.
-type clusterStatus struct {
-	ID             string            `json:"id"`
-	Topic          string            `json:"topic"`
-	HeartbeatTopic string            `json:"heartbeat_topic"`
-	Leader         *leaderStatus     `json:"leader"` // nil: no leader recorded
-	Members        []memberStatus    `json:"members"`
-	Partitions     []partitionStatus `json:"partitions"`
-	TotalLag       int64             `json:"total_lag"` // over the partitions with a committed offset
-}
-
-// leaderStatus is the leader record in ZooKeeper.
-type leaderStatus struct {
-	Node  string `json:"node"`
-	Addr  string `json:"addr"`
-	Epoch uint64 `json:"epoch"`
-}
-
-// memberStatus is a member's last heartbeat within the window.
-type memberStatus struct {
-	NodeID   string    `json:"node_id"`
-	Addr     string    `json:"addr"`
-	Role     string    `json:"role"`
-	Epoch    uint64    `json:"epoch"`
-	LastSeen time.Time `json:"last_seen"`
-}
-
-// partitionStatus is one partition's offsets; Committed and Lag are nil
-// when ZooKeeper holds no offset for it.
-type partitionStatus struct {
-	Partition     int32  `json:"partition"`
-	Committed     *int64 `json:"committed"`
-	HighWatermark int64  `json:"high_watermark"`
-	Lag           *int64 `json:"lag"`
 }
 
 func statusAction(c *cli.Context) error {
@@ -128,20 +92,15 @@ func statusAction(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
-			return fmt.Errorf("write status: %w", err)
-		}
-		return nil
+		return status.Encode(c.App.Writer, st)
 	}
 	return writeStatus(c.App.Writer, st, time.Now())
 }
 
 // readStatus gathers the status of the cluster opts names. Data ZooKeeper
 // or Kafka does not hold yet is left empty; unreachable servers are errors.
-func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, now time.Time) (*clusterStatus, error) {
-	st := &clusterStatus{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic)}
+func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, now time.Time) (*status.Status, error) {
+	st := &status.Status{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic)}
 
 	// ZooKeeper first: its client gives up when ctx ends; sarama's retries
 	// are bounded by its configuration.
@@ -189,13 +148,11 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		if err != nil {
 			return nil, fmt.Errorf("high watermark of %s/%d: %w", opts.Topic, p, err)
 		}
-		ps := partitionStatus{Partition: p, HighWatermark: hw}
-		if off, ok := committed[p]; ok {
-			lag := metrics.Lag(hw, off)
-			ps.Committed, ps.Lag = &off, &lag
-			st.TotalLag += lag
+		var off *int64
+		if o, ok := committed[p]; ok {
+			off = &o
 		}
-		st.Partitions = append(st.Partitions, ps)
+		st.AddPartition(p, hw, off, "")
 	}
 	st.Members, err = readMembers(ctx, client, st.HeartbeatTopic, now.Add(-window))
 	if err != nil {
@@ -206,7 +163,7 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 
 // readLeader returns the leader record at path, or nil when there is none
 // (no znode, or epoch 0: created, never won).
-func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
+func readLeader(conn *zk.Conn, path string) (*status.Leader, error) {
 	data, _, err := conn.Get(path)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
@@ -214,7 +171,7 @@ func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("leader record %s: %w", path, err)
 	}
-	var rec leaderStatus
+	var rec status.Leader
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &rec); err != nil {
 			return nil, fmt.Errorf("leader record %s holds %q: %w", path, data, err)
@@ -229,7 +186,7 @@ func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
 // readMembers reads the heartbeats on topic since from and returns each
 // member's last one, ordered by node id; members that left are dropped. A
 // missing topic means no members.
-func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time) ([]memberStatus, error) {
+func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time) ([]status.Member, error) {
 	if _, err := client.Partitions(topic); errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 		return nil, nil
 	} else if err != nil {
@@ -257,7 +214,7 @@ func readMembers(ctx context.Context, client sarama.Client, topic string, from t
 	}
 	defer pc.AsyncClose()
 
-	last := map[string]memberStatus{}
+	last := map[string]status.Member{}
 	for next := start; next < end; {
 		select {
 		case <-ctx.Done():
@@ -274,27 +231,22 @@ func readMembers(ctx context.Context, client sarama.Client, topic string, from t
 				delete(last, hb.GetNodeId())
 				continue
 			}
-			last[hb.GetNodeId()] = memberStatus{
-				NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: roleName(hb.GetRole()),
+			last[hb.GetNodeId()] = status.Member{
+				NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: status.RoleName(hb.GetRole()),
 				Epoch: hb.GetEpoch(), LastSeen: m.Timestamp,
 			}
 		}
 	}
-	out := make([]memberStatus, 0, len(last))
+	out := make([]status.Member, 0, len(last))
 	for _, m := range last {
 		out = append(out, m)
 	}
-	slices.SortFunc(out, func(a, b memberStatus) int { return strings.Compare(a.NodeID, b.NodeID) })
+	slices.SortFunc(out, func(a, b status.Member) int { return strings.Compare(a.NodeID, b.NodeID) })
 	return out, nil
 }
 
-// roleName is a Role in lower case without its prefix: "leader".
-func roleName(r cluster.Role) string {
-	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
-}
-
 // writeStatus prints st as aligned tables; ages are relative to now.
-func writeStatus(w io.Writer, st *clusterStatus, now time.Time) error {
+func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "cluster\t%s (id %s, topic %s)\n", st.HeartbeatTopic, st.ID, st.Topic)
 	if st.Leader != nil {

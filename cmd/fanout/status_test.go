@@ -2,10 +2,11 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/status"
 )
 
 func TestWriteStatus(t *testing.T) {
@@ -13,19 +14,19 @@ func TestWriteStatus(t *testing.T) {
 	i64 := func(v int64) *int64 { return &v }
 	tests := []struct {
 		name string
-		st   clusterStatus
+		st   status.Status
 		want string
 	}{
 		{
 			name: "leader, two members, one partition without offset",
-			st: clusterStatus{
+			st: status.Status{
 				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-				Leader: &leaderStatus{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
-				Members: []memberStatus{
+				Leader: &status.Leader{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
+				Members: []status.Member{
 					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-400 * time.Millisecond)},
 					{NodeID: "node-b", Addr: "10.0.0.2:4987", Role: "leader", Epoch: 3, LastSeen: now.Add(-1200 * time.Millisecond)},
 				},
-				Partitions: []partitionStatus{
+				Partitions: []status.Partition{
 					{Partition: 0, Committed: i64(1200), HighWatermark: 1250, Lag: i64(50)},
 					{Partition: 1, HighWatermark: 7},
 				},
@@ -46,9 +47,9 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG
 		},
 		{
 			name: "nothing in ZooKeeper, no heartbeats",
-			st: clusterStatus{
+			st: status.Status{
 				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-				Partitions: []partitionStatus{{Partition: 0, HighWatermark: 0}},
+				Partitions: []status.Partition{{Partition: 0, HighWatermark: 0}},
 			},
 			want: `cluster  fanout_svc_t (id svc, topic t)
 leader   none
@@ -70,34 +71,6 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG
 			}
 			if got := buf.String(); got != tt.want {
 				t.Errorf("writeStatus:\n%s\nwant:\n%s", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestStatusJSON(t *testing.T) {
-	tests := []struct {
-		name string
-		st   clusterStatus
-		want string
-	}{
-		{"none is null", clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-			Partitions: []partitionStatus{{Partition: 0, HighWatermark: 5}}},
-			`{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":null,"members":null,` +
-				`"partitions":[{"partition":0,"committed":null,"high_watermark":5,"lag":null}],"total_lag":0}`},
-		{"leader", clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-			Leader: &leaderStatus{Node: "a", Addr: "h:1", Epoch: 2}},
-			`{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":{"node":"a","addr":"h:1","epoch":2},` +
-				`"members":null,"partitions":null,"total_lag":0}`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			b, err := json.Marshal(tt.st)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := string(b); got != tt.want {
-				t.Errorf("JSON:\n%s\nwant:\n%s", got, tt.want)
 			}
 		})
 	}

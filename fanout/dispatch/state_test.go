@@ -578,7 +578,7 @@ func TestClientStats(t *testing.T) {
 	s.addBatch(batch(0, 0, 6))
 	s.dispatch(t0)
 	a, b := ids(sinks[0].got), ids(sinks[1].got) // 3 each
-	s.ack(1, []uint64{a[0], a[1], b[0], 999})     // b[0] is not client 1's, 999 unknown
+	s.ack(1, []uint64{a[0], a[1], b[0], 999})    // b[0] is not client 1's, 999 unknown
 	s.nack(2, []uint64{b[1]})
 	s.ack(2, []uint64{b[2]})
 	s.ack(2, []uint64{b[2]}) // again: no longer outstanding

@@ -1,0 +1,137 @@
+// Package status is the document that describes a fanout cluster: what
+// `fanout status --json` prints, read from Kafka and ZooKeeper, and what a
+// daemon's console serves at /api/status, the daemon's own view. One type and
+// one encoder (Encode), so that a script reads both the same way.
+package status
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
+)
+
+// Status describes a fanout cluster. The fields after TotalLag are a
+// daemon's own view: fanout status, which reads Kafka and ZooKeeper, leaves
+// them out.
+type Status struct {
+	ID             string      `json:"id"`
+	Topic          string      `json:"topic"`
+	HeartbeatTopic string      `json:"heartbeat_topic"`
+	Leader         *Leader     `json:"leader"` // nil: no leader recorded (fanout status) or known (a daemon)
+	Members        []Member    `json:"members"`
+	Partitions     []Partition `json:"partitions"`
+	TotalLag       int64       `json:"total_lag"` // over the partitions with a committed offset
+
+	Node    *Node    `json:"node,omitempty"`    // the daemon that answered
+	Clients []Client `json:"clients,omitempty"` // its connected clients, by name
+	Rates   *Rates   `json:"rates,omitempty"`   // its message rates of the last minutes
+}
+
+// Leader is the leader: the record in ZooKeeper (fanout status), or the one
+// a daemon's election knows.
+type Leader struct {
+	Node  string `json:"node"`
+	Addr  string `json:"addr"`
+	Epoch uint64 `json:"epoch"`
+}
+
+// Member is a cluster member's last heartbeat.
+type Member struct {
+	NodeID   string    `json:"node_id"`
+	Addr     string    `json:"addr"`
+	Role     string    `json:"role"` // RoleName of its heartbeat's role
+	Epoch    uint64    `json:"epoch"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// Partition is one partition's offsets; Committed and Lag are nil when no
+// offset is committed for it.
+type Partition struct {
+	Partition     int32  `json:"partition"`
+	Committed     *int64 `json:"committed"`
+	HighWatermark int64  `json:"high_watermark"`
+	Lag           *int64 `json:"lag"`
+	Owner         string `json:"owner,omitempty"` // node id of the member that serves it, when known
+}
+
+// Node is the daemon that answered and its dispatcher's gauges.
+type Node struct {
+	NodeID   string    `json:"node_id"`
+	Role     string    `json:"role"`   // "leader", "follower" or "starting"
+	Ready    bool      `json:"ready"`  // what /readyz answers
+	Reason   string    `json:"reason"` // and why
+	Serving  bool      `json:"serving"`
+	InFlight int       `json:"in_flight"`
+	Buffered int       `json:"buffered"`
+	Paused   bool      `json:"paused"` // fetching from Kafka is paused
+	Clients  int       `json:"clients"`
+	Time     time.Time `json:"time"` // when the document was made
+}
+
+// ClientRoleWorker is the role of a client that receives messages and acks
+// them: today every client.
+const ClientRoleWorker = "worker"
+
+// Client is one connected client.
+type Client struct {
+	ID            uint64    `json:"id"` // session id
+	Name          string    `json:"name"`
+	Addr          string    `json:"addr"`
+	Role          string    `json:"role"`
+	Weight        *uint32   `json:"weight,omitempty"` // the weight it announced, if any
+	InFlight      int       `json:"in_flight"`
+	MaxInFlight   int       `json:"max_in_flight"`
+	Acked         uint64    `json:"acked"`           // since it joined
+	AcksPerSecond float64   `json:"acks_per_second"` // over the last sample interval
+	ConnectedAt   time.Time `json:"connected_at"`
+}
+
+// Rates are the daemon's message rates, one point per sample interval,
+// oldest first.
+type Rates struct {
+	IntervalSeconds float64     `json:"interval_seconds"`
+	Points          []RatePoint `json:"points"`
+}
+
+// RatePoint is the messages per second over the interval that ends at Time.
+type RatePoint struct {
+	Time        time.Time `json:"time"`
+	Consumed    float64   `json:"consumed"`
+	Delivered   float64   `json:"delivered"`
+	Acked       float64   `json:"acked"`
+	Redelivered float64   `json:"redelivered"`
+}
+
+// AddPartition appends partition p with its high watermark and, when
+// committed is not nil, its committed offset and lag, which it adds to
+// TotalLag.
+func (s *Status) AddPartition(p int32, highWatermark int64, committed *int64, owner string) {
+	ps := Partition{Partition: p, HighWatermark: highWatermark, Owner: owner}
+	if committed != nil {
+		off, lag := *committed, metrics.Lag(highWatermark, *committed)
+		ps.Committed, ps.Lag = &off, &lag
+		s.TotalLag += lag
+	}
+	s.Partitions = append(s.Partitions, ps)
+}
+
+// RoleName is a heartbeat's role in lower case without its prefix:
+// "leader".
+func RoleName(r cluster.Role) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+}
+
+// Encode writes st to w as indented JSON, followed by a newline.
+func Encode(w io.Writer, st *Status) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(st); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+	return nil
+}
