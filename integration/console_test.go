@@ -1,0 +1,469 @@
+//go:build integration
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"image"
+	"image/png"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/html"
+
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/status"
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+// chromium runs Debian's headless Chromium with args, plus the flags that
+// make it work here as root and keep it off the network, and returns what it
+// printed. A missing chromium fails the test: bin/deps installs it.
+func chromium(t *testing.T, args ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("chromium not found (%v): bin/deps installs Debian's chromium package", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{
+		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+		"--user-data-dir=" + t.TempDir(),
+	}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium %q: %v\n%s", args, err, stderr.String())
+	}
+	return stdout.String()
+}
+
+// renderDOM loads pageURL in Chromium, lets its scripts run for budget of
+// virtual time, and returns the DOM they left.
+func renderDOM(t *testing.T, pageURL string, budget time.Duration) *html.Node {
+	t.Helper()
+	out := chromium(t, "--window-size=1280,1200", fmt.Sprintf("--virtual-time-budget=%d", budget.Milliseconds()),
+		"--dump-dom", pageURL)
+	doc, err := html.Parse(strings.NewReader(out))
+	if err != nil {
+		t.Fatalf("parse the DOM of %s: %v", pageURL, err)
+	}
+	return doc
+}
+
+// screenshot saves pageURL as rendered in a window of width x height to
+// path and returns the picture.
+func screenshot(t *testing.T, pageURL, path string, width, height int) image.Image {
+	t.Helper()
+	chromium(t, fmt.Sprintf("--window-size=%d,%d", width, height), "--virtual-time-budget=8000",
+		"--screenshot="+path, pageURL)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", path, err)
+	}
+	if b := img.Bounds(); b.Dx() != width || b.Dy() != height {
+		t.Fatalf("screenshot %s is %dx%d, want %dx%d", path, b.Dx(), b.Dy(), width, height)
+	}
+	colors := map[uint32]bool{}
+	for y := img.Bounds().Min.Y; y < img.Bounds().Max.Y; y += 3 {
+		for x := img.Bounds().Min.X; x < img.Bounds().Max.X; x += 3 {
+			r, g, b, _ := img.At(x, y).RGBA()
+			colors[r>>8<<16|g>>8<<8|b>>8] = true
+		}
+	}
+	if len(colors) < 20 {
+		t.Fatalf("screenshot %s has %d colors: a blank page?", path, len(colors))
+	}
+	return img
+}
+
+// The DOM, queried as the tests need it.
+
+func attr(n *html.Node, key string) (string, bool) {
+	for _, a := range n.Attr {
+		if a.Key == key {
+			return a.Val, true
+		}
+	}
+	return "", false
+}
+
+func hasClass(n *html.Node, class string) bool {
+	v, _ := attr(n, "class")
+	for _, c := range strings.Fields(v) {
+		if c == class {
+			return true
+		}
+	}
+	return false
+}
+
+// findAll returns the element nodes under n (n included) for which match
+// is true, in document order.
+func findAll(n *html.Node, match func(*html.Node) bool) []*html.Node {
+	var out []*html.Node
+	var walk func(*html.Node)
+	walk = func(n *html.Node) {
+		if n.Type == html.ElementNode && match(n) {
+			out = append(out, n)
+		}
+		for c := n.FirstChild; c != nil; c = c.NextSibling {
+			walk(c)
+		}
+	}
+	walk(n)
+	return out
+}
+
+func byID(t *testing.T, doc *html.Node, id string) *html.Node {
+	t.Helper()
+	found := findAll(doc, func(n *html.Node) bool { v, _ := attr(n, "id"); return v == id })
+	if len(found) != 1 {
+		t.Fatalf("%d elements with id %q in the rendered page", len(found), id)
+	}
+	return found[0]
+}
+
+// cell returns the td of class class in row.
+func cell(t *testing.T, row *html.Node, class string) *html.Node {
+	t.Helper()
+	found := findAll(row, func(n *html.Node) bool { return n.Data == "td" && hasClass(n, class) })
+	if len(found) != 1 {
+		t.Fatalf("%d cells of class %q in a row of %q", len(found), class, text(row))
+	}
+	return found[0]
+}
+
+// rows returns the tbody rows of table id that carry attribute key.
+func rows(t *testing.T, doc *html.Node, table, key string) []*html.Node {
+	t.Helper()
+	return findAll(byID(t, doc, table), func(n *html.Node) bool { _, ok := attr(n, key); return n.Data == "tr" && ok })
+}
+
+// text returns the text under n, as a person reads it.
+func text(n *html.Node) string {
+	var b strings.Builder
+	var walk func(*html.Node)
+	walk = func(n *html.Node) {
+		if n.Type == html.TextNode {
+			b.WriteString(n.Data)
+		}
+		for c := n.FirstChild; c != nil; c = c.NextSibling {
+			walk(c)
+		}
+	}
+	walk(n)
+	return strings.TrimSpace(b.String())
+}
+
+func hidden(n *html.Node) bool { _, ok := attr(n, "hidden"); return ok }
+
+// number reads a number the page formatted with thousands separators.
+func number(t *testing.T, s string) int64 {
+	t.Helper()
+	v, err := strconv.ParseInt(strings.ReplaceAll(s, ",", ""), 10, 64)
+	if err != nil {
+		t.Fatalf("%q is not a number", s)
+	}
+	return v
+}
+
+// consoleStatus reads the daemon's /api/status with token.
+func consoleStatus(t *testing.T, base, token string) *status.Status {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, base+"/api/status", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET /api/status: %v", err)
+	}
+	defer resp.Body.Close()
+	var st status.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /api/status: %d, %v", resp.StatusCode, err)
+	}
+	return &st
+}
+
+// consoleAck acks every message c receives until the test ends, counting
+// them in acked.
+func consoleAck(t *testing.T, c *client.Client, acked *atomic.Int64) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		for {
+			select {
+			case m, ok := <-c.Messages():
+				if !ok {
+					return
+				}
+				if m.Ack() == nil {
+					acked.Add(1)
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+}
+
+// TestConsoleInChromium runs a daemon with a metrics token against the real
+// Kafka and ZooKeeper, with two clients acking a flow of messages, and loads
+// its console in headless Chromium: without the token it asks for it and
+// shows nothing; with it, it shows the leader, both clients (a name that is
+// markup shown as text), every partition with the offsets the daemon
+// reports, and charts with data. It saves screenshots under the test's
+// output (go test -artifacts) and checks the page at a phone's width.
+func TestConsoleInChromium(t *testing.T) {
+	const partitions, n = 3, 600 // about 12 s of flow, for the charts
+	topic := uniqueName(t, "console")
+	createTopic(t, topic, partitions)
+	opts := daemonOptions(t, topic)
+	opts.NodeID = "console-node-a"
+	opts.MetricsListen = "127.0.0.1:0"
+	opts.MetricsToken = uniqueName(t, "token")
+	d := startDaemon(t, opts)
+	base := "http://" + d.MetricsAddr().String()
+
+	names := []string{"console-worker-1", "console-worker-<b>2</b>"}
+	var acked atomic.Int64
+	for _, name := range names {
+		consoleAck(t, dial(t, client.Config{ClientID: name, MaxInFlight: 20}, d.addr), &acked)
+	}
+	produced := procProducePaced(t, topic, n, partitions, 15, 300*time.Millisecond)
+
+	// While the flow goes on: both clients ack, and the sampler sees it.
+	var st *status.Status
+	testutil.WaitFor(t, 90*time.Second, "both clients acking and a sampled ack rate", func() bool {
+		st = consoleStatus(t, base, opts.MetricsToken)
+		perClient := 0
+		for _, c := range st.Clients {
+			if c.Acked > 0 && c.AcksPerSecond > 0 {
+				perClient++
+			}
+		}
+		sampled := false
+		for _, p := range st.Rates.Points {
+			sampled = sampled || p.Acked > 0
+		}
+		return perClient == 2 && sampled
+	})
+	if err := <-produced; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	testutil.WaitFor(t, 90*time.Second, "every message acked and committed", func() bool {
+		st = consoleStatus(t, base, opts.MetricsToken)
+		if acked.Load() < n || len(st.Partitions) != partitions {
+			return false
+		}
+		for _, p := range st.Partitions {
+			if p.Committed == nil || *p.Committed != n/partitions || p.HighWatermark != n/partitions {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Without the token the page asks for it and shows no data.
+	doc := renderDOM(t, base+"/", 5*time.Second)
+	if hidden(byID(t, doc, "token-form")) || !hidden(byID(t, doc, "overview")) {
+		t.Fatal("without the token: the token form is hidden or the overview is shown")
+	}
+	for _, name := range append(names, "console-node-a") {
+		if strings.Contains(text(doc), name) {
+			t.Fatalf("without the token the page shows %q", name)
+		}
+	}
+
+	// With the token, handed over in the fragment.
+	page := base + "/#token=" + url.QueryEscape(opts.MetricsToken)
+	doc = renderDOM(t, page, 10*time.Second)
+	if !hidden(byID(t, doc, "token-form")) || hidden(byID(t, doc, "overview")) {
+		t.Fatal("with the token: the token form is shown or the overview hidden")
+	}
+	if got := text(byID(t, doc, "leader")); got != "console-node-a" {
+		t.Errorf("leader %q, want console-node-a", got)
+	}
+	members := rows(t, doc, "members", "data-node")
+	if len(members) != 1 || text(cell(t, members[0], "node")) != "console-node-a" || !hasClass(members[0], "leader") {
+		t.Errorf("members: %d rows, want console-node-a marked as leader", len(members))
+	}
+
+	want := map[string]status.Client{}
+	for _, c := range st.Clients {
+		want[c.Name] = c
+	}
+	clientRows := rows(t, doc, "clients", "data-client")
+	if len(clientRows) != 2 {
+		t.Fatalf("%d client rows, want 2", len(clientRows))
+	}
+	for i, row := range clientRows {
+		nameCell := cell(t, row, "name")
+		name := text(nameCell)
+		if name != names[i] {
+			t.Errorf("client %d: name %q, want %q", i, name, names[i])
+		}
+		if kids := findAll(nameCell, func(n *html.Node) bool { return n != nameCell }); len(kids) != 0 {
+			t.Errorf("client name %q became markup: <%s>", name, kids[0].Data)
+		}
+		c := want[name]
+		if got := number(t, text(cell(t, row, "acked"))); got != int64(c.Acked) || got == 0 {
+			t.Errorf("client %q: acked %d on the page, %d in /api/status", name, got, c.Acked)
+		}
+		if got := text(cell(t, row, "addr")); got != c.Addr || !strings.HasPrefix(got, "127.0.0.1:") {
+			t.Errorf("client %q: address %q on the page, %q in /api/status", name, got, c.Addr)
+		}
+		if got := text(cell(t, row, "role")); got != "worker" {
+			t.Errorf("client %q: role %q", name, got)
+		}
+	}
+	if acked, total := number(t, text(cell(t, clientRows[0], "acked")))+number(t, text(cell(t, clientRows[1], "acked"))), int64(n); acked < total {
+		t.Errorf("the clients' acks add up to %d, want at least %d", acked, total)
+	}
+
+	partRows := rows(t, doc, "partitions", "data-partition")
+	if len(partRows) != partitions {
+		t.Fatalf("%d partition rows, want %d", len(partRows), partitions)
+	}
+	for i, row := range partRows {
+		p := st.Partitions[i]
+		if got := text(cell(t, row, "partition")); got != strconv.Itoa(int(p.Partition)) {
+			t.Errorf("row %d: partition %q, want %d", i, got, p.Partition)
+		}
+		if got := number(t, text(cell(t, row, "committed"))); got != *p.Committed {
+			t.Errorf("partition %d: committed %d on the page, %d in /api/status", p.Partition, got, *p.Committed)
+		}
+		if got := number(t, text(cell(t, row, "high-watermark"))); got != p.HighWatermark {
+			t.Errorf("partition %d: high watermark %d on the page, %d in /api/status", p.Partition, got, p.HighWatermark)
+		}
+		if got := text(cell(t, row, "lag")); got != "0" {
+			t.Errorf("partition %d: lag %q, want 0", p.Partition, got)
+		}
+		if got := text(cell(t, row, "owner")); got != "console-node-a" {
+			t.Errorf("partition %d: owner %q", p.Partition, got)
+		}
+	}
+
+	charts := findAll(doc, func(n *html.Node) bool { return n.Data == "svg" && hasClass(n, "chart") })
+	if len(charts) != 4 {
+		t.Fatalf("%d charts, want 4", len(charts))
+	}
+	for _, c := range charts {
+		series, _ := attr(c, "data-series")
+		pts, _ := attr(c, "data-points")
+		line := findAll(c, func(n *html.Node) bool { return n.Data == "polyline" })
+		if len(line) != 1 {
+			t.Fatalf("chart %s: %d lines", series, len(line))
+		}
+		coords, _ := attr(line[0], "points")
+		if np, _ := strconv.Atoi(pts); np < 2 || len(strings.Fields(coords)) != np {
+			t.Errorf("chart %s: %s points, line %q", series, pts, coords)
+		}
+		if series == "acked" {
+			if peak, _ := attr(c, "data-max"); peak == "" || peak == "0" {
+				t.Errorf("acked chart: peak %q, want the acks of the flow", peak)
+			}
+		}
+	}
+
+	dir := t.ArtifactDir()
+	screenshot(t, page, filepath.Join(dir, "console.png"), 1280, 820)
+	screenshot(t, page, filepath.Join(dir, "console-phone.png"), 390, 1800)
+	t.Logf("screenshots in %s (kept with go test -artifacts)", dir)
+
+	// At a phone's width nothing is wider than the viewport: the page in a
+	// 390 px frame of a page on the same origin, which measures it.
+	wide := consoleNarrow(t, base, opts.MetricsToken, 390)
+	if wide != "" {
+		t.Errorf("at 390 px: %s", wide)
+	}
+}
+
+// consoleHarness is a page that shows the console in a frame width pixels
+// wide and writes into #result what in it is wider than the frame.
+const consoleHarness = `<!doctype html>
+<html><head><meta charset="utf-8"></head><body style="margin:0">
+<iframe id="f" src="/#token=%s" style="width:%dpx;height:844px;border:0"></iframe>
+<pre id="result">pending</pre>
+<script>
+function check() {
+  const doc = document.getElementById('f').contentDocument;
+  if (!doc || !doc.querySelector('#clients tr[data-client]') || !doc.querySelector('svg.chart polyline[points]')) {
+    return setTimeout(check, 200);
+  }
+  const vw = doc.documentElement.clientWidth;
+  const wide = [];
+  for (const e of doc.querySelectorAll('body *')) {
+    const r = e.getBoundingClientRect();
+    if (r.width > 0 && (r.right > vw + 0.5 || r.left < -0.5)) {
+      wide.push(e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' ' + Math.round(r.left) + '..' + Math.round(r.right));
+    }
+  }
+  document.getElementById('result').textContent = JSON.stringify({
+    viewport: vw, scrollWidth: doc.documentElement.scrollWidth, wide: wide,
+  });
+}
+check();
+</script>
+</body></html>`
+
+// consoleNarrow loads the console in a frame width pixels wide (Chromium's
+// headless window is at least 500 px wide) through a proxy that serves the
+// measuring page on the console's origin, and returns what overflows, or "".
+func consoleNarrow(t *testing.T, base, token string, width int) string {
+	t.Helper()
+	target, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /harness.html", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, consoleHarness, url.QueryEscape(token), width)
+	})
+	mux.Handle("/", httputil.NewSingleHostReverseProxy(target))
+	proxy := httptest.NewServer(mux)
+	defer proxy.Close()
+
+	doc := renderDOM(t, proxy.URL+"/harness.html", 10*time.Second)
+	var got struct {
+		Viewport    int      `json:"viewport"`
+		ScrollWidth int      `json:"scrollWidth"`
+		Wide        []string `json:"wide"`
+	}
+	res := text(byID(t, doc, "result"))
+	if err := json.Unmarshal([]byte(res), &got); err != nil {
+		t.Fatalf("the measuring page says %q: the console did not render in the frame", res)
+	}
+	if got.Viewport != width {
+		t.Fatalf("the frame's viewport is %d px, want %d", got.Viewport, width)
+	}
+	t.Logf("at %d px: document %d px wide, %d elements wider", width, got.ScrollWidth, len(got.Wide))
+	if got.ScrollWidth > width || len(got.Wide) > 0 {
+		return fmt.Sprintf("the document is %d px wide; elements past the edge: %v", got.ScrollWidth, got.Wide)
+	}
+	return ""
+}
