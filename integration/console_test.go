@@ -25,6 +25,7 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -188,14 +189,16 @@ func number(t *testing.T, s string) int64 {
 	return v
 }
 
-// consoleStatus reads the daemon's /api/status with token.
+// consoleStatus reads the daemon's /api/status, with token when not empty.
 func consoleStatus(t *testing.T, base, token string) *status.Status {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, base+"/api/status", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("GET /api/status: %v", err)
@@ -466,4 +469,73 @@ func consoleNarrow(t *testing.T, base, token string, width int) string {
 		return fmt.Sprintf("the document is %d px wide; elements past the edge: %v", got.ScrollWidth, got.Wide)
 	}
 	return ""
+}
+
+// TestConsoleFollower: a follower's console shows the cluster as its
+// election knows it (the leader, both members) and says where the
+// partitions and clients are served, showing none of its own.
+func TestConsoleFollower(t *testing.T) {
+	topic := uniqueName(t, "console")
+	createTopic(t, topic, 2)
+	leaderOpts := daemonOptions(t, topic)
+	leaderOpts.NodeID = "console-node-b" // the highest live node id leads
+	leader := startDaemon(t, leaderOpts)
+
+	opts := leaderOpts
+	opts.NodeID = "console-node-a"
+	opts.Listen = "127.0.0.1:0"
+	opts.MetricsListen = "127.0.0.1:0"
+	d, err := fanout.New(opts)
+	if err != nil {
+		t.Fatalf("fanout.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Error("follower did not stop within 60s")
+		}
+	})
+	select {
+	case <-d.Listening():
+	case err := <-done:
+		t.Fatalf("follower stopped: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("follower not listening within 30s")
+	}
+	base := "http://" + d.MetricsAddr().String()
+
+	var st *status.Status
+	testutil.WaitFor(t, 60*time.Second, "the follower knows the leader and both members", func() bool {
+		st = consoleStatus(t, base, "")
+		return st.Leader != nil && st.Leader.Node == "console-node-b" && len(st.Members) == 2
+	})
+	if nd := st.Node; nd.NodeID != "console-node-a" || nd.Role != "follower" || nd.Serving || !nd.Ready {
+		t.Errorf("node %+v, want a ready follower that does not serve", nd)
+	}
+	if st.Leader.Addr != leader.addr || len(st.Partitions) != 0 || len(st.Clients) != 0 {
+		t.Errorf("leader %+v (want address %s), %d partitions, %d clients", st.Leader, leader.addr, len(st.Partitions), len(st.Clients))
+	}
+
+	doc := renderDOM(t, base+"/", 5*time.Second)
+	if got := text(byID(t, doc, "node-role")); got != "follower" {
+		t.Errorf("role badge %q, want follower", got)
+	}
+	if got := text(byID(t, doc, "leader")); got != "console-node-b" {
+		t.Errorf("leader %q, want console-node-b", got)
+	}
+	note := byID(t, doc, "follower-note")
+	if hidden(note) || !strings.Contains(text(note), "console-node-b") || !strings.Contains(text(note), leader.addr) {
+		t.Errorf("follower note %q (hidden %v), want it to name the leader and its address", text(note), hidden(note))
+	}
+	if n := len(rows(t, doc, "members", "data-node")); n != 2 {
+		t.Errorf("%d member rows, want 2", n)
+	}
+	if n := len(rows(t, doc, "partitions", "data-partition")); n != 0 {
+		t.Errorf("%d partition rows on a follower", n)
+	}
 }
