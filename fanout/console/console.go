@@ -33,7 +33,7 @@ type Config struct {
 
 // contentSecurityPolicy lets the page load nothing but its own script,
 // style and document: no inline script, no other origin.
-const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; " +
+const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
 	"connect-src 'self'; frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
 
 // Handler serves
@@ -51,7 +51,7 @@ func Handler(cfg Config) http.Handler {
 	mux.Handle("GET /{$}", page(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.ServeFileFS(w, r, static, "index.html")
 	})))
-	mux.Handle("GET /assets/", page(http.StripPrefix("/assets", files)))
+	mux.Handle("GET /assets/{file}", page(http.StripPrefix("/assets", files))) // files only, no listing
 	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), StatusTimeout)
 		defer cancel()

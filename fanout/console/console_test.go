@@ -113,7 +113,7 @@ func TestPageAndAssets(t *testing.T) {
 			t.Errorf("GET %s without nosniff", tt.path)
 		}
 	}
-	for _, path := range []string{"/nope", "/assets/nope.js", "/api/nope"} {
+	for _, path := range []string{"/nope", "/assets/", "/assets/nope.js", "/api/nope"} {
 		if code, _, _ := get(t, h, path, ""); code != http.StatusNotFound {
 			t.Errorf("GET %s = %d, want 404", path, code)
 		}
