@@ -1,9 +1,6 @@
 package dispatch
 
 import (
-	"cmp"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -486,15 +483,12 @@ func (s *state) snapshot() Stats {
 	return st
 }
 
-// clientStats returns a snapshot of every joined client, ordered by name
-// and id.
+// clientStats returns a snapshot of every joined client, in no particular
+// order (sorting is the caller's business, off the dispatcher's goroutine).
 func (s *state) clientStats() []ClientStats {
 	out := make([]ClientStats, 0, len(s.clients))
 	for _, c := range s.clients {
 		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked})
 	}
-	slices.SortFunc(out, func(a, b ClientStats) int {
-		return cmp.Or(strings.Compare(a.Name, b.Name), cmp.Compare(a.ID, b.ID))
-	})
 	return out
 }
