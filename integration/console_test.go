@@ -26,6 +26,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -539,3 +540,51 @@ func TestConsoleFollower(t *testing.T) {
 		t.Errorf("%d partition rows on a follower", n)
 	}
 }
+
+// TestConsoleShowsWeightWhenPresent: a client's weight (announced by
+// clients that give one) gets its column only when some client has one.
+// No daemon announces weights yet, so the page is served with documents
+// that have them and that do not.
+func TestConsoleShowsWeightWhenPresent(t *testing.T) {
+	weight := uint32(5)
+	at := time.Now()
+	doc := func(withWeight bool) *status.Status {
+		st := &status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
+			Node: &status.Node{NodeID: "n", Role: "leader", Ready: true, Serving: true, Clients: 2, Time: at},
+			Clients: []status.Client{
+				{ID: 1, Name: "stable", Addr: "127.0.0.1:1", Role: status.ClientRoleWorker, ConnectedAt: at},
+				{ID: 2, Name: "canary", Addr: "127.0.0.1:2", Role: status.ClientRoleWorker, ConnectedAt: at},
+			},
+			Rates: &status.Rates{IntervalSeconds: 2},
+		}
+		if withWeight {
+			st.Clients[1].Weight = &weight
+		}
+		return st
+	}
+	for _, withWeight := range []bool{true, false} {
+		srv := httptest.NewServer(console.Handler(console.Config{
+			Status: func(context.Context) *status.Status { return doc(withWeight) },
+		}))
+		page := renderDOM(t, srv.URL+"/", 3*time.Second)
+		srv.Close()
+		table := byID(t, page, "clients")
+		clientRows := rows(t, page, "clients", "data-client")
+		if len(clientRows) != 2 {
+			t.Fatalf("%d client rows, want 2", len(clientRows))
+		}
+		if hasClass(table, "no-weight") == withWeight {
+			t.Errorf("weights in the document %v: the table's classes are %q", withWeight, attrOf(table, "class"))
+		}
+		if withWeight {
+			if got := text(cell(t, clientRows[1], "weight")); got != "5" { // the page keeps the document's order
+				t.Errorf("canary's weight %q, want 5", got)
+			}
+			if got := text(cell(t, clientRows[0], "weight")); got != "–" {
+				t.Errorf("a client without a weight shows %q", got)
+			}
+		}
+	}
+}
+
+func attrOf(n *html.Node, key string) string { v, _ := attr(n, key); return v }
