@@ -149,7 +149,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Warn(w)
 	}
 
-	client, err := d.connectKafka(ctx, "fanout-"+d.opts.NodeID, nil)
+	// The source's client: the one place its fetches are configured.
+	isolation, err := kafka.ParseIsolation(d.opts.Isolation)
+	if err != nil {
+		return err // Validate checked it
+	}
+	client, err := d.connectKafka(ctx, "fanout-"+d.opts.NodeID, func(c *sarama.Config) {
+		c.Consumer.IsolationLevel = isolation
+	})
 	if err != nil {
 		return nil // ctx ended
 	}

@@ -61,14 +61,20 @@ type Options struct {
 	MaxInFlight      int           // cap on any client's unacked messages; default 1000
 	MaxBuffered      int           // messages buffered before fetching pauses; default 10000
 	MaxBufferedBytes int           // payload bytes buffered before fetching pauses; default 64 MiB
+	MaxOutstanding   int           // offsets held per partition behind an unacked one before fetching it pauses; default 50000
 	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
 	MaxClients       int           // 0 = unlimited
 	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
 	AuthToken        string        // when set, clients must present it in Hello
 
-	InitialOffset  string        // "newest" or "oldest", for partitions with no stored offset; default newest
+	InitialOffset  string        // "newest" or "oldest": where partitions start in a group that never committed; default newest
 	CommitInterval time.Duration // default 1s
 	DrainTimeout   time.Duration // shutdown waits this long for outstanding acks; default 10s
+
+	// Isolation is "read_committed" (records of aborted transactions are
+	// never delivered, those of open ones once they commit) or
+	// "read_uncommitted"; default read_committed.
+	Isolation string
 
 	// ZooKeeperSessionTimeout is the ZooKeeper session timeout asked for;
 	// default 10s. It also bounds how long a leader's offset commits may
@@ -109,6 +115,8 @@ const (
 	DefaultMaxHandshakes    = 1024
 	DefaultMaxOutboxBytes   = 256 << 10
 	DefaultInitialOffset    = "newest"
+	DefaultIsolation        = "read_committed"
+	DefaultMaxOutstanding   = 50000
 	DefaultCommitInterval   = time.Second
 	DefaultDrainTimeout     = 10 * time.Second
 	DefaultConnectBackoff   = 30 * time.Second
@@ -155,11 +163,15 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxInFlight, DefaultMaxInFlight)
 	seti(&o.MaxBuffered, DefaultMaxBuffered)
 	seti(&o.MaxBufferedBytes, DefaultMaxBufferedBytes)
+	seti(&o.MaxOutstanding, DefaultMaxOutstanding)
 	seti(&o.MaxFrameSize, protocol.DefaultMaxFrameSize)
 	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
 	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
 	if o.InitialOffset == "" {
 		o.InitialOffset = DefaultInitialOffset
+	}
+	if o.Isolation == "" {
+		o.Isolation = DefaultIsolation
 	}
 	set(&o.CommitInterval, DefaultCommitInterval)
 	set(&o.DrainTimeout, DefaultDrainTimeout)
@@ -253,6 +265,9 @@ func (o Options) Validate() error {
 	if o.MaxBufferedBytes < 1 {
 		bad("--max-buffered-bytes %d: at least 1", o.MaxBufferedBytes)
 	}
+	if o.MaxOutstanding < 1 {
+		bad("--max-outstanding %d: at least 1", o.MaxOutstanding)
+	}
 	if o.MaxFrameSize < 1024 || o.MaxFrameSize > 1<<30 {
 		bad("--max-frame-size %d: between 1 KiB and 1 GiB", o.MaxFrameSize)
 	}
@@ -267,6 +282,9 @@ func (o Options) Validate() error {
 	}
 	if s := strings.ToLower(o.InitialOffset); s != "newest" && s != "oldest" {
 		bad("--initial-offset %q: want newest or oldest", o.InitialOffset)
+	}
+	if _, err := kafka.ParseIsolation(o.Isolation); err != nil {
+		bad("--isolation: %v", err)
 	}
 	if err := o.KafkaSecurity.Validate(); err != nil {
 		errs = append(errs, err)

@@ -86,6 +86,7 @@ func (t *term) run(ctx context.Context, started func()) error {
 		AckTimeout:       t.opts.AckTimeout,
 		MaxBuffered:      t.opts.MaxBuffered,
 		MaxBufferedBytes: t.opts.MaxBufferedBytes,
+		MaxOutstanding:   t.opts.MaxOutstanding,
 		CommitInterval:   t.opts.CommitInterval,
 		DrainTimeout:     t.opts.DrainTimeout,
 		MaxCommitFailure: t.opts.ZooKeeperSessionTimeout,

@@ -8,6 +8,7 @@ package integration
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"regexp"
 	"strings"
@@ -115,6 +116,32 @@ func createTopic(t testing.TB, name string, partitions int32) {
 		}
 		for _, p := range ids {
 			if leader, err := client.Leader(name, p); err != nil || leader == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// addPartitions grows topic to partitions and waits until the metadata
+// shows every partition with a leader.
+func addPartitions(t testing.TB, topic string, partitions int32) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(kafkaAddrs(t), kafka.NewConfig("fanout-integration-admin"))
+	if err != nil {
+		t.Fatalf("sarama.NewClusterAdmin: %v", err)
+	}
+	defer admin.Close()
+	if err := admin.CreatePartitions(topic, partitions, nil, false); err != nil {
+		t.Fatalf("CreatePartitions(%q, %d): %v", topic, partitions, err)
+	}
+	client := newClient(t)
+	testutil.WaitFor(t, 30*time.Second, fmt.Sprintf("the %d partitions of %s to have leaders", partitions, topic), func() bool {
+		if client.RefreshMetadata(topic) != nil {
+			return false
+		}
+		for p := range partitions {
+			if l, err := client.Leader(topic, p); err != nil || l == nil {
 				return false
 			}
 		}

@@ -16,7 +16,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
@@ -280,26 +279,7 @@ func TestPartitionsAddedWhileRunning(t *testing.T) {
 		}
 	}
 
-	admin, err := sarama.NewClusterAdmin(kafkaAddrs(t), kafka.NewConfig("fanout-integration-admin"))
-	if err != nil {
-		t.Fatalf("sarama.NewClusterAdmin: %v", err)
-	}
-	defer admin.Close()
-	if err := admin.CreatePartitions(topic, 4, nil, false); err != nil {
-		t.Fatalf("CreatePartitions(%q, 4): %v", topic, err)
-	}
-	kc := newClient(t)
-	testutil.WaitFor(t, 30*time.Second, "partitions 2 and 3 to have leaders", func() bool {
-		if kc.RefreshMetadata(topic) != nil {
-			return false
-		}
-		for _, p := range []int32{2, 3} {
-			if l, err := kc.Leader(topic, p); err != nil || l == nil {
-				return false
-			}
-		}
-		return true
-	})
+	addPartitions(t, topic, 4)
 	procProduceTo(t, topic, 2, "new-2")
 	procProduceTo(t, topic, 3, "new-3")
 

@@ -34,6 +34,9 @@ type batchLog struct {
 func (l *batchLog) add(b dispatch.Batch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if b.Anchor != nil {
+		close(b.Anchor) // the dispatcher's part: the start is stored
+	}
 	if b.Start >= 0 {
 		l.starts[b.Partition] = append(l.starts[b.Partition], b.Start)
 		if len(b.Messages) > 0 {
@@ -131,9 +134,16 @@ func TestSourceRealKafka(t *testing.T) {
 		{"stored beyond the end resets to oldest", sarama.OffsetOldest,
 			func(hw map[int32]int64) map[int32]int64 { return map[int32]int64{0: hw[0] + 100, 1: hw[1] + 100} },
 			func(map[int32]int64, int32) int64 { return 0 }},
+		// Partitions without a stored offset start at the oldest: the group
+		// has stored offsets, so --initial-offset no longer applies.
 		{"stored beyond the end resets to newest", sarama.OffsetNewest,
 			func(hw map[int32]int64) map[int32]int64 { return map[int32]int64{0: hw[0] + 100} },
-			func(hw map[int32]int64, p int32) int64 { return hw[p] }},
+			func(hw map[int32]int64, p int32) int64 {
+				if p == 0 {
+					return hw[p]
+				}
+				return 0
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -164,3 +164,29 @@ func TestZooKeeperSessionTimeoutFlag(t *testing.T) {
 		t.Errorf("environment: %v, want 6s", got)
 	}
 }
+
+// --isolation and --max-outstanding, and their environment variables,
+// reach the options; without either the defaults do.
+func TestSourceFlags(t *testing.T) {
+	run := func(args ...string) fanout.Options {
+		t.Helper()
+		var got fanout.Options
+		app := newApp(io.Discard, io.Discard)
+		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
+		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := run(); got.Isolation != "read_committed" || got.MaxOutstanding != fanout.DefaultMaxOutstanding {
+		t.Errorf("defaults: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
+	}
+	if got := run("--isolation", "read_uncommitted", "--max-outstanding", "7"); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 7 {
+		t.Errorf("flags: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
+	}
+	t.Setenv("FANOUT_ISOLATION", "read_uncommitted")
+	t.Setenv("FANOUT_MAX_OUTSTANDING", "9")
+	if got := run(); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 9 {
+		t.Errorf("environment: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
+	}
+}

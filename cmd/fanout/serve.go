@@ -33,11 +33,13 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "max-in-flight", Value: fanout.DefaultMaxInFlight, Usage: "most unacked messages per client (a client may ask for fewer)", EnvVars: env("MAX_IN_FLIGHT")},
 		&cli.IntFlag{Name: "max-buffered", Value: fanout.DefaultMaxBuffered, Usage: "messages buffered for clients before fetching pauses", EnvVars: env("MAX_BUFFERED")},
 		&cli.IntFlag{Name: "max-buffered-bytes", Value: fanout.DefaultMaxBufferedBytes, Usage: "payload bytes buffered for clients before fetching pauses", EnvVars: env("MAX_BUFFERED_BYTES")},
+		&cli.IntFlag{Name: "max-outstanding", Value: fanout.DefaultMaxOutstanding, Usage: "offsets a partition may hold behind an unacked message (a poison record) before fetching it pauses, until back at half", EnvVars: env("MAX_OUTSTANDING")},
 		&cli.IntFlag{Name: "max-frame-size", Value: protocol.DefaultMaxFrameSize, Usage: "largest frame accepted from a client, in bytes", EnvVars: env("MAX_FRAME_SIZE")},
 		&cli.IntFlag{Name: "max-clients", Usage: "most connected clients (0: no limit)", EnvVars: env("MAX_CLIENTS")},
 		&cli.IntFlag{Name: "max-handshakes", Value: fanout.DefaultMaxHandshakes, Usage: "most connections waiting for their hello; one more closes the one waiting longest", EnvVars: env("MAX_HANDSHAKES")},
 		&cli.StringFlag{Name: "auth-token", Usage: "shared secret clients must send in hello", EnvVars: env("AUTH_TOKEN")},
-		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions with no stored offset start", EnvVars: env("INITIAL_OFFSET")},
+		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions start in a group that has never committed an offset of the topic (later, a partition without one starts at its oldest offset)", EnvVars: env("INITIAL_OFFSET")},
+		&cli.StringFlag{Name: "isolation", Value: fanout.DefaultIsolation, Usage: "read_committed (records of aborted transactions are never delivered, those of open ones once committed) or read_uncommitted", EnvVars: env("ISOLATION")},
 		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
 		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
 		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat", DefaultText: "3 × --cluster-heartbeat", EnvVars: env("LEADER_TIMEOUT")},
@@ -103,6 +105,8 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 
 		ZooKeeperSessionTimeout: dur("zookeeper-session-timeout"),
 	}
+	opts.Isolation = str("isolation")
+	opts.MaxOutstanding = num("max-outstanding")
 	// Security: the flags, and the secrets from the environment or files.
 	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
 	var err error

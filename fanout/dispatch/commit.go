@@ -27,12 +27,13 @@ type committer struct {
 
 	observe func(took time.Duration, err error) // Config.OnCommit; may be nil
 
-	mu           sync.Mutex      // guards pending, stored, failures, failingSince and runningSince
-	pending      map[int32]int64 // offered, not yet stored
-	stored       map[int32]int64 // what the store holds, as far as this committer knows
-	failures     uint64          // failed commits, in total
-	failingSince time.Time       // first failure since the last success; zero after a success
-	runningSince time.Time       // start of the commit under way; zero when none
+	mu           sync.Mutex                // guards pending, anchors, stored, failures, failingSince and runningSince
+	pending      map[int32]int64           // offered, not yet stored
+	anchors      map[int32][]chan struct{} // closed once a commit of their partition, offered after them, succeeds
+	stored       map[int32]int64           // what the store holds, as far as this committer knows
+	failures     uint64                    // failed commits, in total
+	failingSince time.Time                 // first failure since the last success; zero after a success
+	runningSince time.Time                 // start of the commit under way; zero when none
 
 	kick   chan struct{} // capacity 1: pending has something new
 	fenced chan error    // capacity 1: the store refused us for good
@@ -49,6 +50,7 @@ func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Durati
 		log:      log,
 		observe:  observe,
 		pending:  map[int32]int64{},
+		anchors:  map[int32][]chan struct{}{},
 		stored:   maps.Clone(stored),
 		kick:     make(chan struct{}, 1),
 		fenced:   make(chan error, 1),
@@ -98,25 +100,52 @@ func (c *committer) offer(m map[int32]int64) {
 	}
 }
 
-// take removes and returns everything pending.
-func (c *committer) take() map[int32]int64 {
+// anchor queues offset for partition p, like offer, and closes done once a
+// commit that includes p, of this offset or of a newer offer, has succeeded.
+func (c *committer) anchor(p int32, offset int64, done chan struct{}) {
+	c.mu.Lock()
+	c.pending[p] = offset
+	c.anchors[p] = append(c.anchors[p], done)
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take removes and returns everything pending, and the anchors waiting for
+// it (every anchor waits for a pending partition).
+func (c *committer) take() (map[int32]int64, map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.pending) == 0 {
-		return nil
+		return nil, nil
 	}
-	m := c.pending
-	c.pending = map[int32]int64{}
-	return m
+	m, anchors := c.pending, c.anchors
+	c.pending, c.anchors = map[int32]int64{}, map[int32][]chan struct{}{}
+	return m, anchors
 }
 
-// putBack returns offsets of a failed commit, unless newer ones arrived.
-func (c *committer) putBack(m map[int32]int64) {
+// putBack returns offsets of a failed commit, unless newer ones arrived,
+// and their anchors, which wait for whichever is committed next.
+func (c *committer) putBack(m map[int32]int64, anchors map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for p, o := range m {
 		if _, newer := c.pending[p]; !newer {
 			c.pending[p] = o
+		}
+	}
+	for p, a := range anchors {
+		c.anchors[p] = append(c.anchors[p], a...)
+	}
+}
+
+// release closes the anchors of a successful commit.
+func release(anchors map[int32][]chan struct{}) {
+	for _, a := range anchors {
+		for _, done := range a {
+			close(done)
 		}
 	}
 }
@@ -132,7 +161,7 @@ func (c *committer) run(ctx context.Context) {
 		case <-retry:
 			retry = nil
 		}
-		m := c.take()
+		m, anchors := c.take()
 		if m == nil {
 			continue
 		}
@@ -148,12 +177,13 @@ func (c *committer) run(ctx context.Context) {
 				c.log.WithField("failures", failures).Info("offset commits work again")
 			}
 			failures = 0
+			release(anchors)
 			c.log.WithFields(logrus.Fields{"offsets": m, "took": time.Since(start)}).Debug("offsets committed")
 		case errors.Is(err, offsets.ErrFenced):
 			c.fenced <- err
 			return
 		default:
-			c.putBack(m)
+			c.putBack(m, anchors)
 			if failures == 0 || failures%30 == 0 {
 				c.log.WithError(err).WithField("failures", failures+1).Warn("offset commit failed; retrying")
 			}
@@ -167,7 +197,7 @@ func (c *committer) run(ctx context.Context) {
 func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 	c.stop()
 	c.offer(m)
-	all := c.take()
+	all, anchors := c.take()
 	if all == nil {
 		return nil
 	}
@@ -177,6 +207,7 @@ func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 	if err != nil {
 		return fmt.Errorf("commit %v: %w", all, err)
 	}
+	release(anchors)
 	return nil
 }
 

@@ -16,6 +16,7 @@ type Config struct {
 	AckTimeout       time.Duration // redeliver when no ack came in this long; default 30s
 	MaxBuffered      int           // messages waiting for a client before fetching pauses; default 10000
 	MaxBufferedBytes int           // payload bytes waiting for a client before fetching pauses; default 64 MiB
+	MaxOutstanding   int           // offsets the tracker may hold per partition before fetching it pauses (until half); default 50000
 	CommitInterval   time.Duration // how often changed offsets are committed; default 1s
 	DrainTimeout     time.Duration // how long shutdown waits for outstanding acks; default 10s
 	// MaxCommitFailure is how long commits may keep failing (or one may
@@ -49,6 +50,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxBufferedBytes <= 0 {
 		c.MaxBufferedBytes = 64 << 20
+	}
+	if c.MaxOutstanding <= 0 {
+		c.MaxOutstanding = 50000
 	}
 	if c.CommitInterval <= 0 {
 		c.CommitInterval = time.Second
@@ -265,6 +269,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			batchCh = batches
 		}
 		setPaused(s.draining || len(s.clients) == 0 || !room || (s.paused && !lowWater))
+		if len(s.held) > 0 {
+			d.releaseHeld(s)
+		}
 
 		if dl, ok := s.nextDeadline(); !ok {
 			if !armed.IsZero() {
@@ -288,6 +295,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				continue
 			}
 			s.addBatch(b)
+			d.hold(s, b.Partition)
+			if b.Anchor != nil {
+				// The source waits for the partition's start to be stored
+				// before it sends the partition's messages.
+				c, _ := s.tracker.Report(b.Partition)
+				cm.anchor(b.Partition, c, b.Anchor)
+			}
 		case r := <-d.reqs:
 			d.handle(s, cm, r, now())
 		case <-ackTimer.C:
@@ -324,6 +338,34 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			return d.finalCommit(s, cm)
 		}
 		s.dispatch(now())
+	}
+}
+
+// hold pauses fetching partition p when the tracker holds more than
+// MaxOutstanding of its offsets: an unacked message (a poison record, a
+// client that holds it) keeps every later offset in the tracker, and
+// fetching on would grow it without bound. The other partitions flow on.
+func (d *Dispatcher) hold(s *state, p int32) {
+	n := s.tracker.Outstanding(p)
+	if n <= d.cfg.MaxOutstanding || s.held[p] {
+		return
+	}
+	s.held[p] = true
+	d.src.PausePartition(p)
+	committable, _ := s.tracker.Committable(p)
+	d.log.WithFields(logrus.Fields{"partition": p, "outstanding": n, "unacked": committable, "max_outstanding": d.cfg.MaxOutstanding}).
+		Warn("partition holds too many offsets behind an unacked message: fetching it is paused until that message is acked")
+}
+
+// releaseHeld resumes fetching the held partitions that are back at half of
+// MaxOutstanding or below (hysteresis, as for the buffer).
+func (d *Dispatcher) releaseHeld(s *state) {
+	for p := range s.held {
+		if n := s.tracker.Outstanding(p); n <= d.cfg.MaxOutstanding/2 {
+			delete(s.held, p)
+			d.src.ResumePartition(p)
+			d.log.WithFields(logrus.Fields{"partition": p, "outstanding": n}).Info("partition fetching resumed")
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,9 +21,13 @@ type fakeSource struct {
 	ch     chan Batch
 	paused atomic.Bool
 	pauses atomic.Int32
+
+	mu   sync.Mutex // guards held and log
+	held map[int32]bool
+	log  []string // "pause <p>" and "resume <p>", in order
 }
 
-func newFakeSource() *fakeSource { return &fakeSource{ch: make(chan Batch)} }
+func newFakeSource() *fakeSource { return &fakeSource{ch: make(chan Batch), held: map[int32]bool{}} }
 
 func (f *fakeSource) Batches() <-chan Batch { return f.ch }
 func (f *fakeSource) Pause() {
@@ -31,6 +36,27 @@ func (f *fakeSource) Pause() {
 	}
 }
 func (f *fakeSource) Resume() { f.paused.Store(false) }
+
+func (f *fakeSource) PausePartition(p int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held[p] = true
+	f.log = append(f.log, fmt.Sprint("pause ", p))
+}
+
+func (f *fakeSource) ResumePartition(p int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.held, p)
+	f.log = append(f.log, fmt.Sprint("resume ", p))
+}
+
+// partitionLog returns the PausePartition and ResumePartition calls so far.
+func (f *fakeSource) partitionLog() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.log)
+}
 
 // chanSink forwards deliveries to a channel.
 type chanSink struct {
@@ -597,4 +623,181 @@ func TestRunClients(t *testing.T) {
 	if _, ok := h.d.Clients(context.Background()); ok {
 		t.Error("Clients answered after Run returned")
 	}
+}
+
+// waitClosed fails the test unless ch is closed within 5s.
+func waitClosed(t *testing.T, ch chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: not closed within 5s", what)
+	}
+}
+
+// A Start batch with an Anchor is committed at once (the commit interval is
+// an hour here), and its Anchor is closed only once the commit is stored.
+func TestRunAnchorClosedOnceStored(t *testing.T) {
+	mem := offsets.NewMemoryStore()
+	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{}), inner: mem, result: make(chan error, 10)}
+	h := start(t, Config{Store: store, Fence: mem.NewTerm(), CommitInterval: time.Hour})
+	anchor := make(chan struct{})
+	h.src.ch <- Batch{Partition: 3, Start: 7, Anchor: anchor}
+	select {
+	case <-store.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the anchor was not committed at once")
+	}
+	select {
+	case <-anchor:
+		t.Fatal("anchor closed while its commit is under way")
+	default:
+	}
+	close(store.release)
+	waitClosed(t, anchor, "anchor")
+	if stored, _ := mem.Load(context.Background()); stored[3] != 7 {
+		t.Fatalf("stored %v when the anchor was closed, want partition 3 at 7", stored)
+	}
+}
+
+// The anchor of a restart is the partition's committable offset, not the
+// restart offset: unacked messages below it stay outstanding and the stored
+// offset must not pass them.
+func TestRunAnchorOfARestartKeepsUnackedBelow(t *testing.T) {
+	h := start(t, Config{CommitInterval: time.Hour})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	first := make(chan struct{})
+	h.src.ch <- Batch{Partition: 0, Start: 0, Anchor: first}
+	waitClosed(t, first, "first anchor")
+	h.src.ch <- batch(0, 0, 4)
+	var got []Delivery
+	for range 4 {
+		got = append(got, k.next(t))
+	}
+	h.d.Ack(1, []uint64{got[0].ID, got[1].ID}) // committable 2, not stored yet
+	restart := make(chan struct{})
+	h.src.ch <- Batch{Partition: 0, Start: 10, Anchor: restart}
+	waitClosed(t, restart, "anchor of the restart")
+	if o := h.store.get()[0]; o != 2 {
+		t.Fatalf("anchored offset %d, want 2: 2 and 3 are unacked", o)
+	}
+}
+
+// An anchor whose commit fails waits for the retry.
+func TestRunAnchorWaitsForAFailedCommitsRetry(t *testing.T) {
+	var failed atomic.Int32
+	store := &recStore{err: errors.New("zookeeper down")}
+	h := start(t, Config{Store: store, OnCommit: func(_ time.Duration, err error) {
+		if err != nil {
+			failed.Add(1)
+		}
+	}})
+	anchor := make(chan struct{})
+	h.src.ch <- Batch{Partition: 0, Start: 5, Anchor: anchor}
+	testutil.WaitFor(t, 5*time.Second, "a failed commit", func() bool { return failed.Load() > 0 })
+	select {
+	case <-anchor:
+		t.Fatal("anchor closed after a failed commit")
+	default:
+	}
+	store.mu.Lock()
+	store.err = nil
+	store.mu.Unlock()
+	waitClosed(t, anchor, "anchor after the retry")
+	if o := store.get()[0]; o != 5 {
+		t.Fatalf("stored %d, want 5", o)
+	}
+}
+
+// One message never acked holds its partition's commit, and the tracker
+// keeps every later offset: past MaxOutstanding that partition's fetching
+// pauses (the tracker stays within the bound plus what was already fetched),
+// the other partitions keep flowing, and once the message is acked the
+// partition resumes.
+func TestRunPausesAPartitionHoldingTooManyOffsets(t *testing.T) {
+	const max = 20
+	h := start(t, Config{MaxOutstanding: max})
+	k := newChanSink()
+	h.d.Join(1, "a", 1000, k)
+	h.src.ch <- Batch{Partition: 0, Start: 0}
+	h.src.ch <- Batch{Partition: 1, Start: 0}
+	var poison Delivery
+	off := int64(0)
+	feed := func(p int32, n int64) {
+		t.Helper()
+		h.src.ch <- batch(p, off, off+n)
+		for range n {
+			d := k.next(t)
+			if d.Msg.Partition == 0 && d.Msg.Offset == 0 {
+				poison = d // never acked until the end
+				continue
+			}
+			h.d.Ack(1, []uint64{d.ID})
+		}
+	}
+	for off < 3*max { // partition 0, in batches of 5, until it is held
+		feed(0, 5)
+		off += 5
+		if slices.Contains(h.src.partitionLog(), "pause 0") {
+			break
+		}
+	}
+	if got := h.src.partitionLog(); !slices.Equal(got, []string{"pause 0"}) {
+		t.Fatalf("partition calls %v after %d offsets of partition 0, want [pause 0]", got, off)
+	}
+	st := h.stats(t)
+	if n := st.Outstanding[0]; n <= max || n > max+5 {
+		t.Fatalf("partition 0 holds %d offsets when paused, want just above %d (one batch)", n, max)
+	}
+	if !slices.Equal(st.Held, []int32{0}) {
+		t.Fatalf("Held = %v, want [0]", st.Held)
+	}
+	// Batches of partition 0 fetched before the pause took effect still
+	// count; partition 1 flows on.
+	held := off
+	for off = 0; off < 3*max; off += 5 {
+		feed(1, 5)
+	}
+	if st := h.stats(t); st.Outstanding[1] != 0 || st.Outstanding[0] != int(held) || !slices.Equal(st.Held, []int32{0}) {
+		t.Fatalf("outstanding %v, held %v: want partition 1 committed, partition 0 held at %d", st.Outstanding, st.Held, held)
+	}
+
+	h.d.Ack(1, []uint64{poison.ID})
+	testutil.WaitFor(t, 5*time.Second, "partition 0 resumed", func() bool {
+		return slices.Equal(h.src.partitionLog(), []string{"pause 0", "resume 0"})
+	})
+	if st := h.stats(t); st.Outstanding[0] != 0 || len(st.Held) != 0 {
+		t.Fatalf("after the ack: outstanding %v, held %v", st.Outstanding, st.Held)
+	}
+	testutil.WaitFor(t, 5*time.Second, "partition 0 committed past everything", func() bool { return h.store.get()[0] == held })
+}
+
+// A partition held for its offsets resumes only once back at half of the
+// bound (hysteresis), not as soon as it drops below it.
+func TestRunHeldPartitionResumesAtHalf(t *testing.T) {
+	const max = 10
+	h := start(t, Config{MaxOutstanding: max})
+	k := newChanSink()
+	h.d.Join(1, "a", 1000, k)
+	h.src.ch <- Batch{Partition: 0, Start: 0}
+	h.src.ch <- batch(0, 0, max+2) // 12 outstanding: held
+	ds := make([]Delivery, max+2)
+	for i := range ds {
+		ds[i] = k.next(t)
+	}
+	testutil.WaitFor(t, 5*time.Second, "partition 0 held", func() bool { return slices.Contains(h.src.partitionLog(), "pause 0") })
+	ack := func(from, to int) {
+		for _, d := range ds[from:to] {
+			h.d.Ack(1, []uint64{d.ID})
+		}
+	}
+	ack(0, 6) // 6 outstanding: below the bound, above half
+	if st := h.stats(t); st.Outstanding[0] != 6 || len(h.src.partitionLog()) != 1 {
+		t.Fatalf("at 6 of %d: outstanding %v, partition calls %v; want still held", max, st.Outstanding, h.src.partitionLog())
+	}
+	ack(6, 7) // 5: half
+	testutil.WaitFor(t, 5*time.Second, "partition 0 resumed at half", func() bool {
+		return slices.Equal(h.src.partitionLog(), []string{"pause 0", "resume 0"})
+	})
 }

@@ -39,14 +39,25 @@ func (m *Message) Size() int {
 }
 
 // Batch is what a Source sends: messages of one partition in offset order.
-// When Start is >= 0 the partition (re)starts at that offset: anything the
-// dispatcher tracked for the partition before is forgotten and Start becomes
-// its committable offset until messages are acked. A Batch may carry a Start
-// and no messages.
+// When Start is >= 0 the partition (re)starts at that offset (its first
+// start, or a restart after its offset went out of range): what the
+// dispatcher holds of the partition at or above Start is forgotten, buffered
+// messages dropped and deliveries no longer counted, as those offsets are
+// fetched again or gone; unacked messages below Start stay outstanding and
+// hold the partition's committable offset until acked. A Batch may carry a
+// Start and no messages.
 type Batch struct {
 	Partition int32
 	Start     int64
 	Messages  []*Message
+
+	// Anchor, on a Start batch whose offset the source resolved itself (from
+	// a policy, or by resetting an offset out of range) rather than read from
+	// the store, asks the dispatcher to store the partition's committable
+	// offset at once, through its committer, and to close Anchor once it is
+	// stored. The source sends none of the partition's messages before, so
+	// that a crash after their delivery cannot move the partition's start.
+	Anchor chan struct{}
 }
 
 // Source is the stream of messages to dispatch, typically every partition of
@@ -57,6 +68,14 @@ type Source interface {
 	// Pause stops fetching from Kafka; batches already fetched may still
 	// arrive. Pause and Resume are idempotent and safe from any goroutine.
 	Pause()
-	// Resume restarts fetching after Pause.
+	// Resume restarts fetching after Pause, except for partitions paused by
+	// PausePartition.
 	Resume()
+	// PausePartition stops fetching partition p until ResumePartition,
+	// whatever Pause and Resume do meanwhile; batches of p already fetched
+	// may still arrive. Both are idempotent and safe from any goroutine.
+	PausePartition(p int32)
+	// ResumePartition restarts fetching partition p after PausePartition,
+	// unless the source is paused as a whole.
+	ResumePartition(p int32)
 }

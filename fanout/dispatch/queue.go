@@ -41,3 +41,22 @@ func (q *ring[T]) pop() T {
 	q.n--
 	return v
 }
+
+// filter keeps, in order, the elements for which keep returns true, and
+// returns how many it removed.
+func (q *ring[T]) filter(keep func(T) bool) int {
+	var zero T
+	kept := 0
+	for i := range q.n {
+		if v := q.at(i); keep(v) {
+			q.buf[(q.head+kept)&(len(q.buf)-1)] = v
+			kept++
+		}
+	}
+	for i := kept; i < q.n; i++ {
+		q.buf[(q.head+i)&(len(q.buf)-1)] = zero // let the GC have it
+	}
+	removed := q.n - kept
+	q.n = kept
+	return removed
+}

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"slices"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -30,6 +31,12 @@ type Stats struct {
 	BufferBytes int                         // payload bytes of the buffered messages
 	Clients     int                         // clients joined
 	Paused      bool                        // fetching is paused
+	// Outstanding is, per partition, the offsets the tracker holds:
+	// received and not yet behind the committable offset.
+	Outstanding map[int32]int
+	// Held lists, sorted, the partitions whose fetching is paused because
+	// they hold more than Config.MaxOutstanding offsets.
+	Held []int32
 	// TooLarge is the number of buffered messages larger than any joined
 	// client accepts (LimitedSink): they wait for a client that takes them.
 	TooLarge int
@@ -114,6 +121,10 @@ type state struct {
 	paused   bool      // the source is paused
 	touched  []*client // clients given deliveries in the current round
 	stats    Stats
+
+	// held holds the partitions whose fetching is paused because the
+	// tracker holds more than Config.MaxOutstanding of their offsets.
+	held map[int32]bool
 }
 
 func newState(ackTimeout time.Duration) *state {
@@ -122,6 +133,7 @@ func newState(ackTimeout time.Duration) *state {
 		tracker:    offsets.NewTracker(),
 		clients:    map[uint64]*client{},
 		flights:    newFlightTable(),
+		held:       map[int32]bool{},
 		largest:    -1,
 	}
 }
@@ -153,7 +165,7 @@ func (s *state) fitsAnyone(m *Message) bool {
 // addBatch takes messages from the source.
 func (s *state) addBatch(b Batch) {
 	if b.Start >= 0 {
-		s.tracker.Start(b.Partition, b.Start)
+		s.restart(b.Partition, b.Start)
 	}
 	for _, m := range b.Messages {
 		if !s.tracker.Received(m.Partition, m.Offset) {
@@ -166,6 +178,32 @@ func (s *state) addBatch(b Batch) {
 		s.fresh.push(m)
 		s.bytes += m.Size()
 		s.stats.Consumed++
+	}
+}
+
+// restart (re)starts partition p at offset r: the tracker forgets its
+// offsets at or above r, and so does the buffer. Unacked messages below r
+// stay, in the buffer and in flight, and their acks count. A delivery of a
+// forgotten message still in flight is dropped when it comes back (requeue).
+func (s *state) restart(p int32, r int64) {
+	if s.tracker.Start(p, r) == 0 {
+		return // nothing at or above r was outstanding, so nothing is buffered there
+	}
+	forgotten := func(m *Message) bool {
+		if m.Partition == p && m.Offset >= r {
+			s.bytes -= m.Size()
+			return true
+		}
+		return false
+	}
+	s.fresh.filter(func(m *Message) bool { return !forgotten(m) })
+	s.retries.filter(func(rt retry) bool { return !forgotten(rt.msg) })
+	if s.large.len() > 0 {
+		first := s.large.front().msg
+		s.large.filter(func(rt retry) bool { return !forgotten(rt.msg) })
+		if s.large.len() == 0 || s.large.front().msg != first {
+			s.largeBlocked = false // a new first message
+		}
 	}
 }
 
@@ -290,10 +328,16 @@ func (s *state) own(id, did uint64) *flight {
 	return f
 }
 
-// requeue turns a flight (already out of the heap) into a retry.
+// requeue turns a flight (already out of the heap) into a retry, unless its
+// partition restarted at or below its offset since it was received: then the
+// message is forgotten (fetched again, or gone) and dropped.
 func (s *state) requeue(f *flight, reason int) {
 	c := f.client
 	s.unlink(f)
+	if m := f.msg; !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
+		s.recycle(f)
+		return
+	}
 	s.retries.push(retry{msg: f.msg, attempt: f.attempt + 1, last: c.id})
 	s.bytes += f.msg.Size()
 	s.stats.Redelivered[reason]++
@@ -475,6 +519,11 @@ func (s *state) snapshot() Stats {
 	st.BufferBytes = s.bytes
 	st.Clients = len(s.clients)
 	st.Paused = s.paused
+	st.Outstanding = s.tracker.OutstandingAll()
+	for p := range s.held {
+		st.Held = append(st.Held, p)
+	}
+	slices.Sort(st.Held)
 	for i := range s.large.len() {
 		if m := s.large.at(i).msg; !s.fitsAnyone(m) {
 			st.TooLarge++

@@ -600,3 +600,161 @@ func TestClientStats(t *testing.T) {
 		t.Errorf("after client 1 left: %+v", got)
 	}
 }
+
+// bufferedOffsets lists the offsets of the messages waiting for a client:
+// redeliveries, fresh messages, then large ones.
+func bufferedOffsets(s *state) []int64 {
+	var out []int64
+	for i := range s.retries.len() {
+		out = append(out, s.retries.at(i).msg.Offset)
+	}
+	for i := range s.fresh.len() {
+		out = append(out, s.fresh.at(i).Offset)
+	}
+	for i := range s.large.len() {
+		out = append(out, s.large.at(i).msg.Offset)
+	}
+	return out
+}
+
+// A partition that restarts at R (its offset went out of range) forgets
+// what it holds at or above R, buffered or in flight, and keeps every
+// unacked message below R outstanding: their acks count, and the committable
+// offset never passes them. One client, partition 0; after each step the
+// dispatcher runs a round.
+func TestRestartKeepsUnackedBelowAndForgetsFrom(t *testing.T) {
+	type step struct {
+		op   string // "start", "batch", "ack" (the latest delivery of each offset), "ack-first", "expire", "check"
+		offs []int64
+
+		// for "check":
+		committable int64
+		buffered    []int64
+		delivered   []int64 // every delivery so far, in order
+	}
+	start := func(r int64) step { return step{op: "start", offs: []int64{r}} }
+	batchOf := func(from, to int64) step { return step{op: "batch", offs: []int64{from, to}} }
+	ack := func(offs ...int64) step { return step{op: "ack", offs: offs} }
+	ackFirst := func(offs ...int64) step { return step{op: "ack-first", offs: offs} }
+	expire := step{op: "expire"}
+	check := func(committable int64, buffered, delivered []int64) step {
+		return step{op: "check", committable: committable, buffered: buffered, delivered: delivered}
+	}
+	tests := []struct {
+		name        string
+		maxInFlight int
+		steps       []step
+	}{
+		// The case: fetched 100-109, 100-102 in flight, the log is
+		// truncated to 103 and the partition restarts there.
+		{"forward restart, the rest buffered", 3, []step{
+			start(100), batchOf(100, 110),
+			check(100, offsetsFrom(103, 110), []int64{100, 101, 102}),
+			start(103),
+			check(100, nil, []int64{100, 101, 102}),
+			ackFirst(100, 101, 102),
+			check(103, nil, []int64{100, 101, 102}),
+			batchOf(103, 105), ack(104), ack(103),
+			check(105, nil, []int64{100, 101, 102, 103, 104}),
+		}},
+		{"forward restart, the rest in flight", 10, []step{
+			start(100), batchOf(100, 110), ack(104),
+			start(103),
+			ackFirst(105), // forgotten: its ack does not count
+			check(100, nil, offsetsFrom(100, 110)),
+			expire, // 100-102 come again; 103, 105-109 are dropped
+			check(100, nil, append(offsetsFrom(100, 110), 100, 101, 102)),
+			ack(100, 101, 102),
+			check(103, nil, append(offsetsFrom(100, 110), 100, 101, 102)),
+		}},
+		{"forward restart, acks of the first deliveries count", 10, []step{
+			start(0), batchOf(0, 4), start(10), ackFirst(3, 1, 2),
+			check(0, nil, offsetsFrom(0, 4)),
+			ackFirst(0),
+			check(10, nil, offsetsFrom(0, 4)),
+		}},
+		// The log was truncated and refilled below what was delivered: the
+		// offsets from R are other records.
+		{"lower restart", 2, []step{
+			start(0), batchOf(0, 6), // 0, 1 in flight; 2-5 buffered
+			start(1),
+			check(0, nil, []int64{0, 1}),
+			batchOf(1, 3), // the new 1 and 2
+			check(0, []int64{1, 2}, []int64{0, 1}),
+			ackFirst(1), // the old 1: forgotten, its ack only frees the client's slot
+			check(0, []int64{2}, []int64{0, 1, 1}),
+			ack(0),
+			check(1, nil, []int64{0, 1, 1, 2}),
+			ack(1, 2),
+			check(3, nil, []int64{0, 1, 1, 2}),
+		}},
+		{"lower restart keeps what is below", 10, []step{
+			start(0), batchOf(0, 5), ack(1, 3),
+			start(2),
+			check(0, nil, offsetsFrom(0, 5)),
+			ackFirst(0),
+			check(2, nil, offsetsFrom(0, 5)),
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, sinks := setup(tt.maxInFlight)
+			k := sinks[0]
+			now := t0
+			for i, st := range tt.steps {
+				switch st.op {
+				case "start":
+					s.addBatch(Batch{Partition: 0, Start: st.offs[0]})
+				case "batch":
+					s.addBatch(batch(0, st.offs[0], st.offs[1]))
+				case "ack", "ack-first":
+					var acks []uint64
+					for _, o := range st.offs {
+						var found *Delivery
+						for j := range k.got {
+							if d := &k.got[j]; d.Msg.Offset == o && (found == nil || st.op == "ack") {
+								found = d
+							}
+						}
+						if found == nil {
+							t.Fatalf("step %d: offset %d never delivered", i, o)
+						}
+						acks = append(acks, found.ID)
+					}
+					s.ack(1, acks)
+				case "expire":
+					now = now.Add(timeout)
+					s.expire(now)
+				case "check":
+					if c, _ := s.tracker.Committable(0); c != st.committable {
+						t.Fatalf("step %d: committable %d, want %d", i, c, st.committable)
+					}
+					if got := bufferedOffsets(s); !slices.Equal(got, st.buffered) {
+						t.Fatalf("step %d: buffered %v, want %v", i, got, st.buffered)
+					}
+					// Redeliveries of one expiry come in deadline-heap order.
+					if got := offsetsOf(k.got); !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(st.delivered))) {
+						t.Fatalf("step %d: delivered %v, want %v", i, got, st.delivered)
+					}
+					wantBytes := 0
+					for _, o := range st.buffered {
+						wantBytes += len(fmt.Sprint(o))
+					}
+					if s.bytes != wantBytes {
+						t.Fatalf("step %d: %d buffered bytes, want %d", i, s.bytes, wantBytes)
+					}
+					continue
+				}
+				s.dispatch(now)
+			}
+		})
+	}
+}
+
+func offsetsFrom(from, to int64) []int64 {
+	var out []int64
+	for o := from; o < to; o++ {
+		out = append(out, o)
+	}
+	return out
+}

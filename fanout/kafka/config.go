@@ -1,6 +1,8 @@
 package kafka
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -45,6 +47,24 @@ func NewConfig(clientID string) *sarama.Config {
 	cfg.Metadata.AllowAutoTopicCreation = false
 
 	return cfg
+}
+
+// Isolation levels of the source's fetches (--isolation).
+const (
+	ReadCommitted   = "read_committed"
+	ReadUncommitted = "read_uncommitted"
+)
+
+// ParseIsolation turns "read_committed" or "read_uncommitted" (any case)
+// into the sarama isolation level.
+func ParseIsolation(s string) (sarama.IsolationLevel, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case ReadCommitted:
+		return sarama.ReadCommitted, nil
+	case ReadUncommitted:
+		return sarama.ReadUncommitted, nil
+	}
+	return 0, fmt.Errorf("isolation %q: want %s or %s", s, ReadCommitted, ReadUncommitted)
 }
 
 // metadataBackoff doubles from 100 ms up to 2 s between metadata retries.

@@ -48,3 +48,22 @@ func TestMetadataBackoff(t *testing.T) {
 		t.Errorf("10 retries cover only %v", total)
 	}
 }
+
+func TestParseIsolation(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    sarama.IsolationLevel
+		wantErr bool
+	}{
+		{"read_committed", sarama.ReadCommitted, false},
+		{" READ_UNCOMMITTED ", sarama.ReadUncommitted, false},
+		{"committed", 0, true},
+		{"", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseIsolation(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("ParseIsolation(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}

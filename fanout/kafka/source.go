@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
@@ -44,10 +45,12 @@ const (
 type SourceConfig struct {
 	// Topic is the Kafka topic to consume, every partition of it.
 	Topic string
-	// Initial is where partitions without a stored offset start, and where a
-	// partition whose offset is out of range restarts: sarama.OffsetNewest or
-	// sarama.OffsetOldest. Partitions discovered while running always use
-	// sarama.OffsetOldest (see Source).
+	// Initial (--initial-offset) is sarama.OffsetNewest or
+	// sarama.OffsetOldest: where partitions start when Stored is empty (the
+	// group never committed an offset of this topic), and where a partition
+	// whose offset is beyond the log end restarts. Once Stored holds any
+	// offset, a partition without one starts at its oldest offset (see
+	// Source).
 	Initial int64
 	// Stored holds the next offset to consume per partition, as loaded from
 	// the offset store.
@@ -80,21 +83,31 @@ func ParseInitialOffset(s string) (int64, error) {
 // offset before its first messages, then batches of the messages already
 // fetched (at most BatchSize each, never mixing partitions, in offset order).
 //
-// Partitions added to the topic while running start at their stored offset,
-// or else at the oldest offset whatever SourceConfig.Initial says: their
-// messages produced before we noticed the partition (up to RefreshInterval
-// late) must not be skipped.
+// A partition starts at its stored offset. Without one it starts by
+// SourceConfig.Initial only in a group that has stored no offset at all for
+// the topic; otherwise, and for partitions added while running, at its
+// oldest offset whatever Initial says: such a partition was added (or
+// written to) before anyone committed its start, while the cluster was down
+// or just before a crash or failover, or before we noticed it (up to
+// RefreshInterval late), and its messages must not be skipped.
+//
+// A start offset this Source resolved itself (from a policy, or by
+// resetting an offset out of range) is anchored before the partition's first
+// message is sent: its Start batch carries an Anchor that the dispatcher
+// closes once the partition's committable offset is stored. Otherwise a
+// crash right after the first deliveries would resolve the start again
+// (newest has moved on) and lose them.
 type Source struct {
 	client  sarama.Client
 	cfg     SourceConfig
 	log     *logrus.Entry
 	batches chan dispatch.Batch
 
-	mu       sync.Mutex      // guards the fields below
-	consumer sarama.Consumer // nil outside Run
-	paused   bool
-	running  bool                               // Run has started consuming
-	parts    map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
+	mu      sync.Mutex                         // guards the fields below
+	paused  bool                               // Pause: every partition is paused
+	held    map[int32]bool                     // PausePartition: these are paused whatever Resume says
+	running bool                               // Run has started consuming
+	parts   map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
 }
 
 // NewSource returns a Source for cfg.Topic over client. The caller keeps
@@ -133,6 +146,7 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.WithField("topic", cfg.Topic),
 		batches: make(chan dispatch.Batch),
+		held:    map[int32]bool{},
 		parts:   map[int32]sarama.PartitionConsumer{},
 	}, nil
 }
@@ -152,12 +166,15 @@ func (s *Source) Pause() {
 		return
 	}
 	s.paused = true
-	if s.consumer != nil {
-		s.consumer.PauseAll()
+	for _, pc := range s.parts {
+		if pc != nil {
+			pc.Pause()
+		}
 	}
 }
 
-// Resume implements dispatch.Source: it restarts fetching after Pause.
+// Resume implements dispatch.Source: it restarts fetching after Pause,
+// except for the partitions paused by PausePartition.
 func (s *Source) Resume() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -165,8 +182,33 @@ func (s *Source) Resume() {
 		return
 	}
 	s.paused = false
-	if s.consumer != nil {
-		s.consumer.ResumeAll()
+	for p, pc := range s.parts {
+		if pc != nil && !s.held[p] {
+			pc.Resume()
+		}
+	}
+}
+
+// PausePartition implements dispatch.Source: it stops fetching partition p
+// until ResumePartition, across Pause and Resume and a reopen of the
+// partition. Messages of p already fetched may still arrive.
+func (s *Source) PausePartition(p int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held[p] = true
+	if pc := s.parts[p]; pc != nil {
+		pc.Pause()
+	}
+}
+
+// ResumePartition implements dispatch.Source: it restarts fetching partition
+// p after PausePartition, unless the Source is paused.
+func (s *Source) ResumePartition(p int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.held, p)
+	if pc := s.parts[p]; pc != nil && !s.paused {
+		pc.Resume()
 	}
 }
 
@@ -221,33 +263,34 @@ func (s *Source) Run(ctx context.Context) error {
 			err = fmt.Errorf("kafka source: new consumer for topic %q: %w", s.cfg.Topic, err)
 		}
 	}
-	s.mu.Lock()
 	if err != nil {
+		s.mu.Lock()
 		s.running = false // Run may be retried
 		s.mu.Unlock()
 		return err
 	}
-	s.consumer = consumer
-	if s.paused {
-		consumer.PauseAll() // no children yet; openPartition pauses each one
-	}
-	s.mu.Unlock()
+	// openPartition pauses each partition as Pause and PausePartition say.
 
-	var wg sync.WaitGroup
+	var partitions actor.Group
 	started := make(map[int32]bool, len(parts)) // owned by this goroutine
-	start := func(p int32, policy int64) {
+	start := func(p int32, from int64) {
 		started[p] = true
 		s.mu.Lock()
 		s.parts[p] = nil
 		s.mu.Unlock()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.runPartition(ctx, consumer, p, policy)
-		}()
+		partitions.Go(s.log.WithField("partition", p), "partition", func() {
+			s.runPartition(ctx, consumer, p, from)
+		}, nil)
+	}
+	// --initial-offset applies only to a group that never committed: once
+	// it has, a partition without an offset is one whose start nobody
+	// committed, and the oldest offset skips none of it.
+	first := s.cfg.Initial
+	if len(s.cfg.Stored) > 0 {
+		first = sarama.OffsetOldest
 	}
 	for _, p := range parts {
-		start(p, s.cfg.Initial)
+		start(p, first)
 	}
 	s.log.WithField("partitions", len(parts)).Info("kafka source started")
 
@@ -272,9 +315,8 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 
-	wg.Wait()
+	partitions.Wait()
 	s.mu.Lock()
-	s.consumer = nil
 	clear(s.parts)
 	s.mu.Unlock()
 	if err := consumer.Close(); err != nil {
@@ -303,25 +345,27 @@ func (s *Source) partitions() ([]int32, error) {
 	return parts, nil
 }
 
-// runPartition consumes partition p until ctx ends. policy is where the
-// partition starts without a stored offset and restarts when out of range.
-func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, policy int64) {
+// runPartition consumes partition p until ctx ends. from is where the
+// partition starts without a stored offset (a policy constant).
+func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, from int64) {
 	log := s.log.WithField("partition", p)
-	log.Debug("partition goroutine started")
-	defer log.Debug("partition goroutine stopped")
 	offset, ok := s.cfg.Stored[p]
 	if !ok {
-		offset = policy
+		offset = from
 	}
 	announce := true // the first start is always announced
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
-		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, policy)
+		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, s.cfg.Initial)
 		if err != nil {
 			return // ctx ended
 		}
 		if announce || reset {
-			if !s.send(ctx, dispatch.Batch{Partition: p, Start: at}) {
+			start := dispatch.Batch{Partition: p, Start: at}
+			if reset || offset < 0 { // resolved here, not read from the store
+				start.Anchor = make(chan struct{})
+			}
+			if !s.send(ctx, start) || !s.anchored(ctx, log, start) {
 				closePartition(pc)
 				return
 			}
@@ -351,27 +395,30 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 // openPartition opens partition p at offset (a number, or a policy
 // constant resolved to a number here), retrying with backoff until ctx ends.
 // A numeric offset out of range is replaced, and reset is true: below the
-// log start by the oldest offset, beyond the end by policy.
+// log start by the oldest offset, beyond the end by policy. Which of the two
+// it is takes a lookup of the log start; a failed lookup is retried, never
+// taken as a reason to apply the policy.
 // It returns the numeric offset consumption starts at.
 func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, log *logrus.Entry,
 	p int32, offset, policy int64) (pc sarama.PartitionConsumer, at int64, reset bool, err error) {
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
-	var outOfRange int64 // the numeric offset found out of range, when reset
+	var outOfRange int64 // the first numeric offset found out of range, when reset
+	var resetBy string   // what replaced it: "oldest" or the policy's name
 	for {
 		at, err = offset, nil
 		if offset < 0 {
-			at, err = s.client.GetOffset(s.cfg.Topic, p, offset)
-			if err == nil && reset {
-				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": policyName(offset), "reset_to": at}).
-					Warn("offset out of range, resetting")
-			}
+			at, err = s.offsetOf(p, offset)
 		}
 		if err == nil {
 			pc, err = consumer.ConsumePartition(s.cfg.Topic, p, at)
 		}
 		if err == nil {
+			if reset {
+				log.WithFields(logrus.Fields{"offset": outOfRange, "policy": resetBy, "reset_to": at}).
+					Warn("offset out of range, resetting")
+			}
 			s.mu.Lock()
-			if s.paused {
+			if s.paused || s.held[p] {
 				pc.Pause()
 			}
 			s.parts[p] = pc
@@ -382,12 +429,23 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			// Below the log start (retention removed those records): go on
 			// from the oldest record still there, whatever the policy, so that
 			// nothing still in Kafka is skipped. Beyond the end (the log was
-			// truncated): the policy decides.
-			target := policy
-			if oldest, oerr := s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest); oerr == nil && offset < oldest {
-				target = sarama.OffsetOldest
+			// truncated): the policy decides. Out of range again after a
+			// reset (the log moved meanwhile): back off first.
+			if reset && !backoff.Sleep(ctx, b.Next()) {
+				return nil, 0, false, ctx.Err()
 			}
-			outOfRange, offset, reset = offset, target, true
+			oldest, ok := s.logStart(ctx, log, p)
+			if !ok {
+				return nil, 0, false, ctx.Err()
+			}
+			if !reset {
+				outOfRange, reset = at, true
+			}
+			if at < oldest {
+				offset, resetBy = oldest, policyName(sarama.OffsetOldest)
+			} else {
+				offset, resetBy = policy, policyName(policy)
+			}
 			continue // no backoff: the next attempt is a different one
 		}
 		wait := b.Next()
@@ -397,6 +455,56 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			return nil, 0, false, ctx.Err()
 		}
 	}
+}
+
+// offsetOf resolves policy (sarama.OffsetNewest or OffsetOldest) to an
+// offset of partition p. Under read_committed, newest is the last stable
+// offset, not the high watermark: the records of a transaction still open
+// lie between the two, and are delivered once it commits.
+func (s *Source) offsetOf(p int32, policy int64) (int64, error) {
+	conf := s.client.Config()
+	if policy != sarama.OffsetNewest || conf.Consumer.IsolationLevel != sarama.ReadCommitted {
+		return s.client.GetOffset(s.cfg.Topic, p, policy)
+	}
+	broker, err := s.client.Leader(s.cfg.Topic, p)
+	if err != nil {
+		return -1, fmt.Errorf("leader of partition %d: %w", p, err)
+	}
+	req := sarama.NewOffsetRequest(conf.Version)
+	req.IsolationLevel = sarama.ReadCommitted
+	req.AddBlock(s.cfg.Topic, p, sarama.OffsetNewest, 1)
+	resp, err := broker.GetAvailableOffsets(req)
+	if err != nil {
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, err)
+	}
+	block := resp.GetBlock(s.cfg.Topic, p)
+	switch {
+	case block == nil:
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
+	case !errors.Is(block.Err, sarama.ErrNoError):
+		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, block.Err)
+	case req.Version == 0:
+		if len(block.Offsets) != 1 {
+			return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
+		}
+		return block.Offsets[0], nil
+	}
+	return block.Offset, nil
+}
+
+// logStart returns the oldest offset of partition p, retrying a failed
+// lookup with backoff; false when ctx ends first.
+func (s *Source) logStart(ctx context.Context, log *logrus.Entry, p int32) (int64, bool) {
+	var oldest int64
+	err := backoff.Retry(ctx, backoff.Backoff{Min: retryMin, Max: retryMax}, func(context.Context) error {
+		var err error
+		oldest, err = s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest)
+		return err
+	}, func(attempt int, err error, wait time.Duration) {
+		log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait}).
+			Warn("offset out of range: cannot look up the oldest offset to tell where to reset, retrying")
+	})
+	return oldest, err == nil
 }
 
 // consume sends batches from pc until ctx ends (ok false; pc is closed) or
@@ -452,6 +560,22 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, pc sarama.Parti
 			}
 			next = batch.Messages[len(batch.Messages)-1].Offset + 1
 		}
+	}
+}
+
+// anchored waits until the dispatcher has stored the committable offset of
+// start's partition, when start asks for it (Anchor); false if ctx ends
+// first.
+func (s *Source) anchored(ctx context.Context, log *logrus.Entry, start dispatch.Batch) bool {
+	if start.Anchor == nil {
+		return true
+	}
+	select {
+	case <-start.Anchor:
+		log.WithField("offset", start.Start).Debug("start offset anchored")
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

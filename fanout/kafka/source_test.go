@@ -98,18 +98,50 @@ func (p *producer) produce(topic string, n int, partitions ...int32) {
 }
 
 // recorder collects batches and the contract violations it sees in them.
+// It plays the dispatcher's part of anchors: it closes a Start batch's
+// Anchor at once, unless told to hold the partition's anchors.
 type recorder struct {
 	batchSize int
 
 	mu         sync.Mutex // guards the fields below
 	starts     map[int32][]int64
+	anchored   map[int32][]int64 // the starts that came with an Anchor
+	held       map[int32][]chan struct{}
+	hold       map[int32]bool // partitions whose anchors are held, not closed
 	offsets    map[int32][]int64
 	next       map[int32]int64 // expected offset of the next message
+	open       map[int32]bool  // an anchor of the partition is not closed yet
 	violations []string
 }
 
 func newRecorder(batchSize int) *recorder {
-	return &recorder{batchSize: batchSize, starts: map[int32][]int64{}, offsets: map[int32][]int64{}, next: map[int32]int64{}}
+	return &recorder{batchSize: batchSize, starts: map[int32][]int64{}, anchored: map[int32][]int64{},
+		held: map[int32][]chan struct{}{}, hold: map[int32]bool{}, offsets: map[int32][]int64{},
+		next: map[int32]int64{}, open: map[int32]bool{}}
+}
+
+// holdAnchors keeps the anchors of partition p open until release.
+func (r *recorder) holdAnchors(p int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hold[p] = true
+}
+
+// release closes the held anchors of partition p and stops holding them.
+func (r *recorder) release(p int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range r.held[p] {
+		close(a)
+	}
+	delete(r.held, p)
+	r.hold[p], r.open[p] = false, false
+}
+
+func (r *recorder) anchoredOf(p int32) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.anchored[p])
 }
 
 func (r *recorder) add(b dispatch.Batch) {
@@ -122,7 +154,19 @@ func (r *recorder) add(b dispatch.Batch) {
 		}
 		r.starts[b.Partition] = append(r.starts[b.Partition], b.Start)
 		r.next[b.Partition] = b.Start
+		if b.Anchor != nil {
+			r.anchored[b.Partition] = append(r.anchored[b.Partition], b.Start)
+			if r.hold[b.Partition] {
+				r.held[b.Partition] = append(r.held[b.Partition], b.Anchor)
+				r.open[b.Partition] = true
+			} else {
+				close(b.Anchor)
+			}
+		}
 		return
+	}
+	if r.open[b.Partition] {
+		bad("partition %d: messages before its start was anchored", b.Partition)
 	}
 	if b.Start != -1 || len(b.Messages) == 0 || len(b.Messages) > r.batchSize {
 		bad("partition %d: batch with Start %d and %d messages", b.Partition, b.Start, len(b.Messages))
@@ -228,20 +272,26 @@ func TestSourceStartOffsets(t *testing.T) {
 		stored       map[int32]int64
 		deleteBefore map[int32]int64 // records deleted before the start (retention)
 		wantStart    map[int32]int64
+		wantAnchored []int32 // partitions whose start was resolved by the source: anchored
 	}{
-		{"oldest", sarama.OffsetOldest, nil, nil, map[int32]int64{0: 0, 1: 0, 2: 0}},
-		{"newest", sarama.OffsetNewest, nil, nil, map[int32]int64{0: 5, 1: 5, 2: 5}},
-		{"stored", sarama.OffsetNewest, map[int32]int64{0: 2, 1: 5, 2: 0}, nil, map[int32]int64{0: 2, 1: 5, 2: 0}},
+		{"oldest", sarama.OffsetOldest, nil, nil, map[int32]int64{0: 0, 1: 0, 2: 0}, []int32{0, 1, 2}},
+		{"newest", sarama.OffsetNewest, nil, nil, map[int32]int64{0: 5, 1: 5, 2: 5}, []int32{0, 1, 2}},
+		{"stored", sarama.OffsetNewest, map[int32]int64{0: 2, 1: 5, 2: 0}, nil, map[int32]int64{0: 2, 1: 5, 2: 0}, nil},
+		// A group that has stored offsets: --initial-offset no longer
+		// applies, partitions without one (added, or started and never
+		// committed before a crash) start at the oldest offset.
+		{"newest applies only to a group that never committed", sarama.OffsetNewest, map[int32]int64{0: 5}, nil,
+			map[int32]int64{0: 5, 1: 0, 2: 0}, []int32{1, 2}},
 		{"stored beyond end resets to oldest", sarama.OffsetOldest, map[int32]int64{0: 100, 1: 3}, nil,
-			map[int32]int64{0: 0, 1: 3, 2: 0}},
+			map[int32]int64{0: 0, 1: 3, 2: 0}, []int32{0, 2}},
 		{"stored beyond end resets to newest", sarama.OffsetNewest, map[int32]int64{0: 100}, nil,
-			map[int32]int64{0: 5, 1: 5, 2: 5}},
+			map[int32]int64{0: 5, 1: 0, 2: 0}, []int32{0, 1, 2}},
 		{"stored below log start resets to oldest", sarama.OffsetOldest, map[int32]int64{0: 1, 1: 1},
-			map[int32]int64{0: 3}, map[int32]int64{0: 3, 1: 1, 2: 0}},
+			map[int32]int64{0: 3}, map[int32]int64{0: 3, 1: 1, 2: 0}, []int32{0, 2}},
 		// Retention removed records the daemon never delivered: it goes on
 		// from the oldest left, even with the newest policy.
 		{"stored below log start resets to oldest whatever the policy", sarama.OffsetNewest, map[int32]int64{0: 1, 1: 1},
-			map[int32]int64{0: 3}, map[int32]int64{0: 3, 1: 1, 2: 5}},
+			map[int32]int64{0: 3}, map[int32]int64{0: 3, 1: 1, 2: 0}, []int32{0, 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -279,6 +329,13 @@ func TestSourceStartOffsets(t *testing.T) {
 				})
 				if got := rec.startsOf(p); !slices.Equal(got, []int64{start}) {
 					t.Errorf("partition %d: start batches %v, want [%d]", p, got, start)
+				}
+				var wantAnchored []int64
+				if slices.Contains(tt.wantAnchored, p) {
+					wantAnchored = []int64{start}
+				}
+				if got := rec.anchoredOf(p); !slices.Equal(got, wantAnchored) {
+					t.Errorf("partition %d: anchored starts %v, want %v", p, got, wantAnchored)
 				}
 				if got := rec.offsetsOf(p); !slices.Equal(got, want) {
 					t.Errorf("partition %d: offsets %v, want %v", p, got, want)
@@ -351,8 +408,77 @@ func TestSourceOutOfRangeWhileRunning(t *testing.T) {
 	if got, want := rec.startsOf(0), []int64{0, 6}; !slices.Equal(got, want) {
 		t.Errorf("start batches %v, want %v", got, want)
 	}
+	if got, want := rec.anchoredOf(0), []int64{6}; !slices.Equal(got, want) {
+		t.Errorf("anchored starts %v, want %v (the reset, not the stored offset)", got, want)
+	}
 	if got, want := rec.offsetsOf(0), offsetsFrom(6, 10); !slices.Equal(got, want) {
 		t.Errorf("offsets %v, want %v", got, want)
+	}
+}
+
+// failOldestLookups fails, after the first lookup of partition 0's oldest
+// offset, the next n such lookups (ListOffsets, timestamp -2) with a
+// retriable error, as a broker in a leader change would. It returns the
+// number of lookups failed so far.
+func failOldestLookups(cluster *kfake.Cluster, n int32) *atomic.Int32 {
+	var seen, failed atomic.Int32
+	cluster.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		lr := req.(*kmsg.ListOffsetsRequest)
+		if len(lr.Topics) != 1 || len(lr.Topics[0].Partitions) != 1 {
+			return nil, nil, false
+		}
+		if rp := lr.Topics[0].Partitions[0]; rp.Partition != 0 || rp.Timestamp != sarama.OffsetOldest {
+			return nil, nil, false
+		}
+		if seen.Add(1) == 1 || failed.Load() >= n {
+			return nil, nil, false
+		}
+		failed.Add(1)
+		resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = lr.Version
+		st := kmsg.NewListOffsetsResponseTopic()
+		st.Topic = lr.Topics[0].Topic
+		sp := kmsg.NewListOffsetsResponseTopicPartition()
+		sp.Partition, sp.ErrorCode = 0, kerr.LeaderNotAvailable.Code
+		st.Partitions = append(st.Partitions, sp)
+		resp.Topics = append(resp.Topics, st)
+		return resp, nil, true
+	})
+	return &failed
+}
+
+// A stored offset below the log start resets to the oldest offset even when
+// the lookups that tell where the log starts fail for a while: they are
+// retried, never answered by the policy (newest would skip 3 and 4).
+func TestSourceResetRetriesFailedLookup(t *testing.T) {
+	const topic = "t"
+	cluster := newCluster(t, topic, 1)
+	prod := newProducer(t, cluster)
+	prod.produce(topic, 5, 0)
+	if err := prod.admin.DeleteRecords(topic, map[int32]int64{0: 3}); err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	// The first lookup is the consumer's range check, which finds 1 out of
+	// range; the next ones are the source's, to tell where to reset.
+	failed := failOldestLookups(cluster, 3)
+	src, err := NewSource(newClient(t, cluster), SourceConfig{Topic: topic, Initial: sarama.OffsetNewest,
+		Stored: map[int32]int64{0: 1}, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(DefaultBatchSize)
+	run(t, src, rec)
+	testutil.WaitFor(t, testWait, "partition 0 to start", func() bool { return len(rec.startsOf(0)) > 0 })
+	if got := rec.startsOf(0); !slices.Equal(got, []int64{3}) {
+		t.Fatalf("start batches %v, want [3]: the oldest offset, not the policy's newest", got)
+	}
+	if failed.Load() != 3 {
+		t.Fatalf("%d lookups failed, want 3", failed.Load())
+	}
+	testutil.WaitFor(t, testWait, "offsets 3 and 4", func() bool { return len(rec.offsetsOf(0)) == 2 })
+	if got := rec.offsetsOf(0); !slices.Equal(got, []int64{3, 4}) {
+		t.Fatalf("offsets %v, want [3 4]", got)
 	}
 }
 
@@ -416,6 +542,50 @@ func TestSourcePauseResume(t *testing.T) {
 	}
 }
 
+// PausePartition stops fetching one partition while the others flow, and
+// holds across a Pause and Resume of the whole source, until
+// ResumePartition.
+func TestSourcePausePartition(t *testing.T) {
+	const topic = "t"
+	cluster := newCluster(t, topic, 2)
+	prod := newProducer(t, cluster)
+	src, err := NewSource(newClient(t, cluster), SourceConfig{Topic: topic, Initial: sarama.OffsetOldest, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(DefaultBatchSize)
+	run(t, src, rec)
+	prod.produce(topic, 1, 0, 1)
+	testutil.WaitFor(t, testWait, "the first messages", func() bool { return rec.count() == 2 })
+
+	src.PausePartition(0)
+	src.PausePartition(0) // idempotent
+	// Fetches go one at a time per broker: once a message of partition 1
+	// produced after the pause has come, every later fetch was built
+	// without partition 0.
+	for want := 2; want <= 3; want++ {
+		prod.produce(topic, 1, 1)
+		testutil.WaitFor(t, testWait, "partition 1 flowing", func() bool { return len(rec.offsetsOf(1)) == want })
+	}
+	check := func(what string, want1 int) {
+		t.Helper()
+		prod.produce(topic, 1, 0)
+		prod.produce(topic, 1, 1)
+		testutil.WaitFor(t, testWait, "partition 1 "+what, func() bool { return len(rec.offsetsOf(1)) == want1 })
+		time.Sleep(300 * time.Millisecond) // sampling an absence: partition 0's message was produced first
+		if got := rec.offsetsOf(0); len(got) != 1 {
+			t.Fatalf("%s: partition 0 delivered %v while paused", what, got)
+		}
+	}
+	check("while partition 0 is paused", 4)
+	src.Pause()
+	src.Resume()
+	check("after Pause and Resume of the source", 5)
+
+	src.ResumePartition(0)
+	testutil.WaitFor(t, testWait, "partition 0 after ResumePartition", func() bool { return len(rec.offsetsOf(0)) == 3 })
+}
+
 func TestSourceTopicNotFound(t *testing.T) {
 	cluster := newCluster(t, "other", 1)
 	client := newClient(t, cluster)
@@ -472,10 +642,41 @@ func TestSourceNewPartition(t *testing.T) {
 		if got := rec.startsOf(p); !slices.Equal(got, []int64{0}) {
 			t.Errorf("partition %d: start batches %v, want [0] (oldest)", p, got)
 		}
+		if got := rec.anchoredOf(p); !slices.Equal(got, []int64{0}) {
+			t.Errorf("partition %d: anchored starts %v, want [0]", p, got)
+		}
 	}
 	if got := src.Partitions(); !slices.Equal(got, []int32{0, 1, 2}) {
 		t.Errorf("Partitions() = %v, want [0 1 2]", got)
 	}
+}
+
+// A partition whose start the source resolved (newest here) sends no
+// message until the dispatcher has anchored that start; the other
+// partitions flow meanwhile.
+func TestSourceSendsNoMessageBeforeItsStartIsAnchored(t *testing.T) {
+	const topic = "t"
+	cluster := newCluster(t, topic, 2)
+	prod := newProducer(t, cluster)
+	src, err := NewSource(newClient(t, cluster), SourceConfig{Topic: topic, Initial: sarama.OffsetNewest, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(DefaultBatchSize)
+	rec.holdAnchors(0)
+	run(t, src, rec)
+	testutil.WaitFor(t, testWait, "both partitions to start", func() bool {
+		return len(rec.anchoredOf(0)) == 1 && len(rec.anchoredOf(1)) == 1
+	})
+	prod.produce(topic, 3, 0)
+	prod.produce(topic, 3, 1)
+	testutil.WaitFor(t, testWait, "partition 1's messages", func() bool { return len(rec.offsetsOf(1)) == 3 })
+	time.Sleep(500 * time.Millisecond) // sampling an absence: partition 0 is fetched as partition 1 was
+	if got := rec.offsetsOf(0); len(got) != 0 {
+		t.Fatalf("partition 0 sent %v before its start was anchored", got)
+	}
+	rec.release(0)
+	testutil.WaitFor(t, testWait, "partition 0's messages once anchored", func() bool { return len(rec.offsetsOf(0)) == 3 })
 }
 
 func TestParseInitialOffset(t *testing.T) {

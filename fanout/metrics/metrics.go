@@ -74,6 +74,7 @@ type Collector struct {
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
 	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
+	outstanding, held                                            *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
 }
 
@@ -114,6 +115,8 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
 		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
 		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
+		outstanding:   desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
+		held:          desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
 		leader:        desc("leader", "1 while this node leads the cluster."),
 		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
 		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
@@ -137,7 +140,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
 		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
-		c.lag, c.committed, c.highWater, c.leader, c.epoch, c.failovers, c.members,
+		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members,
 	} {
 		ch <- d
 	}
@@ -184,6 +187,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for p, off := range st.Committed {
 		gauge(c.committed, float64(off), partition(p))
 	}
+	for p, n := range st.Outstanding {
+		gauge(c.outstanding, float64(n), partition(p))
+	}
+	gauge(c.held, float64(len(st.Held)))
 
 	gauge(c.leader, bool01(s.Leader))
 	gauge(c.epoch, float64(s.Epoch))

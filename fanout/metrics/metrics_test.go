@@ -23,7 +23,9 @@ func leaderSnapshot() Snapshot {
 			Consumed: 10, Delivered: 12, Acked: 7, Nacked: 1,
 			Redelivered: [3]uint64{2, 0, 1}, UnknownAcks: 3,
 			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true, TooLarge: 1,
-			Committed: map[int32]int64{0: 5, 1: 9},
+			Committed:   map[int32]int64{0: 5, 1: 9},
+			Outstanding: map[int32]int{0: 60001, 1: 2},
+			Held:        []int32{0},
 		},
 		HighWaterMarks:    map[int32]int64{0: 8, 1: 9, 2: 4},
 		Clients:           2,
@@ -98,6 +100,13 @@ fanout_committed_offset{partition="1"} 9
 fanout_high_watermark{partition="0"} 8
 fanout_high_watermark{partition="1"} 9
 fanout_high_watermark{partition="2"} 4
+# HELP fanout_outstanding_offsets Offsets of the partition received and not yet committable: an unacked message holds every later one.
+# TYPE fanout_outstanding_offsets gauge
+fanout_outstanding_offsets{partition="0"} 60001
+fanout_outstanding_offsets{partition="1"} 2
+# HELP fanout_partitions_held Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message.
+# TYPE fanout_partitions_held gauge
+fanout_partitions_held 1
 # HELP fanout_leader 1 while this node leads the cluster.
 # TYPE fanout_leader gauge
 fanout_leader 1

@@ -4,12 +4,21 @@ package offsets
 // the offsets received but not yet acked, in the order they were received
 // (which is offset order, as Kafka delivers a partition in order). The
 // committable offset of a partition is the next offset after its contiguous
-// acked prefix: the lowest outstanding offset, or one past the last offset
-// received when nothing is outstanding. With 104 unacked and 105 acked it is
-// 104, never 106.
+// acked prefix: the lowest outstanding offset, or the offset consumption
+// goes on from when nothing is outstanding. With 104 unacked and 105 acked
+// it is 104, never 106.
 //
 // Offsets need not be contiguous (compaction and transaction markers leave
 // gaps); only the offsets actually received count.
+//
+// A partition may restart at another offset R (Start): the log was
+// truncated, or retention passed it. Offsets at or above R are forgotten
+// (they are fetched again, or gone), while outstanding offsets below R stay
+// outstanding: those records were received and may still be acked, and the
+// committable offset must not pass them. Every received offset belongs to
+// the generation of the partition's last Start, and an ack counts only for
+// the entry of its own generation (AckIn): after a restart below an offset,
+// the same offset is received again as another record.
 //
 // A Tracker is not safe for concurrent use: the dispatcher's goroutine owns it.
 type Tracker struct {
@@ -24,35 +33,45 @@ type partition struct {
 	head  int
 	n     int
 	next  int64  // committable offset when nothing is pending
-	dirty bool   // committable offset changed since the last Dirty call
-	last  int64  // committable offset reported by the last Dirty call
-	gen   uint32 // counts Starts: offsets received before the last one are not acked by AckIn
+	dirty bool   // committable offset changed since the last report
+	last  int64  // committable offset last reported (Dirty, Report)
+	gen   uint32 // counts Starts: the generation of offsets received now
 }
 
 type entry struct {
 	offset int64
+	gen    uint32 // the partition's generation when received
 	acked  bool
 }
 
 // NewTracker returns an empty Tracker.
 func NewTracker() *Tracker { return &Tracker{parts: map[int32]*partition{}} }
 
-// Start (re)starts partition p at offset: anything tracked for p is
-// forgotten and offset becomes its committable offset.
-func (t *Tracker) Start(p int32, offset int64) {
+// Start (re)starts partition p at offset R: consumption goes on from R, in a
+// new generation. Tracked offsets at or above R are forgotten; outstanding
+// offsets below R stay outstanding and their acks (AckIn with their own
+// generation) still count. The committable offset becomes the lowest of
+// them, or R when there is none. Start returns how many outstanding offsets
+// it forgot.
+func (t *Tracker) Start(p int32, offset int64) int {
 	pt := t.parts[p]
 	if pt == nil {
 		pt = &partition{last: -1}
 		t.parts[p] = pt
 	}
-	pt.head, pt.n = 0, 0
+	forgot := 0
+	for pt.n > 0 && pt.at(pt.n-1).offset >= offset {
+		pt.n--
+		forgot++
+	}
 	pt.next = offset
-	pt.dirty = pt.last != offset
 	pt.gen++
+	pt.dirty = pt.committable() != pt.last
+	return forgot
 }
 
-// Gen returns how many times partition p was started: offsets received
-// since the last Start belong to that generation.
+// Gen returns the generation of partition p: how many times it was
+// started. Offsets received now belong to it.
 func (t *Tracker) Gen(p int32) uint32 {
 	if pt := t.parts[p]; pt != nil {
 		return pt.gen
@@ -60,10 +79,11 @@ func (t *Tracker) Gen(p int32) uint32 {
 	return 0
 }
 
-// Received records that offset of partition p entered the daemon. Offsets of
-// a partition must be received in increasing order; an offset at or below
-// one already received (a re-fetch after a restart) is ignored and reported
-// as false. A partition not started is started at offset.
+// Received records that offset of partition p entered the daemon, in the
+// partition's current generation. Offsets of a partition must be received
+// in increasing order; an offset at or below one already received, or below
+// the partition's start, is ignored and reported as false. A partition not
+// started is started at offset.
 func (t *Tracker) Received(p int32, offset int64) bool {
 	pt := t.parts[p]
 	if pt == nil {
@@ -76,49 +96,53 @@ func (t *Tracker) Received(p int32, offset int64) bool {
 	if pt.n == len(pt.buf) {
 		pt.grow()
 	}
-	*pt.at(pt.n) = entry{offset: offset}
+	*pt.at(pt.n) = entry{offset: offset, gen: pt.gen}
 	pt.n++
 	return true
 }
 
-// Ack records that offset of partition p was processed. It reports false for
-// an offset that is not outstanding (never received, already acked, or from
-// before a Start).
+// Ack records that offset of partition p, received in the current
+// generation, was processed. See AckIn.
 func (t *Tracker) Ack(p int32, offset int64) bool { return t.AckIn(p, offset, t.Gen(p)) }
 
-// AckIn is Ack for an offset received in generation gen (Gen at the time):
-// after a restart of the partition at a lower offset the same offset can be
-// received again, and an ack of the earlier one must not count for it.
+// AckIn records that offset of partition p, received in generation gen (Gen
+// at the time), was processed. It reports false for an offset that is not
+// outstanding: never received, already acked, forgotten by a Start at or
+// below it, or received again in another generation.
 func (t *Tracker) AckIn(p int32, offset int64, gen uint32) bool {
 	pt := t.parts[p]
-	if pt == nil || pt.n == 0 || pt.gen != gen {
+	if pt == nil {
 		return false
 	}
-	// Binary search: pending offsets are increasing.
-	lo, hi := 0, pt.n
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if pt.at(mid).offset < offset {
-			lo = mid + 1
-		} else {
-			hi = mid
-		}
-	}
-	if lo == pt.n {
+	i, ok := pt.find(offset, gen)
+	if !ok {
 		return false
 	}
-	e := pt.at(lo)
-	if e.offset != offset || e.acked {
+	e := pt.at(i)
+	if e.acked {
 		return false
 	}
 	e.acked = true
 	for pt.n > 0 && pt.at(0).acked {
-		pt.next = pt.at(0).offset + 1
+		// Beyond a restart point R the committable offset stays at R until
+		// offsets received from there are outstanding.
+		pt.next = max(pt.next, pt.at(0).offset+1)
 		pt.head = (pt.head + 1) & (len(pt.buf) - 1)
 		pt.n--
 		pt.dirty = true
 	}
 	return true
+}
+
+// Pending reports whether offset of partition p, received in generation
+// gen, is outstanding: received and neither acked nor forgotten.
+func (t *Tracker) Pending(p int32, offset int64, gen uint32) bool {
+	pt := t.parts[p]
+	if pt == nil {
+		return false
+	}
+	i, ok := pt.find(offset, gen)
+	return ok && !pt.at(i).acked
 }
 
 // Committable returns the committable offset of partition p, and false if p
@@ -132,7 +156,7 @@ func (t *Tracker) Committable(p int32) (int64, bool) {
 }
 
 // Outstanding returns how many received offsets of p are not yet behind the
-// committable offset.
+// committable offset: the entries the tracker holds for p.
 func (t *Tracker) Outstanding(p int32) int {
 	if pt := t.parts[p]; pt != nil {
 		return pt.n
@@ -140,8 +164,17 @@ func (t *Tracker) Outstanding(p int32) int {
 	return 0
 }
 
-// Dirty returns the committable offsets that changed since the last call, or
-// nil when none did, and marks them reported.
+// OutstandingAll returns Outstanding of every tracked partition.
+func (t *Tracker) OutstandingAll() map[int32]int {
+	out := make(map[int32]int, len(t.parts))
+	for p, pt := range t.parts {
+		out[p] = pt.n
+	}
+	return out
+}
+
+// Dirty returns the committable offsets that changed since they were last
+// reported, or nil when none did, and marks them reported.
 func (t *Tracker) Dirty() map[int32]int64 {
 	var out map[int32]int64
 	for p, pt := range t.parts {
@@ -162,6 +195,19 @@ func (t *Tracker) Dirty() map[int32]int64 {
 	return out
 }
 
+// Report returns the committable offset of partition p, and false if p is
+// not tracked, and marks it reported, so that Dirty does not return it
+// again until it changes.
+func (t *Tracker) Report(p int32) (int64, bool) {
+	pt := t.parts[p]
+	if pt == nil {
+		return 0, false
+	}
+	pt.dirty = false
+	pt.last = pt.committable()
+	return pt.last, true
+}
+
 // All returns the committable offset of every tracked partition.
 func (t *Tracker) All() map[int32]int64 {
 	out := make(map[int32]int64, len(t.parts))
@@ -176,6 +222,26 @@ func (pt *partition) committable() int64 {
 		return pt.at(0).offset
 	}
 	return pt.next
+}
+
+// find returns the index of the pending entry of offset received in
+// generation gen. Pending offsets are increasing, so a binary search finds
+// the one entry of offset, whose generation must match.
+func (pt *partition) find(offset int64, gen uint32) (int, bool) {
+	lo, hi := 0, pt.n
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if pt.at(mid).offset < offset {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo == pt.n {
+		return 0, false
+	}
+	e := pt.at(lo)
+	return lo, e.offset == offset && e.gen == gen
 }
 
 // at returns the i-th pending entry; len(buf) is a power of two.

@@ -2,6 +2,7 @@ package offsets
 
 import (
 	"maps"
+	"slices"
 	"testing"
 )
 
@@ -35,10 +36,10 @@ func TestTrackerCommittable(t *testing.T) {
 		{"ack of committed offset ignored", []op{{"start", 0, true}, {"recv", 0, true}, {"ack", 0, true}, {"ack", 0, false}}, 1},
 		{"re-received offset ignored", []op{{"start", 0, true}, {"recv", 0, true}, {"recv", 1, true}, {"recv", 1, false}, {"recv", 0, false}}, 0},
 		{"offset below start ignored", []op{{"start", 50, true}, {"recv", 49, false}, {"recv", 50, true}, {"ack", 50, true}}, 51},
-		{"restart forgets pending", []op{
+		{"restart above keeps pending below", []op{
 			{"start", 0, true}, {"recv", 0, true}, {"recv", 1, true}, {"ack", 1, true},
-			{"start", 500, true}, {"ack", 0, false},
-		}, 500},
+			{"start", 500, true},
+		}, 0},
 		{"receive without start starts there", []op{{"recv", 42, true}, {"ack", 42, true}}, 43},
 	}
 	for _, tt := range tests {
@@ -160,5 +161,145 @@ func TestTrackerAckOfAnEarlierGenerationIgnored(t *testing.T) {
 	}
 	if c, _ := tr.Committable(0); c != 11 {
 		t.Fatalf("committable = %d, want 11 (5 and 10 acked; 6-9 never received)", c)
+	}
+}
+
+// Restarts of a partition at another offset R (Start): offsets at or above
+// R are forgotten, unacked offsets below R stay outstanding and their acks,
+// of the generation they were received in, still count. The committable
+// offset never passes an unacked offset that was received and not
+// forgotten.
+func TestTrackerRestart(t *testing.T) {
+	type op struct {
+		kind   string // "start", "recv", "ack" (as received last), "ack-first" (as received first)
+		offset int64
+		ok     bool // expected result of recv/ack
+		want   int64
+	}
+	recv := func(o int64) op { return op{"recv", o, true, -1} }
+	ack := func(o int64, ok bool, want int64) op { return op{"ack", o, ok, want} }
+	ackFirst := func(o int64, ok bool, want int64) op { return op{"ack-first", o, ok, want} }
+	start := func(o, want int64) op { return op{"start", o, true, want} }
+	recvRange := func(from, to int64) []op {
+		var ops []op
+		for o := from; o < to; o++ {
+			ops = append(ops, recv(o))
+		}
+		return ops
+	}
+	tests := []struct {
+		name string
+		ops  []op
+	}{
+		// The case: fetched 100-109, 100-102 in flight, 103-109
+		// acked; unclean leader election truncated the log to 103, the
+		// partition restarts at 103. 100-102 are still in Kafka: their
+		// acks count and the commit waits for them.
+		{"forward restart keeps unacked below R", slices.Concat(
+			[]op{start(100, 100)}, recvRange(100, 110),
+			[]op{ack(105, true, 100), ack(109, true, 100)},
+			[]op{start(103, 100)},
+			[]op{ackFirst(105, false, 100)}, // forgotten: re-fetched or gone
+			[]op{ackFirst(101, true, 100), ackFirst(100, true, 102), ackFirst(102, true, 103)},
+			[]op{recv(103), recv(104), ack(104, true, 103), ack(103, true, 105)},
+		)},
+		{"forward restart beyond everything received", slices.Concat(
+			[]op{start(0, 0)}, recvRange(0, 3),
+			[]op{start(10, 0), ackFirst(1, true, 0), ackFirst(0, true, 2), ackFirst(2, true, 10)},
+			[]op{{"recv", 9, false, -1}, recv(10), ack(10, true, 11)},
+		)},
+		{"forward restart with nothing outstanding", slices.Concat(
+			[]op{start(0, 0)}, recvRange(0, 2), []op{ack(0, true, 1), ack(1, true, 2), start(7, 7)},
+		)},
+		// Truncated below what was committed (policy oldest, or newest on a
+		// shorter log): the offsets from R are other records now.
+		{"restart lower forgets everything above R", slices.Concat(
+			[]op{start(100, 100)}, recvRange(100, 105), []op{ack(100, true, 101), ack(101, true, 102)},
+			[]op{start(50, 50), ackFirst(102, false, 50)},
+			recvRange(50, 53), []op{ack(50, true, 51)},
+		)},
+		{"restart lower keeps unacked below R", slices.Concat(
+			[]op{start(0, 0)}, recvRange(0, 10),
+			[]op{ack(1, true, 0), ack(2, true, 0), ack(7, true, 0)},
+			[]op{start(5, 0)},
+			recvRange(5, 7),
+			[]op{ackFirst(5, false, 0)}, // the 5 received before the restart is forgotten
+			[]op{ackFirst(3, true, 0), ackFirst(4, true, 0), ackFirst(0, true, 5)},
+			[]op{ack(5, true, 6), ack(6, true, 7)},
+		)},
+		{"refetched offset is a new entry", slices.Concat(
+			[]op{start(0, 0)}, recvRange(0, 2),
+			[]op{start(0, 0)}, recvRange(0, 2),
+			[]op{ackFirst(0, false, 0), ackFirst(1, false, 0), ack(0, true, 1), ack(1, true, 2)},
+		)},
+		{"restart where fetching went on keeps everything", slices.Concat(
+			[]op{start(0, 0)}, recvRange(0, 3),
+			[]op{start(3, 0), ackFirst(0, true, 1), ackFirst(2, true, 1), ackFirst(1, true, 3)},
+		)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := NewTracker()
+			gens := map[int64][]uint32{} // generations each offset was received in
+			for i, o := range tt.ops {
+				var got bool
+				switch o.kind {
+				case "start":
+					tr.Start(0, o.offset)
+					got = true
+				case "recv":
+					got = tr.Received(0, o.offset)
+					if got {
+						gens[o.offset] = append(gens[o.offset], tr.Gen(0))
+					}
+				case "ack", "ack-first":
+					g := gens[o.offset]
+					if len(g) == 0 {
+						t.Fatalf("op %d: ack of offset %d never received", i, o.offset)
+					}
+					gen := g[len(g)-1]
+					if o.kind == "ack-first" {
+						gen = g[0]
+					}
+					got = tr.AckIn(0, o.offset, gen)
+				}
+				if got != o.ok {
+					t.Fatalf("op %d %s(%d) = %v, want %v", i, o.kind, o.offset, got, o.ok)
+				}
+				if o.want >= 0 {
+					if c, _ := tr.Committable(0); c != o.want {
+						t.Fatalf("op %d %s(%d): committable %d, want %d", i, o.kind, o.offset, c, o.want)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestTrackerPendingAndReport(t *testing.T) {
+	tr := NewTracker()
+	tr.Start(0, 10)
+	tr.Received(0, 10)
+	tr.Received(0, 11)
+	g := tr.Gen(0)
+	if !tr.Pending(0, 10, g) || tr.Pending(0, 12, g) || tr.Pending(0, 10, g+1) || tr.Pending(1, 10, g) {
+		t.Fatal("Pending wrong before the restart")
+	}
+	tr.Start(0, 11)
+	if !tr.Pending(0, 10, g) || tr.Pending(0, 11, g) {
+		t.Fatal("after a restart at 11, 10 must stay pending and 11 be forgotten")
+	}
+	tr.AckIn(0, 10, g)
+	if tr.Pending(0, 10, g) {
+		t.Fatal("acked offset still pending")
+	}
+	if c, ok := tr.Report(0); !ok || c != 11 {
+		t.Fatalf("Report = %d, %v; want 11", c, ok)
+	}
+	if d := tr.Dirty(); d != nil {
+		t.Fatalf("Dirty after Report = %v, want nothing", d)
+	}
+	if _, ok := tr.Report(5); ok {
+		t.Fatal("Report of an untracked partition")
 	}
 }
