@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -35,12 +34,17 @@ const stableSession = 2 * time.Second
 // Config configures a Client. Only Addrs is required.
 type Config struct {
 	// Addrs are host:port addresses of daemons of one cluster. They are tried
-	// in order, then round-robin; a follower redirects to the leader.
+	// in order, then round-robin; a follower redirects to the leader. In
+	// spread mode one address is enough: the daemon lists the members, and
+	// the client keeps a session with each at the address listed.
 	Addrs []string
 	// ClientID names the client in the daemon's logs; default hostname-pid.
 	ClientID string
 	// MaxInFlight is how many delivered, unacked messages the client holds
-	// at once, and the capacity of Messages; default DefaultMaxInFlight.
+	// at once, and the capacity of Messages; default DefaultMaxInFlight. In
+	// spread mode it is split over the members: each session asks for
+	// MaxInFlight / members, rounded down, at least 1 (see the package
+	// documentation).
 	MaxInFlight int
 	// AuthToken is sent in Hello when the daemon requires one.
 	AuthToken string
@@ -48,9 +52,11 @@ type Config struct {
 	// default DefaultDialTimeout.
 	DialTimeout time.Duration
 	// NoReconnect makes Dial try each address once and the client stop, with
-	// Err set, when its connection ends. By default the client reconnects
-	// forever until Close, waiting MinBackoff..MaxBackoff (exponential, with
-	// jitter) between failed attempts.
+	// Err set, when a connection ends other than by its own choice (a member
+	// that left, a new share of the credit). By default the client
+	// reconnects forever until Close, waiting MinBackoff..MaxBackoff
+	// (exponential, with jitter) between failed attempts, to each member on
+	// its own.
 	NoReconnect bool
 	MinBackoff  time.Duration // default DefaultMinBackoff
 	MaxBackoff  time.Duration // default DefaultMaxBackoff
@@ -106,8 +112,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	return cfg, nil
 }
 
-// Client receives messages from a fanout cluster over one connection at a
-// time, reconnecting by itself. Its methods are safe for concurrent use.
+// Client receives messages from a fanout cluster: over one connection, to
+// the leader, in leader mode; over one connection per member in spread
+// mode. It reconnects by itself. Its methods are safe for concurrent use.
 type Client struct {
 	cfg  Config
 	log  *logrus.Entry
@@ -116,11 +123,15 @@ type Client struct {
 	ctx    context.Context // canceled by Close (or a failed Dial)
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run has returned
+	events chan event    // links → run
+	linkWG sync.WaitGroup
 
 	mu       sync.Mutex // guards the fields below
 	err      error      // why the client stopped on its own
 	lastErr  error      // the last connection failure, for Dial's error
 	closeErr error      // failure to flush the final acks and Goodbye
+	links    []*link    // the links whose goroutine has not exited; run changes it
+	members  []string   // the latest member list followed (sorted); nil in leader mode
 }
 
 // Dial starts a client and returns once a daemon has welcomed it, following
@@ -135,10 +146,11 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:  cfg,
-		log:  cfg.Logger.WithField("client_id", cfg.ClientID),
-		msgs: make(chan *Message, cfg.MaxInFlight),
-		done: make(chan struct{}),
+		cfg:    cfg,
+		log:    cfg.Logger.WithField("client_id", cfg.ClientID),
+		msgs:   make(chan *Message, cfg.MaxInFlight),
+		done:   make(chan struct{}),
+		events: make(chan event, 16),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	ready := make(chan error, 1)
@@ -171,18 +183,19 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 }
 
-// Messages returns the channel of deliveries. It is closed when the client
-// stops for good, after Close or when Err is set. When the connection is
-// replaced, messages of the old one still waiting in the channel are dropped
-// (the daemon delivers them again); those already received return ErrStale
-// from Ack.
+// Messages returns the channel of deliveries, of every session merged. It
+// is closed when the client stops for good, after Close or when Err is set.
+// When the one connection of leader mode is replaced, messages of the old
+// one still waiting in the channel are dropped (the daemon delivers them
+// again); those already received return ErrStale from Ack, as do messages
+// of a member's session that ended while others go on.
 func (c *Client) Messages() <-chan *Message { return c.msgs }
 
-// Close sends the acks queued so far and a Goodbye, waits for the daemon to
-// close the connection (at most a couple of seconds), and stops
-// reconnecting. Messages is closed when it returns. It returns the error, if
-// any, of sending the final acks. It is safe to call more than once and
-// concurrently with Ack.
+// Close sends the acks queued so far and a Goodbye on every session, waits
+// for the daemons to close the connections (at most a couple of seconds),
+// and stops reconnecting. Messages is closed when it returns. It returns the
+// error, if any, of sending the final acks. It is safe to call more than
+// once and concurrently with Ack.
 func (c *Client) Close() error {
 	c.cancel()
 	<-c.done
@@ -206,115 +219,6 @@ func (c *Client) setCloseErr(err error) {
 	c.mu.Unlock()
 }
 
-// run connects, serves sessions and reconnects until Close or a permanent
-// error. It reports the outcome of the first connection on ready (capacity
-// 1) and is the only goroutine that closes msgs, after the last reader ended.
-func (c *Client) run(ready chan<- error) {
-	defer close(c.done)
-	defer close(c.msgs)
-	var (
-		prefer    string // tried before Addrs: the last leader, or a redirect target
-		next      int    // next index into Addrs
-		failures  int    // consecutive failed attempts
-		connected bool   // ready has been told
-		wait      time.Duration
-	)
-	stop := func(err error) {
-		c.mu.Lock()
-		c.err = err
-		c.mu.Unlock()
-		if !connected {
-			ready <- err
-		}
-	}
-	for {
-		if wait > 0 && !c.sleep(wait) {
-			return
-		}
-		addr := prefer
-		prefer = ""
-		if addr == "" {
-			addr = c.cfg.Addrs[next%len(c.cfg.Addrs)]
-			next++
-		}
-		s, err := c.connect(addr)
-		if err != nil {
-			if c.ctx.Err() != nil {
-				return
-			}
-			c.mu.Lock()
-			c.lastErr = err
-			c.mu.Unlock()
-			c.log.WithError(err).Warn("connection attempt failed")
-			failures++
-			if permanent(err) || (c.cfg.NoReconnect && (connected || failures >= len(c.cfg.Addrs))) {
-				stop(err)
-				return
-			}
-			wait = c.backoff(failures)
-			if ra := retryAfter(err); ra > 0 {
-				wait = ra
-			}
-			continue
-		}
-		if !connected {
-			connected = true
-			ready <- nil
-		}
-		s.log.WithFields(logrus.Fields{
-			"max_in_flight": s.welcome.GetMaxInFlight(),
-			"heartbeat_ms":  s.welcome.GetHeartbeatMs(),
-			"topic":         s.welcome.GetTopic(),
-		}).Info("connected")
-		began := time.Now()
-		err = s.run(c.ctx)
-		if c.ctx.Err() != nil {
-			s.log.Info("closed")
-			return
-		}
-		s.log.WithError(err).Warn("disconnected")
-		prefer = s.addr
-		if retryAfter(err) > 0 && len(c.cfg.Addrs) > 1 {
-			// That daemon stopped leading (NO_LEADER, shutting down):
-			// the next leader is more likely among the others.
-			prefer = ""
-		}
-		var redirect *redirectError
-		if errors.As(err, &redirect) {
-			prefer = redirect.addr
-		}
-		if permanent(err) || c.cfg.NoReconnect {
-			stop(err)
-			return
-		}
-		c.dropStale()
-		// A session that ends right after its welcome counts as a failed
-		// attempt, so that a daemon that keeps dropping the client (a
-		// message the client cannot take, say) is not hammered.
-		if time.Since(began) >= stableSession {
-			failures = 0
-		}
-		failures++
-		wait = c.backoff(failures)
-		if ra := retryAfter(err); ra > 0 {
-			wait = ra
-		}
-	}
-}
-
-// dropStale empties msgs of messages of ended sessions, which could no
-// longer be acked, to make room for the next session's deliveries.
-func (c *Client) dropStale() {
-	for {
-		select {
-		case m := <-c.msgs:
-			m.done.Store(true)
-		default:
-			return
-		}
-	}
-}
-
 // backoff returns the wait before attempt n+1 after n failures: exponential
 // from MinBackoff, capped at MaxBackoff, with the upper half jittered.
 func (c *Client) backoff(n int) time.Duration {
@@ -325,23 +229,12 @@ func (c *Client) backoff(n int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// sleep waits d or until Close; it reports whether the client still runs.
-func (c *Client) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-c.ctx.Done():
-		return false
-	}
-}
-
-// connect dials addr and performs the handshake, following up to
-// maxRedirects Redirect frames. It returns a welcomed session.
-func (c *Client) connect(addr string) (*session, error) {
+// connect dials addr and performs the handshake for l, asking for credit,
+// following up to maxRedirects Redirect frames. It returns a welcomed
+// session.
+func (c *Client) connect(l *link, addr string, credit int) (*session, error) {
 	for hop := 0; ; hop++ {
-		s, redirect, err := c.handshake(addr)
+		s, redirect, err := c.handshake(l, addr, credit)
 		if err != nil || redirect == "" {
 			return s, err
 		}
@@ -354,9 +247,10 @@ func (c *Client) connect(addr string) (*session, error) {
 }
 
 // handshake dials addr, sends Hello and reads the answer: a session for a
-// Welcome, the leader's address for a Redirect, or an error.
-func (c *Client) handshake(addr string) (_ *session, redirect string, err error) {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.DialTimeout)
+// Welcome, the leader's address for a Redirect, or an error. Close and
+// l.stop interrupt it.
+func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redirect string, err error) {
+	ctx, cancel := context.WithTimeout(l.ctx, c.cfg.DialTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
@@ -378,9 +272,10 @@ func (c *Client) handshake(addr string) (_ *session, redirect string, err error)
 	hello := protocol.HelloFrame(&protocol.Hello{
 		ClientId:        c.cfg.ClientID,
 		ProtocolVersion: protocol.Version,
-		MaxInFlight:     uint32(c.cfg.MaxInFlight),
+		MaxInFlight:     uint32(credit),
 		AuthToken:       c.cfg.AuthToken,
 		MaxFrameSize:    uint32(c.cfg.MaxFrameSize),
+		Capabilities:    []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS},
 	})
 	if err := w.WriteFrame(hello); err != nil {
 		return nil, "", fmt.Errorf("hello to %s: %w", addr, err)
@@ -403,7 +298,7 @@ func (c *Client) handshake(addr string) (_ *session, redirect string, err error)
 				return nil, "", fmt.Errorf("handshake with %s: %w", addr, ctx.Err())
 			}
 			_ = nc.SetDeadline(time.Time{})
-			return newSession(c, nc, addr, r, b.Welcome), "", nil
+			return newSession(c, l, nc, addr, r, b.Welcome, credit), "", nil
 		case *protocol.Frame_Redirect:
 			to := b.Redirect.GetLeaderAddress()
 			if to == "" {

@@ -32,7 +32,8 @@ func TestHelloFields(t *testing.T) {
 			c, _, h := connectTo(t, d, tt.cfg)
 			if h.GetClientId() != tt.want.ClientId || h.GetProtocolVersion() != tt.want.ProtocolVersion ||
 				h.GetMaxInFlight() != tt.want.MaxInFlight || h.GetAuthToken() != tt.want.AuthToken ||
-				h.GetMaxFrameSize() != tt.want.MaxFrameSize {
+				h.GetMaxFrameSize() != tt.want.MaxFrameSize ||
+				!slices.Equal(h.GetCapabilities(), []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS}) {
 				t.Errorf("hello = %v, want %v", h, tt.want)
 			}
 			if got := cap(c.Messages()); got != int(tt.want.MaxInFlight) {

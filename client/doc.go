@@ -28,4 +28,33 @@
 // queues its delivery id and wakes the connection's writer, which sends every
 // id queued by then in one frame. An idle client sends an ack at once; a busy
 // one sends many in one frame and one system call.
+//
+// In spread mode the members of the cluster share the topic's partitions
+// and each delivers only its own, so the client keeps one session per
+// member, merged into Messages. It needs one address to start from: the
+// daemon's Welcome lists the members (protocol capability
+// CAPABILITY_MEMBERS), and a Members frame lists them again when they
+// change. The client then
+//
+//   - opens a session with each member listed, at the address listed, and
+//     reconnects to each on its own, with backoff;
+//   - splits MaxInFlight: each session asks for MaxInFlight / members,
+//     rounded down, at least 1, and a session whose share changes with the
+//     membership is opened again with the new share;
+//   - closes the sessions of members no longer listed (they own no
+//     partitions);
+//   - with no members listed (leader mode), keeps one session, to the
+//     leader, with all of MaxInFlight: exactly what it does without
+//     spread mode.
+//
+// A session is closed, or opened again, without losing work and without
+// duplicates: it passes no more deliveries on (the daemon delivers them
+// again once it has gone), waits for the messages it passed on to be acked
+// or nacked (at most the daemon's ack timeout), sends those acks, then says
+// goodbye. A message's Ack, Nack and Touch go to the session it came by
+// (Message.Member names its daemon); on a session that has ended they
+// return ErrStale, and the daemon delivers the message again. Members lists
+// the members followed: the latest list received, from whichever member.
+// Members that have not yet seen a change may briefly send an older list;
+// the client converges as each sends the new one.
 package client

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,4 +260,80 @@ func connectTo(tb testing.TB, d *fakeDaemon, cfg Config) (*Client, *fakeConn, *p
 	// Runs before c.Close, which then need not wait for the daemon to close.
 	tb.Cleanup(func() { _ = fc.nc.Close() })
 	return c, fc, h
+}
+
+// memberAddrs returns the addresses of the fakes, sorted, as daemons list
+// their members.
+func memberAddrs(ds ...*fakeDaemon) []string {
+	addrs := make([]string, len(ds))
+	for i, d := range ds {
+		addrs[i] = d.addr()
+	}
+	slices.Sort(addrs)
+	return addrs
+}
+
+// welcomeMembers is testWelcome listing addrs as the members (spread mode).
+func welcomeMembers(addrs ...string) *protocol.Welcome {
+	w := testWelcome()
+	w.Members = protocol.MemberList(addrs)
+	return w
+}
+
+// join accepts the client's next connection to d, checks that its Hello
+// asks for credit and announces CAPABILITY_MEMBERS, and welcomes it listing
+// members.
+func (d *fakeDaemon) join(tb testing.TB, credit int, members ...string) *fakeConn {
+	tb.Helper()
+	return d.joinWith(tb, credit, welcomeMembers(members...))
+}
+
+// joinWith is join with the Welcome w.
+func (d *fakeDaemon) joinWith(tb testing.TB, credit int, w *protocol.Welcome) *fakeConn {
+	tb.Helper()
+	fc := d.accept(tb)
+	h := fc.expectHello(tb)
+	if !h.HasCapability(protocol.Capability_CAPABILITY_MEMBERS) {
+		tb.Fatalf("%s: Hello without CAPABILITY_MEMBERS: %v", d.addr(), h)
+	}
+	if got := int(h.GetMaxInFlight()); got != credit {
+		tb.Fatalf("%s: Hello asks max_in_flight %d, want %d", d.addr(), got, credit)
+	}
+	fc.send(tb, protocol.WelcomeFrame(w))
+	return fc
+}
+
+// expectGoodbye reads frames until the client's Goodbye and returns the ids
+// acked before it; then it closes the connection, as a daemon does.
+func (fc *fakeConn) expectGoodbye(tb testing.TB) (acked []uint64) {
+	tb.Helper()
+	for {
+		f := fc.next(tb)
+		if f.GetGoodbye() != nil {
+			_ = fc.nc.Close()
+			return acked
+		}
+		acked = append(acked, ackIDs(f)...)
+	}
+}
+
+// syncNonce makes the nonces of sync's Pings unique.
+var syncNonce atomic.Uint64
+
+// sync pings the client and waits for the Pong. The session's reader runs
+// once it answers, so the client has taken in the Welcome: a list a test
+// sends after sync, on any session, comes after that Welcome's list.
+func (fc *fakeConn) sync(tb testing.TB) {
+	tb.Helper()
+	nonce := syncNonce.Add(1) + 1<<32
+	fc.send(tb, protocol.PingFrame(nonce))
+	for {
+		f := fc.next(tb)
+		if f.GetGoodbye() != nil {
+			tb.Fatal("goodbye instead of a pong")
+		}
+		if f.GetPong().GetNonce() == nonce {
+			return
+		}
+	}
 }

@@ -60,7 +60,19 @@ func (m *Message) finish(op op) error {
 	if !m.done.CompareAndSwap(false, true) {
 		return ErrAlreadyAcked
 	}
-	return m.sess.enqueue(op, m.DeliveryID)
+	err := m.sess.enqueue(op, m.DeliveryID)
+	m.sess.release() // after the id is queued: a retiring session then sends it before its Goodbye
+	return err
+}
+
+// Member returns the address (host:port) of the daemon whose session
+// delivered the message: in spread mode, the member that owns its
+// partition, as listed by the daemons; in leader mode, the leader.
+func (m *Message) Member() string {
+	if m.sess == nil {
+		return ""
+	}
+	return m.sess.addr
 }
 
 // usable checks, without changing anything, that the message's connection

@@ -38,18 +38,33 @@ func (e *redirectError) Error() string { return "redirected to " + e.addr }
 // errDead reports a daemon silent for longer than its liveness window.
 var errDead = errors.New("daemon silent for too long")
 
+// defaultDrainTimeout bounds a retiring session's wait for its messages to
+// be acked when the Welcome gives no ack timeout.
+const defaultDrainTimeout = 30 * time.Second
+
 // session is one welcomed connection to a daemon. Its reader and writer are
 // the only goroutines touching the socket; the reader owns r and the writer
 // owns w.
 type session struct {
 	c       *Client
+	link    *link
 	nc      net.Conn
 	addr    string
 	welcome *protocol.Welcome
+	credit  int // the max_in_flight its Hello asked for
 	r       *protocol.Reader
 	w       *protocol.Writer
 	maxIDs  int // ids per Ack/Nack/Touch frame that fit the frame limit
 	log     *logrus.Entry
+
+	// held counts the messages handed to Messages and not yet acked or
+	// nacked. draining is set, and drain closed, by retire: the reader
+	// passes no more deliveries on, and the writer says goodbye once held
+	// is 0 (or after the drain timeout).
+	held       atomic.Int64
+	draining   atomic.Bool
+	drain      chan struct{}
+	retireOnce sync.Once
 
 	liveness     time.Duration // read deadline after each frame; 0 = none
 	writeTimeout time.Duration
@@ -74,17 +89,20 @@ type session struct {
 	err      error // why the session ended; set once, read after both loops exit
 }
 
-func newSession(c *Client, nc net.Conn, addr string, r *protocol.Reader, w *protocol.Welcome) *session {
+func newSession(c *Client, l *link, nc net.Conn, addr string, r *protocol.Reader, w *protocol.Welcome, credit int) *session {
 	s := &session{
 		c:            c,
+		link:         l,
 		nc:           nc,
 		addr:         addr,
 		welcome:      w,
+		credit:       credit,
 		r:            r,
 		log:          c.log.WithFields(logrus.Fields{"addr": addr, "node": w.GetNodeId(), "session": w.GetSessionId()}),
 		writeTimeout: c.cfg.DialTimeout,
 		wake:         make(chan struct{}, 1),
 		quit:         make(chan struct{}),
+		drain:        make(chan struct{}),
 	}
 	maxFrame := int(w.GetMaxFrameSize())
 	if maxFrame <= 0 || (c.cfg.MaxFrameSize > 0 && c.cfg.MaxFrameSize < maxFrame) {
@@ -136,6 +154,39 @@ func (s *session) fail(err error) {
 		close(s.quit)
 		_ = s.nc.Close()
 	})
+}
+
+// retire ends the session without losing work and without duplicates: no
+// more deliveries are passed on (the daemon delivers them again after the
+// Goodbye), and once every message it passed on is acked or nacked (or the
+// daemon's ack timeout has passed, after which it has redelivered them
+// anyway), the writer sends the queued acks and a Goodbye. Messages still
+// held then return ErrStale. It may be called more than once, at any time.
+func (s *session) retire() {
+	s.retireOnce.Do(func() {
+		s.draining.Store(true)
+		close(s.drain)
+	})
+}
+
+// retired reports whether retire was called.
+func (s *session) retired() bool { return s.draining.Load() }
+
+// release counts one message handed to Messages as done, waking a draining
+// writer when it was the last.
+func (s *session) release() {
+	if s.held.Add(-1) == 0 && s.draining.Load() {
+		s.signal()
+	}
+}
+
+// drainTimeout bounds how long a retiring session waits for its messages:
+// the daemon's ack timeout.
+func (s *session) drainTimeout() time.Duration {
+	if ms := s.welcome.GetAckTimeoutMs(); ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return defaultDrainTimeout
 }
 
 // state returns nil while the session takes acks, else why it does not.
@@ -222,6 +273,8 @@ func (s *session) readLoop(ctx context.Context) error {
 			s.log.WithError(rerr).Warn("daemon reported an error")
 		case *protocol.Frame_Redirect:
 			return &redirectError{addr: b.Redirect.GetLeaderAddress()}
+		case *protocol.Frame_Members:
+			s.c.event(event{kind: evMembers, link: s.link, sess: s, members: protocol.Addresses(b.Members.GetMembers())})
 		default:
 			s.log.Warnf("ignoring unexpected %T frame", b)
 		}
@@ -229,8 +282,18 @@ func (s *session) readLoop(ctx context.Context) error {
 }
 
 // deliver hands one delivery to Messages. The channel holds the in-flight
-// limit, so this blocks only if the daemon overruns it or the session ends.
+// limit, so this blocks only if the daemon overruns it, the session ends, or
+// other sessions' messages fill it. A retiring session drops deliveries: the
+// daemon delivers them again after its Goodbye.
 func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
+	// Counted before draining is read, and retire sets draining before the
+	// writer reads held: either this delivery is dropped, or the writer
+	// waits for it to be acked.
+	s.held.Add(1)
+	if s.draining.Load() {
+		s.release()
+		return nil
+	}
 	m := &Message{
 		Partition:  d.GetPartition(),
 		Offset:     d.GetOffset(),
@@ -257,22 +320,35 @@ func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
 	case s.c.msgs <- m:
 	case <-ctx.Done(): // Close: the daemon redelivers it
 	case <-s.quit:
+	case <-s.drain:
+		s.release()
 	}
 	return nil
 }
 
 // writeLoop is the only writer of the socket. Each time it wakes it takes
 // everything queued and writes it as at most one frame per kind, then
-// flushes once. On Close it sends what is queued and a Goodbye.
+// flushes once. On Close it sends what is queued and a Goodbye; a retired
+// session does so once its messages are acked (see retire).
 func (s *session) writeLoop(ctx context.Context) error {
 	b := newBatch()
+	drain := s.drain
+	var drained <-chan time.Time // the drain timeout, once retired
 	for {
 		select {
 		case <-s.wake:
 		case <-s.quit:
 			return nil
 		case <-ctx.Done():
-			return s.goodbye(b)
+			return s.goodbye(b, ErrClosed, "client closing")
+		case <-drain:
+			drain = nil
+			t := time.NewTimer(s.drainTimeout())
+			defer t.Stop()
+			drained = t.C
+		case <-drained:
+			s.log.WithField("held", s.held.Load()).Warn("retired session: messages not acked within the ack timeout; they come again")
+			return s.goodbye(b, ErrStale, "session retired")
 		}
 		s.mu.Lock()
 		b.take(s)
@@ -280,26 +356,33 @@ func (s *session) writeLoop(ctx context.Context) error {
 		if err := s.writeBatch(b); err != nil {
 			return err
 		}
+		if drain == nil && s.held.Load() <= 0 {
+			return s.goodbye(b, ErrStale, "session retired")
+		}
 	}
 }
 
-// goodbye stops the queueing of ids, sends what was queued and a Goodbye,
-// half-closes the socket and lets the reader drain until the daemon closes.
-func (s *session) goodbye(b *batch) error {
+// goodbye stops the queueing of ids (Ack and friends return ended from
+// now on), sends what was queued and a Goodbye, half-closes the socket and
+// lets the reader drain until the daemon closes. A failure on Close
+// (ended is ErrClosed) is Close's error.
+func (s *session) goodbye(b *batch, ended error, reason string) error {
 	s.mu.Lock()
-	s.ended = ErrClosed
+	s.ended = ended
 	b.take(s)
 	s.mu.Unlock()
 	b.pongs = b.pongs[:0]
 	err := s.writeFrames(b)
 	if err == nil {
-		err = s.w.WriteFrame(protocol.GoodbyeFrame("client closing"))
+		err = s.w.WriteFrame(protocol.GoodbyeFrame(reason))
 	}
 	if err == nil {
 		err = s.flush()
 	}
 	if err != nil {
-		s.c.setCloseErr(err)
+		if ended == ErrClosed {
+			s.c.setCloseErr(err)
+		}
 		return err
 	}
 	s.lingerUntil.Store(time.Now().Add(lingerTimeout).UnixNano())

@@ -27,11 +27,16 @@ func sampleFrames() []struct {
 	}{
 		{"hello", HelloFrame(&Hello{ClientId: "worker-1", ProtocolVersion: Version, MaxInFlight: 32, AuthToken: "s3cret"})},
 		{"hello empty", HelloFrame(&Hello{})},
+		{"hello capabilities", HelloFrame(&Hello{ProtocolVersion: Version, Capabilities: []Capability{Capability_CAPABILITY_MEMBERS, 99}})},
 		{"welcome", WelcomeFrame(&Welcome{
 			NodeId: "node-a", SessionId: 99, ProtocolVersion: Version, MaxInFlight: 16,
 			AckTimeoutMs: 30000, HeartbeatMs: 5000, LivenessIntervals: 3,
 			MaxFrameSize: DefaultMaxFrameSize, Topic: "orders",
 		})},
+		{"welcome members", WelcomeFrame(&Welcome{NodeId: "node-a", ProtocolVersion: Version,
+			Members: MemberList([]string{"10.0.0.1:4987", "10.0.0.2:4987"})})},
+		{"members", MembersFrame([]string{"10.0.0.1:4987", "10.0.0.2:4987", "[::1]:4987"})},
+		{"members empty", MembersFrame(nil)},
 		{"redirect", RedirectFrame("10.0.0.2:4987", "node-b", 7)},
 		{"deliver", DeliverFrame(&Deliver{
 			DeliveryId: 1 << 40, Partition: 3, Offset: 1 << 33, Key: []byte("k"),

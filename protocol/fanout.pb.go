@@ -26,6 +26,56 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Capability names an optional feature of the protocol that a client
+// announces in Hello.
+type Capability int32
+
+const (
+	Capability_CAPABILITY_UNSPECIFIED Capability = 0
+	// The client reads Welcome.members and Members frames: it is told the
+	// members that own partitions, and holds one session per member.
+	Capability_CAPABILITY_MEMBERS Capability = 1
+)
+
+// Enum value maps for Capability.
+var (
+	Capability_name = map[int32]string{
+		0: "CAPABILITY_UNSPECIFIED",
+		1: "CAPABILITY_MEMBERS",
+	}
+	Capability_value = map[string]int32{
+		"CAPABILITY_UNSPECIFIED": 0,
+		"CAPABILITY_MEMBERS":     1,
+	}
+)
+
+func (x Capability) Enum() *Capability {
+	p := new(Capability)
+	*p = x
+	return p
+}
+
+func (x Capability) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Capability) Descriptor() protoreflect.EnumDescriptor {
+	return file_fanout_proto_enumTypes[0].Descriptor()
+}
+
+func (Capability) Type() protoreflect.EnumType {
+	return &file_fanout_proto_enumTypes[0]
+}
+
+func (x Capability) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Capability.Descriptor instead.
+func (Capability) EnumDescriptor() ([]byte, []int) {
+	return file_fanout_proto_rawDescGZIP(), []int{0}
+}
+
 // ErrorCode is a machine-readable reason.
 type ErrorCode int32
 
@@ -95,11 +145,11 @@ func (x ErrorCode) String() string {
 }
 
 func (ErrorCode) Descriptor() protoreflect.EnumDescriptor {
-	return file_fanout_proto_enumTypes[0].Descriptor()
+	return file_fanout_proto_enumTypes[1].Descriptor()
 }
 
 func (ErrorCode) Type() protoreflect.EnumType {
-	return &file_fanout_proto_enumTypes[0]
+	return &file_fanout_proto_enumTypes[1]
 }
 
 func (x ErrorCode) Number() protoreflect.EnumNumber {
@@ -108,7 +158,7 @@ func (x ErrorCode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorCode.Descriptor instead.
 func (ErrorCode) EnumDescriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{0}
+	return file_fanout_proto_rawDescGZIP(), []int{1}
 }
 
 // Frame is the envelope of every message in both directions.
@@ -127,6 +177,7 @@ type Frame struct {
 	//	*Frame_Pong
 	//	*Frame_Error
 	//	*Frame_Goodbye
+	//	*Frame_Members
 	Body          isFrame_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -268,6 +319,15 @@ func (x *Frame) GetGoodbye() *Goodbye {
 	return nil
 }
 
+func (x *Frame) GetMembers() *Members {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Members); ok {
+			return x.Members
+		}
+	}
+	return nil
+}
+
 type isFrame_Body interface {
 	isFrame_Body()
 }
@@ -316,6 +376,10 @@ type Frame_Goodbye struct {
 	Goodbye *Goodbye `protobuf:"bytes,11,opt,name=goodbye,proto3,oneof"` // either direction, graceful close
 }
 
+type Frame_Members struct {
+	Members *Members `protobuf:"bytes,12,opt,name=members,proto3,oneof"` // daemon -> client, only to clients with CAPABILITY_MEMBERS
+}
+
 func (*Frame_Hello) isFrame_Body() {}
 
 func (*Frame_Welcome) isFrame_Body() {}
@@ -338,6 +402,8 @@ func (*Frame_Error) isFrame_Body() {}
 
 func (*Frame_Goodbye) isFrame_Body() {}
 
+func (*Frame_Members) isFrame_Body() {}
+
 // Hello opens a session.
 type Hello struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -353,7 +419,11 @@ type Hello struct {
 	// The largest frame the client accepts, in bytes (length prefix excluded).
 	// The daemon never sends this client a larger frame; 0 means the
 	// protocol's default, 4 MiB.
-	MaxFrameSize  uint32 `protobuf:"varint,5,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"`
+	MaxFrameSize uint32 `protobuf:"varint,5,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"`
+	// The optional features of the protocol the client understands. The
+	// daemon ignores values it does not know, and uses a feature with this
+	// client only when it is listed here.
+	Capabilities  []Capability `protobuf:"varint,6,rep,packed,name=capabilities,proto3,enum=fanout.v1.Capability" json:"capabilities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -423,6 +493,13 @@ func (x *Hello) GetMaxFrameSize() uint32 {
 	return 0
 }
 
+func (x *Hello) GetCapabilities() []Capability {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
 // Welcome accepts a session. Deliveries may follow at once.
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -443,7 +520,12 @@ type Welcome struct {
 	// The largest frame the daemon accepts, in bytes (length prefix excluded).
 	MaxFrameSize uint32 `protobuf:"varint,8,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"`
 	// The topic this daemon serves.
-	Topic         string `protobuf:"bytes,9,opt,name=topic,proto3" json:"topic,omitempty"`
+	Topic string `protobuf:"bytes,9,opt,name=topic,proto3" json:"topic,omitempty"`
+	// The members of the cluster that own partitions of the topic, sorted by
+	// address: in spread mode each member delivers only its own partitions,
+	// so a client needs a session with each. Empty in leader mode, and for a
+	// client that did not announce CAPABILITY_MEMBERS.
+	Members       []*Member `protobuf:"bytes,10,rep,name=members,proto3" json:"members,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -541,6 +623,106 @@ func (x *Welcome) GetTopic() string {
 	return ""
 }
 
+func (x *Welcome) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// Member is one member of the cluster that serves clients.
+type Member struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// host:port of the member's client listener.
+	Address       string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Member) Reset() {
+	*x = Member{}
+	mi := &file_fanout_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Member) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Member) ProtoMessage() {}
+
+func (x *Member) ProtoReflect() protoreflect.Message {
+	mi := &file_fanout_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Member.ProtoReflect.Descriptor instead.
+func (*Member) Descriptor() ([]byte, []int) {
+	return file_fanout_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Member) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+// Members lists the members that own partitions again, whole, each time
+// the list changes. Only the latest list matters. Sent only to clients that
+// announced CAPABILITY_MEMBERS.
+type Members struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Members) Reset() {
+	*x = Members{}
+	mi := &file_fanout_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Members) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Members) ProtoMessage() {}
+
+func (x *Members) ProtoReflect() protoreflect.Message {
+	mi := &file_fanout_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Members.ProtoReflect.Descriptor instead.
+func (*Members) Descriptor() ([]byte, []int) {
+	return file_fanout_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Members) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
 // Redirect tells the client to connect to the cluster's leader instead.
 // The daemon closes the connection after sending it.
 type Redirect struct {
@@ -556,7 +738,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_fanout_proto_msgTypes[3]
+	mi := &file_fanout_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +750,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[3]
+	mi := &file_fanout_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +763,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{3}
+	return file_fanout_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Redirect) GetLeaderAddress() string {
@@ -616,7 +798,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_fanout_proto_msgTypes[4]
+	mi := &file_fanout_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +810,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[4]
+	mi := &file_fanout_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +823,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{4}
+	return file_fanout_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Header) GetKey() string {
@@ -680,7 +862,7 @@ type Deliver struct {
 
 func (x *Deliver) Reset() {
 	*x = Deliver{}
-	mi := &file_fanout_proto_msgTypes[5]
+	mi := &file_fanout_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +874,7 @@ func (x *Deliver) String() string {
 func (*Deliver) ProtoMessage() {}
 
 func (x *Deliver) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[5]
+	mi := &file_fanout_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +887,7 @@ func (x *Deliver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deliver.ProtoReflect.Descriptor instead.
 func (*Deliver) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{5}
+	return file_fanout_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Deliver) GetDeliveryId() uint64 {
@@ -774,7 +956,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_fanout_proto_msgTypes[6]
+	mi := &file_fanout_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +968,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[6]
+	mi := &file_fanout_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +981,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{6}
+	return file_fanout_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Ack) GetDeliveryIds() []uint64 {
@@ -819,7 +1001,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_fanout_proto_msgTypes[7]
+	mi := &file_fanout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +1013,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[7]
+	mi := &file_fanout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +1026,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{7}
+	return file_fanout_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Nack) GetDeliveryIds() []uint64 {
@@ -864,7 +1046,7 @@ type Touch struct {
 
 func (x *Touch) Reset() {
 	*x = Touch{}
-	mi := &file_fanout_proto_msgTypes[8]
+	mi := &file_fanout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1058,7 @@ func (x *Touch) String() string {
 func (*Touch) ProtoMessage() {}
 
 func (x *Touch) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[8]
+	mi := &file_fanout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1071,7 @@ func (x *Touch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Touch.ProtoReflect.Descriptor instead.
 func (*Touch) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{8}
+	return file_fanout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Touch) GetDeliveryIds() []uint64 {
@@ -909,7 +1091,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_fanout_proto_msgTypes[9]
+	mi := &file_fanout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1103,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[9]
+	mi := &file_fanout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1116,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{9}
+	return file_fanout_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Ping) GetNonce() uint64 {
@@ -954,7 +1136,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_fanout_proto_msgTypes[10]
+	mi := &file_fanout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1148,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[10]
+	mi := &file_fanout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1161,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{10}
+	return file_fanout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Pong) GetNonce() uint64 {
@@ -1003,7 +1185,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_fanout_proto_msgTypes[11]
+	mi := &file_fanout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1197,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[11]
+	mi := &file_fanout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1210,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{11}
+	return file_fanout_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Error) GetCode() ErrorCode {
@@ -1072,7 +1254,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_fanout_proto_msgTypes[12]
+	mi := &file_fanout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1266,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[12]
+	mi := &file_fanout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1279,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{12}
+	return file_fanout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1111,7 +1293,7 @@ var File_fanout_proto protoreflect.FileDescriptor
 
 const file_fanout_proto_rawDesc = "" +
 	"\n" +
-	"\ffanout.proto\x12\tfanout.v1\"\xe9\x03\n" +
+	"\ffanout.proto\x12\tfanout.v1\"\x99\x04\n" +
 	"\x05Frame\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.fanout.v1.HelloH\x00R\x05hello\x12.\n" +
 	"\awelcome\x18\x02 \x01(\v2\x12.fanout.v1.WelcomeH\x00R\awelcome\x121\n" +
@@ -1124,15 +1306,17 @@ const file_fanout_proto_rawDesc = "" +
 	"\x04pong\x18\t \x01(\v2\x0f.fanout.v1.PongH\x00R\x04pong\x12(\n" +
 	"\x05error\x18\n" +
 	" \x01(\v2\x10.fanout.v1.ErrorH\x00R\x05error\x12.\n" +
-	"\agoodbye\x18\v \x01(\v2\x12.fanout.v1.GoodbyeH\x00R\agoodbyeB\x06\n" +
-	"\x04body\"\xb8\x01\n" +
+	"\agoodbye\x18\v \x01(\v2\x12.fanout.v1.GoodbyeH\x00R\agoodbye\x12.\n" +
+	"\amembers\x18\f \x01(\v2\x12.fanout.v1.MembersH\x00R\amembersB\x06\n" +
+	"\x04body\"\xf3\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12\"\n" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12\x1d\n" +
 	"\n" +
 	"auth_token\x18\x04 \x01(\tR\tauthToken\x12$\n" +
-	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\"\xc4\x02\n" +
+	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\x129\n" +
+	"\fcapabilities\x18\x06 \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\"\xf1\x02\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1143,7 +1327,13 @@ const file_fanout_proto_rawDesc = "" +
 	"\fheartbeat_ms\x18\x06 \x01(\rR\vheartbeatMs\x12-\n" +
 	"\x12liveness_intervals\x18\a \x01(\rR\x11livenessIntervals\x12$\n" +
 	"\x0emax_frame_size\x18\b \x01(\rR\fmaxFrameSize\x12\x14\n" +
-	"\x05topic\x18\t \x01(\tR\x05topic\"m\n" +
+	"\x05topic\x18\t \x01(\tR\x05topic\x12+\n" +
+	"\amembers\x18\n" +
+	" \x03(\v2\x11.fanout.v1.MemberR\amembers\"\"\n" +
+	"\x06Member\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\"6\n" +
+	"\aMembers\x12+\n" +
+	"\amembers\x18\x01 \x03(\v2\x11.fanout.v1.MemberR\amembers\"m\n" +
 	"\bRedirect\x12%\n" +
 	"\x0eleader_address\x18\x01 \x01(\tR\rleaderAddress\x12$\n" +
 	"\x0eleader_node_id\x18\x02 \x01(\tR\fleaderNodeId\x12\x14\n" +
@@ -1177,7 +1367,11 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05fatal\x18\x03 \x01(\bR\x05fatal\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"!\n" +
 	"\aGoodbye\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason*\xd2\x02\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason*@\n" +
+	"\n" +
+	"Capability\x12\x1a\n" +
+	"\x16CAPABILITY_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12CAPABILITY_MEMBERS\x10\x01*\xd2\x02\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ERROR_CODE_BAD_FRAME\x10\x01\x12\x1e\n" +
@@ -1204,43 +1398,50 @@ func file_fanout_proto_rawDescGZIP() []byte {
 	return file_fanout_proto_rawDescData
 }
 
-var file_fanout_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fanout_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_fanout_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_fanout_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_fanout_proto_goTypes = []any{
-	(ErrorCode)(0),   // 0: fanout.v1.ErrorCode
-	(*Frame)(nil),    // 1: fanout.v1.Frame
-	(*Hello)(nil),    // 2: fanout.v1.Hello
-	(*Welcome)(nil),  // 3: fanout.v1.Welcome
-	(*Redirect)(nil), // 4: fanout.v1.Redirect
-	(*Header)(nil),   // 5: fanout.v1.Header
-	(*Deliver)(nil),  // 6: fanout.v1.Deliver
-	(*Ack)(nil),      // 7: fanout.v1.Ack
-	(*Nack)(nil),     // 8: fanout.v1.Nack
-	(*Touch)(nil),    // 9: fanout.v1.Touch
-	(*Ping)(nil),     // 10: fanout.v1.Ping
-	(*Pong)(nil),     // 11: fanout.v1.Pong
-	(*Error)(nil),    // 12: fanout.v1.Error
-	(*Goodbye)(nil),  // 13: fanout.v1.Goodbye
+	(Capability)(0),  // 0: fanout.v1.Capability
+	(ErrorCode)(0),   // 1: fanout.v1.ErrorCode
+	(*Frame)(nil),    // 2: fanout.v1.Frame
+	(*Hello)(nil),    // 3: fanout.v1.Hello
+	(*Welcome)(nil),  // 4: fanout.v1.Welcome
+	(*Member)(nil),   // 5: fanout.v1.Member
+	(*Members)(nil),  // 6: fanout.v1.Members
+	(*Redirect)(nil), // 7: fanout.v1.Redirect
+	(*Header)(nil),   // 8: fanout.v1.Header
+	(*Deliver)(nil),  // 9: fanout.v1.Deliver
+	(*Ack)(nil),      // 10: fanout.v1.Ack
+	(*Nack)(nil),     // 11: fanout.v1.Nack
+	(*Touch)(nil),    // 12: fanout.v1.Touch
+	(*Ping)(nil),     // 13: fanout.v1.Ping
+	(*Pong)(nil),     // 14: fanout.v1.Pong
+	(*Error)(nil),    // 15: fanout.v1.Error
+	(*Goodbye)(nil),  // 16: fanout.v1.Goodbye
 }
 var file_fanout_proto_depIdxs = []int32{
-	2,  // 0: fanout.v1.Frame.hello:type_name -> fanout.v1.Hello
-	3,  // 1: fanout.v1.Frame.welcome:type_name -> fanout.v1.Welcome
-	4,  // 2: fanout.v1.Frame.redirect:type_name -> fanout.v1.Redirect
-	6,  // 3: fanout.v1.Frame.deliver:type_name -> fanout.v1.Deliver
-	7,  // 4: fanout.v1.Frame.ack:type_name -> fanout.v1.Ack
-	8,  // 5: fanout.v1.Frame.nack:type_name -> fanout.v1.Nack
-	9,  // 6: fanout.v1.Frame.touch:type_name -> fanout.v1.Touch
-	10, // 7: fanout.v1.Frame.ping:type_name -> fanout.v1.Ping
-	11, // 8: fanout.v1.Frame.pong:type_name -> fanout.v1.Pong
-	12, // 9: fanout.v1.Frame.error:type_name -> fanout.v1.Error
-	13, // 10: fanout.v1.Frame.goodbye:type_name -> fanout.v1.Goodbye
-	5,  // 11: fanout.v1.Deliver.headers:type_name -> fanout.v1.Header
-	0,  // 12: fanout.v1.Error.code:type_name -> fanout.v1.ErrorCode
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	3,  // 0: fanout.v1.Frame.hello:type_name -> fanout.v1.Hello
+	4,  // 1: fanout.v1.Frame.welcome:type_name -> fanout.v1.Welcome
+	7,  // 2: fanout.v1.Frame.redirect:type_name -> fanout.v1.Redirect
+	9,  // 3: fanout.v1.Frame.deliver:type_name -> fanout.v1.Deliver
+	10, // 4: fanout.v1.Frame.ack:type_name -> fanout.v1.Ack
+	11, // 5: fanout.v1.Frame.nack:type_name -> fanout.v1.Nack
+	12, // 6: fanout.v1.Frame.touch:type_name -> fanout.v1.Touch
+	13, // 7: fanout.v1.Frame.ping:type_name -> fanout.v1.Ping
+	14, // 8: fanout.v1.Frame.pong:type_name -> fanout.v1.Pong
+	15, // 9: fanout.v1.Frame.error:type_name -> fanout.v1.Error
+	16, // 10: fanout.v1.Frame.goodbye:type_name -> fanout.v1.Goodbye
+	6,  // 11: fanout.v1.Frame.members:type_name -> fanout.v1.Members
+	0,  // 12: fanout.v1.Hello.capabilities:type_name -> fanout.v1.Capability
+	5,  // 13: fanout.v1.Welcome.members:type_name -> fanout.v1.Member
+	5,  // 14: fanout.v1.Members.members:type_name -> fanout.v1.Member
+	8,  // 15: fanout.v1.Deliver.headers:type_name -> fanout.v1.Header
+	1,  // 16: fanout.v1.Error.code:type_name -> fanout.v1.ErrorCode
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_fanout_proto_init() }
@@ -1260,14 +1461,15 @@ func file_fanout_proto_init() {
 		(*Frame_Pong)(nil),
 		(*Frame_Error)(nil),
 		(*Frame_Goodbye)(nil),
+		(*Frame_Members)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fanout_proto_rawDesc), len(file_fanout_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   13,
+			NumEnums:      2,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -64,4 +65,41 @@ func ErrorFrame(code ErrorCode, fatal bool, format string, args ...any) *Frame {
 // GoodbyeFrame returns a Goodbye with the given reason (made valid UTF-8).
 func GoodbyeFrame(reason string) *Frame {
 	return &Frame{Body: &Frame_Goodbye{Goodbye: &Goodbye{Reason: strings.ToValidUTF8(reason, "\uFFFD")}}}
+}
+
+// MembersFrame returns a Members frame listing the members at addrs
+// (host:port), in the order given.
+func MembersFrame(addrs []string) *Frame {
+	return &Frame{Body: &Frame_Members{Members: &Members{Members: MemberList(addrs)}}}
+}
+
+// MemberList returns the Member messages of addrs, in order, for
+// Welcome.members and Members; nil for none. Invalid UTF-8 in an address is
+// replaced, as a proto3 string must be valid UTF-8.
+func MemberList(addrs []string) []*Member {
+	if len(addrs) == 0 {
+		return nil
+	}
+	ms := make([]*Member, len(addrs))
+	for i, a := range addrs {
+		ms[i] = &Member{Address: strings.ToValidUTF8(a, "\uFFFD")}
+	}
+	return ms
+}
+
+// Addresses returns the addresses of ms, in order; nil for none.
+func Addresses(ms []*Member) []string {
+	if len(ms) == 0 {
+		return nil
+	}
+	addrs := make([]string, len(ms))
+	for i, m := range ms {
+		addrs[i] = m.GetAddress()
+	}
+	return addrs
+}
+
+// HasCapability reports whether the Hello announces c.
+func (x *Hello) HasCapability(c Capability) bool {
+	return slices.Contains(x.GetCapabilities(), c)
 }

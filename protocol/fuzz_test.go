@@ -42,6 +42,15 @@ func readFrameSeeds(tb testing.TB) [][]byte {
 		rawFrame(5, []byte{0x5a, 0x03, 0x0a, 0x01, 0xff}),       // goodbye, invalid UTF-8
 		[]byte("\x00\x00\x00\x10GET / HTTP/1.1\r\n"),
 	)
+	// Capabilities and member lists: the paths protobuf decodes for them.
+	seeds = append(seeds,
+		rawFrame(7, []byte{0x0a, 0x05, 0x10, 0x01, 0x32, 0x01, 0x01}),             // hello with CAPABILITY_MEMBERS
+		rawFrame(7, []byte{0x0a, 0x05, 0x30, 0x01, 0x30, 0xac, 0x02}),             // hello, capabilities unpacked, one unknown
+		rawFrame(7, []byte{0x62, 0x05, 0x0a, 0x03, 0x0a, 0x01, 0xff}),             // members, invalid UTF-8 address
+		rawFrame(9, []byte{0x62, 0x07, 0x0a, 0x05, 0x0a, 0x01, 0x61, 0x10, 0x01}), // members, member with an unknown field
+		rawFrame(4, []byte{0x62, 0x02, 0x0a, 0x00}),                               // members, one empty member
+		rawFrame(6, []byte{0x12, 0x04, 0x52, 0x02, 0x0a, 0x00}),                   // welcome, one empty member
+	)
 	// Deliver frames for the fast path, and bodies it must leave to
 	// proto.Unmarshal.
 	for _, tc := range deliverCases() {
@@ -169,6 +178,11 @@ func framesFrom(kinds, payload []byte, n uint64) []*Frame {
 		return payload[a:b]
 	}
 	text := func(i int) string { return strings.ToValidUTF8(string(cut(i)), "?") }
+	// addrs cuts a list of addresses, possibly invalid UTF-8 (MemberList
+	// repairs them), at the bytes below 0x20.
+	addrs := func(i int) []string {
+		return strings.FieldsFunc(string(cut(i)), func(r rune) bool { return r < 0x20 })
+	}
 	ids := func(i int) []uint64 {
 		var out []uint64
 		for j, c := range cut(i) {
@@ -180,12 +194,14 @@ func framesFrom(kinds, payload []byte, n uint64) []*Frame {
 	for i, k := range kinds {
 		v := n + uint64(i)
 		var f *Frame
-		switch k % 11 {
+		switch k % 12 {
 		case 0:
-			f = HelloFrame(&Hello{ClientId: text(i), ProtocolVersion: uint32(v), MaxInFlight: uint32(k), AuthToken: text(i + 1)})
+			f = HelloFrame(&Hello{ClientId: text(i), ProtocolVersion: uint32(v), MaxInFlight: uint32(k), AuthToken: text(i + 1),
+				Capabilities: capabilities(cut(i + 2))})
 		case 1:
 			f = WelcomeFrame(&Welcome{NodeId: text(i), SessionId: v, ProtocolVersion: Version, MaxInFlight: uint32(k),
-				AckTimeoutMs: uint32(v), HeartbeatMs: uint32(v >> 3), LivenessIntervals: 3, MaxFrameSize: fuzzMax, Topic: text(i + 2)})
+				AckTimeoutMs: uint32(v), HeartbeatMs: uint32(v >> 3), LivenessIntervals: 3, MaxFrameSize: fuzzMax, Topic: text(i + 2),
+				Members: MemberList(addrs(i + 3))})
 		case 2:
 			f = RedirectFrame(text(i), text(i+1), v)
 		case 3:
@@ -205,10 +221,21 @@ func framesFrom(kinds, payload []byte, n uint64) []*Frame {
 			f = ErrorFrame(ErrorCode(k%10), k%2 == 0, "%s", cut(i))
 		case 10:
 			f = GoodbyeFrame(string(cut(i)))
+		case 11:
+			f = MembersFrame(addrs(i))
 		}
 		frames = append(frames, f)
 	}
 	return frames
+}
+
+// capabilities reads one capability per byte, known or not (an enum is open).
+func capabilities(b []byte) []Capability {
+	var cs []Capability
+	for _, c := range b {
+		cs = append(cs, Capability(c))
+	}
+	return cs
 }
 
 // splitReader returns its data in chunks of at most size bytes.
@@ -227,7 +254,7 @@ func (r *splitReader) Read(p []byte) (int, error) {
 }
 
 func FuzzSplitFrames(f *testing.F) {
-	every := make([]byte, 11)
+	every := make([]byte, 12)
 	for i := range every {
 		every[i] = byte(i)
 	}

@@ -20,19 +20,20 @@ import (
 )
 
 // tailCommand returns the "tail" command: print the messages a daemon
-// delivers, acking each once it is written out.
+// delivers, acking each once it is written out. In spread mode the client
+// holds a session with every member, so tail prints the whole topic.
 func tailCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "tail",
 		Usage: "print delivered messages, acking each once printed",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "connect", Value: "localhost:4987", EnvVars: []string{"FANOUT_CONNECT"},
-				Usage: "comma-separated host:port of daemons of the cluster"},
+				Usage: "comma-separated host:port of daemons of the cluster (one is enough: in spread mode tail connects to every member)"},
 			&cli.IntFlag{Name: "count", Usage: "exit after `N` messages (0: run until interrupted)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per message"},
 			&cli.BoolFlag{Name: "meta", Usage: "prefix each value with partition/offset and attempt"},
 			&cli.BoolFlag{Name: "no-ack", Usage: "do not ack (the daemon redelivers after its ack timeout)"},
-			&cli.IntFlag{Name: "max-in-flight", Value: client.DefaultMaxInFlight, Usage: "unacked messages held at once"},
+			&cli.IntFlag{Name: "max-in-flight", Value: client.DefaultMaxInFlight, Usage: "unacked messages held at once (in spread mode split evenly over the members)"},
 			&cli.IntFlag{Name: "max-frame-size", Value: protocol.DefaultMaxFrameSize, Usage: "largest frame (message) accepted, in bytes; told to the daemon, which holds larger messages for other clients"},
 			&cli.StringFlag{Name: "client-id", Usage: "client name in the daemon's logs (default hostname-pid)"},
 			&cli.StringFlag{Name: "auth-token", EnvVars: []string{"FANOUT_AUTH_TOKEN"}, Usage: "shared secret of the daemon"},

@@ -181,3 +181,98 @@ func TestTailFrameTooLarge(t *testing.T) {
 		t.Errorf("--max-frame-size 100: exit code %d, want 2", code)
 	}
 }
+
+// tailMember is a fake member of a spread-mode cluster: every session gets
+// a Welcome listing the members; a session that asks for credit (the
+// client's share) gets the deliveries, others nothing. It records what
+// those sessions ack.
+type tailMember struct {
+	ln    net.Listener
+	acked chan uint64
+}
+
+func startTailMember(t *testing.T) *tailMember {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return &tailMember{ln: ln, acked: make(chan uint64, 100)}
+}
+
+func (m *tailMember) addr() string { return m.ln.Addr().String() }
+
+// serve accepts sessions until the listener closes.
+func (m *tailMember) serve(members []string, credit uint32, ds ...*protocol.Deliver) {
+	go func() {
+		for {
+			nc, err := m.ln.Accept()
+			if err != nil {
+				return
+			}
+			go m.session(nc, members, credit, ds)
+		}
+	}()
+}
+
+func (m *tailMember) session(nc net.Conn, members []string, credit uint32, ds []*protocol.Deliver) {
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(tailTestTimeout))
+	r, w := protocol.NewReader(nc, 0), protocol.NewWriter(nc, 0)
+	var f protocol.Frame
+	if err := r.ReadFrame(&f); err != nil || f.GetHello() == nil {
+		return
+	}
+	deliver := f.GetHello().GetMaxInFlight() == credit
+	_ = w.WriteFrame(protocol.WelcomeFrame(&protocol.Welcome{
+		NodeId: "fake", ProtocolVersion: protocol.Version, MaxInFlight: f.GetHello().GetMaxInFlight(),
+		HeartbeatMs: 10000, LivenessIntervals: 3, Members: protocol.MemberList(members),
+	}))
+	for _, dv := range ds {
+		if deliver {
+			_ = w.WriteFrame(protocol.DeliverFrame(dv))
+		}
+	}
+	if w.Flush() != nil {
+		return
+	}
+	for r.ReadFrame(&f) == nil && f.GetGoodbye() == nil {
+		for _, id := range f.GetAck().GetDeliveryIds() {
+			m.acked <- id
+		}
+	}
+}
+
+// Given one member's address, tail prints and acks the messages of every
+// member of a spread-mode cluster.
+func TestTailSpread(t *testing.T) {
+	a, b := startTailMember(t), startTailMember(t)
+	members := []string{a.addr(), b.addr()}
+	slices.Sort(members)
+	a.serve(members, 4, deliveries("a1", "a2")...)
+	b.serve(members, 4, deliveries("b1", "b2")...)
+	out, err := runTailCommand(t, "--connect", a.addr(), "--max-in-flight", "8", "--count", "4")
+	if err != nil {
+		t.Fatalf("tail: %v", err)
+	}
+	lines := strings.Fields(out)
+	slices.Sort(lines)
+	if want := []string{"a1", "a2", "b1", "b2"}; !slices.Equal(lines, want) {
+		t.Errorf("printed %q, want %q", lines, want)
+	}
+	for name, m := range map[string]*tailMember{"a": a, "b": b} {
+		var ids []uint64
+		for len(ids) < 2 {
+			select {
+			case id := <-m.acked:
+				ids = append(ids, id)
+			case <-time.After(tailTestTimeout):
+				t.Fatalf("member %s: acked %v, want both", name, ids)
+			}
+		}
+		if slices.Sort(ids); !slices.Equal(ids, []uint64{1, 2}) {
+			t.Errorf("member %s acked %v, want [1 2]", name, ids)
+		}
+	}
+}

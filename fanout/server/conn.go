@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/protocol"
@@ -129,6 +130,11 @@ type conn struct {
 	final    *protocol.Frame
 	reason   closeReason
 	closeErr error
+	// wantMembers is set with the Welcome of a client that announced
+	// CAPABILITY_MEMBERS; members is then the latest Members frame not yet
+	// taken by the pump (Server.MembersChanged), written after out.
+	wantMembers bool
+	members     *protocol.Frame
 }
 
 func newConn(s *Server, nc net.Conn, id uint64) *conn {
@@ -159,7 +165,7 @@ func (c *conn) close(reason closeReason, err error, final *protocol.Frame) {
 		c.mu.Lock()
 		c.reason, c.closeErr, c.final = reason, err, final
 		clear(c.out) // undelivered messages are redelivered by the backend after Leave
-		c.out = nil
+		c.out, c.members = nil, nil
 		name := c.name
 		c.mu.Unlock()
 		// Stop the reader and abort a blocked write; the pump sets its own
@@ -332,7 +338,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if m := h.GetMaxFrameSize(); m != 0 {
 		c.maxFrame = int(m)
 	}
-	switch c.join(h.GetClientId(), maxInFlight) {
+	switch c.join(h, maxInFlight) {
 	case joinFull:
 		c.reject(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, "too many clients (at most %d)", cfg.MaxClients)
 		return false
@@ -359,7 +365,7 @@ const (
 // join takes a client slot, queues the Welcome and joins the backend, all
 // while holding joinMu so that a concurrent close either sees no join or
 // calls Leave after it.
-func (c *conn) join(name string, maxInFlight int) int {
+func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 	c.joinMu.Lock()
 	defer c.joinMu.Unlock()
 	if c.closing.Load() {
@@ -369,10 +375,9 @@ func (c *conn) join(name string, maxInFlight int) int {
 		return joinFull
 	}
 	c.reserved = true
+	name := h.GetClientId()
 	cfg := &c.s.cfg
-	// The Welcome is queued before Join, so it precedes every delivery in
-	// the outbox: the pump never writes a Deliver before the Welcome.
-	c.queue(protocol.WelcomeFrame(&protocol.Welcome{
+	w := &protocol.Welcome{
 		NodeId:            cfg.NodeID,
 		SessionId:         c.id,
 		ProtocolVersion:   protocol.Version,
@@ -382,7 +387,27 @@ func (c *conn) join(name string, maxInFlight int) int {
 		LivenessIntervals: uint32(cfg.Liveness),
 		MaxFrameSize:      uint32(cfg.MaxFrameSize),
 		Topic:             cfg.Topic,
-	}))
+	}
+	// The Welcome is queued before Join, so it precedes every delivery in
+	// the outbox: the pump never writes a Deliver before the Welcome. Its
+	// member list is read, and wantMembers set, under the outbox lock that
+	// membersChanged takes: a change of the list after the read reaches
+	// the client as a Members frame, written after the Welcome.
+	c.mu.Lock()
+	if h.HasCapability(protocol.Capability_CAPABILITY_MEMBERS) {
+		c.wantMembers = true
+		w.Members = protocol.MemberList(c.s.members())
+		if size := proto.Size(protocol.WelcomeFrame(w)); size > c.maxFrame {
+			c.log.Warnf("the member list does not fit the client's max_frame_size %d in a Welcome of %d bytes: not sent",
+				c.maxFrame, size)
+			w.Members = nil
+		}
+	}
+	wake := c.queueLocked(protocol.WelcomeFrame(w))
+	c.mu.Unlock()
+	if wake {
+		c.wake()
+	}
 	c.joined = true
 	c.s.backend.Join(c.id, name, maxInFlight, c)
 	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame}).Debug("client welcomed")

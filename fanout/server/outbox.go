@@ -98,6 +98,40 @@ func (c *conn) queue(f *protocol.Frame) {
 	c.enqueue(outItem{frame: f}, outItemSize+frameOverhead+proto.Size(f))
 }
 
+// queueLocked is queue with c.mu held; it reports whether the pump must be
+// woken (after c.mu is released).
+func (c *conn) queueLocked(f *protocol.Frame) (wake bool) {
+	return c.enqueueLocked(outItem{frame: f}, outItemSize+frameOverhead+proto.Size(f))
+}
+
+// membersChanged makes f, a Members frame, the list to write next, in place
+// of any list not yet written: only the latest list matters. It does
+// nothing for a client that did not announce CAPABILITY_MEMBERS or is not
+// welcomed yet (its Welcome will carry the list). f is shared by every
+// connection and never modified, so it is not charged to MaxOutboxBytes:
+// a connection holds one pointer to it at most. Like every queued frame it
+// must be written within WriteTimeout.
+func (c *conn) membersChanged(f *protocol.Frame) {
+	c.mu.Lock()
+	if !c.wantMembers || c.closing.Load() || c.overflow {
+		c.mu.Unlock()
+		return
+	}
+	wasEmpty := c.emptyLocked()
+	if wasEmpty {
+		c.outSince = time.Now()
+	}
+	c.members = f
+	c.mu.Unlock()
+	if wasEmpty {
+		c.wake()
+	}
+}
+
+// emptyLocked reports whether the pump has nothing to write. c.mu must be
+// held.
+func (c *conn) emptyLocked() bool { return len(c.out) == 0 && c.members == nil }
+
 // pong queues the answer to a client's Ping.
 func (c *conn) pong(nonce uint64) { c.enqueue(outItem{nonce: nonce, isPong: true}, pongCost) }
 
@@ -109,26 +143,30 @@ func (c *conn) pong(nonce uint64) { c.enqueue(outItem{nonce: nonce, isPong: true
 // too, which must not call close (it calls back into the backend).
 func (c *conn) enqueue(it outItem, cost int) {
 	c.mu.Lock()
-	if c.closing.Load() || c.overflow {
-		c.mu.Unlock()
-		return
+	wake := c.enqueueLocked(it, cost)
+	c.mu.Unlock()
+	if wake {
+		c.wake()
 	}
-	wasEmpty := len(c.out) == 0
+}
+
+// enqueueLocked is enqueue with c.mu held; it reports whether the pump must
+// be woken (after c.mu is released).
+func (c *conn) enqueueLocked(it outItem, cost int) (wake bool) {
+	if c.closing.Load() || c.overflow {
+		return false
+	}
+	wasEmpty := c.emptyLocked()
 	if c.outBytes+cost > c.s.cfg.MaxOutboxBytes {
 		c.overflow = true
-		c.mu.Unlock()
-		c.wake()
-		return
+		return true
 	}
 	if wasEmpty {
 		c.outSince = time.Now()
 	}
 	c.out = append(c.out, it)
 	c.outBytes += cost
-	c.mu.Unlock()
-	if wasEmpty {
-		c.wake()
-	}
+	return wasEmpty
 }
 
 // errClosing aborts writes once the connection is closing.
@@ -232,19 +270,22 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 			return true
 		}
 		c.mu.Lock()
-		batch, since, overflow := c.out, c.outSince, c.overflow
-		c.out, c.outBytes = spare[:0], 0
+		batch, members, since, overflow := c.out, c.members, c.outSince, c.overflow
+		c.out, c.outBytes, c.members = spare[:0], 0, nil
 		c.mu.Unlock()
 		if overflow {
 			c.close(closeSlow, fmt.Errorf("more than %d bytes of control frames queued and not read (--max-outbox-bytes)",
 				cfg.MaxOutboxBytes), nil)
 			return true
 		}
-		if len(batch) > 0 && (p.since.IsZero() || since.Before(p.since)) {
+		if (len(batch) > 0 || members != nil) && (p.since.IsZero() || since.Before(p.since)) {
 			p.since = since
 		}
 		p.dw.deadline = p.since.Add(cfg.WriteTimeout)
 		welcomed, err := p.writeBatch(batch)
+		if err == nil && members != nil {
+			err = c.writeMembers(p, members)
+		}
 		clear(batch) // drop references to the messages
 		spare = batch[:0]
 		if err == nil && p.w != nil && p.w.Buffered() > 0 {
@@ -263,6 +304,17 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 			tick = ticker.C
 		}
 	}
+}
+
+// writeMembers writes a Members frame after the batch that held the
+// Welcome or a later one. A list that does not fit the client's
+// max_frame_size is not sent (logged): the client keeps the list it has.
+func (c *conn) writeMembers(p *pumpState, f *protocol.Frame) error {
+	if size := proto.Size(f); size > c.maxFrame {
+		c.log.Warnf("a member list of %d bytes does not fit the client's max_frame_size %d: not sent", size, c.maxFrame)
+		return nil
+	}
+	return p.writer().WriteFrame(f)
 }
 
 // writeFailed closes the connection after a write error: a timeout means the

@@ -76,6 +76,13 @@ type Config struct {
 	// every Hello; nil means this node always leads.
 	Leadership func() Leadership
 	Logger     *logrus.Entry // nil means the logrus standard logger
+
+	// Members lists the advertised addresses (host:port) of the members
+	// that own partitions, sorted; nil or empty in leader mode. It is asked
+	// for the Welcome of each client that announces CAPABILITY_MEMBERS, with
+	// the connection's lock held, and by MembersChanged: it must not block
+	// (read a snapshot) and must not call the Server. Nil means no members.
+	Members func() []string
 }
 
 // Leadership is this node's view of the cluster leader.
@@ -385,6 +392,33 @@ func (s *Server) RedirectAll(l Leadership) {
 		f, err := leadershipFrame(l)
 		c.close(closeRedirected, err, f)
 	}
+}
+
+// MembersChanged sends every welcomed client that announced
+// CAPABILITY_MEMBERS the list Config.Members returns now, in a Members
+// frame. The daemon calls it after the list changed, holding nothing
+// Config.Members takes. It never blocks on a client: a connection holds at
+// most one list not yet written, the latest, one frame shared by every
+// connection.
+func (s *Server) MembersChanged() {
+	f := protocol.MembersFrame(s.members())
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.membersChanged(f)
+	}
+}
+
+// members returns Config.Members' list, or nil without one.
+func (s *Server) members() []string {
+	if s.cfg.Members == nil {
+		return nil
+	}
+	return s.cfg.Members()
 }
 
 // leadership returns the current leadership, asking Config.Leadership.
