@@ -5,14 +5,17 @@
 package status
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Status describes a fanout cluster. The fields after TotalLag are a
@@ -22,10 +25,17 @@ type Status struct {
 	ID             string      `json:"id"`
 	Topic          string      `json:"topic"`
 	HeartbeatTopic string      `json:"heartbeat_topic"`
-	Leader         *Leader     `json:"leader"` // nil: no leader recorded (fanout status) or known (a daemon)
+	Mode           string      `json:"mode,omitempty"` // the leader's --assignment; "" when unknown
+	Leader         *Leader     `json:"leader"`         // nil: no leader recorded (fanout status) or known (a daemon)
 	Members        []Member    `json:"members"`
 	Partitions     []Partition `json:"partitions"`
 	TotalLag       int64       `json:"total_lag"` // over the partitions with a committed offset
+
+	// Spread mode (AddSpread): the leader's assignment (nil when none is
+	// known) and the partitions whose ownership record does not name, live,
+	// the member the assignment gives them.
+	Assignment *Assignment `json:"assignment,omitempty"`
+	Handoffs   []Handoff   `json:"handoffs,omitempty"`
 
 	Node    *Node    `json:"node,omitempty"`    // the daemon that answered
 	Clients []Client `json:"clients,omitempty"` // its connected clients, by name
@@ -47,6 +57,7 @@ type Member struct {
 	Role     string    `json:"role"` // RoleName of its heartbeat's role
 	Epoch    uint64    `json:"epoch"`
 	LastSeen time.Time `json:"last_seen"`
+	Mode     string    `json:"mode"` // its --assignment (ModeName)
 }
 
 // Partition is one partition's offsets; Committed and Lag are nil when no
@@ -57,6 +68,32 @@ type Partition struct {
 	HighWatermark int64  `json:"high_watermark"`
 	Lag           *int64 `json:"lag"`
 	Owner         string `json:"owner,omitempty"` // node id of the member that serves it, when known
+}
+
+// Assignment is the assignment the spread leader last published.
+type Assignment struct {
+	Epoch      uint64           `json:"epoch"`
+	Generation uint64           `json:"generation"`
+	Members    []AssignedMember `json:"members"`
+}
+
+// AssignedMember is one member of the assignment: the partitions it is
+// assigned, those its live ownership records give it, and the lag of the
+// partitions assigned to it (those with a committed offset).
+type AssignedMember struct {
+	NodeID     string  `json:"node_id"`
+	Addr       string  `json:"addr"`
+	Partitions []int32 `json:"partitions"`
+	Owned      []int32 `json:"owned"`
+	Lag        int64   `json:"lag"`
+}
+
+// Handoff is a partition on its way to the member assigned it.
+type Handoff struct {
+	Partition int32  `json:"partition"`
+	From      string `json:"from"` // the member its record names; "" when released or never reserved
+	To        string `json:"to"`   // the member the assignment gives it
+	State     string `json:"state"`
 }
 
 // Node is the daemon that answered and its dispatcher's gauges.
@@ -118,6 +155,54 @@ func (s *Status) AddPartition(p int32, highWatermark int64, committed *int64, ow
 		s.TotalLag += lag
 	}
 	s.Partitions = append(s.Partitions, ps)
+}
+
+// AddSpread adds what spread mode says of the partitions added so far: each
+// one's owner, the live owner its ownership record names (owners, from
+// zkstore.ReadOwners); and, when a is not nil, the mode, the assignment with
+// each member's owned partitions and lag, and the handoffs in progress.
+func (s *Status) AddSpread(a *cluster.Assignment, owners map[int32]zkstore.OwnerState) {
+	lag := map[int32]int64{}
+	for i, p := range s.Partitions {
+		if o := owners[p.Partition]; o.Live {
+			s.Partitions[i].Owner = o.Owner
+		}
+		if p.Lag != nil {
+			lag[p.Partition] = *p.Lag
+		}
+	}
+	if a == nil {
+		return
+	}
+	s.Mode = cluster.ModeName(cluster.Mode_MODE_SPREAD)
+	s.Assignment = &Assignment{Epoch: a.Epoch, Generation: a.Generation}
+	s.Handoffs = nil
+	for _, o := range a.Owners {
+		m := AssignedMember{NodeID: o.NodeID, Addr: o.Addr, Partitions: slices.Clone(o.Partitions), Owned: []int32{}}
+		if m.Partitions == nil {
+			m.Partitions = []int32{}
+		}
+		for _, p := range o.Partitions {
+			m.Lag += lag[p]
+			rec, ok := owners[p]
+			switch {
+			case ok && rec.Live && rec.Owner == o.NodeID:
+				m.Owned = append(m.Owned, p)
+			case !ok:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "never reserved: waiting for " + o.NodeID})
+			case rec.Owner == "":
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "released: waiting for " + o.NodeID})
+			case rec.Live:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
+					State: "held by " + rec.Owner + ": handing over"})
+			default:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
+					State: rec.Owner + "'s session is gone: waiting for " + o.NodeID})
+			}
+		}
+		s.Assignment.Members = append(s.Assignment.Members, m)
+	}
+	slices.SortFunc(s.Handoffs, func(x, y Handoff) int { return cmp.Compare(x.Partition, y.Partition) })
 }
 
 // RoleName is a heartbeat's role in lower case without its prefix:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,17 +18,19 @@ import (
 // runClient is one fanout client process: it acks every message it receives
 // and, when standard input closes, closes the client (flushing the last acks)
 // and prints its Result. Only messages whose Ack succeeded are counted; the
-// receipt time is taken for latency before the ack.
+// receipt time is taken for latency before the ack. Given the members of a
+// spread cluster, the Go client keeps a session with each (its credit split
+// over them).
 func runClient(args []string) error {
 	fs := flag.NewFlagSet("client", flag.ExitOnError)
-	addr := fs.String("addr", "127.0.0.1:4987", "daemon address")
-	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello")
+	addrs := fs.String("addr", "127.0.0.1:4987", "daemon address, or comma-separated addresses of one cluster")
+	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello (split over the members in spread mode)")
 	latency := fs.Bool("latency", false, "record produce-to-receipt latency of synthetic values")
 	_ = fs.Parse(args)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, client.Config{Addrs: []string{*addr}, MaxInFlight: *inFlight,
+	c, err := client.Dial(ctx, client.Config{Addrs: strings.Split(*addrs, ","), MaxInFlight: *inFlight,
 		ClientID: fmt.Sprintf("bench-%d", os.Getpid())})
 	if err != nil {
 		return err
