@@ -3,14 +3,18 @@ package fanout
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/status"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
@@ -101,5 +105,121 @@ func TestDaemonStatus(t *testing.T) {
 	}
 	if got.Node == nil || got.Node.NodeID != "solo-node" || len(got.Clients) != 2 || len(got.Partitions) != 1 {
 		t.Errorf("/api/status: node %+v, %d clients, %d partitions", got.Node, len(got.Clients), len(got.Partitions))
+	}
+}
+
+// The console's reading of the whole topic in spread mode is shared: within
+// maxAge every request gets the last read (its error too), after it the
+// next request reads again; a read cut short by its request's end is not
+// kept for the others.
+func TestClusterViewSharesReads(t *testing.T) {
+	now := time.Unix(1000, 0)
+	reads := 0
+	var fail error
+	var during func() // called within the read
+	v := newClusterView(func(ctx context.Context) (clusterRead, error) {
+		reads++
+		if during != nil {
+			during()
+		}
+		if err := ctx.Err(); err != nil {
+			return clusterRead{}, err
+		}
+		return clusterRead{highWatermarks: map[int32]int64{0: int64(reads)}}, fail
+	}, 2*time.Second)
+	v.now = func() time.Time { return now }
+	ctx := context.Background()
+
+	get := func(wantHW int64, wantErr bool) {
+		t.Helper()
+		r, err := v.get(ctx)
+		if (err != nil) != wantErr || (err == nil && r.highWatermarks[0] != wantHW) {
+			t.Fatalf("get: %v, %v; want high watermark %d, error %v", r.highWatermarks, err, wantHW, wantErr)
+		}
+	}
+	get(1, false)
+	now = now.Add(1999 * time.Millisecond)
+	get(1, false) // shared
+	if reads != 1 {
+		t.Fatalf("%d reads within maxAge, want 1", reads)
+	}
+	now = now.Add(time.Millisecond)
+	get(2, false) // read again
+
+	fail = errors.New("zk: connection closed")
+	now = now.Add(2 * time.Second)
+	get(0, true)
+	get(0, true) // the failure is shared too: no read per request while ZooKeeper is away
+	if reads != 3 {
+		t.Fatalf("%d reads, want 3", reads)
+	}
+
+	fail = nil
+	now = now.Add(2 * time.Second)
+	cancelled, cancel := context.WithCancel(ctx)
+	during = cancel // the request ends while its read runs
+	if _, err := v.get(cancelled); err == nil {
+		t.Fatal("a request cancelled during its read got a read")
+	}
+	during = nil
+	get(5, false) // the cancelled one's outcome (read 4) was not kept
+	if _, err := v.get(cancelled); err == nil || reads != 5 {
+		t.Fatalf("an ended request: %v after %d reads, want an error and no read", err, reads)
+	}
+}
+
+// In spread mode a member's document shows every partition of the topic
+// from the shared read, each with the owner its live record names; when the
+// read fails, the partitions the member serves, and why the rest is missing.
+func TestSpreadPartitions(t *testing.T) {
+	d := &Daemon{opts: Options{NodeID: "m-a", Assignment: AssignmentSpread}}
+	snap := metrics.Snapshot{Serving: true, HighWaterMarks: map[int32]int64{0: 10}}
+	snap.Stats.Committed = map[int32]int64{0: 4}
+	newStatus := func() *status.Status { return &status.Status{Node: &status.Node{NodeID: "m-a"}} }
+
+	st := newStatus()
+	d.spreadPartitions(context.Background(), st, snap)
+	if len(st.Partitions) != 0 || st.Node.Partial != "" {
+		t.Fatalf("before the member joins the cluster: %+v, partial %q", st.Partitions, st.Node.Partial)
+	}
+
+	read := clusterRead{
+		committed:      map[int32]int64{0: 5, 1: 7},
+		highWatermarks: map[int32]int64{0: 10, 1: 7, 2: 3},
+		owners: map[int32]zkstore.OwnerState{
+			0: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-a"}, Live: true},
+			1: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-b"}, Live: true},
+			2: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-c"}}, // its session is gone
+		},
+	}
+	var fail error
+	d.clusterView.Store(newClusterView(func(context.Context) (clusterRead, error) { return read, fail }, 0))
+	st = newStatus()
+	d.spreadPartitions(context.Background(), st, snap)
+	type part struct {
+		p         int32
+		committed int64 // -1: none
+		hw        int64
+		owner     string
+	}
+	var got []part
+	for _, p := range st.Partitions {
+		c := int64(-1)
+		if p.Committed != nil {
+			c = *p.Committed
+		}
+		got = append(got, part{p.Partition, c, p.HighWatermark, p.Owner})
+	}
+	want := []part{{0, 5, 10, "m-a"}, {1, 7, 7, "m-b"}, {2, -1, 3, ""}}
+	if !slices.Equal(got, want) || st.TotalLag != 5 || st.Node.Partial != "" {
+		t.Errorf("partitions %v (total lag %d, partial %q), want %v and lag 5", got, st.TotalLag, st.Node.Partial, want)
+	}
+
+	fail = errors.New("zk: connection closed")
+	st = newStatus()
+	d.spreadPartitions(context.Background(), st, snap)
+	if len(st.Partitions) != 1 || st.Partitions[0].Owner != "m-a" || *st.Partitions[0].Committed != 4 ||
+		!strings.Contains(st.Node.Partial, "zk: connection closed") {
+		t.Errorf("read failed: partitions %+v, partial %q; want the member's own and why", st.Partitions, st.Node.Partial)
 	}
 }

@@ -43,6 +43,8 @@ type Daemon struct {
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
 	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
 
+	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
+
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
 	committed atomic.Bool                     // spread mode: the group has committed offsets, as far as this member knows
@@ -263,6 +265,10 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		}
 		owners := zkstore.NewOwners(authority.ZK, authority.Chroot, d.opts.ID, d.opts.Topic, d.opts.NodeID,
 			d.opts.advertised(d.srv.Addr()), authority.ACL)
+		d.clusterView.Store(newClusterView(func(ctx context.Context) (clusterRead, error) {
+			return readCluster(ctx, client, zs, authority.ZK, authority.Chroot, d.opts)
+		}, console.SampleInterval))
+		defer d.clusterView.Store(nil)
 		return d.runSpread(ctx, client, zs, spreadDeps{assign: el, records: owners, loader: zs, resign: resign})
 	}
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -588,3 +589,145 @@ func TestConsoleShowsWeightWhenPresent(t *testing.T) {
 }
 
 func attrOf(n *html.Node, key string) string { v, _ := attr(n, key); return v }
+
+// TestConsoleSpread: two daemons in spread mode against the real Kafka and
+// ZooKeeper, one Go client acking what both deliver. Each member's
+// /api/status and its page in Chromium show the mode, the assignment (each
+// member with its partitions, all owned, and their lag), no handoff, and
+// every partition with its offsets and the member that owns it; a member's
+// page lists the client's session with it, and fits a phone's width.
+func TestConsoleSpread(t *testing.T) {
+	const partitions, n = 4, 200
+	topic := uniqueName(t, "console")
+	createTopic(t, topic, partitions)
+	opts := daemonOptions(t, topic)
+	opts.Assignment = fanout.AssignmentSpread
+	opts.ZooKeeperSessionTimeout = 4 * time.Second
+	opts.HandoffTimeout = 3 * time.Second
+	opts.MetricsListen = "127.0.0.1:0"
+	var members []*testDaemon
+	for _, id := range []string{"console-spread-a", "console-spread-b"} {
+		o := opts
+		o.NodeID = id
+		members = append(members, startDaemon(t, o))
+	}
+
+	var acked atomic.Int64
+	consoleAck(t, dial(t, client.Config{ClientID: "console-spread-worker", MaxInFlight: 20},
+		members[0].addr, members[1].addr), &acked)
+	produceSeq(t, topic, "spread", n, partitions)
+
+	// Each member's document: the assignment in force, owned as assigned,
+	// every message committed.
+	docs := make([]*status.Status, len(members))
+	for i, m := range members {
+		base := "http://" + m.MetricsAddr().String()
+		testutil.WaitFor(t, 90*time.Second, m.opts.NodeID+"'s document: both members own what they are assigned, all committed", func() bool {
+			st := consoleStatus(t, base, "")
+			docs[i] = st
+			if st.Mode != "spread" || st.Assignment == nil || len(st.Assignment.Members) != 2 || len(st.Handoffs) != 0 ||
+				len(st.Partitions) != partitions || acked.Load() < n {
+				return false
+			}
+			for _, am := range st.Assignment.Members {
+				if len(am.Partitions) != partitions/2 || !slices.Equal(am.Owned, am.Partitions) || am.Lag != 0 {
+					return false
+				}
+			}
+			for _, p := range st.Partitions {
+				if p.Committed == nil || *p.Committed != n/partitions || p.Owner == "" {
+					return false
+				}
+			}
+			return len(st.Clients) == 1
+		})
+	}
+	a := docs[0]
+	owner := map[int32]string{}
+	for _, am := range a.Assignment.Members {
+		for _, p := range am.Partitions {
+			owner[p] = am.NodeID
+		}
+	}
+	for _, p := range a.Partitions {
+		if p.Owner != owner[p.Partition] {
+			t.Errorf("partition %d: owner %q, assigned to %q", p.Partition, p.Owner, owner[p.Partition])
+		}
+	}
+	if nd := a.Node; nd.Mode != "spread" || !nd.Serving || !nd.Ready || nd.Partial != "" {
+		t.Errorf("node %+v, want a ready spread member serving, with the whole topic", nd)
+	}
+	for _, m := range a.Members {
+		if m.Mode != "spread" {
+			t.Errorf("member %s: mode %q", m.NodeID, m.Mode)
+		}
+	}
+
+	// The page of the first member.
+	page := "http://" + members[0].MetricsAddr().String() + "/"
+	doc := renderDOM(t, page, 8*time.Second)
+	if got := text(byID(t, doc, "mode")); got != "spread" {
+		t.Errorf("mode %q on the page", got)
+	}
+	if hidden(byID(t, doc, "spread")) {
+		t.Fatal("the assignment is hidden in spread mode")
+	}
+	if got, want := text(byID(t, doc, "assignment-generation")), fmt.Sprintf("generation %d, epoch %d", a.Assignment.Generation, a.Assignment.Epoch); got != want {
+		t.Errorf("assignment caption %q, want %q", got, want)
+	}
+	assigned := rows(t, doc, "assignment", "data-member")
+	if len(assigned) != 2 {
+		t.Fatalf("%d assignment rows, want 2", len(assigned))
+	}
+	for i, row := range assigned {
+		am := a.Assignment.Members[i]
+		want := fmt.Sprintf("%d-%d", am.Partitions[0], am.Partitions[1])
+		if am.Partitions[1] != am.Partitions[0]+1 {
+			want = fmt.Sprintf("%d, %d", am.Partitions[0], am.Partitions[1])
+		}
+		if got := text(cell(t, row, "node")); got != am.NodeID {
+			t.Errorf("assignment row %d: member %q, want %q", i, got, am.NodeID)
+		}
+		if got := text(cell(t, row, "partitions")); got != want {
+			t.Errorf("%s: partitions %q, want %q", am.NodeID, got, want)
+		}
+		if got := text(cell(t, row, "owned")); got != want {
+			t.Errorf("%s: owned %q, want %q", am.NodeID, got, want)
+		}
+		if got := text(cell(t, row, "lag")); got != "0" {
+			t.Errorf("%s: lag %q", am.NodeID, got)
+		}
+	}
+	if rs := rows(t, doc, "handoffs", "data-handoff"); len(rs) != 0 {
+		t.Errorf("%d handoff rows, want none", len(rs))
+	}
+	partRows := rows(t, doc, "partitions", "data-partition")
+	if len(partRows) != partitions {
+		t.Fatalf("%d partition rows, want %d", len(partRows), partitions)
+	}
+	for i, row := range partRows {
+		p := a.Partitions[i]
+		if got := text(cell(t, row, "owner")); got != owner[p.Partition] {
+			t.Errorf("partition %d: owner %q on the page, assigned to %q", p.Partition, got, owner[p.Partition])
+		}
+		if got := number(t, text(cell(t, row, "committed"))); got != n/partitions {
+			t.Errorf("partition %d: committed %d on the page", p.Partition, got)
+		}
+	}
+	for _, row := range rows(t, doc, "members", "data-node") {
+		if got := text(cell(t, row, "mode")); got != "spread" {
+			t.Errorf("member %s: mode %q on the page", text(cell(t, row, "node")), got)
+		}
+	}
+	clientRows := rows(t, doc, "clients", "data-client")
+	if len(clientRows) != 1 || text(cell(t, clientRows[0], "name")) != "console-spread-worker" {
+		t.Errorf("%d client rows, want the worker's session with this member", len(clientRows))
+	}
+	if note := byID(t, doc, "follower-note"); !hidden(note) {
+		t.Errorf("a serving spread member shows the note %q", text(note))
+	}
+	screenshot(t, page, filepath.Join(t.ArtifactDir(), "console-spread.png"), 1280, 1120)
+	if wide := consoleNarrow(t, "http://"+members[0].MetricsAddr().String(), "", 390); wide != "" {
+		t.Errorf("at 390 px: %s", wide)
+	}
+}

@@ -99,6 +99,7 @@ type Handoff struct {
 // Node is the daemon that answered and its dispatcher's gauges.
 type Node struct {
 	NodeID   string    `json:"node_id"`
+	Mode     string    `json:"mode"`   // its own --assignment
 	Role     string    `json:"role"`   // "leader", "follower" or "starting"
 	Ready    bool      `json:"ready"`  // what /readyz answers
 	Reason   string    `json:"reason"` // and why
@@ -108,6 +109,9 @@ type Node struct {
 	Paused   bool      `json:"paused"` // fetching from Kafka is paused
 	Clients  int       `json:"clients"`
 	Time     time.Time `json:"time"` // when the document was made
+	// Partial says why the document shows only this node's partitions
+	// (spread mode: the others' could not be read); "" when complete.
+	Partial string `json:"partial,omitempty"`
 }
 
 // ClientRoleWorker is the role of a client that receives messages and acks

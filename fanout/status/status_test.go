@@ -3,10 +3,12 @@ package status
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // The fields fanout status has always printed keep their names; what is
@@ -40,7 +42,7 @@ func TestEncodeDaemonView(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	w := uint32(5)
 	st := Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-		Node: &Node{NodeID: "a", Role: "leader", Ready: true, Reason: "leader: serving", Serving: true,
+		Node: &Node{NodeID: "a", Mode: "leader", Role: "leader", Ready: true, Reason: "leader: serving", Serving: true,
 			InFlight: 3, Buffered: 1, Clients: 2, Time: at},
 		Clients: []Client{
 			{ID: 1, Name: "w1", Addr: "127.0.0.1:5000", Role: ClientRoleWorker, InFlight: 2, MaxInFlight: 10,
@@ -52,7 +54,7 @@ func TestEncodeDaemonView(t *testing.T) {
 	st.AddPartition(0, 10, ptr(4), "a")
 	want := `{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":null,"members":null,` +
 		`"partitions":[{"partition":0,"committed":4,"high_watermark":10,"lag":6,"owner":"a"}],"total_lag":6,` +
-		`"node":{"node_id":"a","role":"leader","ready":true,"reason":"leader: serving","serving":true,` +
+		`"node":{"node_id":"a","mode":"leader","role":"leader","ready":true,"reason":"leader: serving","serving":true,` +
 		`"in_flight":3,"buffered":1,"paused":false,"clients":2,"time":"2026-03-04T05:06:07Z"},` +
 		`"clients":[{"id":1,"name":"w1","addr":"127.0.0.1:5000","role":"worker","in_flight":2,"max_in_flight":10,` +
 		`"acked":7,"acks_per_second":3.5,"connected_at":"2026-03-04T05:06:07Z"},` +
@@ -91,6 +93,61 @@ func TestAddPartition(t *testing.T) {
 	}
 	if p := st.Partitions[2]; *p.Lag != 0 {
 		t.Errorf("lag %d, want 0", *p.Lag)
+	}
+}
+
+// AddSpread: each partition's owner is its live record's; each member of
+// the assignment owns the partitions whose live record names it, and the
+// others are handoffs, with why they wait; the lag is summed per member.
+func TestAddSpread(t *testing.T) {
+	a := &cluster.Assignment{Epoch: 4, Generation: 9, Partitions: 5, Owners: []cluster.Owner{
+		{NodeID: "m-a", Addr: "h:1", Partitions: []int32{0, 1, 2}},
+		{NodeID: "m-b", Addr: "h:2", Partitions: []int32{3, 4}},
+		{NodeID: "m-c", Addr: "h:3"}, // owns nothing: listed, with empty lists
+	}}
+	live := func(owner string) zkstore.OwnerState {
+		return zkstore.OwnerState{OwnerRecord: zkstore.OwnerRecord{Owner: owner}, Live: true}
+	}
+	owners := map[int32]zkstore.OwnerState{
+		0: live("m-a"),
+		1: live("m-b"),                                      // handing over to m-a
+		2: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-x"}}, // its session is gone
+		3: {OwnerRecord: zkstore.OwnerRecord{Owner: ""}},    // released
+		// 4: never reserved
+	}
+	var st Status
+	st.AddPartition(0, 10, ptr(8), "")
+	st.AddPartition(1, 10, ptr(5), "")
+	st.AddPartition(2, 10, nil, "")
+	st.AddPartition(3, 10, ptr(9), "")
+	st.AddPartition(4, 10, ptr(10), "")
+	st.AddSpread(a, owners)
+	got := compact(t, &st)
+	for _, want := range []string{
+		`"mode":"spread"`,
+		`{"partition":0,"committed":8,"high_watermark":10,"lag":2,"owner":"m-a"}`,
+		`{"partition":1,"committed":5,"high_watermark":10,"lag":5,"owner":"m-b"}`,
+		`{"partition":2,"committed":null,"high_watermark":10,"lag":null}`,
+		`"assignment":{"epoch":4,"generation":9,"members":[` +
+			`{"node_id":"m-a","addr":"h:1","partitions":[0,1,2],"owned":[0],"lag":7},` +
+			`{"node_id":"m-b","addr":"h:2","partitions":[3,4],"owned":[],"lag":1},` +
+			`{"node_id":"m-c","addr":"h:3","partitions":[],"owned":[],"lag":0}]}`,
+		`"handoffs":[{"partition":1,"from":"m-b","to":"m-a","state":"held by m-b: handing over"},` +
+			`{"partition":2,"from":"m-x","to":"m-a","state":"m-x's session is gone: waiting for m-a"},` +
+			`{"partition":3,"from":"","to":"m-b","state":"released: waiting for m-b"},` +
+			`{"partition":4,"from":"","to":"m-b","state":"never reserved: waiting for m-b"}]`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("JSON lacks %s:\n%s", want, got)
+		}
+	}
+
+	// Without an assignment (none heard yet, or leader mode): owners only.
+	var bare Status
+	bare.AddPartition(0, 10, ptr(8), "")
+	bare.AddSpread(nil, owners)
+	if bare.Mode != "" || bare.Assignment != nil || bare.Handoffs != nil || bare.Partitions[0].Owner != "m-a" {
+		t.Errorf("without an assignment: %s", compact(t, &bare))
 	}
 }
 

@@ -127,6 +127,7 @@
     setText('updated', node.time ? new Date(node.time).toLocaleTimeString() : '');
     $('overview').hidden = false;
 
+    setText('mode', st.mode || 'unknown');
     setText('leader', st.leader ? st.leader.node : 'none');
     setText('epoch', st.leader ? st.leader.epoch : '–');
     setText('member-count', (st.members || []).length);
@@ -140,10 +141,14 @@
     ready.className = node.ready ? 'ok' : 'bad';
 
     const note = $('follower-note');
-    if (node.serving) {
+    note.hidden = false;
+    if (node.partial) {
+      note.textContent = 'Only the partitions this member serves are shown: ' + node.partial + '.';
+    } else if (node.serving) {
       note.hidden = true;
+    } else if (node.mode === 'spread') {
+      note.textContent = (node.reason || 'Not serving') + '. Each member of a spread cluster shows its own clients.';
     } else {
-      note.hidden = false;
       note.textContent = (node.reason || 'Not serving') +
         '. Partitions and clients are shown by the console of the node that serves them' +
         (st.leader ? ' (' + st.leader.node + (st.leader.addr ? ', clients at ' + st.leader.addr : '') + ').' : '.');
@@ -151,6 +156,7 @@
 
     renderCharts(st.rates);
     renderMembers(st);
+    renderSpread(st);
     renderPartitions(st.partitions || []);
     renderClients(st.clients || [], node.time);
   }
@@ -177,9 +183,47 @@
       ['Node', m.node_id, 'node'],
       ['Address', m.addr || '–', 'addr'],
       ['Role', m.role, 'role'],
+      ['Mode', m.mode || '–', 'mode'],
       ['Epoch', m.epoch, 'num'],
       ['Last heartbeat', now ? fmtAge(m.last_seen, now) + ' ago' : m.last_seen, 'num'],
     ], { class: m.node_id === leader ? 'leader' : null, 'data-node': m.node_id })), 'No members heard from.');
+  }
+
+  // ranges writes ascending partitions as ranges: 0-2, 5.
+  function ranges(ps) {
+    const out = [];
+    for (let i = 0; i < ps.length; i++) {
+      let j = i;
+      while (j + 1 < ps.length && ps[j + 1] === ps[j] + 1) j++;
+      out.push(j > i ? ps[i] + '-' + ps[j] : String(ps[i]));
+      i = j;
+    }
+    return out.length ? out.join(', ') : 'none';
+  }
+
+  // renderSpread shows the assignment of a spread cluster and its handoffs.
+  function renderSpread(st) {
+    const a = st.assignment;
+    $('spread').hidden = !a;
+    if (!a) return;
+    setText('assignment-generation', 'generation ' + a.generation + ', epoch ' + a.epoch);
+    fillBody('assignment', (a.members || []).map((m) => {
+      const all = (m.partitions || []).length;
+      const owned = (m.owned || []).length;
+      return row([
+        ['Member', m.node_id, 'node'],
+        ['Address', m.addr || '–', 'addr'],
+        ['Partitions', ranges(m.partitions || []), 'num partitions'],
+        ['Owned', ranges(m.owned || []), 'num owned' + (owned < all ? ' behind' : '')],
+        ['Lag', fmtNum(m.lag || 0), 'num lag' + (m.lag > 0 ? ' behind' : '')],
+      ], { 'data-member': m.node_id, class: st.leader && m.node_id === st.leader.node ? 'leader' : null });
+    }), 'No members in the assignment.');
+    fillBody('handoffs', (st.handoffs || []).map((h) => row([
+      ['Partition', h.partition, 'num partition'],
+      ['From', h.from || '–', 'from'],
+      ['To', h.to, 'to'],
+      ['State', h.state, 'state'],
+    ], { 'data-handoff': h.partition })), 'None in progress: every partition is served by the member assigned it.');
   }
 
   function renderPartitions(parts) {
