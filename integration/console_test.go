@@ -241,7 +241,8 @@ func consoleAck(t *testing.T, c *client.Client, acked *atomic.Int64) {
 // shows nothing; with it, it shows the leader, both clients (a name that is
 // markup shown as text), every partition with the offsets the daemon
 // reports, and charts with data. It saves screenshots under the test's
-// output (go test -artifacts) and checks the page at a phone's width.
+// output (go test -artifacts), the desktop one while messages flow, and
+// checks the page at a phone's width.
 func TestConsoleInChromium(t *testing.T) {
 	const partitions, n = 3, 600 // about 12 s of flow, for the charts
 	topic := uniqueName(t, "console")
@@ -260,9 +261,10 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	produced := procProducePaced(t, topic, n, partitions, 15, 300*time.Millisecond)
 
-	// While the flow goes on: both clients ack, and the sampler sees it.
+	// While the flow goes on: both clients ack, and the sampler sees it
+	// (three samples, so that the charts draw lines).
 	var st *status.Status
-	testutil.WaitFor(t, 90*time.Second, "both clients acking and a sampled ack rate", func() bool {
+	testutil.WaitFor(t, 90*time.Second, "both clients acking and three sampled ack rates", func() bool {
 		st = consoleStatus(t, base, opts.MetricsToken)
 		perClient := 0
 		for _, c := range st.Clients {
@@ -270,12 +272,18 @@ func TestConsoleInChromium(t *testing.T) {
 				perClient++
 			}
 		}
-		sampled := false
+		sampled := 0
 		for _, p := range st.Rates.Points {
-			sampled = sampled || p.Acked > 0
+			if p.Acked > 0 {
+				sampled++
+			}
 		}
-		return perClient == 2 && sampled
+		return perClient == 2 && sampled >= 3
 	})
+	// The desktop screenshot while messages flow (the README shows it).
+	page := base + "/#token=" + url.QueryEscape(opts.MetricsToken)
+	dir := t.ArtifactDir()
+	screenshot(t, page, filepath.Join(dir, "console.png"), 1280, 820)
 	if err := <-produced; err != nil {
 		t.Fatalf("produce: %v", err)
 	}
@@ -304,7 +312,6 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 
 	// With the token, handed over in the fragment.
-	page := base + "/#token=" + url.QueryEscape(opts.MetricsToken)
 	doc = renderDOM(t, page, 10*time.Second)
 	if !hidden(byID(t, doc, "token-form")) || hidden(byID(t, doc, "overview")) {
 		t.Fatal("with the token: the token form is shown or the overview hidden")
@@ -394,8 +401,6 @@ func TestConsoleInChromium(t *testing.T) {
 		}
 	}
 
-	dir := t.ArtifactDir()
-	screenshot(t, page, filepath.Join(dir, "console.png"), 1280, 820)
 	screenshot(t, page, filepath.Join(dir, "console-phone.png"), 390, 1800)
 	t.Logf("screenshots in %s (kept with go test -artifacts)", dir)
 
