@@ -40,10 +40,11 @@ func (d *Daemon) Status(ctx context.Context) *status.Status {
 	}
 
 	if el := d.elector.Load(); el != nil {
-		if l := el.Leadership(); l.Known || l.Leader {
-			st.Mode = cluster.ModeName(l.Mode)
+		l := el.Leadership()
+		if l.Known || l.Leader {
+			st.Mode = cluster.ModeName(l.Mode) // the leader's
 		}
-		if l := el.Leadership(); l.Known {
+		if l.Known {
 			st.Leader = &status.Leader{Node: l.LeaderID, Addr: l.LeaderAddr, Epoch: l.Epoch}
 		}
 		for _, m := range el.Members() {

@@ -78,6 +78,9 @@ func TestDaemonStatus(t *testing.T) {
 	if st.Leader == nil || st.Leader.Node != "solo-node" || len(st.Members) != 1 || st.Members[0].NodeID != "solo-node" {
 		t.Errorf("leader %+v, members %+v", st.Leader, st.Members)
 	}
+	if st.Mode != "leader" || st.Members[0].Mode != "leader" || st.Node.Mode != "leader" || st.Assignment != nil {
+		t.Errorf("mode %q, member's %q, node's %q, assignment %+v: want leader mode", st.Mode, st.Members[0].Mode, st.Node.Mode, st.Assignment)
+	}
 	if p := st.Partitions[0]; p.Partition != 0 || p.HighWatermark != n || *p.Lag != 0 || p.Owner != "solo-node" || st.TotalLag != 0 {
 		t.Errorf("partition %+v, total lag %d", p, st.TotalLag)
 	}
