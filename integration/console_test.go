@@ -736,3 +736,62 @@ func TestConsoleSpread(t *testing.T) {
 		t.Errorf("at 390 px: %s", wide)
 	}
 }
+
+// TestConsoleRendersHandoffs: a spread member's page during a handoff, from
+// a served document: the handoffs listed with where each partition stands,
+// a member that does not yet own all it is assigned marked behind, and the
+// note when the member could read only its own partitions.
+func TestConsoleRendersHandoffs(t *testing.T) {
+	at := time.Now()
+	st := &status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "spread",
+		Leader: &status.Leader{Node: "m-b", Addr: "127.0.0.1:2", Epoch: 3},
+		Node: &status.Node{NodeID: "m-a", Mode: "spread", Role: "follower", Serving: true, Time: at,
+			Partial: "the partitions' offsets and owners: zk: connection closed"},
+		Rates: &status.Rates{IntervalSeconds: 2},
+	}
+	st.AddPartition(0, 10, nil, "m-a")
+	st.Assignment = &status.Assignment{Epoch: 3, Generation: 7, Members: []status.AssignedMember{
+		{NodeID: "m-a", Addr: "127.0.0.1:1", Partitions: []int32{0, 1, 2, 5}, Owned: []int32{0}, Lag: 12},
+		{NodeID: "m-b", Addr: "127.0.0.1:2", Partitions: []int32{3, 4}, Owned: []int32{3, 4}},
+	}}
+	st.Handoffs = []status.Handoff{
+		{Partition: 1, From: "m-b", To: "m-a", State: "held by m-b: handing over"},
+		{Partition: 2, To: "m-a", State: "released: waiting for m-a"},
+	}
+	srv := httptest.NewServer(console.Handler(console.Config{Status: func(context.Context) *status.Status { return st }}))
+	defer srv.Close()
+	doc := renderDOM(t, srv.URL+"/", 3*time.Second)
+
+	if got := text(byID(t, doc, "assignment-generation")); got != "generation 7, epoch 3" {
+		t.Errorf("assignment caption %q", got)
+	}
+	assigned := rows(t, doc, "assignment", "data-member")
+	if len(assigned) != 2 {
+		t.Fatalf("%d assignment rows, want 2", len(assigned))
+	}
+	if got := text(cell(t, assigned[0], "partitions")); got != "0-2, 5" {
+		t.Errorf("m-a's partitions %q, want 0-2, 5", got)
+	}
+	if owned := cell(t, assigned[0], "owned"); text(owned) != "0" || !hasClass(owned, "behind") {
+		t.Errorf("m-a's owned %q (class %q), want 0 marked behind", text(owned), attrOf(owned, "class"))
+	}
+	if owned := cell(t, assigned[1], "owned"); text(owned) != "3-4" || hasClass(owned, "behind") {
+		t.Errorf("m-b's owned %q (class %q), want 3-4, not behind", text(owned), attrOf(owned, "class"))
+	}
+	if !hasClass(assigned[1], "leader") {
+		t.Error("the leader's row of the assignment is not marked")
+	}
+	handoffs := rows(t, doc, "handoffs", "data-handoff")
+	if len(handoffs) != 2 {
+		t.Fatalf("%d handoff rows, want 2", len(handoffs))
+	}
+	for i, want := range [][3]string{{"m-b", "m-a", "held by m-b: handing over"}, {"–", "m-a", "released: waiting for m-a"}} {
+		got := [3]string{text(cell(t, handoffs[i], "from")), text(cell(t, handoffs[i], "to")), text(cell(t, handoffs[i], "state"))}
+		if got != want {
+			t.Errorf("handoff %d: %q, want %q", i, got, want)
+		}
+	}
+	if note := byID(t, doc, "follower-note"); hidden(note) || !strings.Contains(text(note), "zk: connection closed") {
+		t.Errorf("note %q (hidden %v), want why only this member's partitions are shown", text(note), hidden(note))
+	}
+}
