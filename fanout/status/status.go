@@ -18,7 +18,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
-// Status describes a fanout cluster. The fields after TotalLag are a
+// Status describes a fanout cluster. Node, Clients and Rates are a
 // daemon's own view: fanout status, which reads Kafka and ZooKeeper, leaves
 // them out.
 type Status struct {
@@ -36,6 +36,9 @@ type Status struct {
 	// the member the assignment gives them.
 	Assignment *Assignment `json:"assignment,omitempty"`
 	Handoffs   []Handoff   `json:"handoffs,omitempty"`
+	// Unauthenticated counts the heartbeat records of the window ignored
+	// for want of a valid MAC (fanout status with --cluster-secret-file).
+	Unauthenticated int `json:"unauthenticated_heartbeats,omitempty"`
 
 	Node    *Node    `json:"node,omitempty"`    // the daemon that answered
 	Clients []Client `json:"clients,omitempty"` // its connected clients, by name
