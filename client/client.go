@@ -79,6 +79,16 @@ type Config struct {
 	// *protocol.FrameTooLargeError). The daemon's Welcome may lower the
 	// limit for frames the client sends.
 	MaxFrameSize int
+	// Weight is the client's share of the deliveries relative to the other
+	// clients (Hello.weight): a canary of weight 5 beside two clients of
+	// 100 gets about 5/205 of them. 0 means the default, 100.
+	Weight int
+	// Observe makes the client an observer: it receives a copy of every
+	// message the daemon delivers to the other clients (Message.Observed)
+	// and acks nothing; its copies affect neither offsets nor credit. A
+	// daemon that does not confirm it stops the client with ErrNoObservers.
+	// An observer that falls behind is dropped by the daemon and reconnects.
+	Observe bool
 	// Logger receives connection events; nil logs nothing.
 	Logger *logrus.Entry
 }
@@ -91,6 +101,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > 1<<20 {
 		return cfg, fmt.Errorf("fanout client: MaxInFlight %d out of range 0..%d", cfg.MaxInFlight, 1<<20)
+	}
+	if cfg.Weight < 0 || cfg.Weight > math.MaxUint32 {
+		return cfg, fmt.Errorf("fanout client: Weight %d out of range 0..%d", cfg.Weight, uint32(math.MaxUint32))
 	}
 	if cfg.MaxFrameSize != 0 && (cfg.MaxFrameSize < protocol.MaxHelloSize || cfg.MaxFrameSize > math.MaxUint32) {
 		return cfg, fmt.Errorf("fanout client: MaxFrameSize %d out of range %d..%d", cfg.MaxFrameSize, protocol.MaxHelloSize, uint32(math.MaxUint32))
@@ -332,6 +345,8 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 		MaxInFlight:     uint32(credit),
 		AuthToken:       c.cfg.AuthToken,
 		MaxFrameSize:    uint32(c.cfg.MaxFrameSize),
+		Weight:          uint32(c.cfg.Weight),
+		Observer:        c.cfg.Observe,
 		Capabilities:    []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS},
 	})
 	if err := w.WriteFrame(hello); err != nil {
@@ -353,6 +368,9 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 		case *protocol.Frame_Welcome:
 			if !stopAbort() {
 				return nil, "", fmt.Errorf("handshake with %s: %w", addr, ctx.Err())
+			}
+			if c.cfg.Observe && !b.Welcome.GetObserver() {
+				return nil, "", fmt.Errorf("handshake with %s: %w", addr, ErrNoObservers)
 			}
 			_ = nc.SetDeadline(time.Time{})
 			return newSession(c, l, nc, addr, r, b.Welcome, credit), "", nil

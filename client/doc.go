@@ -36,6 +36,22 @@
 // id queued by then in one frame. An idle client sends an ack at once; a busy
 // one sends many in one frame and one system call.
 //
+// Delivery policies (the daemon's README): a worker that should retry later
+// gives the message back with a delay, and may say why (the reason reaches
+// the daemon's log and, once the message has failed the daemon's
+// --max-attempts, its dead-letter record):
+//
+//	if err := process(m.Value); err != nil {
+//		m.NackWith(30*time.Second, err.Error()) // or m.NackWithDelay(30 * time.Second)
+//		continue
+//	}
+//	m.Ack()
+//
+// Config.Weight makes a client a canary (weight 5 gets 5 messages for every
+// 100 a client of the default weight gets), and
+// Config.Observe an observer that receives a copy of every delivery
+// (Message.Observed; Ack, Nack and Touch do nothing on a copy).
+//
 // In spread mode the members of the cluster share the topic's partitions
 // and each delivers only its own, so the client keeps one session per
 // member, merged into Messages. It needs one address to start from: the

@@ -24,6 +24,9 @@ type Message struct {
 	Attempt int
 	// DeliveryID names this delivery to the daemon that made it.
 	DeliveryID uint64
+	// Observed is set on the copies an observer (Config.Observe) receives:
+	// Ack, Nack and Touch do nothing on them and return nil.
+	Observed bool
 
 	sess *session
 	done atomic.Bool // acked or nacked
@@ -37,13 +40,43 @@ type Message struct {
 // in those cases nothing is sent.
 func (m *Message) Ack() error { return m.finish(opAck) }
 
-// Nack gives the message back to the daemon for redelivery at once, possibly
-// to another client. It fails like Ack.
+// Nack gives the message back to the daemon for redelivery at once (or
+// after the daemon's --retry-backoff), possibly to another client. It fails
+// like Ack.
 func (m *Message) Nack() error { return m.finish(opNack) }
+
+// NackWithDelay gives the message back for redelivery no earlier than d
+// from now (rounded up to a millisecond; at most protocol.MaxNackDelay).
+// The message waits at the daemon meanwhile, and holds its partition's
+// committed offset. It fails like Ack.
+func (m *Message) NackWithDelay(d time.Duration) error { return m.NackWith(d, "") }
+
+// NackWith gives the message back for redelivery no earlier than d from now
+// (0: at once), with a reason for the daemon's logs and, when the message
+// ends in the dead-letter topic, its record (the daemon keeps
+// protocol.MaxNackReason bytes). It fails like Ack.
+func (m *Message) NackWith(d time.Duration, reason string) error {
+	if d <= 0 && reason == "" {
+		return m.Nack()
+	}
+	if m.Observed {
+		return nil
+	}
+	if err := m.usable(); err != nil {
+		return err
+	}
+	if !m.done.CompareAndSwap(false, true) {
+		return ErrAlreadyAcked
+	}
+	return m.sess.enqueueNack(m.DeliveryID, d, reason)
+}
 
 // Touch restarts the message's ack timeout on the daemon, for work that
 // takes longer. It fails like Ack, and with ErrAlreadyAcked after Ack or Nack.
 func (m *Message) Touch() error {
+	if m.Observed {
+		return nil
+	}
 	if err := m.usable(); err != nil {
 		return err
 	}
@@ -54,6 +87,9 @@ func (m *Message) Touch() error {
 }
 
 func (m *Message) finish(op op) error {
+	if m.Observed {
+		return nil
+	}
 	if err := m.usable(); err != nil {
 		return err
 	}

@@ -84,6 +84,7 @@ type session struct {
 	nacks   []uint64
 	touches []uint64
 	pongs   []uint64
+	later   []laterNack // nacks with a delay or a reason
 
 	failOnce sync.Once
 	err      error // why the session ended; set once, read after both loops exit
@@ -196,6 +197,28 @@ func (s *session) state() error {
 	return s.ended
 }
 
+// laterNack is a nack with a delay or a reason: each distinct pair is a
+// Nack frame of its own.
+type laterNack struct {
+	id     uint64
+	delay  time.Duration
+	reason string
+}
+
+// enqueueNack queues a nack with a delay or a reason and wakes the writer.
+func (s *session) enqueueNack(id uint64, delay time.Duration, reason string) error {
+	s.mu.Lock()
+	if s.ended != nil {
+		err := s.ended
+		s.mu.Unlock()
+		return err
+	}
+	s.later = append(s.later, laterNack{id: id, delay: delay, reason: reason})
+	s.mu.Unlock()
+	s.signal()
+	return nil
+}
+
 // enqueue queues a delivery id for the writer and wakes it.
 func (s *session) enqueue(o op, id uint64) error {
 	s.mu.Lock()
@@ -302,6 +325,7 @@ func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
 		Timestamp:  time.UnixMilli(d.GetTimestampMs()),
 		Attempt:    int(d.GetAttempt()),
 		DeliveryID: d.GetDeliveryId(),
+		Observed:   s.welcome.GetObserver(),
 		sess:       s,
 	}
 	if hs := d.GetHeaders(); len(hs) > 0 {
@@ -430,6 +454,18 @@ func (s *session) writeFrames(b *batch) error {
 			ids = ids[n:]
 		}
 	}
+	// Nacks with a delay or a reason: one frame per run of the same pair.
+	for i := 0; i < len(b.later); {
+		j, ids := i, b.laterIDs[:0]
+		for ; j < len(b.later) && b.later[j].delay == b.later[i].delay && b.later[j].reason == b.later[i].reason && len(ids) < s.maxIDs; j++ {
+			ids = append(ids, b.later[j].id)
+		}
+		b.laterIDs = ids
+		if err := s.w.WriteFrame(protocol.NackWithFrame(ids, b.later[i].delay, b.later[i].reason)); err != nil {
+			return err
+		}
+		i = j
+	}
 	return nil
 }
 
@@ -468,6 +504,8 @@ func idsPerFrame(maxFrame, maxInFlight int) int {
 // write so that a batch allocates nothing.
 type batch struct {
 	acks, nacks, touches, pongs []uint64
+	later                       []laterNack
+	laterIDs                    []uint64
 
 	ack        *protocol.Frame_Ack
 	nack       *protocol.Frame_Nack
@@ -501,4 +539,6 @@ func (b *batch) take(s *session) {
 	b.nacks, s.nacks = s.nacks, b.nacks[:0]
 	b.touches, s.touches = s.touches, b.touches[:0]
 	b.pongs, s.pongs = s.pongs, b.pongs[:0]
+	clear(b.later)
+	b.later, s.later = s.later, b.later[:0]
 }

@@ -102,6 +102,8 @@ func New(opts Options) (_ *Daemon, err error) {
 		Leadership:     d.leadership,
 		Members:        d.members,
 		Logger:         d.log,
+
+		MaxObserverBytes: opts.MaxObserverBytes,
 	}, &d.backend)
 	if err != nil {
 		return nil, fmt.Errorf("client server: %w", err)
@@ -231,6 +233,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return nil // ctx ended
 	}
 	defer client.Close()
+	if d.opts.DeadLetterTopic != "" {
+		if err := d.checkDeadLetterTopic(ctx, client); err != nil {
+			return err
+		}
+	}
 
 	if d.opts.Store != nil {
 		// Leading alone: a term of the store's own.
@@ -369,7 +376,7 @@ func (d *Daemon) openStore(ctx context.Context, client sarama.Client) (offsets.S
 	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
 	acl := d.opts.ZooKeeperSecurity.ACL(chroot)
 	store.SetACL(acl)
-	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic),
+	acl.WarnOpen(conn, d.log, store.Path(), store.ProgressPath(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic),
 		zkstore.OwnersPath(chroot, d.opts.ID, d.opts.Topic))
 	return store, cluster.Config{ZK: conn, Chroot: chroot, ACL: acl}, conn.Close, nil
 }
@@ -429,6 +436,26 @@ func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offse
 		auth.End(err) // a no-op when the authority ended it
 	}
 	d.srv.RedirectAll(d.leadership())
+}
+
+// checkDeadLetterTopic checks, before this node serves, that the dead-letter
+// topic exists and may be used: an error that says what to fix when it does
+// not; nil once it does, or when ctx ends (Kafka out of reach is retried).
+func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client) error {
+	var unusable error
+	err := retry(ctx, d.log.WithField("dead_letter_topic", d.opts.DeadLetterTopic), "check the dead-letter topic", d.opts.ConnectBackoffMax,
+		func(context.Context) error {
+			err := checkDeadLetterTopic(client, d.opts.DeadLetterTopic)
+			if errors.Is(err, errDeadLetterTopic) {
+				unusable = err
+				return nil
+			}
+			return err
+		})
+	if err != nil {
+		return nil // ctx ended
+	}
+	return unusable
 }
 
 // observeCommit is the committer's report of one commit: metrics, and that
@@ -572,6 +599,9 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	s.Stats, s.Serving = d.Stats(ctx)
 	if t := d.backend.serving(); t != nil {
 		s.HighWaterMarks = t.src.HighWaterMarks()
+		if t.dead != nil {
+			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.topic, t.dead.FailingSince()
+		}
 	}
 	s.Clients = d.srv.Clients()
 	ss := d.srv.Stats()

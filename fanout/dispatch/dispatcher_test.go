@@ -477,7 +477,8 @@ func TestIDRequestsBounded(t *testing.T) {
 	for i := range ids {
 		ids[i] = uint64(i)
 	}
-	for _, call := range []func(uint64, []uint64){d.Ack, d.Nack, d.Touch} {
+	nack := func(id uint64, ids []uint64) { d.Nack(id, ids, NackInfo{Delay: time.Second}) }
+	for _, call := range []func(uint64, []uint64){d.Ack, nack, d.Touch} {
 		call(7, ids)
 	}
 	if got, want := len(d.reqs), 3*4; got != want {

@@ -31,6 +31,10 @@ func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, str
 		if !since.IsZero() && now.Sub(since) > maxCommitFailing {
 			return false, fmt.Sprintf("leader: offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
 		}
+		if dl := s.DeadLetterFailingSince; !dl.IsZero() && now.Sub(dl) > maxCommitFailing {
+			return false, fmt.Sprintf("leader: producing to dead-letter topic %s failing for %s (%d messages waiting, holding their partitions' offsets)",
+				s.DeadLetterTopic, now.Sub(dl).Round(time.Millisecond), s.Stats.DeadLetterPending)
+		}
 		return true, "leader: serving"
 	case s.Leader:
 		return false, "leader: elected, not serving yet"

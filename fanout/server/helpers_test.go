@@ -25,12 +25,13 @@ const testTimeout = 5 * time.Second
 
 // call is one recorded Backend call.
 type call struct {
-	op     string // join, ack, nack, touch, leave
+	op     string // join, observe, ack, nack, touch, leave
 	id     uint64
 	name   string
 	max    int
 	ids    []uint64
 	reason dispatch.LeaveReason
+	nack   dispatch.NackInfo
 }
 
 // fakeBackend records the calls it gets and keeps the sinks of joined clients.
@@ -73,7 +74,16 @@ func (b *fakeBackend) Ack(id uint64, ids []uint64) {
 	b.record(call{op: "ack", id: id, ids: ids})
 }
 
-func (b *fakeBackend) Nack(id uint64, ids []uint64) { b.record(call{op: "nack", id: id, ids: ids}) }
+func (b *fakeBackend) Nack(id uint64, ids []uint64, how dispatch.NackInfo) {
+	b.record(call{op: "nack", id: id, ids: ids, nack: how})
+}
+
+func (b *fakeBackend) Observe(id uint64, name string, sink dispatch.ClientSink) {
+	b.mu.Lock()
+	b.sinks[id] = sink
+	b.mu.Unlock()
+	b.record(call{op: "observe", id: id, name: name})
+}
 
 func (b *fakeBackend) Touch(id uint64, ids []uint64) { b.record(call{op: "touch", id: id, ids: ids}) }
 
@@ -112,6 +122,15 @@ func (b *fakeBackend) waitCall(t testing.TB, op string, id uint64) call {
 func (b *fakeBackend) sink(t testing.TB, id uint64) dispatch.ClientSink {
 	t.Helper()
 	b.waitCall(t, "join", id)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sinks[id]
+}
+
+// observerSink returns the sink of an observer.
+func (b *fakeBackend) observerSink(t testing.TB, id uint64) dispatch.ClientSink {
+	t.Helper()
+	b.waitCall(t, "observe", id)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.sinks[id]

@@ -40,6 +40,9 @@ const (
 	// DefaultMaxHandshakes bounds the connections that have not sent their
 	// Hello yet; each holds two goroutines and a read buffer (about 40 KiB).
 	DefaultMaxHandshakes = 1024
+	// DefaultMaxObserverBytes bounds the copies queued for one observer and
+	// not yet written: a burst of a few thousand messages fits.
+	DefaultMaxObserverBytes = 16 << 20
 )
 
 // minOutboxBytes is the smallest MaxOutboxBytes: room for a Welcome, an
@@ -72,7 +75,13 @@ type Config struct {
 	// Hello yet; when one more arrives, the one that has waited longest is
 	// closed. Default DefaultMaxHandshakes.
 	MaxHandshakes int
-	AuthToken     string // when set, Hello.auth_token must equal it (or pass Authenticate)
+	// MaxObserverBytes bounds the copies (payload bytes and a small
+	// overhead each) queued for one observer (Hello.observer) and not yet
+	// written; passing it closes the observer's connection ("observer
+	// behind"), so that an observer never holds the daemon back. Default
+	// DefaultMaxObserverBytes.
+	MaxObserverBytes int
+	AuthToken        string // when set, Hello.auth_token must equal it (or pass Authenticate)
 	// Authenticate, when set, checks Hello.auth_token against named tokens
 	// (--auth-tokens-file) and returns the token's name, which then names
 	// the client in the logs. A client passes with AuthToken or with a
@@ -135,6 +144,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxHandshakes == 0 {
 		c.MaxHandshakes = DefaultMaxHandshakes
 	}
+	if c.MaxObserverBytes == 0 {
+		c.MaxObserverBytes = DefaultMaxObserverBytes
+	}
 	if c.Logger == nil {
 		c.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -171,6 +183,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("MaxOutboxBytes must be at least %d, got %d", minOutboxBytes, c.MaxOutboxBytes)
 	case c.MaxHandshakes < 1:
 		return fmt.Errorf("MaxHandshakes must be at least 1, got %d", c.MaxHandshakes)
+	case c.MaxObserverBytes < minOutboxBytes:
+		return fmt.Errorf("MaxObserverBytes must be at least %d, got %d", minOutboxBytes, c.MaxObserverBytes)
 	}
 	return nil
 }
