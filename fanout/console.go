@@ -18,6 +18,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
+	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Status returns the daemon's view of its cluster, the console's document:
@@ -206,16 +207,27 @@ func readCluster(ctx context.Context, client sarama.Client, store *zkstore.Store
 }
 
 // statusClients adds what the server knows of each client (its address, when
-// it connected) and its ack rate to the dispatcher's snapshot.
+// it connected) and its ack rate to the dispatcher's snapshot. Weights are
+// shown, for every worker, while some worker's weight differs from the
+// default: then, and only then, the dispatcher shares by weight.
 func (d *Daemon) statusClients(clients []dispatch.ClientStats) []status.Client {
 	sessions := make(map[uint64]status.Client)
 	for _, s := range d.srv.Sessions() {
 		sessions[s.ID] = status.Client{Addr: s.Remote, ConnectedAt: s.Since}
 	}
+	weighted := slices.ContainsFunc(clients, func(c dispatch.ClientStats) bool {
+		return !c.Observer && c.Weight != protocol.DefaultWeight
+	})
 	out := make([]status.Client, 0, len(clients))
 	for _, c := range clients {
 		sc := sessions[c.ID] // missing: the connection closed since the snapshot
 		sc.ID, sc.Name, sc.Role = c.ID, c.Name, status.ClientRoleWorker
+		if c.Observer {
+			sc.Role = status.ClientRoleObserver
+		} else if weighted {
+			w := uint32(c.Weight)
+			sc.Weight = &w
+		}
 		sc.InFlight, sc.MaxInFlight, sc.Acked = c.InFlight, c.MaxInFlight, c.Acked
 		sc.AcksPerSecond = d.rates.ClientRate(c.ID)
 		out = append(out, sc)

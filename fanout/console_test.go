@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/testutil"
+	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // The console's document of a daemon leading alone, with two clients that
@@ -224,5 +226,56 @@ func TestSpreadPartitions(t *testing.T) {
 	if len(st.Partitions) != 1 || st.Partitions[0].Owner != "m-a" || *st.Partitions[0].Committed != 4 ||
 		!strings.Contains(st.Node.Partial, "zk: connection closed") {
 		t.Errorf("read failed: partitions %+v, partial %q; want the member's own and why", st.Partitions, st.Node.Partial)
+	}
+}
+
+// Weights and roles in the document: while a worker gives a weight other
+// than the default, every worker shows its weight; an observer is listed
+// with its role and no weight; with default weights alone none is shown.
+func TestDaemonStatusWeightsAndObservers(t *testing.T) {
+	d, _, _ := soloDaemon(t, offsets.NewMemoryStore(), func(o *Options) { o.MetricsListen = "127.0.0.1:0" })
+	dialAs := func(cfg client.Config) *client.Client {
+		t.Helper()
+		cfg.Addrs = []string{d.Addr().String()}
+		c, err := client.Dial(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	byName := func(n int) map[string]status.Client {
+		t.Helper()
+		var st *status.Status
+		testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("%d clients in the document", n), func() bool {
+			st = d.Status(context.Background())
+			return len(st.Clients) == n
+		})
+		out := map[string]status.Client{}
+		for _, c := range st.Clients {
+			out[c.Name] = c
+		}
+		return out
+	}
+
+	dialAs(client.Config{ClientID: "stable"})
+	dialAs(client.Config{ClientID: "watcher", Observe: true})
+	got := byName(2)
+	if c := got["stable"]; c.Role != status.ClientRoleWorker || c.Weight != nil {
+		t.Errorf("stable alone at the default weight: %+v, want a worker without weight", c)
+	}
+	if c := got["watcher"]; c.Role != status.ClientRoleObserver || c.Weight != nil || c.MaxInFlight != 0 {
+		t.Errorf("watcher %+v, want an observer without weight or credit", c)
+	}
+
+	dialAs(client.Config{ClientID: "canary", Weight: 5})
+	got = byName(3)
+	for name, want := range map[string]uint32{"stable": protocol.DefaultWeight, "canary": 5} {
+		if c := got[name]; c.Role != status.ClientRoleWorker || c.Weight == nil || *c.Weight != want {
+			t.Errorf("%s with a canary beside it: %+v, want a worker of weight %d", name, c, want)
+		}
+	}
+	if c := got["watcher"]; c.Role != status.ClientRoleObserver || c.Weight != nil {
+		t.Errorf("watcher %+v, want an observer without weight", c)
 	}
 }

@@ -558,10 +558,10 @@ func TestConsoleFollower(t *testing.T) {
 	})
 }
 
-// TestConsoleShowsWeightWhenPresent: a client's weight (announced by
-// clients that give one) gets its column only when some client has one.
-// No daemon announces weights yet, so the page is served with documents
-// that have them and that do not.
+// TestConsoleShowsWeightWhenPresent: the weight column is shown only when
+// the document gives weights (the daemon gives them while it shares by
+// weight, TestDaemonStatusWeightsAndObservers); the page is served with
+// documents that have them and that do not.
 func TestConsoleShowsWeightWhenPresent(t *testing.T) {
 	weight := uint32(5)
 	at := time.Now()

@@ -318,10 +318,10 @@ func (d *Dispatcher) Stats(ctx context.Context) (Stats, bool) {
 	return call(ctx, d, request{kind: reqStats, reply: reply}, reply)
 }
 
-// Clients returns a snapshot of every joined client, in no particular
-// order, or false once Run has returned or ctx ends first. Like Stats it is one
-// request, answered between deliveries; the per-client counters it reads are
-// added to once per ack request, not per message.
+// Clients returns a snapshot of every joined client and observer, in no
+// particular order, or false once Run has returned or ctx ends first. Like
+// Stats it is one request, answered between deliveries; the per-client
+// counters it reads are added to once per ack request, not per message.
 func (d *Dispatcher) Clients(ctx context.Context) ([]ClientStats, bool) {
 	reply := make(chan []ClientStats, 1)
 	return call(ctx, d, request{kind: reqClients, list: reply}, reply)

@@ -613,7 +613,7 @@ func TestRunClients(t *testing.T) {
 		got, ok = h.d.Clients(context.Background())
 		return ok && len(got) == 1 && got[0].Acked == 1
 	})
-	if want := (ClientStats{ID: 7, Name: "worker", InFlight: 1, MaxInFlight: 5, Acked: 1}); got[0] != want {
+	if want := (ClientStats{ID: 7, Name: "worker", InFlight: 1, MaxInFlight: 5, Acked: 1, Weight: 100}); got[0] != want {
 		t.Errorf("Clients() = %+v, want %+v", got[0], want)
 	}
 	h.d.Ack(7, []uint64{d1.ID})

@@ -67,13 +67,16 @@ type Stats struct {
 	CommitFailingSince time.Time // first failed commit since the last success; zero after a success
 }
 
-// ClientStats is a snapshot of one joined client, for the console.
+// ClientStats is a snapshot of one joined client or observer, for the
+// console.
 type ClientStats struct {
 	ID          uint64 // the id the client joined with (the server's session id)
 	Name        string // the name it joined with (Hello.client_id)
 	InFlight    int    // its deliveries waiting for an ack
 	MaxInFlight int    // its in-flight limit
 	Acked       uint64 // its deliveries acked since it joined
+	Weight      int    // its share (WeightedSink; protocol.DefaultWeight when it gives none); 0 for an observer
+	Observer    bool   // it observes (Observe): copies of every delivery, no acks, no credit
 }
 
 // AttemptBuckets are the upper bounds of Stats.Attempts' buckets.
@@ -719,12 +722,17 @@ func (s *state) snapshot() Stats {
 	return st
 }
 
-// clientStats returns a snapshot of every joined client, in no particular
-// order (sorting is the caller's business, off the dispatcher's goroutine).
+// clientStats returns a snapshot of every joined client and observer, in no
+// particular order (sorting is the caller's business, off the dispatcher's
+// goroutine).
 func (s *state) clientStats() []ClientStats {
-	out := make([]ClientStats, 0, len(s.clients))
+	out := make([]ClientStats, 0, len(s.clients)+len(s.observers))
 	for _, c := range s.clients {
-		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked})
+		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked,
+			Weight: int(c.weight)})
+	}
+	for _, o := range s.observers {
+		out = append(out, ClientStats{ID: o.id, Name: o.name, Observer: true})
 	}
 	return out
 }

@@ -652,7 +652,7 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 
 // Per-client counters: only the client's own acks of outstanding deliveries
 // count; nacks, unknown ids and another client's ids do not; a client that
-// leaves is gone from the snapshot.
+// leaves is gone from the snapshot; weights and observers are reported.
 func TestClientStats(t *testing.T) {
 	s, sinks := setup(4, 3)
 	s.addBatch(batch(0, 0, 6))
@@ -665,8 +665,8 @@ func TestClientStats(t *testing.T) {
 	got := s.clientStats()
 	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
 	want := []ClientStats{
-		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2},
-		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1},
+		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2, Weight: 100},
+		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("clientStats() = %+v, want %+v", got, want)
@@ -677,6 +677,13 @@ func TestClientStats(t *testing.T) {
 	s.leave(1, t0)
 	if got := s.clientStats(); len(got) != 1 || got[0].ID != 2 {
 		t.Errorf("after client 1 left: %+v", got)
+	}
+	// An observer is listed, as such, with no weight or credit.
+	s.observe(9, "watch", &discardSink{})
+	got = s.clientStats()
+	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
+	if len(got) != 2 || got[1] != (ClientStats{ID: 9, Name: "watch", Observer: true}) {
+		t.Errorf("with an observer: %+v", got)
 	}
 }
 

@@ -117,9 +117,14 @@ type Node struct {
 	Partial string `json:"partial,omitempty"`
 }
 
-// ClientRoleWorker is the role of a client that receives messages and acks
-// them: today every client.
-const ClientRoleWorker = "worker"
+// The roles of a client.
+const (
+	// ClientRoleWorker receives messages and acks them.
+	ClientRoleWorker = "worker"
+	// ClientRoleObserver receives a copy of every delivery and acks nothing
+	// (Hello.observer).
+	ClientRoleObserver = "observer"
+)
 
 // Client is one connected client.
 type Client struct {
@@ -127,7 +132,7 @@ type Client struct {
 	Name          string    `json:"name"`
 	Addr          string    `json:"addr"`
 	Role          string    `json:"role"`
-	Weight        *uint32   `json:"weight,omitempty"` // the weight it announced, if any
+	Weight        *uint32   `json:"weight,omitempty"` // its share, while the daemon shares by weight (some worker's differs from the default)
 	InFlight      int       `json:"in_flight"`
 	MaxInFlight   int       `json:"max_in_flight"`
 	Acked         uint64    `json:"acked"`           // since it joined
