@@ -4,6 +4,7 @@ package integration
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -30,6 +31,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/internal/testutil"
+	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // chromium runs Debian's headless Chromium with args, plus the flags that
@@ -236,10 +238,11 @@ func consoleAck(t *testing.T, c *client.Client, acked *atomic.Int64) {
 }
 
 // TestConsoleInChromium runs a daemon with a metrics token against the real
-// Kafka and ZooKeeper, with two clients acking a flow of messages, and loads
-// its console in headless Chromium: without the token it asks for it and
-// shows nothing; with it, it shows the leader, both clients (a name that is
-// markup shown as text), every partition with the offsets the daemon
+// Kafka and ZooKeeper, with two clients acking a flow of messages (one of
+// its own weight) and an observer, and loads its console in headless
+// Chromium: without the token it asks for it and shows nothing; with it, it
+// shows the leader, both workers with their weights (a name that is markup
+// shown as text), the observer, every partition with the offsets the daemon
 // reports, and charts with data. It saves screenshots under the test's
 // output (go test -artifacts), the desktop one while messages flow, and
 // checks the page at a phone's width.
@@ -254,11 +257,17 @@ func TestConsoleInChromium(t *testing.T) {
 	d := startDaemon(t, opts)
 	base := "http://" + d.MetricsAddr().String()
 
-	names := []string{"console-worker-1", "console-worker-<b>2</b>"}
+	// Two workers, the second at half the default weight, and an observer.
+	names, weights := []string{"console-worker-1", "console-worker-<b>2</b>"}, []int{0, 50}
 	var acked atomic.Int64
-	for _, name := range names {
-		consoleAck(t, dial(t, client.Config{ClientID: name, MaxInFlight: 20}, d.addr), &acked)
+	for i, name := range names {
+		consoleAck(t, dial(t, client.Config{ClientID: name, MaxInFlight: 20, Weight: weights[i]}, d.addr), &acked)
 	}
+	observer := dial(t, client.Config{ClientID: "console-zz-observer", Observe: true}, d.addr)
+	go func() {
+		for range observer.Messages() { // copies: nothing to ack
+		}
+	}()
 	produced := procProducePaced(t, topic, n, partitions, 15, 300*time.Millisecond)
 
 	// While the flow goes on: both clients ack, and the sampler sees it
@@ -283,7 +292,7 @@ func TestConsoleInChromium(t *testing.T) {
 	// The desktop screenshot while messages flow (the README shows it).
 	page := base + "/#token=" + url.QueryEscape(opts.MetricsToken)
 	dir := t.ArtifactDir()
-	screenshot(t, page, filepath.Join(dir, "console.png"), 1280, 820)
+	screenshot(t, page, filepath.Join(dir, "console.png"), 1280, 860)
 	if err := <-produced; err != nil {
 		t.Fatalf("produce: %v", err)
 	}
@@ -329,10 +338,17 @@ func TestConsoleInChromium(t *testing.T) {
 		want[c.Name] = c
 	}
 	clientRows := rows(t, doc, "clients", "data-client")
-	if len(clientRows) != 2 {
-		t.Fatalf("%d client rows, want 2", len(clientRows))
+	if len(clientRows) != 3 {
+		t.Fatalf("%d client rows, want 2 workers and the observer", len(clientRows))
 	}
-	for i, row := range clientRows {
+	if hasClass(byID(t, doc, "clients"), "no-weight") {
+		t.Error("the weight column is hidden while a worker has a weight of its own")
+	}
+	obs := clientRows[2]
+	if got := [4]string{text(cell(t, obs, "name")), text(cell(t, obs, "role")), text(cell(t, obs, "weight")), text(cell(t, obs, "in-flight"))}; got != [4]string{"console-zz-observer", "observer", "–", "–"} {
+		t.Errorf("observer row: name, role, weight, in flight %q", got)
+	}
+	for i, row := range clientRows[:2] {
 		nameCell := cell(t, row, "name")
 		name := text(nameCell)
 		if name != names[i] {
@@ -350,6 +366,9 @@ func TestConsoleInChromium(t *testing.T) {
 		}
 		if got := text(cell(t, row, "role")); got != "worker" {
 			t.Errorf("client %q: role %q", name, got)
+		}
+		if got, want := text(cell(t, row, "weight")), strconv.Itoa(cmp.Or(weights[i], protocol.DefaultWeight)); got != want {
+			t.Errorf("client %q: weight %q, want %s", name, got, want)
 		}
 	}
 	if acked, total := number(t, text(cell(t, clientRows[0], "acked")))+number(t, text(cell(t, clientRows[1], "acked"))), int64(n); acked < total {

@@ -244,7 +244,7 @@
       ['Address', c.addr || '–', 'addr'],
       ['Role', c.role, 'role'],
       ['Weight', c.weight === undefined || c.weight === null ? '–' : c.weight, 'num weight'],
-      ['In flight', fmtNum(c.in_flight) + ' / ' + fmtNum(c.max_in_flight), 'num in-flight'],
+      ['In flight', c.role === 'observer' ? '–' : fmtNum(c.in_flight) + ' / ' + fmtNum(c.max_in_flight), 'num in-flight'],
       ['Acked', fmtNum(c.acked), 'num acked'],
       ['Acks/s', fmtRate(c.acks_per_second), 'num acks-per-second'],
       ['Connected', now ? fmtAge(c.connected_at, now) : c.connected_at, 'num'],
