@@ -114,6 +114,7 @@ const (
 	reqNack
 	reqTouch
 	reqStats
+	reqClients
 	reqObserve
 	reqAssign
 	reqRevoke
@@ -130,7 +131,8 @@ type request struct {
 	sink   ClientSink
 	reason LeaveReason
 	reply  chan Stats
-	nack   NackInfo // reqNack
+	list   chan []ClientStats // the answer to reqClients
+	nack   NackInfo           // reqNack
 
 	part    int32             // reqAssign, reqRevoke, reqDrop
 	cond    offsets.Condition // reqAssign
@@ -313,20 +315,36 @@ func errDropped(p int32) error {
 // or ctx ends first.
 func (d *Dispatcher) Stats(ctx context.Context) (Stats, bool) {
 	reply := make(chan Stats, 1)
+	return call(ctx, d, request{kind: reqStats, reply: reply}, reply)
+}
+
+// Clients returns a snapshot of every joined client and observer, in no
+// particular order, or false once Run has returned or ctx ends first. Like
+// Stats it is one request, answered between deliveries; the per-client
+// counters it reads are added to once per ack request, not per message.
+func (d *Dispatcher) Clients(ctx context.Context) ([]ClientStats, bool) {
+	reply := make(chan []ClientStats, 1)
+	return call(ctx, d, request{kind: reqClients, list: reply}, reply)
+}
+
+// call queues r and waits for its answer on reply (capacity 1), or returns
+// false once Run has returned or ctx ends first.
+func call[T any](ctx context.Context, d *Dispatcher, r request, reply <-chan T) (T, bool) {
+	var zero T
 	select {
-	case d.reqs <- request{kind: reqStats, reply: reply}:
+	case d.reqs <- r:
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 	select {
-	case st := <-reply:
-		return st, true
+	case v := <-reply:
+		return v, true
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 }
 
@@ -583,6 +601,8 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 		st := s.snapshot()
 		cm.report(&st)
 		r.reply <- st
+	case reqClients:
+		r.list <- s.clientStats()
 	case reqAssign:
 		if s.parts == nil {
 			d.log.WithField("partition", r.part).Error("Assign on a dispatcher that serves every partition: ignored")

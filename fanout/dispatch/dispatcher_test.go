@@ -598,6 +598,34 @@ func TestRunStopsWhenACommitHangs(t *testing.T) {
 	}
 }
 
+// Clients is a request answered by the running dispatcher, and false once
+// Run has returned.
+func TestRunClients(t *testing.T) {
+	h := start(t, Config{})
+	k := newChanSink()
+	h.d.Join(7, "worker", 5, k)
+	h.src.ch <- batch(0, 0, 2)
+	d0, d1 := k.next(t), k.next(t)
+	h.d.Ack(7, []uint64{d0.ID})
+	var got []ClientStats
+	testutil.WaitFor(t, 5*time.Second, "one ack counted for the client", func() bool {
+		var ok bool
+		got, ok = h.d.Clients(context.Background())
+		return ok && len(got) == 1 && got[0].Acked == 1
+	})
+	if want := (ClientStats{ID: 7, Name: "worker", InFlight: 1, MaxInFlight: 5, Acked: 1, Weight: 100}); got[0] != want {
+		t.Errorf("Clients() = %+v, want %+v", got[0], want)
+	}
+	h.d.Ack(7, []uint64{d1.ID})
+	h.cancel()
+	if err := <-h.done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, ok := h.d.Clients(context.Background()); ok {
+		t.Error("Clients answered after Run returned")
+	}
+}
+
 // waitClosed fails the test unless ch is closed within 5s.
 func waitClosed(t *testing.T, ch chan struct{}, what string) {
 	t.Helper()

@@ -67,6 +67,18 @@ type Stats struct {
 	CommitFailingSince time.Time // first failed commit since the last success; zero after a success
 }
 
+// ClientStats is a snapshot of one joined client or observer, for the
+// console.
+type ClientStats struct {
+	ID          uint64 // the id the client joined with (the server's session id)
+	Name        string // the name it joined with (Hello.client_id)
+	InFlight    int    // its deliveries waiting for an ack
+	MaxInFlight int    // its in-flight limit
+	Acked       uint64 // its deliveries acked since it joined
+	Weight      int    // its share (WeightedSink; protocol.DefaultWeight when it gives none); 0 for an observer
+	Observer    bool   // it observes (Observe): copies of every delivery, no acks, no credit
+}
+
 // AttemptBuckets are the upper bounds of Stats.Attempts' buckets.
 var AttemptBuckets = [...]uint32{1, 2, 3, 5, 10, 25}
 
@@ -82,6 +94,7 @@ type client struct {
 	n       int     // deliveries in flight
 	first   *flight // oldest of its flights; a doubly linked list
 	last    *flight
+	acked   uint64     // deliveries acked, added once per ack request
 	inReady bool       // queued in state.ready
 	gone    bool       // left; dropped lazily from state.ready
 	out     []Delivery // deliveries of the current dispatch round
@@ -330,24 +343,31 @@ func (s *state) leave(id uint64, now time.Time) {
 }
 
 // ack completes deliveries of client id.
+// The counters are added to once per request, not per delivery.
 func (s *state) ack(id uint64, ids []uint64) {
+	var c *client // client id, once one of its flights is found
+	var n uint64
 	for _, did := range ids {
 		f := s.own(id, did)
 		if f == nil {
 			continue
 		}
 		s.heap.remove(f)
-		c := f.client
+		c = f.client
 		s.unlink(f)
 		m := f.msg
 		s.tracker.AckIn(m.Partition, m.Offset, m.gen)
-		s.stats.Acked++
 		s.countAttempts(f.attempt)
 		s.recycle(f)
 		if m.keyHash != 0 {
 			s.keyDone(m)
 		}
 		s.makeReady(c)
+		n++
+	}
+	if c != nil {
+		s.stats.Acked += n
+		c.acked += n
 	}
 }
 
@@ -700,4 +720,19 @@ func (s *state) snapshot() Stats {
 		}
 	}
 	return st
+}
+
+// clientStats returns a snapshot of every joined client and observer, in no
+// particular order (sorting is the caller's business, off the dispatcher's
+// goroutine).
+func (s *state) clientStats() []ClientStats {
+	out := make([]ClientStats, 0, len(s.clients)+len(s.observers))
+	for _, c := range s.clients {
+		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked,
+			Weight: int(c.weight)})
+	}
+	for _, o := range s.observers {
+		out = append(out, ClientStats{ID: o.id, Name: o.name, Observer: true})
+	}
+	return out
 }

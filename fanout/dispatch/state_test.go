@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"testing"
@@ -646,6 +647,43 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 	s.dispatch(t0)
 	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 1}) {
 		t.Fatalf("client got %v without FrameSize", got)
+	}
+}
+
+// Per-client counters: only the client's own acks of outstanding deliveries
+// count; nacks, unknown ids and another client's ids do not; a client that
+// leaves is gone from the snapshot; weights and observers are reported.
+func TestClientStats(t *testing.T) {
+	s, sinks := setup(4, 3)
+	s.addBatch(batch(0, 0, 6))
+	s.dispatch(t0)
+	a, b := ids(sinks[0].got), ids(sinks[1].got) // 3 each
+	s.ack(1, []uint64{a[0], a[1], b[0], 999})    // b[0] is not client 1's, 999 unknown
+	s.nack(2, []uint64{b[1]}, NackInfo{}, t0)
+	s.ack(2, []uint64{b[2]})
+	s.ack(2, []uint64{b[2]}) // again: no longer outstanding
+	got := s.clientStats()
+	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
+	want := []ClientStats{
+		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2, Weight: 100},
+		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("clientStats() = %+v, want %+v", got, want)
+	}
+	if st := s.snapshot(); st.Acked != 3 || st.UnknownAcks != 3 {
+		t.Errorf("Acked %d, UnknownAcks %d; want 3 and 3", st.Acked, st.UnknownAcks)
+	}
+	s.leave(1, t0)
+	if got := s.clientStats(); len(got) != 1 || got[0].ID != 2 {
+		t.Errorf("after client 1 left: %+v", got)
+	}
+	// An observer is listed, as such, with no weight or credit.
+	s.observe(9, "watch", &discardSink{})
+	got = s.clientStats()
+	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
+	if len(got) != 2 || got[1] != (ClientStats{ID: 9, Name: "watch", Observer: true}) {
+		t.Errorf("with an observer: %+v", got)
 	}
 }
 
