@@ -213,7 +213,7 @@ func readCluster(ctx context.Context, client sarama.Client, store *zkstore.Store
 func (d *Daemon) statusClients(clients []dispatch.ClientStats) []status.Client {
 	sessions := make(map[uint64]status.Client)
 	for _, s := range d.srv.Sessions() {
-		sessions[s.ID] = status.Client{Addr: s.Remote, ConnectedAt: s.Since}
+		sessions[s.ID] = status.Client{Addr: s.Remote, Identity: s.Identity, ConnectedAt: s.Since}
 	}
 	weighted := slices.ContainsFunc(clients, func(c dispatch.ClientStats) bool {
 		return !c.Observer && c.Weight != protocol.DefaultWeight

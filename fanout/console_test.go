@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -277,5 +279,31 @@ func TestDaemonStatusWeightsAndObservers(t *testing.T) {
 	}
 	if c := got["watcher"]; c.Role != status.ClientRoleObserver || c.Weight != nil {
 		t.Errorf("watcher %+v, want an observer without weight", c)
+	}
+}
+
+// A client that proved who it is (here a named token) is named by that
+// identity in the status document the console shows.
+func TestDaemonStatusNamesClientIdentity(t *testing.T) {
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("billing:tok-billing-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, _, _ := soloDaemon(t, offsets.NewMemoryStore(), func(o *Options) {
+		o.MetricsListen, o.AuthTokensFile = "127.0.0.1:0", tokens
+	})
+	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{d.Addr().String()}, ClientID: "w",
+		AuthToken: "tok-billing-0123456789"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	var st *status.Status
+	testutil.WaitFor(t, 10*time.Second, "the client in the document", func() bool {
+		st = d.Status(context.Background())
+		return len(st.Clients) == 1
+	})
+	if got := st.Clients[0].Identity; got != "token billing" {
+		t.Errorf("identity %q, want %q", got, "token billing")
 	}
 }

@@ -279,10 +279,13 @@ func (s *Server) Stats() Stats {
 
 // Session is an open client connection past its Hello, for the console.
 type Session struct {
-	ID     uint64    // session id, also the client's id in the backend
-	Name   string    // the client id from its Hello
-	Remote string    // the client's address
-	Since  time.Time // when the connection was accepted
+	ID   uint64 // session id, also the client's id in the backend
+	Name string // the client id from its Hello
+	// Identity is who the client proved to be: its certificate's subject
+	// (mutual TLS) and/or its named token's name; "" when neither.
+	Identity string
+	Remote   string    // the client's address
+	Since    time.Time // when the connection was accepted
 }
 
 // Sessions returns the open connections that have sent their Hello, in no
@@ -300,9 +303,9 @@ func (s *Server) Sessions() []Session {
 	out := make([]Session, len(conns))
 	for i, c := range conns {
 		c.mu.Lock()
-		name := c.name
+		name, identity := c.name, c.identity
 		c.mu.Unlock()
-		out[i] = Session{ID: c.id, Name: name, Remote: c.remote, Since: c.start}
+		out[i] = Session{ID: c.id, Name: name, Identity: identity, Remote: c.remote, Since: c.start}
 	}
 	return out
 }

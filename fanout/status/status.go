@@ -130,6 +130,7 @@ const (
 type Client struct {
 	ID            uint64    `json:"id"` // session id
 	Name          string    `json:"name"`
+	Identity      string    `json:"identity,omitempty"` // certificate subject and/or named token (see server.Session)
 	Addr          string    `json:"addr"`
 	Role          string    `json:"role"`
 	Weight        *uint32   `json:"weight,omitempty"` // its share, while the daemon shares by weight (some worker's differs from the default)

@@ -240,7 +240,7 @@
     const weights = clients.some((c) => c.weight !== undefined && c.weight !== null);
     $('clients').classList.toggle('no-weight', !weights);
     fillBody('clients', clients.map((c) => row([
-      ['Name', c.name || '(no name)', 'name'],
+      ['Name', (c.name || '(no name)') + (c.identity ? ' · ' + c.identity : ''), 'name'],
       ['Address', c.addr || '–', 'addr'],
       ['Role', c.role, 'role'],
       ['Weight', c.weight === undefined || c.weight === null ? '–' : c.weight, 'num weight'],
