@@ -8,6 +8,21 @@ type Delivery struct {
 	Msg     *Message
 }
 
+// Op is what a client does with deliveries it names.
+type Op uint8
+
+// Ops of Backend.Settle.
+const (
+	OpAck   Op = iota // processed: Ack
+	OpNack            // given back: Nack
+	OpTouch           // still in progress: Touch
+)
+
+// Range names the delivery ids First, First+1, ..., First+Count-1.
+type Range struct {
+	First, Count uint64
+}
+
 // ClientSink is how the dispatcher reaches one connected client. Its methods
 // are called from the dispatcher's goroutine and must not block: they queue
 // work for the connection's own writer.
@@ -45,6 +60,12 @@ type Backend interface {
 	Nack(id uint64, deliveryIDs []uint64)
 	// Touch restarts the ack timeout of deliveries.
 	Touch(id uint64, deliveryIDs []uint64)
+	// Settle acks, nacks or touches (op) the deliveries named by ranges of
+	// consecutive ids, each range in one step: its cost is at most the
+	// smaller of its count and the deliveries the client holds. Ids in a
+	// range that name no delivery of the client are ignored and counted,
+	// as by Ack.
+	Settle(id uint64, op Op, ranges []Range)
 	// Leave removes a client; its unacked deliveries go to other clients.
 	Leave(id uint64, reason LeaveReason)
 }

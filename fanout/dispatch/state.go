@@ -104,8 +104,8 @@ type state struct {
 	largest      int
 	largestStale bool
 
-	flights flightTable // outstanding deliveries by id
-	heap    deadlineHeap
+	flights   flightTable  // outstanding deliveries by id
+	deadlines deadlineList // outstanding deliveries by deadline
 
 	draining bool      // no more deliveries
 	paused   bool      // the source is paused
@@ -233,7 +233,7 @@ func (s *state) leave(id uint64) {
 	}
 	for f := c.first; f != nil; {
 		next := f.next
-		s.heap.remove(f)
+		s.deadlines.remove(f)
 		s.requeue(f, RedeliverDisconnect)
 		f = next
 	}
@@ -241,52 +241,82 @@ func (s *state) leave(id uint64) {
 }
 
 // ack completes deliveries of client id.
-func (s *state) ack(id uint64, ids []uint64) {
+func (s *state) ack(id uint64, ids []uint64) { s.settle(id, OpAck, ids, nil, time.Time{}) }
+
+// nack gives deliveries of client id back for another client.
+func (s *state) nack(id uint64, ids []uint64) { s.settle(id, OpNack, ids, nil, time.Time{}) }
+
+// touch restarts the ack timeout of deliveries of client id.
+func (s *state) touch(id uint64, ids []uint64, now time.Time) { s.settle(id, OpTouch, ids, nil, now) }
+
+// settle acks, nacks or touches (op) the deliveries of client id named by
+// ids and by ranges; now is the time of a touch.
+func (s *state) settle(id uint64, op Op, ids []uint64, ranges []Range, now time.Time) {
 	for _, did := range ids {
-		f := s.own(id, did)
-		if f == nil {
-			continue
+		if f := s.own(id, did); f != nil {
+			s.settleFlight(op, f, now)
 		}
-		s.heap.remove(f)
+	}
+	for _, r := range ranges {
+		s.settleRange(id, op, r, now)
+	}
+}
+
+// settleRange settles the deliveries of client id in r in one step: by
+// their ids when r names no more ids than the client holds, else by a walk
+// over the client's flights, so that its cost is at most what the client
+// holds, whatever r's count.
+func (s *state) settleRange(id uint64, op Op, r Range, now time.Time) {
+	c := s.clients[id]
+	if c == nil || r.Count > uint64(c.n) {
+		matched := uint64(0)
+		if c != nil {
+			for f := c.first; f != nil; {
+				next := f.next // f may leave the list
+				if f.id-r.First < r.Count {
+					matched++
+					s.settleFlight(op, f, now)
+				}
+				f = next
+			}
+		}
+		s.stats.UnknownAcks += r.Count - matched
+		return
+	}
+	for k := range r.Count {
+		if f := s.own(id, r.First+k); f != nil {
+			s.settleFlight(op, f, now)
+		}
+	}
+}
+
+// settleFlight acks, nacks or touches f.
+func (s *state) settleFlight(op Op, f *flight, now time.Time) {
+	switch op {
+	case OpAck:
+		s.deadlines.remove(f)
 		c := f.client
 		s.unlink(f)
 		s.tracker.AckIn(f.msg.Partition, f.msg.Offset, f.msg.gen)
 		s.stats.Acked++
 		s.recycle(f)
 		s.makeReady(c)
-	}
-}
-
-// nack gives deliveries of client id back for another client.
-func (s *state) nack(id uint64, ids []uint64) {
-	for _, did := range ids {
-		f := s.own(id, did)
-		if f == nil {
-			continue
-		}
-		s.heap.remove(f)
+	case OpNack:
+		s.deadlines.remove(f)
 		c := f.client
 		s.stats.Nacked++
 		s.requeue(f, RedeliverNack)
 		s.makeReady(c)
-	}
-}
-
-// touch restarts the ack timeout of deliveries of client id.
-func (s *state) touch(id uint64, ids []uint64, now time.Time) {
-	for _, did := range ids {
-		if f := s.own(id, did); f != nil {
-			f.deadline = now.Add(s.ackTimeout)
-			s.heap.fix(f)
-		}
+	case OpTouch:
+		s.deadlines.reset(f, now.Add(s.ackTimeout))
 	}
 }
 
 // expire queues every delivery whose deadline is not after now for another
 // client.
 func (s *state) expire(now time.Time) {
-	for f := s.heap.peek(); f != nil && !f.deadline.After(now); f = s.heap.peek() {
-		s.heap.remove(f)
+	for f := s.deadlines.peek(); f != nil && !f.deadline.After(now); f = s.deadlines.peek() {
+		s.deadlines.remove(f)
 		c := f.client
 		s.requeue(f, RedeliverTimeout)
 		s.makeReady(c)
@@ -295,7 +325,7 @@ func (s *state) expire(now time.Time) {
 
 // nextDeadline returns the earliest ack deadline, if any.
 func (s *state) nextDeadline() (time.Time, bool) {
-	if f := s.heap.peek(); f != nil {
+	if f := s.deadlines.peek(); f != nil {
 		return f.deadline, true
 	}
 	return time.Time{}, false
@@ -443,11 +473,27 @@ func (s *state) dispatch(now time.Time) {
 	for _, c := range s.touched {
 		c.touched = false
 		if !c.gone {
+			s.number(c)
 			c.sink.Send(c.out)
 		}
 		c.out = nil
 	}
 	s.touched = s.touched[:0]
+}
+
+// number gives the flights of c's deliveries of this round, the last of its
+// list, their ids: consecutive ones (but where a slot is taken), so that c
+// can name them as a range.
+func (s *state) number(c *client) {
+	f := c.last
+	for range len(c.out) - 1 {
+		f = f.prev
+	}
+	for i := range c.out {
+		s.flights.insert(f)
+		c.out[i].ID = f.id
+		f = f.next
+	}
 }
 
 // give delivers msg to c, the first client of ready, and moves c to the back
@@ -463,7 +509,8 @@ func (s *state) give(c *client, msg *Message, attempt uint32, deadline time.Time
 	}
 }
 
-// deliver records a flight of msg to c and queues the delivery.
+// deliver records a flight of msg to c and queues the delivery; the flight
+// gets its id at the end of the round (number).
 func (s *state) deliver(c *client, msg *Message, attempt uint32, deadline time.Time) {
 	f := s.flights.take()
 	f.msg, f.attempt, f.client, f.deadline, f.prev = msg, attempt, c, deadline, c.last
@@ -474,12 +521,16 @@ func (s *state) deliver(c *client, msg *Message, attempt uint32, deadline time.T
 	}
 	c.last = f
 	c.n++
-	s.heap.push(f)
+	s.deadlines.push(f)
 	if !c.touched {
 		c.touched = true
 		s.touched = append(s.touched, c)
+		// One allocation per client and round, mostly: what it has room
+		// for, or its round-robin share of what is buffered (msg is
+		// already taken out of both).
+		c.out = make([]Delivery, 0, min(c.max-c.n, s.buffered()/max(s.ready.len(), 1)+1)+1)
 	}
-	c.out = append(c.out, Delivery{ID: f.id, Attempt: attempt, Msg: msg})
+	c.out = append(c.out, Delivery{Attempt: attempt, Msg: msg})
 	s.stats.Delivered++
 }
 

@@ -311,16 +311,18 @@ func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 }
 
 // BenchmarkDispatchAck measures one message through the dispatcher's state:
-// received, delivered round-robin to 4 clients, acked.
+// received, delivered round-robin to 4 clients, acked (by ids, or by one
+// range per client and round as batch clients do).
 func BenchmarkDispatchAck(b *testing.B) {
-	b.Run("sizes=none", func(b *testing.B) { benchDispatchAck(b, false) })
+	b.Run("sizes=none", func(b *testing.B) { benchDispatchAck(b, false, false) })
 	// Clients announce a frame limit and every message has a frame size,
 	// as in the daemon.
-	b.Run("sizes=limited", func(b *testing.B) { benchDispatchAck(b, true) })
+	b.Run("sizes=limited", func(b *testing.B) { benchDispatchAck(b, true, false) })
+	b.Run("sizes=limited/acks=ranges", func(b *testing.B) { benchDispatchAck(b, true, true) })
 }
 
-func benchDispatchAck(b *testing.B, sized bool) {
-	const clients, batchSize = 4, 64
+func benchDispatchAck(b *testing.B, sized, ranges bool) {
+	const clients, batchSize = 4, 256
 	s := newState(timeout)
 	if sized {
 		s.frameSize = func(m *Message) int { return 64 + m.Size() }
@@ -339,6 +341,7 @@ func benchDispatchAck(b *testing.B, sized bool) {
 	for i := range msgs {
 		msgs[i] = &Message{Value: make([]byte, 100)}
 	}
+	var rs []Range
 	b.ReportAllocs()
 	b.ResetTimer()
 	off := int64(0)
@@ -350,10 +353,27 @@ func benchDispatchAck(b *testing.B, sized bool) {
 		s.addBatch(Batch{Start: -1, Messages: msgs})
 		s.dispatch(t0)
 		for j, k := range discards {
-			s.ack(uint64(j+1), k.ids)
+			if ranges {
+				rs = appendRanges(rs[:0], k.ids)
+				s.settle(uint64(j+1), OpAck, nil, rs, t0)
+			} else {
+				s.ack(uint64(j+1), k.ids)
+			}
 			k.ids = k.ids[:0]
 		}
 	}
+}
+
+// appendRanges appends the runs of consecutive ids as ranges.
+func appendRanges(rs []Range, ids []uint64) []Range {
+	for _, id := range ids {
+		if n := len(rs); n > 0 && rs[n-1].First+rs[n-1].Count == id {
+			rs[n-1].Count++
+			continue
+		}
+		rs = append(rs, Range{First: id, Count: 1})
+	}
+	return rs
 }
 
 type sizedDiscardSink struct{ *discardSink }
@@ -368,39 +388,6 @@ func (d *discardSink) Send(ds []Delivery) {
 	}
 }
 func (d *discardSink) Goodbye(string) {}
-
-func TestFlightIDsAreNeverReused(t *testing.T) {
-	var tab flightTable
-	seen := map[uint64]bool{}
-	var live []*flight
-	for i := range 1000 {
-		f := tab.take()
-		if f.id == 0 || seen[f.id] {
-			t.Fatalf("take %d: id %#x is zero or was used before", i, f.id)
-		}
-		seen[f.id] = true
-		if tab.get(f.id) != f {
-			t.Fatalf("get(%#x) does not find the flight", f.id)
-		}
-		live = append(live, f)
-		if i%3 == 2 { // free two of every three: slots are reused
-			for _, g := range live[:2] {
-				id := g.id
-				tab.release(g)
-				if tab.get(id) != nil {
-					t.Fatalf("released id %#x still found", id)
-				}
-			}
-			live = live[2:]
-		}
-	}
-	if tab.live != len(live) || len(tab.slots) >= 1000 {
-		t.Fatalf("live %d (want %d), %d slots for 1000 takes", tab.live, len(live), len(tab.slots))
-	}
-	if tab.get(0) != nil || tab.get(1<<40) != nil {
-		t.Fatal("ids never issued are found")
-	}
-}
 
 // After a partition restarts lower (the log was truncated), an ack of a
 // delivery made before the restart does not count for the message that now

@@ -30,6 +30,7 @@ type call struct {
 	name   string
 	max    int
 	ids    []uint64
+	ranges []dispatch.Range // Settle
 	reason dispatch.LeaveReason
 }
 
@@ -76,6 +77,11 @@ func (b *fakeBackend) Ack(id uint64, ids []uint64) {
 func (b *fakeBackend) Nack(id uint64, ids []uint64) { b.record(call{op: "nack", id: id, ids: ids}) }
 
 func (b *fakeBackend) Touch(id uint64, ids []uint64) { b.record(call{op: "touch", id: id, ids: ids}) }
+
+// Settle records ranges as an ack, nack or touch call.
+func (b *fakeBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range) {
+	b.record(call{op: [...]string{"ack", "nack", "touch"}[op], id: id, ranges: ranges})
+}
 
 func (b *fakeBackend) Leave(id uint64, reason dispatch.LeaveReason) {
 	b.record(call{op: "leave", id: id, reason: reason})
