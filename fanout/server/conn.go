@@ -117,9 +117,11 @@ type conn struct {
 	helloPrev, helloNext *conn
 
 	// maxFrame is the largest frame the client accepts (Hello.max_frame_size,
-	// or the protocol's default). The reader sets it before queueing the
-	// Welcome; the pump reads it when it writes the Welcome.
+	// or the protocol's default), and batch whether it reads DeliverBatch
+	// frames (CAPABILITY_BATCH). The reader sets them before queueing the
+	// Welcome; the pump reads them when it writes the Welcome.
 	maxFrame int
+	batch    bool
 
 	mu       sync.Mutex // guards the outbox and the fields below it
 	out      []outItem  // frames and deliveries for the pump, in order
@@ -236,20 +238,13 @@ func (c *conn) readLoop() {
 // handle acts on one frame after the handshake. It returns false when the
 // connection is closing.
 func (c *conn) handle(f *protocol.Frame) bool {
-	b := c.s.backend
 	switch body := f.Body.(type) {
 	case *protocol.Frame_Ack:
-		if ids := body.Ack.GetDeliveryIds(); len(ids) > 0 {
-			b.Ack(c.id, ids)
-		}
+		c.settle(dispatch.OpAck, body.Ack.GetDeliveryIds(), body.Ack.GetRanges())
 	case *protocol.Frame_Nack:
-		if ids := body.Nack.GetDeliveryIds(); len(ids) > 0 {
-			b.Nack(c.id, ids)
-		}
+		c.settle(dispatch.OpNack, body.Nack.GetDeliveryIds(), body.Nack.GetRanges())
 	case *protocol.Frame_Touch:
-		if ids := body.Touch.GetDeliveryIds(); len(ids) > 0 {
-			b.Touch(c.id, ids)
-		}
+		c.settle(dispatch.OpTouch, body.Touch.GetDeliveryIds(), body.Touch.GetRanges())
 	case *protocol.Frame_Ping:
 		c.pong(body.Ping.GetNonce())
 	case *protocol.Frame_Pong:
@@ -262,6 +257,30 @@ func (c *conn) handle(f *protocol.Frame) bool {
 		return false
 	}
 	return true
+}
+
+// settle hands the ids and ranges of an Ack, Nack or Touch to the backend:
+// the ids as a list, the ranges (pairs of a first id and a count, checked
+// by the protocol's Reader) in one Settle.
+func (c *conn) settle(op dispatch.Op, ids, ranges []uint64) {
+	b := c.s.backend
+	if len(ids) > 0 {
+		switch op {
+		case dispatch.OpAck:
+			b.Ack(c.id, ids)
+		case dispatch.OpNack:
+			b.Nack(c.id, ids)
+		default:
+			b.Touch(c.id, ids)
+		}
+	}
+	if len(ranges) > 0 {
+		rs := make([]dispatch.Range, len(ranges)/2)
+		for i := range rs {
+			rs[i] = dispatch.Range{First: ranges[2*i], Count: ranges[2*i+1]}
+		}
+		b.Settle(c.id, op, rs)
+	}
 }
 
 // unexpected closes the connection for a frame not allowed in its state.
@@ -338,6 +357,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if m := h.GetMaxFrameSize(); m != 0 {
 		c.maxFrame = int(m)
 	}
+	c.batch = h.HasCapability(protocol.Capability_CAPABILITY_BATCH)
 	switch c.join(h, maxInFlight) {
 	case joinFull:
 		c.reject(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, "too many clients (at most %d)", cfg.MaxClients)
@@ -388,6 +408,10 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 		MaxFrameSize:      uint32(cfg.MaxFrameSize),
 		Topic:             cfg.Topic,
 	}
+	if c.batch {
+		// The client may name ids by ranges: this daemon reads them.
+		w.Capabilities = []protocol.Capability{protocol.Capability_CAPABILITY_BATCH}
+	}
 	// The Welcome is queued before Join, so it precedes every delivery in
 	// the outbox: the pump never writes a Deliver before the Welcome. Its
 	// member list is read, and wantMembers set, under the outbox lock that
@@ -410,7 +434,7 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 	}
 	c.joined = true
 	c.s.backend.Join(c.id, name, maxInFlight, c)
-	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame}).Debug("client welcomed")
+	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame, "batch": c.batch}).Debug("client welcomed")
 	return joinOK
 }
 
