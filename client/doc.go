@@ -29,6 +29,26 @@
 // id queued by then in one frame. An idle client sends an ack at once; a busy
 // one sends many in one frame and one system call.
 //
+// The client announces CAPABILITY_BATCH: a daemon that takes it up sends
+// deliveries many to a frame (DeliverBatch, what is ready at that moment),
+// and reads ids named by ranges, which the client sends for runs of
+// consecutive ids. The client decodes a frame without an allocation per
+// message: Key, Value and header values are slices of a buffer allocated for
+// that frame alone and never reused. With Config.Batches the messages of
+// each frame arrive together as a Batch on Batches, and Batch.Ack (or Nack,
+// or Touch) settles the whole batch in one call, one range on the wire:
+//
+//	c, err := client.Dial(ctx, client.Config{Addrs: addrs, MaxInFlight: 1000, Batches: true})
+//	...
+//	for b := range c.Batches() {
+//		for _, m := range b.Messages {
+//			process(m.Value)
+//		}
+//		if err := b.Ack(); err != nil {
+//			log.Print(err)
+//		}
+//	}
+//
 // In spread mode the members of the cluster share the topic's partitions
 // and each delivers only its own, so the client keeps one session per
 // member, merged into Messages. It needs one address to start from: the
