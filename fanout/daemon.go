@@ -17,6 +17,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/server"
@@ -139,8 +140,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	d.log.WithFields(logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka, "zookeeper": d.opts.ZooKeeper,
-		"kafka_security": d.opts.KafkaSecurity.String(), "zookeeper_security": d.opts.ZooKeeperSecurity.String()}).
+	fields := logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
+		"kafka_security": d.opts.KafkaSecurity.String(), "offset_store": d.opts.OffsetStore}
+	if d.opts.usesZooKeeper() {
+		fields["zookeeper"], fields["zookeeper_security"] = d.opts.ZooKeeper, d.opts.ZooKeeperSecurity.String()
+	}
+	d.log.WithFields(fields).
 		Info("fanout starting: connecting to " + d.opts.connectsTo())
 	for _, w := range d.opts.securityWarnings() {
 		d.log.Warn(w)
@@ -169,23 +174,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return err
 }
 
-// runCluster connects to ZooKeeper, takes part in the election and leads
+// runCluster opens the offset store, takes part in the election and leads
 // during every term this node wins, until ctx ends.
 func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
-	servers, chroot, err := zkstore.ParseServers(d.opts.ZooKeeper)
-	if err != nil {
-		return err
-	}
-	conn, err := d.connectZooKeeper(ctx, servers)
-	if err != nil {
-		return nil // ctx ended
-	}
-	defer conn.Close()
-	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
-	acl := d.opts.ZooKeeperSecurity.ACL(chroot)
-	store.SetACL(acl)
-	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic))
-
 	// The election reads its log with short fetch waits, so it gets a client
 	// of its own: the source's fetch settings are tuned for throughput.
 	elClient, err := d.connectKafka(ctx, "fanout-election-"+d.opts.NodeID, func(c *sarama.Config) {
@@ -195,11 +186,15 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		return nil // ctx ended
 	}
 	defer elClient.Close()
-	el, err := cluster.New(cluster.Config{
-		ID: d.opts.ID, Topic: d.opts.Topic, NodeID: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()),
-		Heartbeat: d.opts.ClusterHeartbeat, LeaderTimeout: d.opts.LeaderTimeout,
-		Client: elClient, ZK: conn, Chroot: chroot, ACL: acl, Logger: d.log,
-	})
+	store, authority, closeStore, err := d.openStore(ctx, elClient)
+	if err != nil || store == nil {
+		return err // nil: ctx ended
+	}
+	defer closeStore()
+	cfg := authority
+	cfg.ID, cfg.Topic, cfg.NodeID, cfg.Addr = d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr())
+	cfg.Heartbeat, cfg.LeaderTimeout, cfg.Client, cfg.Logger = d.opts.ClusterHeartbeat, d.opts.LeaderTimeout, elClient, d.log
+	el, err := cluster.New(cfg)
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
 	}
@@ -243,6 +238,31 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 			return nil
 		}
 	}
+}
+
+// openStore opens the offset store Options.OffsetStore names, and the
+// election's authority that fences it: the consumer group fanout_<id> in
+// Kafka, through client (no ZooKeeper is contacted); or a ZooKeeper session,
+// with the fence znode. It returns a nil store when ctx ends first, and
+// close, which releases what it opened.
+func (d *Daemon) openStore(ctx context.Context, client sarama.Client) (offsets.Store, cluster.Config, func(), error) {
+	if d.opts.OffsetStore == OffsetStoreKafka {
+		store := kafkastore.New(client, d.opts.ID, d.opts.Topic, d.opts.KafkaSessionTimeout)
+		return store, cluster.Config{Group: store}, func() {}, nil
+	}
+	servers, chroot, err := zkstore.ParseServers(d.opts.ZooKeeper)
+	if err != nil {
+		return nil, cluster.Config{}, nil, err
+	}
+	conn, err := d.connectZooKeeper(ctx, servers)
+	if err != nil {
+		return nil, cluster.Config{}, nil, nil // ctx ended
+	}
+	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
+	acl := d.opts.ZooKeeperSecurity.ACL(chroot)
+	store.SetACL(acl)
+	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic))
+	return store, cluster.Config{ZK: conn, Chroot: chroot, ACL: acl}, conn.Close, nil
 }
 
 // authority is where a term's fence came from: the election's term

@@ -1,6 +1,7 @@
 // Package fanout is the daemon: it consumes every partition of one Kafka
 // topic and hands each message to one of its TCP clients, keeping offsets in
-// ZooKeeper. cmd/fanout maps command-line flags onto Options and calls Run.
+// ZooKeeper or in Kafka (Options.OffsetStore). cmd/fanout maps command-line
+// flags onto Options and calls Run.
 package fanout
 
 import (
@@ -28,7 +29,14 @@ type Options struct {
 	Topic string // the Kafka topic to consume; required
 
 	Kafka     []string // bootstrap brokers, host:port
-	ZooKeeper []string // ZooKeeper servers, host:port; the last may end in /chroot
+	ZooKeeper []string // ZooKeeper servers, host:port; the last may end in /chroot; only with OffsetStoreZooKeeper
+
+	// OffsetStore is where committed offsets and the leader record are
+	// kept: OffsetStoreZooKeeper (the default) or OffsetStoreKafka (the
+	// consumer group fanout_<ID> of Kafka's group coordinator; ZooKeeper is
+	// then neither needed nor contacted, and ZooKeeper and
+	// ZooKeeperSecurity must be unset).
+	OffsetStore string
 
 	// KafkaSecurity is the TLS and SASL of every Kafka connection: the
 	// source, the election, and the produce and status commands (the
@@ -79,6 +87,11 @@ type Options struct {
 	// keep failing before it steps down (ZooKeeper out of reach for this
 	// node alone: its heartbeats still flow, so only it can end its term).
 	ZooKeeperSessionTimeout time.Duration
+	// KafkaSessionTimeout is the session timeout of the leader's
+	// membership of the group fanout_<ID> (OffsetStoreKafka); default 10s.
+	// Like ZooKeeperSessionTimeout it bounds how long a leader's offset
+	// commits may keep failing before it steps down.
+	KafkaSessionTimeout time.Duration
 
 	// ClusterHeartbeat is how often this daemon publishes its heartbeat on
 	// fanout_<id>_<topic>; default 1s. LeaderTimeout is the silence after
@@ -90,14 +103,20 @@ type Options struct {
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
-	// Store, when set, replaces the ZooKeeper offset store with an
-	// in-memory one (the dev mode, tests). ZooKeeper is then not used, and
-	// neither is the election: the daemon leads alone, in a term of the
+	// Store, when set, replaces the offset store with an in-memory one
+	// (tests). Neither ZooKeeper nor the election is then used, and
+	// OffsetStore is ignored: the daemon leads alone, in a term of the
 	// store of its own (MemoryStore.NewTerm) that fences earlier ones.
 	Store *offsets.MemoryStore
 
 	Logger *logrus.Entry // default: the standard logger
 }
+
+// Offset stores, the values of Options.OffsetStore (--offset-store).
+const (
+	OffsetStoreZooKeeper = "zookeeper"
+	OffsetStoreKafka     = "kafka"
+)
 
 // Defaults of Options.
 const (
@@ -120,6 +139,7 @@ const (
 	DefaultConnectBackoff   = 30 * time.Second
 	DefaultClusterHeartbeat = time.Second
 	DefaultZKSessionTimeout = 10 * time.Second
+	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
 )
 
 // topicName is what Kafka accepts as a topic name.
@@ -144,7 +164,10 @@ func (o Options) withDefaults() Options {
 	if len(o.Kafka) == 0 {
 		o.Kafka = []string{"localhost:9092"}
 	}
-	if len(o.ZooKeeper) == 0 && o.Store == nil {
+	if o.OffsetStore == "" {
+		o.OffsetStore = OffsetStoreZooKeeper
+	}
+	if len(o.ZooKeeper) == 0 && o.usesZooKeeper() {
 		o.ZooKeeper = []string{"localhost:2181"}
 	}
 	if o.Listen == "" {
@@ -174,6 +197,7 @@ func (o Options) withDefaults() Options {
 	set(&o.CommitInterval, DefaultCommitInterval)
 	set(&o.DrainTimeout, DefaultDrainTimeout)
 	set(&o.ZooKeeperSessionTimeout, DefaultZKSessionTimeout)
+	set(&o.KafkaSessionTimeout, DefaultKafkaSession)
 	set(&o.ConnectBackoffMax, DefaultConnectBackoff)
 	set(&o.ClusterHeartbeat, DefaultClusterHeartbeat)
 	set(&o.LeaderTimeout, 3*o.ClusterHeartbeat)
@@ -235,7 +259,7 @@ func (o Options) Validate() error {
 		{"--ack-timeout", o.AckTimeout}, {"--heartbeat", o.Heartbeat}, {"--write-timeout", o.WriteTimeout},
 		{"--commit-interval", o.CommitInterval}, {"--drain-timeout", o.DrainTimeout},
 		{"--cluster-heartbeat", o.ClusterHeartbeat}, {"--leader-timeout", o.LeaderTimeout},
-		{"--zookeeper-session-timeout", o.ZooKeeperSessionTimeout},
+		{"--zookeeper-session-timeout", o.ZooKeeperSessionTimeout}, {"--kafka-session-timeout", o.KafkaSessionTimeout},
 	} {
 		if d.value < 0 {
 			bad("%s %s: must be positive", d.flag, d.value)
@@ -247,9 +271,28 @@ func (o Options) Validate() error {
 	if o.ClusterHeartbeat > 0 && o.LeaderTimeout < 2*o.ClusterHeartbeat {
 		bad("--leader-timeout %s: at least twice --cluster-heartbeat (%s)", o.LeaderTimeout, o.ClusterHeartbeat)
 	}
-	if o.ZooKeeperSessionTimeout > 0 && (o.ZooKeeperSessionTimeout < time.Second || o.ZooKeeperSessionTimeout < 2*o.CommitInterval) {
+	// Each store's session timeout bounds failing commits (storeSessionTimeout):
+	// only the one in use is checked against the commit interval.
+	if o.OffsetStore != OffsetStoreKafka && o.ZooKeeperSessionTimeout > 0 && (o.ZooKeeperSessionTimeout < time.Second || o.ZooKeeperSessionTimeout < 2*o.CommitInterval) {
 		bad("--zookeeper-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
 			o.ZooKeeperSessionTimeout, o.CommitInterval)
+	}
+	if o.OffsetStore == OffsetStoreKafka && o.KafkaSessionTimeout > 0 && (o.KafkaSessionTimeout < time.Second || o.KafkaSessionTimeout < 2*o.CommitInterval) {
+		bad("--kafka-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
+			o.KafkaSessionTimeout, o.CommitInterval)
+	}
+	switch o.OffsetStore {
+	case OffsetStoreZooKeeper:
+	case OffsetStoreKafka:
+		if len(o.ZooKeeper) > 0 {
+			bad("--zookeeper %s: not used with --offset-store kafka (offsets and the leader record are kept in Kafka): remove it",
+				strings.Join(o.ZooKeeper, ","))
+		}
+		if zs := o.ZooKeeperSecurity; zs.Auth != "" || zs.TLSEnabled() || (zs.ReadACL != "" && zs.ReadACL != zkstore.ReadWorld) {
+			bad("--zookeeper-auth, --zookeeper-acl-read and --zookeeper-tls*: not used with --offset-store kafka: remove them")
+		}
+	default:
+		bad("--offset-store %q: want zookeeper or kafka", o.OffsetStore)
 	}
 	if o.Liveness < 1 {
 		bad("--liveness %d: at least 1", o.Liveness)
@@ -300,17 +343,34 @@ func (o Options) Validate() error {
 // start.
 func (o Options) securityWarnings() []string {
 	w := o.KafkaSecurity.Warnings()
-	if o.Store == nil {
+	if o.usesZooKeeper() {
 		w = append(w, o.ZooKeeperSecurity.Warnings()...)
 	}
 	return w
 }
 
+// usesZooKeeper reports whether the daemon keeps its offsets in ZooKeeper.
+func (o Options) usesZooKeeper() bool {
+	return o.Store == nil && (o.OffsetStore == "" || o.OffsetStore == OffsetStoreZooKeeper)
+}
+
+// storeSessionTimeout is the session timeout of the offset store in use: a
+// leader whose commits have failed this long steps down.
+func (o Options) storeSessionTimeout() time.Duration {
+	if o.OffsetStore == OffsetStoreKafka {
+		return o.KafkaSessionTimeout
+	}
+	return o.ZooKeeperSessionTimeout
+}
+
 // connectsTo names the services the daemon connects to, for its first log
 // line.
 func (o Options) connectsTo() string {
-	if o.Store != nil {
+	switch {
+	case o.Store != nil:
 		return "Kafka (offsets in memory, no ZooKeeper)"
+	case o.OffsetStore == OffsetStoreKafka:
+		return "Kafka (offsets in Kafka, no ZooKeeper)"
 	}
 	return "Kafka and ZooKeeper"
 }

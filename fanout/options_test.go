@@ -48,6 +48,28 @@ func TestValidate(t *testing.T) {
 		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},
 		{"zookeeper security is validated", func(o *Options) { o.ZooKeeperSecurity.ReadACL = "auth" }, "--zookeeper-acl-read"},
 		{"metrics token with a line break", func(o *Options) { o.MetricsToken = "tok\n" }, "white space"},
+		{"kafka offset store", func(o *Options) { o.OffsetStore = OffsetStoreKafka }, ""},
+		{"kafka offset store with the default read acl", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.ReadACL = OffsetStoreKafka, "world" }, ""},
+		{"kafka offset store with a zookeeper identity", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.Auth = OffsetStoreKafka, "u:p" }, "not used with --offset-store kafka"},
+		{"unknown offset store", func(o *Options) { o.OffsetStore = "etcd" }, "--offset-store"},
+		{"kafka offset store with zookeeper servers", func(o *Options) {
+			o.OffsetStore, o.ZooKeeper = OffsetStoreKafka, []string{"zk:2181"}
+		}, "--zookeeper zk:2181: not used with --offset-store kafka"},
+		{"kafka offset store with zookeeper security", func(o *Options) {
+			o.OffsetStore, o.ZooKeeperSecurity.TLS = OffsetStoreKafka, true
+		}, "not used with --offset-store kafka"},
+		{"kafka session timeout below a second", func(o *Options) {
+			o.OffsetStore, o.KafkaSessionTimeout = OffsetStoreKafka, 500*time.Millisecond
+		}, "--kafka-session-timeout"},
+		{"kafka session timeout below two commit intervals", func(o *Options) {
+			o.OffsetStore, o.KafkaSessionTimeout, o.CommitInterval = OffsetStoreKafka, 3*time.Second, 2*time.Second
+		}, "--kafka-session-timeout"},
+		{"a long commit interval needs only the zookeeper session to be longer", func(o *Options) {
+			o.CommitInterval, o.ZooKeeperSessionTimeout = time.Hour, 2*time.Hour
+		}, ""},
+		{"a long commit interval needs only the kafka session to be longer", func(o *Options) {
+			o.OffsetStore, o.CommitInterval, o.KafkaSessionTimeout = OffsetStoreKafka, time.Hour, 2*time.Hour
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,6 +90,21 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	err := Options{}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "--id") || !strings.Contains(err.Error(), "--topic") {
 		t.Fatalf("Validate() = %v, want both --id and --topic named", err)
+	}
+}
+
+// The ZooKeeper default (localhost:2181) applies only to the ZooKeeper
+// offset store: with Kafka's, no ZooKeeper is contacted.
+func TestZooKeeperDefaultOnlyForItsStore(t *testing.T) {
+	if zk := (Options{}).withDefaults().ZooKeeper; len(zk) != 1 || zk[0] != "localhost:2181" {
+		t.Errorf("default ZooKeeper %v, want localhost:2181", zk)
+	}
+	o := Options{OffsetStore: OffsetStoreKafka}.withDefaults()
+	if len(o.ZooKeeper) != 0 || o.usesZooKeeper() {
+		t.Errorf("with the Kafka offset store: ZooKeeper %v, uses it %v; want none", o.ZooKeeper, o.usesZooKeeper())
+	}
+	if o.storeSessionTimeout() != DefaultKafkaSession {
+		t.Errorf("store session timeout %v, want the Kafka one (%v)", o.storeSessionTimeout(), DefaultKafkaSession)
 	}
 }
 

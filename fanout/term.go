@@ -57,7 +57,7 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 // with the reason: ctx's cause when that wraps dispatch.ErrAbandon (the
 // authority ended the term), the refused commit's error wrapping
 // offsets.ErrFenced, or dispatch.ErrCommitsFailing when commits have failed
-// for ZooKeeperSessionTimeout. A lost term's clients are redirected before its source
+// for the offset store's session timeout. A lost term's clients are redirected before its source
 // stops. started is called once the term serves clients.
 func (t *term) run(ctx context.Context, started func()) error {
 	var stored map[int32]int64
@@ -89,7 +89,7 @@ func (t *term) run(ctx context.Context, started func()) error {
 		MaxOutstanding:   t.opts.MaxOutstanding,
 		CommitInterval:   t.opts.CommitInterval,
 		DrainTimeout:     t.opts.DrainTimeout,
-		MaxCommitFailure: t.opts.ZooKeeperSessionTimeout,
+		MaxCommitFailure: t.opts.storeSessionTimeout(),
 		Store:            t.store,
 		Fence:            t.fence,
 		Logger:           t.log,

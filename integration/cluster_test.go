@@ -32,6 +32,7 @@ import (
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/protocol"
 
@@ -74,6 +75,13 @@ type clCluster struct {
 	id    string
 	topic string
 	nodes []*clNode
+
+	// The Kafka offset store (clNewKafkaCluster): the daemons get
+	// --offset-store kafka and no ZooKeeper, run with env and are watched
+	// for ZooKeeper connections.
+	kafkaStore bool
+	env        []string
+	watch      func(pid int)
 }
 
 // clNewCluster prepares n daemons of topic (node-1 .. node-n, each on its own
@@ -120,6 +128,28 @@ func clNewCluster(t *testing.T, topic string, n int) *clCluster {
 	return c
 }
 
+// clNewKafkaCluster is clNewCluster with the Kafka offset store: the
+// daemons get no ZooKeeper and are watched for any connection to one.
+func clNewKafkaCluster(t *testing.T, topic string, n int) *clCluster {
+	t.Helper()
+	c := clNewCluster(t, topic, n)
+	c.kafkaStore = true
+	c.env, c.watch = ksNoZooKeeper(t)
+	for _, nd := range c.nodes {
+		nd.zk = ""
+	}
+	return c
+}
+
+// offsets reads the committed offsets from the cluster's store.
+func (c *clCluster) offsets() map[int32]int64 {
+	c.t.Helper()
+	if c.kafkaStore {
+		return ksOffsets(c.t, c.id, c.topic)
+	}
+	return zkOffsets(c.t, c.id, c.topic)
+}
+
 // start runs a new incarnation of nd.
 func (c *clCluster) start(nd *clNode) {
 	t := c.t
@@ -129,16 +159,24 @@ func (c *clCluster) start(nd *clNode) {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(f, "===== cluster test: starting %s at %s =====\n", nd.id, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(procBinary(t), append([]string{"-v",
-		"--id", c.id, "--topic", c.topic, "--kafka", nd.kafka, "--zookeeper", nd.zk,
+	store := []string{"--zookeeper", nd.zk}
+	if c.kafkaStore {
+		store = []string{"--offset-store", "kafka"}
+	}
+	cmd := exec.Command(procBinary(t), append(append([]string{"-v",
+		"--id", c.id, "--topic", c.topic, "--kafka", nd.kafka}, store...), append([]string{
 		"--listen", nd.addr, "--advertise", nd.addr, "--node-id", nd.id, "--metrics-listen=",
 		"--cluster-heartbeat", clHeartbeat.String(), "--leader-timeout", clLeaderTimeout.String(),
 		"--commit-interval", "200ms", "--ack-timeout", "3s", "--heartbeat", "500ms",
-		"--drain-timeout", clDrainTimeout.String(), "--initial-offset", "oldest"}, nd.args...)...)
+		"--drain-timeout", clDrainTimeout.String(), "--initial-offset", "oldest"}, nd.args...)...)...)
+	cmd.Env = c.env
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
 		t.Fatalf("start %s: %v", nd.id, err)
+	}
+	if c.watch != nil {
+		c.watch(cmd.Process.Pid)
 	}
 	exited := make(chan struct{})
 	nd.mu.Lock()
@@ -624,14 +662,68 @@ func clProduce(ctx context.Context, brokers []string, topic string, n int, over 
 	return nil
 }
 
-// clOffsetWatch polls the committed offsets in ZooKeeper every 100 ms and
-// records any that goes backwards.
+// clOffsetWatch polls the committed offsets every 100 ms and records any
+// that goes backwards; in Kafka also any commit whose metadata names an
+// older epoch than one seen before (a deposed leader's commit accepted).
 type clOffsetWatch struct {
 	mu        sync.Mutex
 	last      map[int32]int64
 	backwards []string
+	epoch     uint64 // the highest epoch seen in the commits' metadata
 }
 
+// watchOffsets starts a clOffsetWatch of the cluster's store.
+func (c *clCluster) watchOffsets() *clOffsetWatch {
+	c.t.Helper()
+	if c.kafkaStore {
+		return clWatchKafkaOffsets(c.t, c.id, c.topic)
+	}
+	return clWatchOffsets(c.t, c.id, c.topic)
+}
+
+// clWatchKafkaOffsets polls the offsets of the group fanout_<id>.
+func clWatchKafkaOffsets(t *testing.T, id, topic string) *clOffsetWatch {
+	t.Helper()
+	store := ksStore(t, id, topic)
+	w := &clOffsetWatch{last: map[int32]int64{}}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			committed, err := store.Committed(ctx)
+			cancel()
+			if err == nil {
+				offs := make(map[int32]int64, len(committed))
+				for p, cm := range committed {
+					offs[p] = cm.Offset
+					if info, ok := kafkastore.ParseCommitInfo(cm.Metadata); ok {
+						w.mu.Lock()
+						if info.Epoch < w.epoch {
+							w.backwards = append(w.backwards, fmt.Sprintf("partition %d: committed by epoch %d (node %s) after epoch %d",
+								p, info.Epoch, info.Node, w.epoch))
+						}
+						w.epoch = max(w.epoch, info.Epoch)
+						w.mu.Unlock()
+					}
+				}
+				w.observe(offs)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+	return w
+}
+
+// clWatchOffsets polls the offsets in ZooKeeper.
 func clWatchOffsets(t *testing.T, id, topic string) *clOffsetWatch {
 	t.Helper()
 	servers, chroot, err := zkstore.ParseServers(zkAddrs(t))
@@ -673,6 +765,7 @@ func (w *clOffsetWatch) poll(conn *zk.Conn, dir string) {
 	if err != nil {
 		return
 	}
+	offs := map[int32]int64{}
 	for _, c := range children {
 		data, _, err := conn.Get(dir + "/" + c)
 		if err != nil {
@@ -683,12 +776,20 @@ func (w *clOffsetWatch) poll(conn *zk.Conn, dir string) {
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		w.mu.Lock()
-		if last, ok := w.last[int32(p)]; ok && o < last {
+		offs[int32(p)] = o
+	}
+	w.observe(offs)
+}
+
+// observe records the offsets read, and any that went backwards.
+func (w *clOffsetWatch) observe(offs map[int32]int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for p, o := range offs {
+		if last, ok := w.last[p]; ok && o < last {
 			w.backwards = append(w.backwards, fmt.Sprintf("partition %d: %d after %d", p, o, last))
 		}
-		w.last[int32(p)] = o
-		w.mu.Unlock()
+		w.last[p] = o
 	}
 }
 
@@ -719,7 +820,7 @@ type clFlow struct {
 func clStartFlow(t *testing.T, c *clCluster, n int, over time.Duration) *clFlow {
 	t.Helper()
 	f := &clFlow{t: t, c: c, n: n, rec: &clRecorder{acked: map[int]bool{}}, produced: make(chan error, 1)}
-	f.watch = clWatchOffsets(t, c.id, c.topic)
+	f.watch = c.watchOffsets()
 	for i := range 3 {
 		var addrs []string
 		for j := range c.nodes {
@@ -886,9 +987,16 @@ func clDeliveredBy(t *testing.T, f *clFlow, node *clNode, since, stopped time.Ti
 // consumers; it returns once a third of them are acked.
 func clFlowingCluster(t *testing.T, n int) (*clCluster, *clNode, *clFlow) {
 	t.Helper()
+	return clFlowingClusterOf(t, n, clNewCluster)
+}
+
+// clFlowingClusterOf is clFlowingCluster with the cluster newCluster
+// prepares (clNewCluster, clNewKafkaCluster).
+func clFlowingClusterOf(t *testing.T, n int, newCluster func(*testing.T, string, int) *clCluster) (*clCluster, *clNode, *clFlow) {
+	t.Helper()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
-	c := clNewCluster(t, topic, 3)
+	c := newCluster(t, topic, 3)
 	c.startAll()
 	leader := clWaitLeader(t, c.nodes, 60*time.Second)
 	f := clStartFlow(t, c, n, 6*time.Second)
@@ -900,14 +1008,18 @@ func clFlowingCluster(t *testing.T, n int) (*clCluster, *clNode, *clFlow) {
 // over within the leader timeout plus a margin; nothing is lost; only
 // messages at or above the committed offsets come again.
 func TestClusterLeaderCrash(t *testing.T) {
+	testClusterLeaderCrash(t, clNewCluster)
+}
+
+// testClusterLeaderCrash is the test, with the cluster newCluster prepares.
+func testClusterLeaderCrash(t *testing.T, newCluster func(*testing.T, string, int) *clCluster) {
 	const n = 1500
-	c, leader, f := clFlowingCluster(t, n)
-	topic := c.topic
+	c, leader, f := clFlowingClusterOf(t, n, newCluster)
 
 	serving := clWatchWelcome(t, c.others(leader))
 	killed := time.Now()
 	leader.signal(t, syscall.SIGKILL)
-	committed := zkOffsets(t, c.id, topic)
+	committed := c.offsets()
 	readAt := time.Now()
 	leader.waitExit(t, 10*time.Second)
 
@@ -996,14 +1108,19 @@ var clCommittedLine = regexp.MustCompile(`msg="offsets committed" .*offsets="?ma
 // and serves nobody; nothing is lost and the committed offsets never go
 // backwards.
 func TestClusterPausedLeaderDeposed(t *testing.T) {
+	testClusterPausedLeaderDeposed(t, clNewCluster)
+}
+
+// testClusterPausedLeaderDeposed is the test, with the cluster newCluster
+// prepares.
+func testClusterPausedLeaderDeposed(t *testing.T, newCluster func(*testing.T, string, int) *clCluster) *clNode {
 	const n = 1500
-	c, leader, f := clFlowingCluster(t, n)
-	topic := c.topic
+	c, leader, f := clFlowingClusterOf(t, n, newCluster)
 
 	serving := clWatchWelcome(t, c.others(leader))
 	stopAt := time.Now()
 	leader.signal(t, syscall.SIGSTOP)
-	atStop := zkOffsets(t, c.id, topic)
+	atStop := c.offsets()
 	leader.mark(t, "paused") // whatever the daemon logs from here on, it did after SIGCONT
 
 	first := f.waitFirstAfter(stopAt, leader.id, 30*time.Second)
@@ -1070,6 +1187,7 @@ func TestClusterPausedLeaderDeposed(t *testing.T) {
 		t.Errorf("leader is %s after the old one resumed, want %s", l.id, newLeader.id)
 	}
 	f.logDuplicates("after pause")
+	return leader
 }
 
 // clProxy is a TCP proxy the test can cut: Cut closes every proxied

@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
@@ -100,11 +101,17 @@ func procProduceTo(t testing.TB, topic string, partition int32, values ...string
 // offset 4 unacked it stays at 4 however many commit intervals pass and
 // however many later offsets are acked; acking 4 moves it to 10.
 func TestCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
+	testCommittedOffsetIsContiguousAckedPrefix(t, daemonOptions)
+}
+
+// testCommittedOffsetIsContiguousAckedPrefix is the test, with daemons of
+// the options options makes (and their offset store).
+func testCommittedOffsetIsContiguousAckedPrefix(t *testing.T, options func(testing.TB, string) fanout.Options) {
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	produceSeq(t, topic, "m", 10, 1)
 
-	d := startDaemon(t, daemonOptions(t, topic))
+	d := startDaemon(t, options(t, topic))
 	c := dial(t, client.Config{MaxInFlight: 20}, d.addr)
 	got := map[int64]*client.Message{}
 	for len(got) < 10 {
@@ -126,11 +133,11 @@ func TestCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
 		}
 	}
 	testutil.WaitFor(t, 10*time.Second, "the daemon to count 9 acks", func() bool { return d.stats(t).Acked == 9 })
-	testutil.WaitFor(t, 10*time.Second, "offset 4 committed", func() bool { return zkOffsets(t, d.opts.ID, topic)[0] == 4 })
+	testutil.WaitFor(t, 10*time.Second, "offset 4 committed", func() bool { return storeOffsets(t, d.opts)[0] == 4 })
 	// Ten commit intervals later it is still 4: acks beyond the gap are
 	// never committed.
 	for deadline := time.Now().Add(10 * d.opts.CommitInterval); time.Now().Before(deadline); {
-		if o := zkOffsets(t, d.opts.ID, topic)[0]; o != 4 {
+		if o := storeOffsets(t, d.opts)[0]; o != 4 {
 			t.Fatalf("committed offset %d with offset 4 unacked, want 4", o)
 		}
 		time.Sleep(d.opts.CommitInterval / 2) // sampling an absence, not synchronising
@@ -140,7 +147,7 @@ func TestCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
 		t.Fatalf("ack offset 4: %v", err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "offset 10 committed once 4 is acked", func() bool {
-		return zkOffsets(t, d.opts.ID, topic)[0] == 10
+		return storeOffsets(t, d.opts)[0] == 10
 	})
 }
 
@@ -148,6 +155,12 @@ func TestCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
 // messages at or after the committed offset of each partition: nothing
 // below it (acked), everything from it (unacked, and acked beyond a gap).
 func TestCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
+	testCleanRestartRedeliversFromCommittedOffsets(t, daemonOptions)
+}
+
+// testCleanRestartRedeliversFromCommittedOffsets is the test, with daemons
+// of the options options makes (and their offset store).
+func testCleanRestartRedeliversFromCommittedOffsets(t *testing.T, options func(testing.TB, string) fanout.Options) {
 	const partitions, n = 4, 40 // 10 per partition; message i is p i%4 at offset i/4
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -167,7 +180,7 @@ func TestCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
 		}
 	}
 
-	d1 := startDaemon(t, daemonOptions(t, topic))
+	d1 := startDaemon(t, options(t, topic))
 	c1 := dial(t, client.Config{MaxInFlight: n}, d1.addr)
 	delivered := map[procPO]*client.Message{}
 	for len(delivered) < n {
@@ -195,7 +208,7 @@ func TestCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
 	if err := d1.stop(t); err != nil {
 		t.Fatalf("first daemon stopped with %v", err)
 	}
-	committed := zkOffsets(t, d1.opts.ID, topic)
+	committed := storeOffsets(t, d1.opts)
 	for p := range int32(partitions) {
 		if committed[p] != prefix[p] {
 			t.Fatalf("after a graceful stop, committed offsets %v, want %v", committed, prefix)
@@ -229,7 +242,7 @@ func TestCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
 		}
 	}
 	testutil.WaitFor(t, 10*time.Second, "every partition committed to its end", func() bool {
-		offs := zkOffsets(t, d1.opts.ID, topic)
+		offs := storeOffsets(t, d1.opts)
 		for p := range int32(partitions) {
 			if offs[p] != n/partitions {
 				return false

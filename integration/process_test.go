@@ -91,11 +91,18 @@ type procProcess struct {
 // is killed if still running).
 func procStart(t testing.TB, args ...string) *procProcess {
 	t.Helper()
+	return procStartEnv(t, nil, args...)
+}
+
+// procStartEnv is procStart with the environment env (nil: the test's).
+func procStartEnv(t testing.TB, env []string, args ...string) *procProcess {
+	t.Helper()
 	logFile, err := os.CreateTemp(t.TempDir(), "fanout-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &procProcess{cmd: exec.Command(procBinary(t), args...), logPath: logFile.Name(), done: make(chan struct{})}
+	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start fanout: %v", err)
@@ -228,17 +235,33 @@ func procProducePaced(t testing.TB, topic string, n, partitions, batch int, inte
 	return errc
 }
 
+// procStore is how a process test runs daemons of one offset store: their
+// flags, how it reads their committed offsets, how it starts them.
+type procStore struct {
+	args    func(t testing.TB, id, topic, addr string, extra ...string) []string
+	offsets func(t testing.TB, id, topic string) map[int32]int64
+	start   func(t testing.TB, args ...string) *procProcess
+}
+
+// procStoreZooKeeper runs daemons of the ZooKeeper offset store.
+var procStoreZooKeeper = procStore{args: procDaemonArgs, offsets: zkOffsets, start: procStart}
+
 // kill -9 loses nothing: every message is acked at least once across the
 // crash, and the only duplicates are at or after the offsets committed when
 // the process died.
 func TestKillNineLosesNothing(t *testing.T) {
+	testKillNineLosesNothing(t, procStoreZooKeeper)
+}
+
+// testKillNineLosesNothing is the test, with daemons of store.
+func testKillNineLosesNothing(t *testing.T, store procStore) {
 	const partitions, n = 3, 600
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
 	createTopic(t, topic, partitions)
 
 	addr1 := procFreeAddr(t)
-	p1 := procStart(t, procDaemonArgs(t, id, topic, addr1)...)
+	p1 := store.start(t, store.args(t, id, topic, addr1)...)
 	c1 := procDial(t, client.Config{MaxInFlight: 50}, addr1)
 	produced := procProducePaced(t, topic, n, partitions, 20, 100*time.Millisecond)
 
@@ -265,7 +288,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 	}
 	p1.signal(t, syscall.SIGKILL)
 	p1.wait(t, 10*time.Second)
-	committedAtKill := zkOffsets(t, id, topic)
+	committedAtKill := store.offsets(t, id, topic)
 	t.Logf("killed after %d acks; committed offsets at the kill: %v", len(acked), committedAtKill)
 	// The committed offsets never pass what the client acked.
 	for p, o := range committedAtKill {
@@ -278,7 +301,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 	_ = c1.Close()
 
 	addr2 := procFreeAddr(t)
-	procStart(t, procDaemonArgs(t, id, topic, addr2)...)
+	store.start(t, store.args(t, id, topic, addr2)...)
 	c2 := procDial(t, client.Config{MaxInFlight: 50}, addr2)
 	for len(acked) < n {
 		m := recv(t, c2, 30*time.Second)
@@ -297,7 +320,7 @@ func TestKillNineLosesNothing(t *testing.T) {
 		}
 	}
 	testutil.WaitFor(t, 15*time.Second, "every partition committed to its end", func() bool {
-		offs := zkOffsets(t, id, topic)
+		offs := store.offsets(t, id, topic)
 		for p := range int32(partitions) {
 			if offs[p] != n/partitions {
 				return false

@@ -56,11 +56,11 @@ type composeDependsOn struct {
 	Condition string `yaml:"condition"`
 }
 
-func loadCompose(t *testing.T) composeFile {
+func loadCompose(t *testing.T, name string) composeFile {
 	t.Helper()
 	var f composeFile
-	if err := yaml.Unmarshal(repoFile(t, "docker-compose.yml"), &f); err != nil {
-		t.Fatalf("docker-compose.yml: %v", err)
+	if err := yaml.Unmarshal(repoFile(t, name), &f); err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
 	return f
 }
@@ -94,13 +94,37 @@ func daemonOptions(t *testing.T, args []string) fanout.Options {
 }
 
 func TestComposeFile(t *testing.T) {
-	f := loadCompose(t)
-	if f.Version != nil {
-		t.Errorf("docker-compose.yml has the obsolete version key %q", *f.Version)
+	checkCompose(t, "docker-compose.yml", true)
+}
+
+// The variant without ZooKeeper: the same cluster, its daemons with
+// --offset-store kafka and no ZooKeeper service, flag or dependency.
+func TestComposeFileWithoutZooKeeper(t *testing.T) {
+	f := checkCompose(t, "docker-compose.no-zookeeper.yml", false)
+	for name, s := range f.Services {
+		if strings.Contains(strings.ToLower(strings.Join(append(slices.Clone(s.Command), s.Image), " ")), "zookeeper") {
+			t.Errorf("service %s still mentions ZooKeeper: %v", name, s.Command)
+		}
 	}
-	for _, name := range []string{"zookeeper", "kafka", "topics", "fanout1", "fanout2", "fanout3", "consumer"} {
+}
+
+// checkCompose checks the compose file name against the daemon's flags; the
+// daemons use ZooKeeper when withZooKeeper, else the Kafka offset store.
+func checkCompose(t *testing.T, file string, withZooKeeper bool) composeFile {
+	t.Helper()
+	f := loadCompose(t, file)
+	if f.Version != nil {
+		t.Errorf("%s has the obsolete version key %q", file, *f.Version)
+	}
+	services := []string{"kafka", "topics", "fanout1", "fanout2", "fanout3", "consumer"}
+	if withZooKeeper {
+		services = append(services, "zookeeper")
+	} else if _, ok := f.Services["zookeeper"]; ok {
+		t.Errorf("%s has a zookeeper service", file)
+	}
+	for _, name := range services {
 		if _, ok := f.Services[name]; !ok {
-			t.Fatalf("service %s missing", name)
+			t.Fatalf("%s: service %s missing", file, name)
 		}
 	}
 
@@ -128,7 +152,11 @@ func TestComposeFile(t *testing.T) {
 	if p := f.Services["zookeeper"].Environment["ZOO_PORT"]; p != "" {
 		zkAddr = net.JoinHostPort("zookeeper", p)
 	}
-	for _, name := range []string{"kafka", "zookeeper"} {
+	healthChecked := []string{"kafka"}
+	if withZooKeeper {
+		healthChecked = append(healthChecked, "zookeeper")
+	}
+	for _, name := range healthChecked {
 		if hc := f.Services[name].Healthcheck; hc == nil || len(hc.Test) == 0 {
 			t.Errorf("service %s has no healthcheck (others wait for it to be healthy)", name)
 		}
@@ -150,8 +178,11 @@ func TestComposeFile(t *testing.T) {
 		if !slices.Equal(opts.Kafka, []string{kafkaAddr}) {
 			t.Errorf("%s: --kafka %v, want Kafka's advertised listener %s", name, opts.Kafka, kafkaAddr)
 		}
-		if !slices.Equal(opts.ZooKeeper, []string{zkAddr}) {
-			t.Errorf("%s: --zookeeper %v, want %s", name, opts.ZooKeeper, zkAddr)
+		switch {
+		case withZooKeeper && (opts.OffsetStore != fanout.OffsetStoreZooKeeper || !slices.Equal(opts.ZooKeeper, []string{zkAddr})):
+			t.Errorf("%s: --offset-store %s --zookeeper %v, want zookeeper at %s", name, opts.OffsetStore, opts.ZooKeeper, zkAddr)
+		case !withZooKeeper && (opts.OffsetStore != fanout.OffsetStoreKafka || len(opts.ZooKeeper) != 0):
+			t.Errorf("%s: --offset-store %s --zookeeper %v, want kafka and no ZooKeeper", name, opts.OffsetStore, opts.ZooKeeper)
 		}
 		_, port, err := net.SplitHostPort(opts.Listen)
 		if err != nil || port != listenPort {
@@ -184,10 +215,17 @@ func TestComposeFile(t *testing.T) {
 		} else if !hasCommand(hc.Test[2]) {
 			t.Errorf("%s: healthcheck runs fanout %s, which is not a command", name, hc.Test[2])
 		}
-		for dep, cond := range map[string]string{"topics": "service_completed_successfully", "zookeeper": "service_healthy"} {
+		deps := map[string]string{"topics": "service_completed_successfully"}
+		if withZooKeeper {
+			deps["zookeeper"] = "service_healthy"
+		}
+		for dep, cond := range deps {
 			if got := s.DependsOn[dep].Condition; got != cond {
 				t.Errorf("%s: depends_on %s condition %q, want %s", name, dep, got, cond)
 			}
+		}
+		if len(s.DependsOn) != len(deps) {
+			t.Errorf("%s: depends_on %v, want exactly %v", name, s.DependsOn, deps)
 		}
 	}
 	if got := slices.Sorted(maps.Keys(hostPorts)); !slices.Equal(got, []string{"4987", "4988", "4989", "9100", "9101", "9102"}) {
@@ -227,6 +265,7 @@ func TestComposeFile(t *testing.T) {
 	if _, ok := dockerStages(t)[target]; !ok {
 		t.Errorf("consumer build target %q is not a Dockerfile stage", target)
 	}
+	return f
 }
 
 // dockerStage is one stage of the Dockerfile: its instructions, with line

@@ -14,7 +14,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/nanoservice/core-fanout/fanout"
-	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
 // Defaults of the dev command.
@@ -23,19 +22,24 @@ const (
 	devTopic       = "user_need"
 	devPartitions  = 4
 	devID          = "dev"
+	// devHeartbeat is the dev daemon's cluster heartbeat: it leads about
+	// three of them after it starts.
+	devHeartbeat = 250 * time.Millisecond
 )
 
 func devCommand() *cli.Command {
 	env := func(name string) []string { return []string{"FANOUT_" + name} }
 	return &cli.Command{
 		Name:  "dev",
-		Usage: "run a complete fanout for development: in-process Kafka, in-memory offsets, the daemon",
+		Usage: "run a complete fanout for development: in-process Kafka, offsets in its consumer group, the daemon",
 		UsageText: "fanout dev [--topic user_need] [--partitions 4] [--kafka-listen 127.0.0.1:9092] [--listen :4987]\n" +
 			"go run ./cmd/fanout dev",
-		Description: "Starts an in-process Kafka-protocol broker (kfake) with the topic, keeps offsets in memory\n" +
-			"(not durable: they are lost when it stops) and runs the daemon on them, with service id \"dev\"\n" +
-			"and partitions without an offset starting at the oldest message. Nothing else is needed.\n" +
-			"Once it serves clients it prints how to produce to it and consume from it.",
+		Description: "Starts an in-process Kafka-protocol broker (kfake) with the topic and runs the daemon on it\n" +
+			"with the Kafka offset store (--offset-store kafka: offsets and the leader record in the consumer\n" +
+			"group fanout_dev of the in-process broker, the code a production daemon runs; not durable: they\n" +
+			"are lost when it stops), with service id \"dev\" and partitions without an offset starting at\n" +
+			"the oldest message. Nothing else is needed, no ZooKeeper. Once it serves clients it prints how\n" +
+			"to produce to it, consume from it and see its offsets.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "kafka-listen", Value: devKafkaListen, Usage: "address of the in-process Kafka broker (port 0: any free port)", EnvVars: env("DEV_KAFKA_LISTEN")},
 			&cli.StringFlag{Name: "topic", Value: devTopic, Usage: "the topic to create and consume", EnvVars: env("TOPIC")},
@@ -63,9 +67,7 @@ type devConfig struct {
 	// MetricsListen is the address of /metrics, /healthz and /readyz; ""
 	// disables them.
 	MetricsListen string
-	// Store keeps offsets; nil means a new offsets.MemoryStore.
-	Store *offsets.MemoryStore
-	Log   *logrus.Entry
+	Log           *logrus.Entry
 }
 
 func devAction(c *cli.Context) error {
@@ -100,25 +102,25 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 		cfg.Log = logrus.NewEntry(logrus.StandardLogger())
 	}
 	log := cfg.Log.WithField("mode", "dev")
-	store := cfg.Store
-	if store == nil {
-		store = offsets.NewMemoryStore()
-		log.Warn("offsets are kept in memory only: they are not durable and are lost when fanout dev stops")
-	}
+	log.Warn("offsets are kept in the in-process Kafka (group fanout_" + devID + "): they are not durable and are lost when fanout dev stops")
 	// Validate the rest (topic name, listen address, durations) before the
-	// broker starts; the broker's address is known once it listens.
+	// broker starts; the broker's address is known once it listens. The
+	// daemon runs as in production with --offset-store kafka: it is elected
+	// through the heartbeat topic and the group fanout_dev, and commits
+	// there.
 	opts := fanout.Options{
-		ID:            devID,
-		Topic:         cfg.Topic,
-		Store:         store,
-		Listen:        cfg.Listen,
-		NodeID:        devID,
-		AckTimeout:    cfg.AckTimeout,
-		Heartbeat:     cfg.Heartbeat,
-		MaxInFlight:   cfg.MaxInFlight,
-		MetricsListen: cfg.MetricsListen,
-		InitialOffset: "oldest",
-		Logger:        cfg.Log,
+		ID:               devID,
+		Topic:            cfg.Topic,
+		OffsetStore:      fanout.OffsetStoreKafka,
+		Listen:           cfg.Listen,
+		NodeID:           devID,
+		AckTimeout:       cfg.AckTimeout,
+		Heartbeat:        cfg.Heartbeat,
+		MaxInFlight:      cfg.MaxInFlight,
+		MetricsListen:    cfg.MetricsListen,
+		InitialOffset:    "oldest",
+		ClusterHeartbeat: devHeartbeat,
+		Logger:           cfg.Log,
 	}
 	if err := opts.Validate(); err != nil {
 		return usageError(err)
@@ -194,6 +196,7 @@ func printDevHints(w io.Writer, kafkaAddr, topic, daemonAddr string) {
 	fmt.Fprintf(w, "fanout dev is ready: Kafka at %s (topic %s), clients connect to %s\n", kafkaAddr, topic, daemonAddr)
 	fmt.Fprintf(w, "produce:  echo hello | %s produce --kafka %s --topic %s\n", self, kafkaAddr, topic)
 	fmt.Fprintf(w, "consume:  %s tail --connect %s\n", self, daemonAddr)
+	fmt.Fprintf(w, "offsets:  %s status --offset-store kafka --kafka %s --id %s --topic %s\n", self, kafkaAddr, devID, topic)
 }
 
 // dialable turns a listener address into one a local client can dial: an

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
 // devHints are the commands fanout dev prints once it is ready, split into
@@ -20,9 +20,10 @@ import (
 type devHints struct {
 	produce []string // produce --kafka ADDR --topic TOPIC
 	connect string   // the daemon address of the tail hint
+	status  []string // status --offset-store kafka --kafka ADDR --id dev --topic TOPIC
 }
 
-// readDevHints reads dev's standard output up to the consume hint, then
+// readDevHints reads dev's standard output up to the offsets hint, then
 // discards the rest in the background.
 func readDevHints(t *testing.T, r io.Reader) devHints {
 	t.Helper()
@@ -43,9 +44,11 @@ func readDevHints(t *testing.T, r io.Reader) devHints {
 				t.Fatalf("consume hint %q: want tail --connect ADDR", line)
 			}
 			h.connect = args[2]
+		case strings.HasPrefix(line, "offsets:"):
+			h.status = hintArgs(t, strings.TrimPrefix(line, "offsets:"))
 			go func() { _, _ = io.Copy(io.Discard, r) }()
-			if h.produce == nil {
-				t.Fatal("no produce hint before the consume hint")
+			if h.produce == nil || h.connect == "" {
+				t.Fatal("no produce and consume hints before the offsets hint")
 			}
 			return h
 		}
@@ -138,12 +141,12 @@ func TestDevCommand(t *testing.T) {
 	}
 }
 
-// TestDevCommitsAckedOffsets runs dev on a store the test can read: an
-// acked message's offset is committed.
+// TestDevCommitsAckedOffsets runs dev, which keeps its offsets in the
+// in-process Kafka's group fanout_dev through the Kafka offset store: an
+// acked message's offset is committed there, as status (hinted) shows.
 func TestDevCommitsAckedOffsets(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store := offsets.NewMemoryStore()
 	log := logrus.New()
 	var logs syncBuffer
 	log.Out = &logs
@@ -154,12 +157,12 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		done <- runDev(ctx, devConfig{
 			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
 			AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
-			Store: store, Log: logrus.NewEntry(log),
+			Log: logrus.NewEntry(log),
 		}, outW)
 	}()
 	h := readDevHints(t, out)
 	// The dev mode has no ZooKeeper, and its first log line says so.
-	if got := logs.String(); !strings.Contains(got, "connecting to Kafka (offsets in memory, no ZooKeeper)") {
+	if got := logs.String(); !strings.Contains(got, "connecting to Kafka (offsets in Kafka, no ZooKeeper)") {
 		t.Errorf("dev's start log does not say it runs without ZooKeeper:\n%s", got)
 	}
 	if code, _, errOut := runApp(ctx, t, strings.NewReader("first\nsecond\n"), h.produce...); code != 0 {
@@ -184,17 +187,24 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 	}
 	deadline := time.Now().Add(testWait)
 	for {
-		got, err := store.Load(ctx)
-		if err != nil {
+		code, out, errOut := runApp(ctx, t, nil, append(h.status, "--json")...)
+		if code != 0 {
+			t.Fatalf("status as hinted %v: exit code %d\n%s", h.status, code, errOut)
+		}
+		var st clusterStatus
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
 			t.Fatal(err)
 		}
-		if got[0] == 2 {
+		if len(st.Partitions) == 1 && st.Partitions[0].Committed != nil && *st.Partitions[0].Committed == 2 {
+			if st.Leader == nil || st.Leader.Node != devID {
+				t.Errorf("status names leader %+v, want %s", st.Leader, devID)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("stored offsets %v, want partition 0 at 2", got)
+			t.Fatalf("status %s, want partition 0 committed at 2", out)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 
 	cancel()

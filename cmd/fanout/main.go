@@ -81,6 +81,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			devCommand(),
 			tailCommand(),
 			statusCommand(),
+			offsetsCommand(),
 			healthcheckCommand(),
 			// COMMANDS
 		},

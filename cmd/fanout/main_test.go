@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -188,5 +189,45 @@ func TestSourceFlags(t *testing.T) {
 	t.Setenv("FANOUT_MAX_OUTSTANDING", "9")
 	if got := run(); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 9 {
 		t.Errorf("environment: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
+	}
+}
+
+// --offset-store and --kafka-session-timeout reach the options from the
+// flags and the environment; with the Kafka store the Docker link variables
+// of ZooKeeper are not taken, so no ZooKeeper is configured.
+func TestOffsetStoreFlags(t *testing.T) {
+	links := []string{"ZK_PORT_2181_TCP_ADDR=zk", "ZK_PORT_2181_TCP_PORT=2181"}
+	parse := func(args ...string) fanout.Options {
+		t.Helper()
+		var got fanout.Options
+		app := newApp(io.Discard, io.Discard)
+		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, links); return err }
+		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := parse(); got.OffsetStore != fanout.OffsetStoreZooKeeper || !slices.Equal(got.ZooKeeper, []string{"zk:2181"}) ||
+		got.KafkaSessionTimeout != fanout.DefaultKafkaSession {
+		t.Errorf("default: store %q zookeeper %v session %v; want zookeeper, the linked zk:2181, %v",
+			got.OffsetStore, got.ZooKeeper, got.KafkaSessionTimeout, fanout.DefaultKafkaSession)
+	}
+	got := parse("--offset-store", "kafka", "--kafka-session-timeout", "7s")
+	if got.OffsetStore != fanout.OffsetStoreKafka || len(got.ZooKeeper) != 0 || got.KafkaSessionTimeout != 7*time.Second {
+		t.Errorf("flags: store %q zookeeper %v session %v; want kafka, none, 7s", got.OffsetStore, got.ZooKeeper, got.KafkaSessionTimeout)
+	}
+	if err := got.Validate(); err != nil {
+		t.Errorf("--offset-store kafka with ZooKeeper links in the environment: %v", err)
+	}
+	t.Setenv("FANOUT_OFFSET_STORE", "kafka")
+	t.Setenv("FANOUT_KAFKA_SESSION_TIMEOUT", "8s")
+	if got := parse(); got.OffsetStore != fanout.OffsetStoreKafka || len(got.ZooKeeper) != 0 || got.KafkaSessionTimeout != 8*time.Second {
+		t.Errorf("environment: store %q zookeeper %v session %v; want kafka, none, 8s", got.OffsetStore, got.ZooKeeper, got.KafkaSessionTimeout)
+	}
+	// A ZooKeeper given explicitly with Kafka's store is a clear error.
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"fanout", "--id", "a", "--topic", "t", "--zookeeper", "zk:2181"}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "not used with --offset-store kafka") {
+		t.Errorf("--zookeeper with FANOUT_OFFSET_STORE=kafka: exit code %d, stderr %q; want 2 and why", code, stderr.String())
 	}
 }

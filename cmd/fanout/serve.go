@@ -20,7 +20,8 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "id", Usage: "service id: daemons with the same id and topic form a cluster", EnvVars: env("ID")},
 		&cli.StringFlag{Name: "topic", Usage: "the Kafka topic to consume, every partition", EnvVars: env("TOPIC")},
 		&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker link variables KAFKA_*_PORT_9092_TCP_*, else localhost:9092)", EnvVars: env("KAFKA")},
-		&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker link variables ZK_*_PORT_2181_TCP_*, else localhost:2181)", EnvVars: env("ZOOKEEPER")},
+		&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker link variables ZK_*_PORT_2181_TCP_*, else localhost:2181; not with --offset-store kafka)", EnvVars: env("ZOOKEEPER")},
+		&cli.StringFlag{Name: "offset-store", Value: fanout.OffsetStoreZooKeeper, Usage: "where offsets and the leader record are kept: zookeeper, or kafka (the consumer group fanout_<id>; no ZooKeeper needed)", EnvVars: env("OFFSET_STORE")},
 		&cli.StringFlag{Name: "listen", Value: fanout.DefaultListen, Usage: "address for client connections", EnvVars: env("LISTEN")},
 		&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz and /readyz (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
 		&cli.StringFlag{Name: "advertise", Usage: "host:port clients are told to use for this daemon (default: hostname and the listen port)", EnvVars: env("ADVERTISE")},
@@ -40,10 +41,11 @@ func serveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "auth-token", Usage: "shared secret clients must send in hello", EnvVars: env("AUTH_TOKEN")},
 		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions start in a group that has never committed an offset of the topic (later, a partition without one starts at its oldest offset)", EnvVars: env("INITIAL_OFFSET")},
 		&cli.StringFlag{Name: "isolation", Value: fanout.DefaultIsolation, Usage: "read_committed (records of aborted transactions are never delivered, those of open ones once committed) or read_uncommitted", EnvVars: env("ISOLATION")},
-		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to ZooKeeper this often", EnvVars: env("COMMIT_INTERVAL")},
+		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to the offset store this often", EnvVars: env("COMMIT_INTERVAL")},
 		&cli.DurationFlag{Name: "cluster-heartbeat", Value: fanout.DefaultClusterHeartbeat, Usage: "publish this daemon's heartbeat on fanout_<id>_<topic> this often", EnvVars: env("CLUSTER_HEARTBEAT")},
 		&cli.DurationFlag{Name: "leader-timeout", Usage: "elect a new leader after this long without its heartbeat", DefaultText: "3 × --cluster-heartbeat", EnvVars: env("LEADER_TIMEOUT")},
 		&cli.DurationFlag{Name: "zookeeper-session-timeout", Value: fanout.DefaultZKSessionTimeout, Usage: "ZooKeeper session timeout; a leader whose offset commits have failed this long steps down", EnvVars: env("ZOOKEEPER_SESSION_TIMEOUT")},
+		&cli.DurationFlag{Name: "kafka-session-timeout", Value: fanout.DefaultKafkaSession, Usage: "with --offset-store kafka: session timeout of the leader's membership of the group fanout_<id>; a leader whose offset commits have failed this long steps down", EnvVars: env("KAFKA_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
 		metricsTokenFlag(),
 	}
@@ -72,8 +74,8 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	if len(kafkaAddrs) == 0 {
 		kafkaAddrs = linkedAddrs(environ, "KAFKA", 9092)
 	}
-	if len(zkAddrs) == 0 {
-		zkAddrs = linkedAddrs(environ, "ZK", 2181)
+	if len(zkAddrs) == 0 && str("offset-store") != fanout.OffsetStoreKafka {
+		zkAddrs = linkedAddrs(environ, "ZK", 2181) // no ZooKeeper at all with Kafka's store
 	}
 	opts := fanout.Options{
 		ID:               str("id"),
@@ -103,7 +105,9 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 		MetricsListen:    str("metrics-listen"),
 		Logger:           logrus.NewEntry(logrus.StandardLogger()),
 
+		OffsetStore:             str("offset-store"),
 		ZooKeeperSessionTimeout: dur("zookeeper-session-timeout"),
+		KafkaSessionTimeout:     dur("kafka-session-timeout"),
 	}
 	opts.Isolation = str("isolation")
 	opts.MaxOutstanding = num("max-outstanding")

@@ -21,6 +21,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
@@ -36,15 +37,17 @@ func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "status",
 		Usage:     "show a fanout cluster: members, leader and epoch, committed offsets, high watermarks and lag",
-		UsageText: "fanout status --id SERVICE_ID --topic TOPIC [--kafka host:port] [--zookeeper host:port] [--json]",
+		UsageText: "fanout status --id SERVICE_ID --topic TOPIC [--kafka host:port] [--zookeeper host:port | --offset-store kafka] [--json]",
 		Description: "Reads the last --window of heartbeats on fanout_<id>_<topic> (members), the leader record and\n" +
-			"the committed offsets in ZooKeeper, and each partition's high watermark from Kafka. What ZooKeeper\n" +
-			"does not hold yet is shown as none. Exits 1 when Kafka or ZooKeeper cannot be reached.",
+			"the committed offsets from the offset store (ZooKeeper, or with --offset-store kafka the consumer\n" +
+			"group fanout_<id>), and each partition's high watermark from Kafka. What the store does not hold\n" +
+			"yet is shown as none. Exits 1 when Kafka or ZooKeeper cannot be reached.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "service id of the cluster", EnvVars: env("ID")},
 			&cli.StringFlag{Name: "topic", Usage: "the topic the cluster consumes", EnvVars: env("TOPIC")},
 			&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker links, else localhost:9092)", EnvVars: env("KAFKA")},
-			&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker links, else localhost:2181)", EnvVars: env("ZOOKEEPER")},
+			&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker links, else localhost:2181; not with --offset-store kafka)", EnvVars: env("ZOOKEEPER")},
+			&cli.StringFlag{Name: "offset-store", Value: fanout.OffsetStoreZooKeeper, Usage: "where the cluster keeps offsets and its leader record: zookeeper or kafka", EnvVars: env("OFFSET_STORE")},
 			&cli.DurationFlag{Name: "window", Value: statusWindow, Usage: "members are those heard from within this window"},
 			&cli.DurationFlag{Name: "timeout", Value: statusTimeout, Usage: "give up reaching Kafka or ZooKeeper after this long"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON document"},
@@ -65,7 +68,7 @@ type clusterStatus struct {
 	TotalLag       int64             `json:"total_lag"` // over the partitions with a committed offset
 }
 
-// leaderStatus is the leader record in ZooKeeper.
+// leaderStatus is the leader record of the offset store.
 type leaderStatus struct {
 	Node  string `json:"node"`
 	Addr  string `json:"addr"`
@@ -82,7 +85,7 @@ type memberStatus struct {
 }
 
 // partitionStatus is one partition's offsets; Committed and Lag are nil
-// when ZooKeeper holds no offset for it.
+// when the offset store holds no offset for it.
 type partitionStatus struct {
 	Partition     int32  `json:"partition"`
 	Committed     *int64 `json:"committed"`
@@ -98,7 +101,7 @@ func statusAction(c *cli.Context) error {
 	if len(kafkaAddrs) == 0 {
 		kafkaAddrs = linkedAddrs(environ(), "KAFKA", 9092)
 	}
-	if len(zkAddrs) == 0 {
+	if len(zkAddrs) == 0 && c.String("offset-store") != fanout.OffsetStoreKafka {
 		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
 	}
 	kafkaSec, err := kafkaSecurity(environ(), contextValues(c))
@@ -110,7 +113,7 @@ func statusAction(c *cli.Context) error {
 		return usageError(err)
 	}
 	opts := fanout.Options{ID: c.String("id"), Topic: c.String("topic"), Kafka: splitAll(kafkaAddrs), ZooKeeper: splitAll(zkAddrs),
-		KafkaSecurity: kafkaSec, ZooKeeperSecurity: zkSec}
+		OffsetStore: c.String("offset-store"), KafkaSecurity: kafkaSec, ZooKeeperSecurity: zkSec}
 	if err := opts.Validate(); err != nil {
 		return usageError(err)
 	}
@@ -118,7 +121,7 @@ func statusAction(c *cli.Context) error {
 	if len(opts.Kafka) == 0 {
 		opts.Kafka = []string{"localhost:9092"}
 	}
-	if len(opts.ZooKeeper) == 0 {
+	if len(opts.ZooKeeper) == 0 && opts.OffsetStore != fanout.OffsetStoreKafka {
 		opts.ZooKeeper = []string{"localhost:2181"}
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
@@ -138,44 +141,30 @@ func statusAction(c *cli.Context) error {
 	return writeStatus(c.App.Writer, st, time.Now())
 }
 
-// readStatus gathers the status of the cluster opts names. Data ZooKeeper
+// readStatus gathers the status of the cluster opts names. Data the store
 // or Kafka does not hold yet is left empty; unreachable servers are errors.
 func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, now time.Time) (*clusterStatus, error) {
 	st := &clusterStatus{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic)}
 
 	// ZooKeeper first: its client gives up when ctx ends; sarama's retries
 	// are bounded by its configuration.
-	servers, chroot, err := zkstore.ParseServers(opts.ZooKeeper)
+	var committed map[int32]int64
+	var err error
+	if opts.OffsetStore != fanout.OffsetStoreKafka {
+		if st.Leader, committed, err = readZooKeeperStore(ctx, opts); err != nil {
+			return nil, err
+		}
+	}
+	client, err := statusClient(opts)
 	if err != nil {
 		return nil, err
-	}
-	quiet := logrus.New()
-	quiet.SetOutput(io.Discard)
-	conn, err := opts.ZooKeeperSecurity.Connect(ctx, servers, 10*time.Second, logrus.NewEntry(quiet))
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	st.Leader, err = readLeader(conn, chroot+cluster.FencePath(opts.ID, opts.Topic))
-	if err != nil {
-		return nil, err
-	}
-	committed, err := zkstore.New(conn, chroot, opts.ID, opts.Topic).Load(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("committed offsets: %w", err)
-	}
-
-	cfg, err := opts.KafkaSecurity.Config("fanout-status")
-	if err != nil {
-		return nil, err
-	}
-	cfg.Net.DialTimeout = 5 * time.Second
-	cfg.Metadata.Retry.Max = 2
-	client, err := sarama.NewClient(opts.Kafka, cfg)
-	if err != nil {
-		return nil, kafka.DescribeError(opts.Kafka, opts.KafkaSecurity, err)
 	}
 	defer client.Close()
+	if opts.OffsetStore == fanout.OffsetStoreKafka {
+		if st.Leader, committed, err = readKafkaStore(ctx, opts, client); err != nil {
+			return nil, err
+		}
+	}
 	parts, err := client.Partitions(opts.Topic)
 	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 		return nil, fmt.Errorf("topic %s does not exist in Kafka at %s", opts.Topic, strings.Join(opts.Kafka, ","))
@@ -202,6 +191,80 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		return nil, err
 	}
 	return st, nil
+}
+
+// statusClient returns a Kafka client for the tools (status, offsets): the
+// daemon's configuration with short dial and metadata retries.
+func statusClient(opts fanout.Options) (sarama.Client, error) {
+	cfg, err := opts.KafkaSecurity.Config("fanout-status")
+	if err != nil {
+		return nil, err
+	}
+	cfg.Net.DialTimeout = 5 * time.Second
+	cfg.Metadata.Retry.Max = 2
+	client, err := sarama.NewClient(opts.Kafka, cfg)
+	if err != nil {
+		return nil, kafka.DescribeError(opts.Kafka, opts.KafkaSecurity, err)
+	}
+	return client, nil
+}
+
+// readZooKeeperStore reads the leader record and the committed offsets in
+// ZooKeeper.
+func readZooKeeperStore(ctx context.Context, opts fanout.Options) (*leaderStatus, map[int32]int64, error) {
+	conn, chroot, err := toolZooKeeper(ctx, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer conn.Close()
+	leader, err := readLeader(conn, chroot+cluster.FencePath(opts.ID, opts.Topic))
+	if err != nil {
+		return nil, nil, err
+	}
+	committed, err := zkstore.New(conn, chroot, opts.ID, opts.Topic).Load(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("committed offsets: %w", err)
+	}
+	return leader, committed, nil
+}
+
+// toolZooKeeper opens a quiet ZooKeeper session for the tools (status,
+// offsets) and returns it with the chroot.
+func toolZooKeeper(ctx context.Context, opts fanout.Options) (*zk.Conn, string, error) {
+	servers, chroot, err := zkstore.ParseServers(opts.ZooKeeper)
+	if err != nil {
+		return nil, "", err
+	}
+	quiet := logrus.New()
+	quiet.SetOutput(io.Discard)
+	conn, err := opts.ZooKeeperSecurity.Connect(ctx, servers, 10*time.Second, logrus.NewEntry(quiet))
+	if err != nil {
+		return nil, "", err
+	}
+	return conn, chroot, nil
+}
+
+// readKafkaStore reads the leader record (the group's member) and the
+// committed offsets of the consumer group fanout_<id>.
+func readKafkaStore(ctx context.Context, opts fanout.Options, client sarama.Client) (*leaderStatus, map[int32]int64, error) {
+	store := kafkastore.New(client, opts.ID, opts.Topic, 0)
+	d, err := store.Describe(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("leader record: %w", err)
+	}
+	var leader *leaderStatus
+	h, ok, err := d.Holder()
+	if err != nil {
+		return nil, nil, fmt.Errorf("leader record: group %s: %w", store.Group(), err)
+	}
+	if ok {
+		leader = &leaderStatus{Node: h.Leader.Node, Addr: h.Leader.Addr, Epoch: h.Leader.Epoch}
+	}
+	committed, err := store.Load(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("committed offsets: %w", err)
+	}
+	return leader, committed, nil
 }
 
 // readLeader returns the leader record at path, or nil when there is none

@@ -6,6 +6,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
 func TestWriteStatus(t *testing.T) {
@@ -122,5 +129,62 @@ func TestStatusCommandErrors(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, tt.wantCode, tt.wantErr)
 			}
 		})
+	}
+}
+
+// kfakeGroup starts an in-process Kafka with topic "jobs" of two partitions
+// and returns its address and a store of the group of instance "svc".
+func kfakeGroup(t *testing.T) (string, *kafkastore.Store) {
+	t.Helper()
+	addr, store, _ := kfakeGroupClient(t)
+	return addr, store
+}
+
+// kfakeGroupClient is kfakeGroup, with the store's client.
+func kfakeGroupClient(t *testing.T) (string, *kafkastore.Store, sarama.Client) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "jobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	client, err := sarama.NewClient(c.ListenAddrs(), kafka.NewConfig("status-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	return c.ListenAddrs()[0], kafkastore.New(client, "svc", "jobs", 0), client
+}
+
+// With --offset-store kafka, status reads the leader and the committed
+// offsets from the group fanout_<id>, and needs no ZooKeeper.
+func TestStatusKafkaOffsetStore(t *testing.T) {
+	addr, store := kfakeGroup(t)
+	m, err := store.Join(t.Context(), kafkastore.Leader{Epoch: 3, Node: "node-b", Addr: "b:4987"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Commit(t.Context(), offsets.TopicFence(m), map[int32]int64{1: 0}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runApp(t.Context(), t, nil, "status", "--offset-store", "kafka", "--kafka", addr,
+		"--id", "svc", "--topic", "jobs", "--json", "--timeout", "10s")
+	if code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, errOut)
+	}
+	var st clusterStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if st.Leader == nil || *st.Leader != (leaderStatus{Node: "node-b", Addr: "b:4987", Epoch: 3}) {
+		t.Errorf("leader %+v, want node-b at b:4987 in epoch 3", st.Leader)
+	}
+	if len(st.Partitions) != 2 || st.Partitions[0].Committed != nil || st.Partitions[1].Committed == nil || *st.Partitions[1].Committed != 0 {
+		t.Errorf("partitions %s, want 0 without an offset and 1 at 0", out)
+	}
+	code, _, errOut = runApp(t.Context(), t, nil, "status", "--offset-store", "kafka", "--kafka", addr,
+		"--zookeeper", "zk:2181", "--id", "svc", "--topic", "jobs")
+	if code != 2 || !strings.Contains(errOut, "not used with --offset-store kafka") {
+		t.Errorf("--zookeeper with the Kafka store: exit %d, %q; want 2 and why", code, errOut)
 	}
 }

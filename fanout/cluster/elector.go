@@ -1,10 +1,12 @@
 // Package cluster elects the leader among fanout daemons that share an
-// --id and --topic. ZooKeeper is the authority: the fence znode records the
-// leader's epoch, node id and address, and a claimant becomes leader only by
-// a compare-and-set on it; the resulting znode version fences the term's
-// offset commits (Term.Fence), so the commits of a deposed leader fail once
-// the record changed. Members publish heartbeats on the one-partition Kafka
-// topic fanout_<id>_<topic> and all read it: heartbeats tell who is alive and
+// --id and --topic. One authority records the leader's epoch, node id and
+// address, and a claimant becomes leader only through it: with ZooKeeper,
+// a compare-and-set on the fence znode, whose resulting version fences the
+// term's offset commits; with the Kafka offset store, a join of the consumer
+// group fanout_<id> (kafkastore), whose membership fences them. Either way
+// the commits of a deposed leader fail once the record changed (Term.Fence).
+// Members publish heartbeats on the one-partition Kafka topic
+// fanout_<id>_<topic> and all read it: heartbeats tell who is alive and
 // order the claims, never who leads (see vote).
 package cluster
 
@@ -21,6 +23,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
@@ -52,9 +55,15 @@ type Config struct {
 	// it. Its Consumer.MaxWaitTime delays every read of the log on a real
 	// broker (seen: the full wait per hop), so keep it near 50-100 ms.
 	Client sarama.Client
+
+	// The authority: ZooKeeper (ZK, Chroot, ACL), or the Kafka group of
+	// the offset store (Group). Exactly one of ZK and Group is set.
 	ZK     *zk.Conn    // ZooKeeper session for the fence; the caller owns it
 	Chroot string      // ZooKeeper chroot (from zkstore.ParseServers); "" for none
 	ACL    zkstore.ACL // of the fence znode and the parents it creates (Security.ACL(Chroot)); zero: anyone may change them
+	// Group is the Kafka offset store whose group membership records and
+	// fences the leader (--offset-store kafka); the caller owns its client.
+	Group *kafkastore.Store
 
 	Logger *logrus.Entry    // nil means the logrus standard logger
 	Now    func() time.Time // clock; nil means time.Now
@@ -139,12 +148,19 @@ func New(cfg Config) (*Elector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.ZK == nil {
-		return nil, errors.New("cluster: a ZooKeeper connection is required")
+	switch {
+	case cfg.ZK != nil && cfg.Group != nil:
+		return nil, errors.New("cluster: one authority: a ZooKeeper connection or a Kafka group, not both")
+	case cfg.Group != nil:
+		e := newElector(cfg, nil)
+		e.fence = newKafkaFencer(cfg.Group, e.log)
+		return e, nil
+	case cfg.ZK != nil:
+		e := newElector(cfg, nil)
+		e.fence = &zkFencer{conn: cfg.ZK, path: e.fencePath, acl: cfg.ACL}
+		return e, nil
 	}
-	e := newElector(cfg, nil)
-	e.fence = &zkFencer{conn: cfg.ZK, path: e.fencePath, acl: cfg.ACL}
-	return e, nil
+	return nil, errors.New("cluster: an authority is required: a ZooKeeper connection or a Kafka group")
 }
 
 // newElector returns an Elector of the validated cfg that fences with f.
@@ -222,11 +238,13 @@ func (e *Elector) Run(ctx context.Context) error {
 	defer cancel()
 
 	// ZooKeeper calls cannot be cancelled, so Run does not wait for the
-	// fence watcher: it returns when ZooKeeper answers or the caller closes
-	// the connection.
-	cas, reports := make(chan uint64, 1), make(chan fenceReport)
+	// fence watcher: it returns when the authority answers or the caller
+	// closes the connection.
+	reqs, reports := make(chan fenceReq, 2), make(chan fenceReport)
 	var detached actor.Group
-	detached.Go(e.log, "fence watcher", func() { watchFence(ctx, e.fence, e.cfg.NodeID, e.cfg.Addr, cas, reports) }, nil)
+	detached.Go(e.log, "fence watcher", func() {
+		watchFence(ctx, e.fence, e.cfg.NodeID, e.cfg.Addr, e.cfg.Heartbeat, reqs, reports)
+	}, nil)
 
 	if err := e.retry(ctx, "create heartbeat topic "+e.topic, e.ensureTopic); err != nil {
 		return nil
@@ -244,7 +262,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 	defer consumer.Close()
 
-	l := &loop{e: e, pub: pub, consumer: consumer, cas: cas, reports: reports}
+	l := &loop{e: e, pub: pub, consumer: consumer, reqs: reqs, reports: reports}
 	l.run(ctx)
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -59,12 +60,13 @@ func (f *memFence) notifyLocked() {
 // nodeFence is one node's view of a memFence, with its own session.
 type nodeFence struct {
 	f     *memFence
+	path  string // of the fence znode, for the term's fence
 	sid   atomic.Int64
 	fail  atomic.Pointer[error] // when set, every CAS fails with it
 	calls atomic.Int32          // CASes attempted
 }
 
-func (n *nodeFence) read() (record, <-chan zk.Event, error) {
+func (n *nodeFence) read(context.Context) (record, <-chan zk.Event, error) {
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
 	ch := make(chan zk.Event, 1)
@@ -72,20 +74,24 @@ func (n *nodeFence) read() (record, <-chan zk.Event, error) {
 	return n.f.rec, ch, nil
 }
 
-func (n *nodeFence) fence(epoch uint64, node, addr string) (record, uint64, error) {
+func (n *nodeFence) fence(_ context.Context, epoch uint64, node, addr string) (record, offsets.Fence, uint64, error) {
 	n.calls.Add(1)
 	if err := n.fail.Load(); err != nil {
-		return record{}, 0, *err
+		return record{}, offsets.Fence{}, 0, *err
 	}
 	n.f.mu.Lock()
 	defer n.f.mu.Unlock()
 	if n.f.rec.Epoch >= epoch {
-		return record{}, n.f.rec.Epoch, fmt.Errorf("holds %d: %w", n.f.rec.Epoch, errVoid)
+		return record{}, offsets.Fence{}, n.f.rec.Epoch, fmt.Errorf("holds %d: %w", n.f.rec.Epoch, errVoid)
 	}
 	n.f.rec = record{Epoch: epoch, Node: node, Addr: addr, Version: n.f.rec.Version + 1}
 	n.f.notifyLocked()
-	return n.f.rec, epoch, nil
+	return n.f.rec, offsets.TopicFence(zkstore.Version{Path: n.path, Version: n.f.rec.Version}), epoch, nil
 }
+
+func (n *nodeFence) release(context.Context, record) {}
+
+func (n *nodeFence) name() string { return "zookeeper" }
 
 func (n *nodeFence) session() int64 { return n.sid.Load() }
 
@@ -177,14 +183,25 @@ const (
 	testLeaderTTL = 600 * time.Millisecond
 )
 
-// startNode runs an Elector for nodeID on c until cleanup or n.cancel.
+// startNode runs an Elector for nodeID on c, fenced by memFence, until
+// cleanup or n.cancel.
 func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID string) *node {
+	t.Helper()
+	nf := &nodeFence{f: fence, path: FencePath(id, "jobs")}
+	nf.sid.Store(1)
+	n := runNode(t, testConfig(t, c, id, nodeID), func(*Elector) fencer { return nf })
+	n.fence = nf
+	return n
+}
+
+// testConfig is the Config of node nodeID of instance id on c, with its own
+// Kafka client and a logger that keeps its entries.
+func testConfig(t *testing.T, c *kfake.Cluster, id, nodeID string) Config {
 	t.Helper()
 	log := logrus.New()
 	log.SetLevel(logrus.InfoLevel)
 	log.SetOutput(io.Discard)
-	hook := &logHook{}
-	log.AddHook(hook)
+	log.AddHook(&logHook{})
 	cfg := Config{
 		ID: id, Topic: "jobs", NodeID: nodeID, Addr: nodeID + ":4000",
 		Heartbeat: testHeartbeat, LeaderTimeout: testLeaderTTL,
@@ -193,16 +210,27 @@ func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID strin
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
-	n := &node{fence: &nodeFence{f: fence}, logs: hook, done: make(chan struct{})}
-	n.fence.sid.Store(1)
-	n.e = newElector(cfg, n.fence)
+	return cfg
+}
+
+// runNode runs an Elector of cfg fenced by the fencer fence makes, until
+// cleanup or n.cancel.
+func runNode(t *testing.T, cfg Config, fence func(*Elector) fencer) *node {
+	t.Helper()
+	var hook *logHook
+	for _, h := range cfg.Logger.Logger.Hooks[logrus.InfoLevel] {
+		hook, _ = h.(*logHook)
+	}
+	n := &node{logs: hook, done: make(chan struct{})}
+	n.e = newElector(cfg, nil)
+	n.e.fence = fence(n.e)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	runDone := make(chan struct{})
 	go func() {
 		defer close(runDone)
 		if err := n.e.Run(ctx); err != nil {
-			t.Errorf("%s: Run: %v", nodeID, err)
+			t.Errorf("%s: Run: %v", cfg.NodeID, err)
 		}
 	}()
 	go func() {

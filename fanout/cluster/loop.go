@@ -23,7 +23,7 @@ type loop struct {
 	e        *Elector
 	pub      *publisher
 	consumer sarama.Consumer
-	cas      chan<- uint64      // capacity 1: at most one CAS runs
+	reqs     chan<- fenceReq    // to the fence watcher: CASes (at most one runs) and releases
 	reports  <-chan fenceReport // from the fence watcher, in order
 
 	v              *vote
@@ -165,8 +165,8 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 			}
 			l.warned[hb.GetNodeId()] = now
 			l.e.log.WithFields(logrus.Fields{"offset": offset, "from_node": hb.GetNodeId(), "from_addr": hb.GetAddr(),
-				"heartbeat_epoch": hb.GetEpoch(), "heartbeat_claim": hb.GetClaimEpoch(), "zookeeper_epoch": l.v.highest}).
-				Warn("heartbeat log: implausible heartbeat ignored: its epoch is far beyond the one ZooKeeper records (forged or corrupt)")
+				"heartbeat_epoch": hb.GetEpoch(), "heartbeat_claim": hb.GetClaimEpoch(), l.e.fence.name() + "_epoch": l.v.highest}).
+				Warn("heartbeat log: implausible heartbeat ignored: its epoch is far beyond the one " + l.e.fence.name() + " records (forged or corrupt)")
 		}
 	case duplicate:
 		if !wasDuplicated { // once per occurrence
@@ -184,12 +184,12 @@ func (l *loop) report(r fenceReport) {
 		l.fenceDone(*r.cas)
 	case r.err != nil && !r.rec.Corrupt:
 		if !l.readFailing {
-			log.WithError(r.err).Warn("cannot read the fence record in zookeeper; retrying")
+			log.WithError(r.err).Warn("cannot read the fence record in " + l.e.fence.name() + "; retrying")
 		}
 		l.readFailing = true
 	default:
 		if r.err != nil && r.rec != l.v.rec { // once per occurrence
-			log.WithError(r.err).Error("the fence record in zookeeper is unreadable: nobody can lead until it is fixed (delete the znode to reset it)")
+			log.WithError(r.err).Error("the fence record in " + l.e.fence.name() + " is unreadable: nobody can lead until it is fixed (" + unreadableHint(l.e.fence.name()) + ")")
 		}
 		if l.readFailing {
 			log.Info("fence record readable again")
@@ -208,7 +208,7 @@ func (l *loop) update(now time.Time, tick bool) {
 	e := l.e
 	if rec := l.v.rec; l.v.recKnown && (rec != l.seenRec || !l.seenKnown) {
 		l.seenRec, l.seenKnown = rec, true
-		e.log.WithField("record", rec.String()).Info("fence record in zookeeper")
+		e.log.WithField("record", rec.String()).Info("fence record in " + e.fence.name())
 		if rec.Node != "" && rec.Node != l.lastLeader {
 			if l.lastLeader != "" {
 				e.failover.Add(1)
@@ -267,7 +267,7 @@ func (l *loop) termEnds(now time.Time) error {
 	t := l.term
 	switch {
 	case l.v.rec != l.termRec:
-		return fmt.Errorf("epoch %d: zookeeper now shows %v: %w", t.Epoch, l.v.rec, ErrSuperseded)
+		return fmt.Errorf("epoch %d: %s now shows %v: %w", t.Epoch, l.e.fence.name(), l.v.rec, ErrSuperseded)
 	case l.e.fence.session() != t.session:
 		return fmt.Errorf("epoch %d: session %#x: %w", t.Epoch, t.session, ErrSessionExpired)
 	case !l.v.live(l.e.cfg.NodeID, now):
@@ -276,8 +276,9 @@ func (l *loop) termEnds(now time.Time) error {
 	return nil
 }
 
-// endTerm ends the running term, if any, with cause. This node then sits
-// out a timeout, so that another member takes over.
+// endTerm ends the running term, if any, with cause, and asks the fence
+// watcher to release what the term holds at the authority. This node then
+// sits out a timeout, so that another member takes over.
 func (l *loop) endTerm(cause error) {
 	if l.term == nil {
 		return
@@ -286,13 +287,18 @@ func (l *loop) endTerm(cause error) {
 	l.term.finish(cause)
 	l.e.log.WithError(cause).WithField("epoch", l.term.Epoch).Warn("leadership term ended")
 	l.term = nil
+	select { // never blocks: a release is queued at most once per CAS
+	case l.reqs <- fenceReq{release: true, rec: l.termRec}:
+	default:
+		l.e.log.Warn("release of the ended term not queued: the authority lets it expire")
+	}
 }
 
-// startFence asks the fence watcher to record epoch in ZooKeeper.
+// startFence asks the fence watcher to record epoch with the authority.
 func (l *loop) startFence(epoch uint64) {
 	l.fencing = epoch
-	l.e.log.WithField("epoch", epoch).Info("won the claim; recording the epoch in zookeeper")
-	l.cas <- epoch // never blocks: capacity 1, and only sent while no CAS runs
+	l.e.log.WithField("epoch", epoch).Info("won the claim; recording the epoch in " + l.e.fence.name())
+	l.reqs <- fenceReq{epoch: epoch} // never blocks: capacity 2, only sent while no CAS runs, and a release before it at most
 }
 
 // fenceDone takes the outcome of a fence CAS: a term, or a failed claim.
@@ -311,17 +317,21 @@ func (l *loop) fenceDone(o fenceOutcome) {
 		// claiming again at once would only fail again and keep the
 		// lower ids from their turn.
 		log.WithError(o.err).WithField("retry_in", l.e.cfg.LeaderTimeout).
-			Error("cannot record won epoch in zookeeper; staying follower, not claiming for a leader timeout")
+			Error("cannot record won epoch in " + l.e.fence.name() + "; staying follower, not claiming for a leader timeout")
 		l.v.giveUp(o.epoch, l.fencedAt, true)
 	default:
 		l.v.setRecord(o.rec)
 		if l.left {
-			log.Warn("epoch recorded in zookeeper after resigning; staying out")
+			log.Warn("epoch recorded in " + l.e.fence.name() + " after resigning; staying out")
+			select {
+			case l.reqs <- fenceReq{release: true, rec: o.rec}:
+			default:
+			}
 			return
 		}
-		l.term = newTerm(o.epoch, l.e.fencePath, o.rec.Version, o.session)
+		l.term = newTerm(o.epoch, o.rec, o.fence, o.session)
 		l.termRec = o.rec
-		log.WithField("fence_version", o.rec.Version).Info("leading")
+		log.WithField("fence", o.fence.String()).Info("leading")
 		select { // only this goroutine sends; an unread term has ended
 		case l.e.terms <- l.term:
 		default:
@@ -365,4 +375,13 @@ func (l *loop) publishSnapshot(now time.Time) {
 		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen})
 	}
 	l.e.snap.Store(s)
+}
+
+// unreadableHint says how to fix an unreadable fence record of the
+// authority named name.
+func unreadableHint(name string) string {
+	if name == "zookeeper" {
+		return "delete the znode to reset it"
+	}
+	return "remove the members that are not fanout leaders from the group"
 }

@@ -5,45 +5,46 @@ import (
 	"errors"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Causes of the end of a Term, as returned by Term.Cause (wrapped with
 // details; test with errors.Is).
 var (
-	// ErrSuperseded: the fence record in ZooKeeper no longer is the one the
-	// term wrote (another term recorded its epoch, or the record was
-	// rewritten or deleted).
+	// ErrSuperseded: the fence record (the znode in ZooKeeper, or the
+	// group's member in Kafka) no longer is the one the term wrote (another
+	// term recorded its epoch, or the record was rewritten or deleted).
 	ErrSuperseded = errors.New("cluster: the fence record no longer names this term")
 	// ErrCutOff: this node's own heartbeats stopped coming back through
 	// the log for LeaderTimeout, so it may be cut off from Kafka.
 	ErrCutOff = errors.New("cluster: own heartbeats not seen in the log")
-	// ErrSessionExpired: the ZooKeeper session that fenced the term is gone.
-	ErrSessionExpired = errors.New("cluster: zookeeper session expired")
+	// ErrSessionExpired: the session with the authority that fenced the
+	// term is gone (the ZooKeeper session expired, or the coordinator no
+	// longer knows the term's membership of the Kafka group).
+	ErrSessionExpired = errors.New("cluster: session with the authority lost")
 	// ErrResigned: Resign was called.
 	ErrResigned = errors.New("cluster: resigned")
 	// ErrStopped: Run returned.
 	ErrStopped = errors.New("cluster: elector stopped")
 )
 
-// Term is one leadership term of this node: it won Epoch and recorded it in
-// ZooKeeper, leaving the fence znode at FenceVersion. It ends once, when
-// Lost is closed; Cause then says why.
+// Term is one leadership term of this node: it won Epoch and recorded it
+// with the authority (in ZooKeeper, leaving the fence znode at
+// FenceVersion; or as the Kafka group's member). It ends once, when Lost is
+// closed; Cause then says why.
 type Term struct {
 	Epoch        uint64        // the leader epoch of this term
-	FenceVersion int32         // the fence znode's version written by this term's CAS
-	Fence        offsets.Fence // for every commit of the term: the fence znode at FenceVersion
+	FenceVersion int32         // ZooKeeper: the fence znode's version written by this term's CAS
+	Fence        offsets.Fence // for every commit of the term: the znode at FenceVersion, or the group membership
 
 	session int64 // the ZooKeeper session of the CAS
 	ctx     context.Context
 	end     context.CancelCauseFunc
 }
 
-// newTerm returns a running term; path is the fence znode's absolute path.
-func newTerm(epoch uint64, path string, version int32, session int64) *Term {
+// newTerm returns a running term that wrote rec and commits under fence.
+func newTerm(epoch uint64, rec record, fence offsets.Fence, session int64) *Term {
 	ctx, end := context.WithCancelCause(context.Background())
-	fence := offsets.TopicFence(zkstore.Version{Path: path, Version: version})
-	return &Term{Epoch: epoch, FenceVersion: version, Fence: fence, session: session, ctx: ctx, end: end}
+	return &Term{Epoch: epoch, FenceVersion: rec.Version, Fence: fence, session: session, ctx: ctx, end: end}
 }
 
 // Lost is closed when the term ends.

@@ -13,7 +13,8 @@ import (
 const maxEpochAhead = 3
 
 // vote is the election logic of one member: it folds the fence record read
-// from ZooKeeper and the heartbeat log (in log order, each heartbeat with its
+// from the authority (ZooKeeper, or the Kafka group; "ZooKeeper" below
+// stands for either) and the heartbeat log (in log order, each heartbeat with its
 // local receive time) into who leads and when this member must claim. It
 // does no I/O and reads no clock; the Elector's loop owns it.
 //
@@ -73,14 +74,16 @@ type vote struct {
 	members map[string]*member
 }
 
-// record is the content of the fence znode.
+// record is what the authority records of the leader: the content of the
+// fence znode (ZooKeeper), or the metadata of the group's member (Kafka).
 type record struct {
 	Epoch   uint64
 	Node    string
 	Addr    string
-	Version int32 // the znode's version
-	Missing bool  // the znode does not exist
-	Corrupt bool  // the znode's data is not a fence record: nobody leads
+	Version int32  // ZooKeeper: the znode's version
+	Member  string // Kafka: the group member id that holds it
+	Missing bool   // nobody is recorded: no znode, or a group without a member (Epoch: the highest committed, if known)
+	Corrupt bool   // the authority holds something that is not a fence record: nobody leads
 }
 
 // String describes the record for logs.
@@ -90,6 +93,8 @@ func (r record) String() string {
 		return "no fence record"
 	case r.Corrupt:
 		return fmt.Sprintf("an unreadable fence record (version %d)", r.Version)
+	case r.Member != "":
+		return fmt.Sprintf("epoch %d node %q addr %q member %s", r.Epoch, r.Node, r.Addr, r.Member)
 	}
 	return fmt.Sprintf("epoch %d node %q addr %q version %d", r.Epoch, r.Node, r.Addr, r.Version)
 }

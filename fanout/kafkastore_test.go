@@ -1,0 +1,213 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+// lineHook keeps every log line with its fields, for assertions.
+type lineHook struct {
+	mu    sync.Mutex // guards lines
+	lines []string
+}
+
+func (h *lineHook) Levels() []logrus.Level { return logrus.AllLevels }
+
+func (h *lineHook) Fire(e *logrus.Entry) error {
+	line, _ := e.String()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lines = append(h.lines, line)
+	return nil
+}
+
+func (h *lineHook) all() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return strings.Join(h.lines, "")
+}
+
+// kafkaGroupStore returns a Store of the group of instance id on c, on a
+// client of its own (closed at cleanup).
+func kafkaGroupStore(t *testing.T, c *kfake.Cluster, id string) (*kafkastore.Store, sarama.Client) {
+	t.Helper()
+	kc, err := sarama.NewClient(c.ListenAddrs(), kafka.NewConfig("kafkastore-daemon-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kc.Close() })
+	return kafkastore.New(kc, id, "jobs", 0), kc
+}
+
+// With the Kafka offset store the daemon needs no ZooKeeper and asks for
+// none: it leads through the group fanout_<id> and commits its acked
+// offsets there.
+func TestDaemonKafkaOffsetStore(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	log := logrus.New()
+	log.SetOutput(discard{})
+	hook := &lineHook{}
+	log.AddHook(hook)
+	opts := Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), OffsetStore: OffsetStoreKafka, NodeID: "n1",
+		Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 20 * time.Millisecond,
+		ClusterHeartbeat: 100 * time.Millisecond, LeaderTimeout: 600 * time.Millisecond,
+		Logger: logrus.NewEntry(log),
+	}
+	if zk := opts.withDefaults().ZooKeeper; len(zk) != 0 {
+		t.Fatalf("the Kafka offset store defaults to ZooKeeper servers %v", zk)
+	}
+	d, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("daemon did not stop")
+		}
+	})
+	select {
+	case <-d.Ready():
+	case err := <-done:
+		t.Fatalf("Run = %v before serving", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon not serving within 30s")
+	}
+	cl, err := client.Dial(ctx, client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	produceTo(t, c.ListenAddrs(), "first")
+	select {
+	case m := <-cl.Messages():
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message within 30s")
+	}
+	store, _ := kafkaGroupStore(t, c, "svc")
+	defer func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", hook.all())
+		}
+	}()
+	testutil.WaitFor(t, 10*time.Second, "the acked offset committed to group fanout_svc", func() bool {
+		got, err := store.Load(context.Background())
+		return err == nil && got[0] == 1
+	})
+	desc, err := store.Describe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, ok, err := desc.Holder(); !ok || err != nil || h.Leader.Node != "n1" || h.Leader.Addr == "" {
+		t.Errorf("the group's member: %+v, %v, %v; want n1 with its address", h, ok, err)
+	}
+	if logs := strings.ToLower(hook.all()); strings.Contains(logs, "zookeeper=") || strings.Contains(logs, "zookeeper session") {
+		t.Errorf("the daemon logged a ZooKeeper connection:\n%s", hook.all())
+	}
+	if !strings.Contains(hook.all(), "offsets in Kafka, no ZooKeeper") {
+		t.Errorf("the start line does not say that offsets are in Kafka:\n%s", hook.all())
+	}
+}
+
+// A term whose commit the group coordinator refuses (another join replaced
+// its membership) ends in the election too.
+func TestLeadTermEndsItsAuthorityWhenTheCoordinatorRefuses(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	log := logrus.New()
+	log.SetOutput(discard{})
+	d, err := New(Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), OffsetStore: OffsetStoreKafka,
+		Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 10 * time.Millisecond,
+		Logger: logrus.NewEntry(log),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer d.srv.Close()
+	store, kc := kafkaGroupStore(t, c, "svc")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m, err := store.Join(ctx, kafkastore.Leader{Epoch: 1, Node: "me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := &fakeAuthority{lost: make(chan struct{}), ended: make(chan error, 1)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.leadTerm(ctx, kc, store, offsets.TopicFence(m), auth, d.log)
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-d.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("term not serving within 30s")
+	}
+	cl, err := client.Dial(ctx, client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	go func() { // acks whatever comes, so that the term has something to commit
+		for m := range cl.Messages() {
+			_ = m.Ack()
+		}
+	}()
+
+	other, _ := kafkaGroupStore(t, c, "svc")
+	if _, err := other.Join(ctx, kafkastore.Leader{Epoch: 2, Node: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	produceTo(t, c.ListenAddrs(), "m")
+	select {
+	case cause := <-auth.ended:
+		if !errors.Is(cause, offsets.ErrFenced) {
+			t.Fatalf("End(%v), want a cause wrapping ErrFenced", cause)
+		}
+		t.Logf("the refused term ended: %v", cause)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the term whose commit was refused did not end in its authority")
+	}
+	if got, _ := store.Load(ctx); got[0] != 0 {
+		t.Fatalf("stored %v: the replaced member's commit went through", got)
+	}
+}
+
+// discard is an io.Writer that drops everything.
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
