@@ -40,6 +40,10 @@ type Daemon struct {
 
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
+
+	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
+	handoffs  atomic.Uint64                   // spread mode: handoffs done
+	committed atomic.Bool                     // spread mode: the group has committed offsets, as far as this member knows
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -70,6 +74,7 @@ func New(opts Options) (*Daemon, error) {
 		MaxOutboxBytes: opts.MaxOutboxBytes,
 		AuthToken:      opts.AuthToken,
 		Leadership:     d.leadership,
+		Members:        d.members,
 		Logger:         d.log,
 	}, &d.backend)
 	if err != nil {
@@ -103,6 +108,9 @@ func (d *Daemon) Stats(ctx context.Context) (dispatch.Stats, bool) {
 // the election names; a leader still starting up, or a cluster with no
 // leader, tells clients to retry shortly.
 func (d *Daemon) leadership() server.Leadership {
+	if d.opts.Assignment == AssignmentSpread {
+		return d.spreadLeadership()
+	}
 	if d.backend.serving() != nil {
 		return server.Leadership{Leader: true}
 	}
@@ -116,6 +124,9 @@ func (d *Daemon) leadership() server.Leadership {
 	l := el.Leadership()
 	if l.Leader || !l.Known || l.LeaderID == d.opts.NodeID {
 		return none // elected, not serving yet; or resigning; or no leader known
+	}
+	if l.Mode != cluster.Mode_MODE_LEADER {
+		return none // the leader runs spread mode: this member does not serve (the elector says why)
 	}
 	return server.Leadership{Known: true, LeaderID: l.LeaderID, LeaderAddr: l.LeaderAddr, Epoch: l.Epoch,
 		RetryAfter: d.opts.ClusterHeartbeat}
@@ -194,6 +205,22 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	cfg := authority
 	cfg.ID, cfg.Topic, cfg.NodeID, cfg.Addr = d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr())
 	cfg.Heartbeat, cfg.LeaderTimeout, cfg.Client, cfg.Logger = d.opts.ClusterHeartbeat, d.opts.LeaderTimeout, elClient, d.log
+	cfg.Mode, cfg.Weight, cfg.Committed = cluster.Mode_MODE_LEADER, d.opts.Weight, d.committed.Load
+	if d.opts.Assignment == AssignmentSpread {
+		cfg.Mode = cluster.Mode_MODE_SPREAD
+		// Whether the group ever committed decides where a new line of
+		// assignments starts the partitions without a committed offset.
+		err := retry(ctx, d.log, "load offsets", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
+			stored, err := store.Load(ctx)
+			if len(stored) > 0 {
+				d.committed.Store(true)
+			}
+			return err
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+	}
 	el, err := cluster.New(cfg)
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
@@ -207,17 +234,34 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	var routines actor.Group
 	routines.Go(d.log, "election", func() { elDone <- el.Run(elCtx) }, nil)
 	defer routines.Wait()
-	defer func() {
+	resign := sync.OnceFunc(func() {
 		resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := el.Resign(resignCtx); err != nil {
 			d.log.WithError(err).Warn("resigning from the cluster")
 		}
 		cancel()
+	})
+	defer func() {
+		resign()
 		stopElection()
 		if err := <-elDone; err != nil {
 			d.log.WithError(err).Warn("election stopped")
 		}
 	}()
+
+	if d.opts.Assignment == AssignmentSpread {
+		// Every member serves the partitions its assignment gives it; the
+		// election only says who computes the assignment. Spread mode keeps
+		// its ownership records in ZooKeeper (Validate refuses it with the
+		// Kafka store).
+		zs, ok := store.(*zkstore.Store)
+		if !ok {
+			return fmt.Errorf("spread mode needs the ZooKeeper offset store, not %T", store)
+		}
+		owners := zkstore.NewOwners(authority.ZK, authority.Chroot, d.opts.ID, d.opts.Topic, d.opts.NodeID,
+			d.opts.advertised(d.srv.Addr()), authority.ACL)
+		return d.runSpread(ctx, client, zs, spreadDeps{assign: el, records: owners, loader: zs, resign: resign})
+	}
 
 	for {
 		var term *cluster.Term
@@ -261,7 +305,8 @@ func (d *Daemon) openStore(ctx context.Context, client sarama.Client) (offsets.S
 	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
 	acl := d.opts.ZooKeeperSecurity.ACL(chroot)
 	store.SetACL(acl)
-	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic))
+	acl.WarnOpen(conn, d.log, store.Path(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic),
+		zkstore.OwnersPath(chroot, d.opts.ID, d.opts.Topic))
 	return store, cluster.Config{ZK: conn, Chroot: chroot, ACL: acl}, conn.Close, nil
 }
 
@@ -320,6 +365,15 @@ func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offse
 		auth.End(err) // a no-op when the authority ended it
 	}
 	d.srv.RedirectAll(d.leadership())
+}
+
+// observeCommit is the committer's report of one commit: metrics, and that
+// the group has committed.
+func (d *Daemon) observeCommit(took time.Duration, err error) {
+	d.collector.ObserveCommit(took, err)
+	if err == nil {
+		d.committed.Store(true)
+	}
 }
 
 // markReady closes Ready, once.
@@ -460,7 +514,22 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	} else if s.Serving { // alone, without an election (Options.Store)
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
 	}
+	if d.opts.Assignment == AssignmentSpread {
+		s.Spread = true
+		if st := d.ownStatus.Load(); st != nil && s.Serving {
+			s.Generation, s.Assigned, s.Owned, s.HandingOff = st.Generation, st.Assigned, st.Owned, st.HandingOff
+		}
+	}
 	return s
+}
+
+// Ownership returns this member's partitions in spread mode (the zero
+// status in leader mode, or before the member serves).
+func (d *Daemon) Ownership() OwnershipStatus {
+	if st := d.ownStatus.Load(); st != nil {
+		return *st
+	}
+	return OwnershipStatus{}
 }
 
 // portTaken adds a hint to a listen error caused by a port in use: several

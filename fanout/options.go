@@ -17,6 +17,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
@@ -99,6 +100,21 @@ type Options struct {
 	ClusterHeartbeat time.Duration
 	LeaderTimeout    time.Duration
 
+	// Assignment is how the members of a cluster share the topic: "leader"
+	// (the default: the elected leader consumes and delivers every
+	// partition, the others redirect its clients) or "spread" (the leader
+	// assigns the partitions to the live members, each serves its own).
+	// Every member of a cluster must run the same. Spread needs ZooKeeper.
+	Assignment string
+	// Weight is this member's capacity in spread mode: its share of the
+	// partitions is proportional to it; default 1.
+	Weight int
+	// HandoffTimeout is, in spread mode, how long a partition that moves
+	// away from this member (or every partition of a member that stops)
+	// waits for its in-flight messages to be acked before it is committed
+	// and released; default 10s.
+	HandoffTimeout time.Duration
+
 	// ConnectBackoffMax bounds the wait between attempts to reach Kafka,
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
@@ -140,6 +156,14 @@ const (
 	DefaultClusterHeartbeat = time.Second
 	DefaultZKSessionTimeout = 10 * time.Second
 	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
+	DefaultAssignment       = AssignmentLeader
+	DefaultHandoffTimeout   = 10 * time.Second
+)
+
+// The values of Options.Assignment (--assignment).
+const (
+	AssignmentLeader = "leader"
+	AssignmentSpread = "spread"
 )
 
 // topicName is what Kafka accepts as a topic name.
@@ -201,6 +225,11 @@ func (o Options) withDefaults() Options {
 	set(&o.ConnectBackoffMax, DefaultConnectBackoff)
 	set(&o.ClusterHeartbeat, DefaultClusterHeartbeat)
 	set(&o.LeaderTimeout, 3*o.ClusterHeartbeat)
+	if o.Assignment == "" {
+		o.Assignment = DefaultAssignment
+	}
+	seti(&o.Weight, 1)
+	set(&o.HandoffTimeout, DefaultHandoffTimeout)
 	if o.Logger == nil {
 		o.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -239,6 +268,9 @@ func (o Options) Validate() error {
 			bad("--zookeeper %q: %v", a, err)
 		}
 	}
+	if o.NodeID == cluster.ToolNode {
+		bad("--node-id %q is reserved: fanout offsets reset records it in the leader record it takes", o.NodeID)
+	}
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		bad("--listen %q: %v", o.Listen, err)
 	}
@@ -260,6 +292,7 @@ func (o Options) Validate() error {
 		{"--commit-interval", o.CommitInterval}, {"--drain-timeout", o.DrainTimeout},
 		{"--cluster-heartbeat", o.ClusterHeartbeat}, {"--leader-timeout", o.LeaderTimeout},
 		{"--zookeeper-session-timeout", o.ZooKeeperSessionTimeout}, {"--kafka-session-timeout", o.KafkaSessionTimeout},
+		{"--handoff-timeout", o.HandoffTimeout},
 	} {
 		if d.value < 0 {
 			bad("%s %s: must be positive", d.flag, d.value)
@@ -293,6 +326,21 @@ func (o Options) Validate() error {
 		}
 	default:
 		bad("--offset-store %q: want zookeeper or kafka", o.OffsetStore)
+	}
+	switch o.Assignment {
+	case AssignmentLeader:
+	case AssignmentSpread:
+		switch {
+		case o.Store != nil:
+			bad("--assignment spread: needs ZooKeeper (the ownership of each partition is recorded there), not offsets in memory")
+		case o.OffsetStore == OffsetStoreKafka:
+			bad("--assignment spread: needs --offset-store zookeeper: a Kafka consumer group cannot fence each partition on its own (see DESIGN.md)")
+		}
+	default:
+		bad("--assignment %q: want leader or spread", o.Assignment)
+	}
+	if o.Weight < 1 || o.Weight > 1000 {
+		bad("--weight %d: between 1 and 1000", o.Weight)
 	}
 	if o.Liveness < 1 {
 		bad("--liveness %d: at least 1", o.Liveness)

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
 func TestValidate(t *testing.T) {
@@ -21,6 +23,7 @@ func TestValidate(t *testing.T) {
 		{"kafka without port", func(o *Options) { o.Kafka = []string{"kafka"} }, "--kafka"},
 		{"zookeeper chroot on the last server", func(o *Options) { o.ZooKeeper = []string{"zk1:2181", "zk2:2181/fanout"} }, ""},
 		{"zookeeper chroot elsewhere", func(o *Options) { o.ZooKeeper = []string{"zk1:2181/x", "zk2:2181"} }, "--zookeeper"},
+		{"the offsets tool's node id", func(o *Options) { o.NodeID = "fanout-offsets-tool" }, "--node-id"},
 		{"bad listen", func(o *Options) { o.Listen = "4987" }, "--listen"},
 		{"bad advertise", func(o *Options) { o.Advertise = ":4987" }, "--advertise"},
 		{"negative ack timeout", func(o *Options) { o.AckTimeout = -time.Second }, "--ack-timeout"},
@@ -48,7 +51,15 @@ func TestValidate(t *testing.T) {
 		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},
 		{"zookeeper security is validated", func(o *Options) { o.ZooKeeperSecurity.ReadACL = "auth" }, "--zookeeper-acl-read"},
 		{"metrics token with a line break", func(o *Options) { o.MetricsToken = "tok\n" }, "white space"},
+		{"spread", func(o *Options) { o.Assignment = AssignmentSpread; o.Weight = 3 }, ""},
+		{"unknown assignment", func(o *Options) { o.Assignment = "round-robin" }, "--assignment"},
+		{"spread without zookeeper", func(o *Options) { o.Assignment, o.Store = AssignmentSpread, offsets.NewMemoryStore() }, "--assignment spread"},
+		{"weight zero means default", func(o *Options) { o.Weight = 0 }, ""},
+		{"negative weight", func(o *Options) { o.Weight = -1 }, "--weight"},
+		{"huge weight", func(o *Options) { o.Weight = 5000 }, "--weight"},
+		{"negative handoff timeout", func(o *Options) { o.HandoffTimeout = -time.Second }, "--handoff-timeout"},
 		{"kafka offset store", func(o *Options) { o.OffsetStore = OffsetStoreKafka }, ""},
+		{"spread with the kafka offset store", func(o *Options) { o.Assignment, o.OffsetStore = AssignmentSpread, OffsetStoreKafka }, "needs --offset-store zookeeper"},
 		{"kafka offset store with the default read acl", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.ReadACL = OffsetStoreKafka, "world" }, ""},
 		{"kafka offset store with a zookeeper identity", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.Auth = OffsetStoreKafka, "u:p" }, "not used with --offset-store kafka"},
 		{"unknown offset store", func(o *Options) { o.OffsetStore = "etcd" }, "--offset-store"},

@@ -33,6 +33,15 @@ type term struct {
 	redirect func()                              // sends every client away once the term is lost
 	serving  *atomic.Pointer[term]               // holds the term while its dispatcher runs
 
+	// Spread mode (nil spread: a leader's term, fenced as a whole): the
+	// term serves the partitions this member owns, each under its own
+	// fence condition (see runSpread).
+	spread    *spreadDeps
+	ownStatus *atomic.Pointer[OwnershipStatus] // the ownership loop's status
+	handoffs  *atomic.Uint64                   // handoffs done since the daemon started
+	onHandoff func(took time.Duration)         // metrics
+	onMembers func(addrs []string)             // the members owning partitions changed
+
 	// Set before the term is published in serving, never changed after.
 	src  *kafka.Source
 	disp *dispatch.Dispatcher
@@ -46,9 +55,14 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 		client:   client,
 		opts:     d.opts,
 		log:      log,
-		onCommit: d.collector.ObserveCommit,
+		onCommit: d.observeCommit,
 		redirect: func() { d.srv.RedirectAll(d.leadership()) },
 		serving:  &d.backend.cur,
+
+		ownStatus: &d.ownStatus,
+		handoffs:  &d.handoffs,
+		onHandoff: d.collector.ObserveHandoff,
+		onMembers: d.membersChanged,
 	}
 }
 
@@ -60,6 +74,9 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 // for the offset store's session timeout. A lost term's clients are redirected before its source
 // stops. started is called once the term serves clients.
 func (t *term) run(ctx context.Context, started func()) error {
+	if t.spread != nil {
+		return t.runSpread(ctx, started)
+	}
 	var stored map[int32]int64
 	err := retry(ctx, t.log, "load offsets", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
 		var err error
@@ -82,21 +99,9 @@ func (t *term) run(ctx context.Context, started func()) error {
 	if err != nil {
 		return fmt.Errorf("kafka source: %w", err)
 	}
-	disp, err := dispatch.New(dispatch.Config{
-		AckTimeout:       t.opts.AckTimeout,
-		MaxBuffered:      t.opts.MaxBuffered,
-		MaxBufferedBytes: t.opts.MaxBufferedBytes,
-		MaxOutstanding:   t.opts.MaxOutstanding,
-		CommitInterval:   t.opts.CommitInterval,
-		DrainTimeout:     t.opts.DrainTimeout,
-		MaxCommitFailure: t.opts.storeSessionTimeout(),
-		Store:            t.store,
-		Fence:            t.fence,
-		Logger:           t.log,
-		Stored:           stored,
-		OnCommit:         t.onCommit,
-		FrameSize:        server.DeliverFrameSize,
-	}, src)
+	cfg := t.dispatchConfig()
+	cfg.Fence, cfg.Stored = t.fence, stored
+	disp, err := dispatch.New(cfg, src)
 	if err != nil {
 		return err
 	}
@@ -125,6 +130,24 @@ func (t *term) run(ctx context.Context, started func()) error {
 		t.redirect()
 	}
 	return err
+}
+
+// dispatchConfig is the dispatcher's configuration derived from the
+// options, without a fence.
+func (t *term) dispatchConfig() dispatch.Config {
+	return dispatch.Config{
+		AckTimeout:       t.opts.AckTimeout,
+		MaxBuffered:      t.opts.MaxBuffered,
+		MaxBufferedBytes: t.opts.MaxBufferedBytes,
+		MaxOutstanding:   t.opts.MaxOutstanding,
+		CommitInterval:   t.opts.CommitInterval,
+		DrainTimeout:     t.opts.DrainTimeout,
+		MaxCommitFailure: t.opts.storeSessionTimeout(),
+		Store:            t.store,
+		Logger:           t.log,
+		OnCommit:         t.onCommit,
+		FrameSize:        server.DeliverFrameSize,
+	}
 }
 
 // termBackend forwards the server's calls to the dispatcher of the serving

@@ -469,6 +469,7 @@ type clRecorder struct {
 	mu       sync.Mutex
 	receipts []clReceipt
 	acked    map[int]bool
+	ackDelay time.Duration // set before the consumers start: how long each holds a message before acking it
 }
 
 func (r *clRecorder) add(rc clReceipt) {
@@ -506,10 +507,13 @@ func (r *clRecorder) firstAfter(t0 time.Time, notNode string) (clReceipt, bool) 
 }
 
 // duplicates returns, per sequence number received more than once, its
-// receipts in order, and the number of extra receipts.
+// receipts in the order they were received, and the number of extra
+// receipts.
 func (r *clRecorder) duplicates() (map[int][]clReceipt, int) {
 	by := map[int][]clReceipt{}
-	for _, rc := range r.all() {
+	all := r.all()
+	slices.SortStableFunc(all, func(a, b clReceipt) int { return a.at.Compare(b.at) })
+	for _, rc := range all {
 		by[rc.seq] = append(by[rc.seq], rc)
 	}
 	extra := 0
@@ -602,7 +606,8 @@ type clConsumer struct {
 	c    *client.Client
 }
 
-// clConsume dials addrs and records every message into rec, acking it.
+// clConsume dials addrs and records every message into rec, acking it
+// (rec.ackDelay after receiving it, when set: the receipt is recorded then).
 func clConsume(t *testing.T, rec *clRecorder, i int, addrs []string) *clConsumer {
 	t.Helper()
 	hook := &clHook{}
@@ -622,6 +627,13 @@ func clConsume(t *testing.T, rec *clRecorder, i int, addrs []string) *clConsumer
 					rc.seq = n
 				}
 			}
+			if rec.ackDelay > 0 {
+				time.AfterFunc(rec.ackDelay, func() {
+					rc.acked = m.Ack() == nil
+					rec.add(rc)
+				})
+				continue
+			}
 			rc.acked = m.Ack() == nil
 			rec.add(rc)
 		}
@@ -630,8 +642,8 @@ func clConsume(t *testing.T, rec *clRecorder, i int, addrs []string) *clConsumer
 }
 
 // clProduce produces n messages "m-<i>", message i to partition
-// i % clPartitions, in batches spread evenly over about `over`.
-func clProduce(ctx context.Context, brokers []string, topic string, n int, over time.Duration) error {
+// i % partitions, in batches spread evenly over about `over`.
+func clProduce(ctx context.Context, brokers []string, topic string, n, partitions int, over time.Duration) error {
 	cfg := kafka.NewConfig("fanout-cluster-producer")
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
 	p, err := sarama.NewSyncProducer(brokers, cfg)
@@ -646,7 +658,7 @@ func clProduce(ctx context.Context, brokers []string, topic string, n int, over 
 		var msgs []*sarama.ProducerMessage
 		for j := i; j < min(i+batch, n); j++ {
 			msgs = append(msgs, &sarama.ProducerMessage{
-				Topic: topic, Partition: int32(j % clPartitions),
+				Topic: topic, Partition: int32(j % partitions),
 				Key: sarama.StringEncoder(strconv.Itoa(j)), Value: sarama.StringEncoder("m-" + strconv.Itoa(j)),
 			})
 		}
@@ -803,8 +815,9 @@ func (w *clOffsetWatch) latest() map[int32]int64 {
 	return out
 }
 
-// clFlow is a paced stream of n sequenced messages consumed by three Go
-// clients given every daemon's address.
+// clFlow is a paced stream of n sequenced messages over the partitions of
+// the topic, consumed by Go clients (three given every daemon's address,
+// or one per daemon given its address alone).
 type clFlow struct {
 	t         *testing.T
 	c         *clCluster
@@ -813,27 +826,42 @@ type clFlow struct {
 	consumers []*clConsumer
 	produced  chan error
 	watch     *clOffsetWatch
+
+	partitions int // of the topic: message i goes to partition i % partitions
 }
 
 // clStartFlow starts three consumers (each given all addresses, starting
 // with a different one) and a producer of n messages over about `over`.
 func clStartFlow(t *testing.T, c *clCluster, n int, over time.Duration) *clFlow {
 	t.Helper()
-	f := &clFlow{t: t, c: c, n: n, rec: &clRecorder{acked: map[int]bool{}}, produced: make(chan error, 1)}
-	f.watch = c.watchOffsets()
+	var addrs [][]string
 	for i := range 3 {
-		var addrs []string
+		var a []string
 		for j := range c.nodes {
-			addrs = append(addrs, c.nodes[(i+j)%len(c.nodes)].addr)
+			a = append(a, c.nodes[(i+j)%len(c.nodes)].addr)
 		}
-		f.consumers = append(f.consumers, clConsume(t, f.rec, i, addrs))
+		addrs = append(addrs, a)
+	}
+	return clStartFlowOn(t, c, n, clPartitions, over, addrs, 0)
+}
+
+// clStartFlowOn is clStartFlow over partitions partitions, with a consumer
+// given each list of addresses, each holding every message ackDelay before
+// it acks it.
+func clStartFlowOn(t *testing.T, c *clCluster, n, partitions int, over time.Duration, addrs [][]string, ackDelay time.Duration) *clFlow {
+	t.Helper()
+	f := &clFlow{t: t, c: c, n: n, partitions: partitions, rec: &clRecorder{acked: map[int]bool{}, ackDelay: ackDelay},
+		produced: make(chan error, 1)}
+	f.watch = c.watchOffsets()
+	for i, a := range addrs {
+		f.consumers = append(f.consumers, clConsume(t, f.rec, i, a))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	brokers := kafkaAddrs(t)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		f.produced <- clProduce(ctx, brokers, c.topic, n, over)
+		f.produced <- clProduce(ctx, brokers, c.topic, n, partitions, over)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -891,10 +919,10 @@ func (f *clFlow) finish(timeout time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	want := int64(f.n / clPartitions)
+	want := int64(f.n / f.partitions)
 	testutil.WaitFor(t, 30*time.Second, fmt.Sprintf("committed offsets at %d on every partition", want), func() bool {
 		offs := f.watch.latest()
-		for p := range int32(clPartitions) {
+		for p := range int32(f.partitions) {
 			if offs[p] != want {
 				return false
 			}
@@ -902,9 +930,9 @@ func (f *clFlow) finish(timeout time.Duration) {
 		return true
 	})
 	for _, rc := range f.rec.all() {
-		if rc.seq < 0 || rc.seq >= f.n || rc.part != int32(rc.seq%clPartitions) || rc.off != int64(rc.seq/clPartitions) {
+		if rc.seq < 0 || rc.seq >= f.n || rc.part != int32(rc.seq%f.partitions) || rc.off != int64(rc.seq/f.partitions) {
 			t.Errorf("receipt %+v is not the record of its sequence number (m-<i> is at partition i%%%d, offset i/%d)",
-				rc, clPartitions, clPartitions)
+				rc, f.partitions, f.partitions)
 		}
 	}
 	f.watch.mu.Lock()

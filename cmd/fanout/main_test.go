@@ -144,52 +144,63 @@ func TestTailBadUsageExitsTwo(t *testing.T) {
 // --zookeeper-session-timeout and its environment variable reach the
 // options; without either the default does.
 func TestZooKeeperSessionTimeoutFlag(t *testing.T) {
-	run := func(args ...string) fanout.Options {
-		t.Helper()
-		var got fanout.Options
-		app := newApp(io.Discard, io.Discard)
-		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
-		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	if got := run().ZooKeeperSessionTimeout; got != fanout.DefaultZKSessionTimeout {
+	if got := serveOptionsOf(t).ZooKeeperSessionTimeout; got != fanout.DefaultZKSessionTimeout {
 		t.Errorf("default: %v, want %v", got, fanout.DefaultZKSessionTimeout)
 	}
-	if got := run("--zookeeper-session-timeout", "4s").ZooKeeperSessionTimeout; got != 4*time.Second {
+	if got := serveOptionsOf(t, "--zookeeper-session-timeout", "4s").ZooKeeperSessionTimeout; got != 4*time.Second {
 		t.Errorf("flag: %v, want 4s", got)
 	}
 	t.Setenv("FANOUT_ZOOKEEPER_SESSION_TIMEOUT", "6s")
-	if got := run().ZooKeeperSessionTimeout; got != 6*time.Second {
+	if got := serveOptionsOf(t).ZooKeeperSessionTimeout; got != 6*time.Second {
 		t.Errorf("environment: %v, want 6s", got)
+	}
+}
+
+// --assignment, --weight and --handoff-timeout and their environment
+// variables reach the options; without them the defaults do.
+func TestSpreadFlags(t *testing.T) {
+	if got := serveOptionsOf(t); got.Assignment != fanout.AssignmentLeader || got.Weight != 1 || got.HandoffTimeout != fanout.DefaultHandoffTimeout {
+		t.Errorf("defaults: %q, %d, %v", got.Assignment, got.Weight, got.HandoffTimeout)
+	}
+	got := serveOptionsOf(t, "--assignment", "spread", "--weight", "3", "--handoff-timeout", "4s")
+	if got.Assignment != fanout.AssignmentSpread || got.Weight != 3 || got.HandoffTimeout != 4*time.Second {
+		t.Errorf("flags: %q, %d, %v", got.Assignment, got.Weight, got.HandoffTimeout)
+	}
+	t.Setenv("FANOUT_ASSIGNMENT", "spread")
+	t.Setenv("FANOUT_WEIGHT", "2")
+	t.Setenv("FANOUT_HANDOFF_TIMEOUT", "6s")
+	if got := serveOptionsOf(t); got.Assignment != fanout.AssignmentSpread || got.Weight != 2 || got.HandoffTimeout != 6*time.Second {
+		t.Errorf("environment: %q, %d, %v", got.Assignment, got.Weight, got.HandoffTimeout)
 	}
 }
 
 // --isolation and --max-outstanding, and their environment variables,
 // reach the options; without either the defaults do.
 func TestSourceFlags(t *testing.T) {
-	run := func(args ...string) fanout.Options {
-		t.Helper()
-		var got fanout.Options
-		app := newApp(io.Discard, io.Discard)
-		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
-		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	if got := run(); got.Isolation != "read_committed" || got.MaxOutstanding != fanout.DefaultMaxOutstanding {
+	if got := serveOptionsOf(t); got.Isolation != "read_committed" || got.MaxOutstanding != fanout.DefaultMaxOutstanding {
 		t.Errorf("defaults: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
 	}
-	if got := run("--isolation", "read_uncommitted", "--max-outstanding", "7"); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 7 {
+	if got := serveOptionsOf(t, "--isolation", "read_uncommitted", "--max-outstanding", "7"); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 7 {
 		t.Errorf("flags: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
 	}
 	t.Setenv("FANOUT_ISOLATION", "read_uncommitted")
 	t.Setenv("FANOUT_MAX_OUTSTANDING", "9")
-	if got := run(); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 9 {
+	if got := serveOptionsOf(t); got.Isolation != "read_uncommitted" || got.MaxOutstanding != 9 {
 		t.Errorf("environment: isolation %q, max outstanding %d", got.Isolation, got.MaxOutstanding)
 	}
+}
+
+// serveOptionsOf returns the options serve makes of the daemon flags args
+// (after --id a --topic t) and the environment.
+func serveOptionsOf(t *testing.T, args ...string) fanout.Options {
+	t.Helper()
+	var got fanout.Options
+	app := newApp(io.Discard, io.Discard)
+	app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
+	if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 // --offset-store and --kafka-session-timeout reach the options from the

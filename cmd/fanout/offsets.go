@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/go-zookeeper/zk"
 	"github.com/urfave/cli/v2"
 
 	"github.com/nanoservice/core-fanout/fanout"
@@ -32,15 +33,195 @@ const (
 func offsetsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "offsets",
-		Usage: "work on a cluster's committed offsets while it is stopped",
+		Usage: "show, reset or copy a cluster's committed offsets",
 		Subcommands: []*cli.Command{
+			offsetsShowCommand(),
+			offsetsResetCommand(),
 			offsetsCopyCommand(),
 		},
 	}
 }
 
-func offsetsCopyCommand() *cli.Command {
+// offsetsClusterFlags are the flags of every offsets command that name the
+// cluster and reach its servers (the security flags included).
+func offsetsClusterFlags() []cli.Flag {
 	env := func(name string) []string { return []string{"FANOUT_" + name} }
+	return append([]cli.Flag{
+		&cli.StringFlag{Name: "id", Usage: "service id of the cluster", EnvVars: env("ID")},
+		&cli.StringFlag{Name: "topic", Usage: "the topic the cluster consumes", EnvVars: env("TOPIC")},
+		&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker links, else localhost:9092)", EnvVars: env("KAFKA")},
+		&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker links, else localhost:2181; not with --offset-store kafka)", EnvVars: env("ZOOKEEPER")},
+		&cli.DurationFlag{Name: "timeout", Value: offsetsTimeout, Usage: "give up after this long"},
+	}, append(kafkaSecurityFlags(), zookeeperSecurityFlags()...)...)
+}
+
+// offsetStoreFlag is the --offset-store flag of the commands that work on
+// the store the cluster uses.
+func offsetStoreFlag() cli.Flag {
+	return &cli.StringFlag{Name: "offset-store", Value: fanout.OffsetStoreZooKeeper,
+		Usage: "where the cluster keeps offsets and its leader record: zookeeper or kafka", EnvVars: []string{"FANOUT_OFFSET_STORE"}}
+}
+
+// windowFlag is the --window flag of the commands that refuse while the
+// cluster runs.
+func windowFlag() cli.Flag {
+	return &cli.DurationFlag{Name: "window", Value: offsetsWindow, Usage: "the cluster counts as running while a daemon was heard from within this window"}
+}
+
+// offsetsOptions maps the cluster flags of an offsets command onto the
+// options of the cluster they name, whose offsets are in store (with
+// zookeeper, ZooKeeper is needed too), with the servers' defaults filled
+// in. Bad values are usage errors.
+func offsetsOptions(c *cli.Context, store string) (fanout.Options, error) {
+	if c.Args().Present() {
+		return fanout.Options{}, usageError(fmt.Errorf("unexpected argument %q", c.Args().First()))
+	}
+	kafkaAddrs, zkAddrs := c.StringSlice("kafka"), c.StringSlice("zookeeper")
+	if len(kafkaAddrs) == 0 {
+		kafkaAddrs = linkedAddrs(environ(), "KAFKA", 9092)
+	}
+	if len(zkAddrs) == 0 && store != fanout.OffsetStoreKafka {
+		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
+	}
+	kafkaSec, err := kafkaSecurity(environ(), contextValues(c))
+	if err != nil {
+		return fanout.Options{}, usageError(err)
+	}
+	zkSec, err := zookeeperSecurity(environ(), contextValues(c))
+	if err != nil {
+		return fanout.Options{}, usageError(err)
+	}
+	opts := fanout.Options{ID: c.String("id"), Topic: c.String("topic"), Kafka: splitAll(kafkaAddrs), ZooKeeper: splitAll(zkAddrs),
+		OffsetStore: store, KafkaSecurity: kafkaSec, ZooKeeperSecurity: zkSec}
+	if err := opts.Validate(); err != nil {
+		return fanout.Options{}, usageError(err)
+	}
+	warnings := opts.KafkaSecurity.Warnings()
+	if store != fanout.OffsetStoreKafka {
+		warnings = append(warnings, opts.ZooKeeperSecurity.Warnings()...)
+	}
+	warn(c.App.ErrWriter, warnings)
+	if len(opts.Kafka) == 0 {
+		opts.Kafka = []string{"localhost:9092"}
+	}
+	if len(opts.ZooKeeper) == 0 && store != fanout.OffsetStoreKafka {
+		opts.ZooKeeper = []string{"localhost:2181"}
+	}
+	return opts, nil
+}
+
+// offsetsTarget is the cluster an offsets command works on, connected: a
+// Kafka client, the group of the Kafka store, and, when the options name
+// ZooKeeper servers, a ZooKeeper session and the ZooKeeper store.
+type offsetsTarget struct {
+	opts   fanout.Options
+	client sarama.Client
+	group  *kafkastore.Store
+	conn   *zk.Conn // nil without ZooKeeper
+	chroot string
+	zs     *zkstore.Store // nil without ZooKeeper
+}
+
+// openTarget connects to the servers of opts; close it when done.
+func openTarget(ctx context.Context, opts fanout.Options) (*offsetsTarget, error) {
+	t := &offsetsTarget{opts: opts}
+	if len(opts.ZooKeeper) > 0 {
+		conn, chroot, err := toolZooKeeper(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		t.conn, t.chroot = conn, chroot
+		t.zs = zkstore.New(conn, chroot, opts.ID, opts.Topic)
+		t.zs.SetACL(t.acl())
+	}
+	client, err := statusClient(opts)
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	t.client = client
+	t.group = kafkastore.New(client, opts.ID, opts.Topic, 0)
+	return t, nil
+}
+
+// close closes the connections.
+func (t *offsetsTarget) close() {
+	if t.client != nil {
+		_ = t.client.Close()
+	}
+	if t.conn != nil {
+		t.conn.Close()
+	}
+}
+
+// acl is the ACL of the znodes the tools create.
+func (t *offsetsTarget) acl() zkstore.ACL { return t.opts.ZooKeeperSecurity.ACL(t.chroot) }
+
+// kafkaStore reports whether the cluster keeps its offsets in Kafka.
+func (t *offsetsTarget) kafkaStore() bool { return t.opts.OffsetStore == fanout.OffsetStoreKafka }
+
+// location is where the cluster's store keeps the offsets: the group, or
+// the offsets znode.
+func (t *offsetsTarget) location() string {
+	if t.kafkaStore() {
+		return t.group.Group()
+	}
+	return t.zs.Path()
+}
+
+// storeName names the offset store of the cluster and where in it the
+// offsets are: "kafka group fanout_<id>", "zookeeper <znode>".
+func (t *offsetsTarget) storeName() string {
+	if t.kafkaStore() {
+		return "kafka group " + t.location()
+	}
+	return "zookeeper " + t.location()
+}
+
+// store returns the offset store of the cluster.
+func (t *offsetsTarget) store() offsets.Store {
+	if t.kafkaStore() {
+		return t.group
+	}
+	return t.zs
+}
+
+// read returns the leader record (nil: nobody leads) and the committed
+// offsets of the cluster's store.
+func (t *offsetsTarget) read(ctx context.Context) (*leaderStatus, map[int32]int64, error) {
+	if t.kafkaStore() {
+		return readKafkaStore(ctx, t.opts, t.client)
+	}
+	leader, err := readLeader(t.conn, t.chroot+cluster.FencePath(t.opts.ID, t.opts.Topic))
+	if err != nil {
+		return nil, nil, err
+	}
+	committed, err := t.zs.Load(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("committed offsets: %w", err)
+	}
+	return leader, committed, nil
+}
+
+// partitions returns the topic's partitions in order.
+func (t *offsetsTarget) partitions() ([]int32, error) {
+	parts, err := t.client.Partitions(t.opts.Topic)
+	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return nil, fmt.Errorf("topic %s does not exist in Kafka at %s", t.opts.Topic, strings.Join(t.opts.Kafka, ","))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("partitions of topic %s: %w", t.opts.Topic, err)
+	}
+	return slices.Sorted(slices.Values(parts)), nil
+}
+
+// checkStopped returns an error when a daemon of the cluster may run (see
+// checkStopped).
+func (t *offsetsTarget) checkStopped(ctx context.Context, window time.Duration) error {
+	return checkStopped(ctx, t.client, t.group, cluster.TopicName(t.opts.ID, t.opts.Topic), window, time.Now())
+}
+
+func offsetsCopyCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "copy",
 		Usage:     "copy a stopped cluster's committed offsets between ZooKeeper and Kafka",
@@ -54,22 +235,14 @@ func offsetsCopyCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "from", Usage: "the store to copy from: zookeeper or kafka"},
 			&cli.StringFlag{Name: "to", Usage: "the store to copy to: kafka or zookeeper"},
-			&cli.StringFlag{Name: "id", Usage: "service id of the cluster", EnvVars: env("ID")},
-			&cli.StringFlag{Name: "topic", Usage: "the topic the cluster consumes", EnvVars: env("TOPIC")},
-			&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker links, else localhost:9092)", EnvVars: env("KAFKA")},
-			&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker links, else localhost:2181)", EnvVars: env("ZOOKEEPER")},
-			&cli.DurationFlag{Name: "window", Value: offsetsWindow, Usage: "the cluster counts as running while a daemon was heard from within this window"},
-			&cli.DurationFlag{Name: "timeout", Value: offsetsTimeout, Usage: "give up after this long"},
-		}, append(kafkaSecurityFlags(), zookeeperSecurityFlags()...)...),
+			windowFlag(),
+		}, offsetsClusterFlags()...),
 		Action:       offsetsCopyAction,
 		OnUsageError: commandUsageError,
 	}
 }
 
 func offsetsCopyAction(c *cli.Context) error {
-	if c.Args().Present() {
-		return usageError(fmt.Errorf("unexpected argument %q", c.Args().First()))
-	}
 	from, to := c.String("from"), c.String("to")
 	stores := []string{fanout.OffsetStoreZooKeeper, fanout.OffsetStoreKafka}
 	switch {
@@ -80,64 +253,31 @@ func offsetsCopyAction(c *cli.Context) error {
 	case from == to:
 		return usageError(fmt.Errorf("--from and --to are both %s: copy from one store to the other", from))
 	}
-	kafkaAddrs, zkAddrs := c.StringSlice("kafka"), c.StringSlice("zookeeper")
-	if len(kafkaAddrs) == 0 {
-		kafkaAddrs = linkedAddrs(environ(), "KAFKA", 9092)
-	}
-	if len(zkAddrs) == 0 {
-		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
-	}
-	kafkaSec, err := kafkaSecurity(environ(), contextValues(c))
+	opts, err := offsetsOptions(c, fanout.OffsetStoreZooKeeper) // both stores: ZooKeeper too
 	if err != nil {
-		return usageError(err)
-	}
-	zkSec, err := zookeeperSecurity(environ(), contextValues(c))
-	if err != nil {
-		return usageError(err)
-	}
-	opts := fanout.Options{ID: c.String("id"), Topic: c.String("topic"), Kafka: splitAll(kafkaAddrs), ZooKeeper: splitAll(zkAddrs),
-		KafkaSecurity: kafkaSec, ZooKeeperSecurity: zkSec}
-	if err := opts.Validate(); err != nil {
-		return usageError(err)
-	}
-	warn(c.App.ErrWriter, append(opts.KafkaSecurity.Warnings(), opts.ZooKeeperSecurity.Warnings()...))
-	if len(opts.Kafka) == 0 {
-		opts.Kafka = []string{"localhost:9092"}
-	}
-	if len(opts.ZooKeeper) == 0 {
-		opts.ZooKeeper = []string{"localhost:2181"}
+		return err
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
+	t, err := openTarget(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer t.close()
 
-	conn, chroot, err := toolZooKeeper(ctx, opts)
+	if err := t.checkStopped(ctx, c.Duration("window")); err != nil {
+		return err
+	}
+	parts, err := t.partitions()
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	client, err := statusClient(opts)
-	if err != nil {
-		return err
-	}
-	defer client.Close()
-
-	group := kafkastore.New(client, opts.ID, opts.Topic, 0)
-	if err := checkStopped(ctx, client, group, cluster.TopicName(opts.ID, opts.Topic), c.Duration("window"), time.Now()); err != nil {
-		return err
-	}
-	parts, err := client.Partitions(opts.Topic)
-	if err != nil {
-		return fmt.Errorf("partitions of topic %s: %w", opts.Topic, err)
-	}
-	acl := opts.ZooKeeperSecurity.ACL(chroot)
-	zs := zkstore.New(conn, chroot, opts.ID, opts.Topic)
-	zs.SetACL(acl)
 	ends := map[string]offsetEnd{
-		fanout.OffsetStoreZooKeeper: {name: "zookeeper " + zs.Path(), store: zs, fence: func() (offsets.Fence, error) {
-			return cluster.IdleFence(conn, chroot, opts.ID, opts.Topic, acl)
+		fanout.OffsetStoreZooKeeper: {name: "zookeeper " + t.zs.Path(), store: t.zs, fence: func() (offsets.Fence, error) {
+			return cluster.IdleFence(t.conn, t.chroot, opts.ID, opts.Topic, t.acl())
 		}},
-		fanout.OffsetStoreKafka: {name: "kafka group " + group.Group(), store: group, fence: func() (offsets.Fence, error) {
-			return group.EmptyFence("fanout offsets copy from " + from), nil
+		fanout.OffsetStoreKafka: {name: "kafka group " + t.group.Group(), store: t.group, fence: func() (offsets.Fence, error) {
+			return t.group.EmptyFence("fanout offsets copy from " + from), nil
 		}},
 	}
 	return copyOffsets(ctx, ends[from], ends[to], parts, c.App.Writer)
@@ -225,7 +365,7 @@ func optional(m map[int32]int64, p int32) *int64 {
 // member's heartbeat on heartbeatTopic within window before now (one that
 // left is not counted), or a member in the group of the Kafka store.
 func checkStopped(ctx context.Context, client sarama.Client, group *kafkastore.Store, heartbeatTopic string, window time.Duration, now time.Time) error {
-	members, err := readMembers(ctx, client, heartbeatTopic, now.Add(-window))
+	members, _, err := readMembers(ctx, client, heartbeatTopic, now.Add(-window), nil)
 	if err != nil {
 		return err
 	}
@@ -241,7 +381,7 @@ func checkStopped(ctx context.Context, client sarama.Client, group *kafkastore.S
 		return err
 	}
 	if len(d.Members) > 0 {
-		return fmt.Errorf("the group %s has a member (%s, client %s at %s): a leader runs, or stopped without leaving less than its session timeout ago; stop it, or wait, and copy again",
+		return fmt.Errorf("the group %s has a member (%s, client %s at %s): a leader runs, or stopped without leaving less than its session timeout ago; stop it, or wait, and try again",
 			group.Group(), d.Members[0].MemberID, d.Members[0].ClientID, d.Members[0].Host)
 	}
 	return nil

@@ -3,12 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+
+	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
@@ -120,4 +125,147 @@ func TestCopyOffsetsRefuses(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "verify") || !strings.Contains(err.Error(), "partition 1") {
 		t.Errorf("a destination that lost a partition: %v, want a failed verification naming it", err)
 	}
+}
+
+// kfakeProduce produces n records to partition p of topic jobs on the
+// in-process Kafka at addr, timestamped at.
+func kfakeProduce(t *testing.T, addr string, p int32, n int, at time.Time) {
+	t.Helper()
+	cfg := kafka.NewConfig("offsets-test")
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	producer, err := sarama.NewSyncProducer([]string{addr}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Close()
+	for range n {
+		if _, _, err := producer.SendMessage(&sarama.ProducerMessage{Topic: "jobs", Partition: p, Value: sarama.StringEncoder("m"), Timestamp: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// offsets show reads the committed offsets and the leader from the group
+// of the Kafka store, and each partition's log from Kafka.
+func TestOffsetsShowKafkaStore(t *testing.T) {
+	addr, group := kfakeGroup(t)
+	kfakeProduce(t, addr, 0, 5, time.Now())
+	kfakeProduce(t, addr, 1, 3, time.Now())
+	m, err := group.Join(t.Context(), kafkastore.Leader{Epoch: 3, Node: "node-b", Addr: "b:4987"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := group.Commit(t.Context(), offsets.TopicFence(m), map[int32]int64{0: 2}); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"offsets", "show", "--offset-store", "kafka", "--kafka", addr, "--id", "svc", "--topic", "jobs", "--timeout", "10s"}
+	code, out, errOut := runApp(t.Context(), t, nil, append(args, "--json")...)
+	if code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, errOut)
+	}
+	var r offsetsReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	want := offsetsReport{ID: "svc", Topic: "jobs", Store: "kafka", Location: "fanout_svc", Leader: &leaderStatus{Node: "node-b", Addr: "b:4987", Epoch: 3},
+		Partitions: []partitionOffsets{{Partition: 0, Committed: i64(2), LogStart: 0, LogEnd: 5, Lag: i64(3)}, {Partition: 1, LogStart: 0, LogEnd: 3}}, TotalLag: 3}
+	if !reflect.DeepEqual(r, want) {
+		t.Errorf("offsets show --json:\n%s\nwant %+v", out, want)
+	}
+	code, out, errOut = runApp(t.Context(), t, nil, args...)
+	if code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, errOut)
+	}
+	for _, line := range []string{"store   kafka group fanout_svc (id svc, topic jobs)", "leader  node-b (epoch 3, b:4987)", "0          2          0          5        3", "1          none       0          3        none"} {
+		if !strings.Contains(out, line) {
+			t.Errorf("offsets show prints no line %q:\n%s", line, out)
+		}
+	}
+}
+
+// offsets reset with the Kafka store: to oldest, a time and explicit
+// offsets while no leader runs; refused without a terminal and without
+// --yes, for offsets outside the log, and while a leader holds the group
+// without --fence-leader; with it, the leader's membership is fenced.
+// Every write leaves the group empty and names the tool's epoch.
+func TestOffsetsResetKafkaStore(t *testing.T) {
+	addr, group := kfakeGroup(t)
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	t1 := t0.Add(time.Minute)
+	kfakeProduce(t, addr, 0, 3, t0) // offsets 0-2
+	kfakeProduce(t, addr, 0, 2, t1) // offsets 3-4
+	kfakeProduce(t, addr, 1, 4, t1) // offsets 0-3
+	reset := func(args ...string) (int, string) {
+		t.Helper()
+		code, out, errOut := runApp(t.Context(), t, nil, append([]string{"offsets", "reset", "--offset-store", "kafka", "--kafka", addr,
+			"--id", "svc", "--topic", "jobs", "--timeout", "10s"}, args...)...)
+		t.Logf("offsets reset %q: exit %d\n%s%s", args, code, out, errOut)
+		return code, out + errOut
+	}
+	committed := func() map[int32]int64 {
+		t.Helper()
+		got, err := group.Load(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	empty := func() {
+		t.Helper()
+		d, err := group.Describe(t.Context())
+		if err != nil || len(d.Members) != 0 {
+			t.Errorf("the group after the reset: %+v, %v; want no member", d, err)
+		}
+	}
+
+	if code, out := reset("--to", "oldest"); code != 2 || !strings.Contains(out, "not on a terminal") || !strings.Contains(out, "nothing written") {
+		t.Errorf("without a terminal and without --yes: exit %d, want 2 and a refusal", code)
+	}
+	if got := committed(); len(got) != 0 {
+		t.Fatalf("the refused reset wrote %v", got)
+	}
+	if code, out := reset("--to", "oldest", "--yes"); code != 0 || !strings.Contains(out, "verified") {
+		t.Fatalf("reset to oldest: exit %d", code)
+	}
+	if got := committed(); !maps.Equal(got, map[int32]int64{0: 0, 1: 0}) {
+		t.Errorf("after the reset to oldest: %v, want 0:0 1:0", got)
+	}
+	empty()
+	if code, _ := reset("--to", t1.Add(-time.Second).Format(time.RFC3339Nano), "--partitions", "0", "--yes"); code != 0 {
+		t.Fatalf("reset to a time: exit %d", code)
+	}
+	if got := committed(); !maps.Equal(got, map[int32]int64{0: 3, 1: 0}) {
+		t.Errorf("after the reset of partition 0 to a time between the batches: %v, want 0:3 1:0", got)
+	}
+	if code, out := reset("--to", "0=6", "--yes"); code != 2 || !strings.Contains(out, "outside its log [0, 5]") {
+		t.Errorf("an offset beyond the log end: exit %d, want 2 naming the log", code)
+	}
+	if code, out := reset("--to", "0=3,1=0", "--yes"); code != 0 || !strings.Contains(out, "nothing to change") {
+		t.Errorf("a reset to where the offsets are: exit %d, want 0 and nothing to change", code)
+	}
+	epoch, err := group.LastEpoch(t.Context())
+	if err != nil || epoch != 2 {
+		t.Errorf("the last epoch after two resets: %d, %v; want 2 (one per reset that wrote)", epoch, err)
+	}
+
+	m, err := group.Join(t.Context(), kafkastore.Leader{Epoch: 7, Node: "node-b", Addr: "b:4987"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, out := reset("--to", "newest", "--yes"); code != 1 || !strings.Contains(out, "has a member") || !strings.Contains(out, "--fence-leader") {
+		t.Errorf("while a leader holds the group: exit %d, want 1, naming it and --fence-leader", code)
+	}
+	if got := committed(); !maps.Equal(got, map[int32]int64{0: 3, 1: 0}) {
+		t.Fatalf("the refused reset wrote: %v", got)
+	}
+	if code, out := reset("--to", "newest", "--yes", "--fence-leader"); code != 0 || !strings.Contains(out, "epoch 8") {
+		t.Fatalf("--fence-leader: exit %d, want 0 naming the tool's epoch 8", code)
+	}
+	if got := committed(); !maps.Equal(got, map[int32]int64{0: 5, 1: 4}) {
+		t.Errorf("after the reset to newest: %v, want 0:5 1:4", got)
+	}
+	if err := group.Commit(t.Context(), offsets.TopicFence(m), map[int32]int64{0: 1}); !errors.Is(err, offsets.ErrFenced) {
+		t.Errorf("the fenced leader's commit: %v, want ErrFenced", err)
+	}
+	empty()
 }

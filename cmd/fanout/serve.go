@@ -47,6 +47,9 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "zookeeper-session-timeout", Value: fanout.DefaultZKSessionTimeout, Usage: "ZooKeeper session timeout; a leader whose offset commits have failed this long steps down", EnvVars: env("ZOOKEEPER_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "kafka-session-timeout", Value: fanout.DefaultKafkaSession, Usage: "with --offset-store kafka: session timeout of the leader's membership of the group fanout_<id>; a leader whose offset commits have failed this long steps down", EnvVars: env("KAFKA_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
+		&cli.StringFlag{Name: "assignment", Value: fanout.DefaultAssignment, Usage: "leader (the leader serves every partition) or spread (each member serves the partitions the leader assigns it); the same on every member", EnvVars: env("ASSIGNMENT")},
+		&cli.IntFlag{Name: "weight", Value: 1, Usage: "spread mode: this member's share of the partitions is proportional to its weight", EnvVars: env("WEIGHT")},
+		&cli.DurationFlag{Name: "handoff-timeout", Value: fanout.DefaultHandoffTimeout, Usage: "spread mode: a partition moving away waits this long for its in-flight messages to be acked", EnvVars: env("HANDOFF_TIMEOUT")},
 		metricsTokenFlag(),
 	}
 	flags = append(flags, kafkaSecurityFlags()...)
@@ -111,6 +114,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	}
 	opts.Isolation = str("isolation")
 	opts.MaxOutstanding = num("max-outstanding")
+	opts.Assignment, opts.Weight, opts.HandoffTimeout = str("assignment"), num("weight"), dur("handoff-timeout")
 	// Security: the flags, and the secrets from the environment or files.
 	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
 	var err error

@@ -36,12 +36,14 @@ func statusCommand() *cli.Command {
 	env := func(name string) []string { return []string{"FANOUT_" + name} }
 	return &cli.Command{
 		Name:      "status",
-		Usage:     "show a fanout cluster: members, leader and epoch, committed offsets, high watermarks and lag",
+		Usage:     "show a fanout cluster: mode, members, leader and epoch, assignment and handoffs (spread mode), committed offsets, high watermarks and lag",
 		UsageText: "fanout status --id SERVICE_ID --topic TOPIC [--kafka host:port] [--zookeeper host:port | --offset-store kafka] [--json]",
-		Description: "Reads the last --window of heartbeats on fanout_<id>_<topic> (members), the leader record and\n" +
-			"the committed offsets from the offset store (ZooKeeper, or with --offset-store kafka the consumer\n" +
-			"group fanout_<id>), and each partition's high watermark from Kafka. What the store does not hold\n" +
-			"yet is shown as none. Exits 1 when Kafka or ZooKeeper cannot be reached.",
+		Description: "Reads the last --window of heartbeats on fanout_<id>_<topic> (members, mode, the leader's\n" +
+			"assignment), the leader record and the committed offsets from the offset store (ZooKeeper, or with\n" +
+			"--offset-store kafka the consumer group fanout_<id>), the ownership records (spread mode, in\n" +
+			"ZooKeeper), and each partition's high watermark from Kafka. What the store does not hold yet is shown\n" +
+			"as none. In spread mode it lists each member's partitions and lag, and the partitions whose owner is\n" +
+			"not the one assigned (handoffs in progress). Exits 1 when Kafka or ZooKeeper cannot be reached.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "service id of the cluster", EnvVars: env("ID")},
 			&cli.StringFlag{Name: "topic", Usage: "the topic the cluster consumes", EnvVars: env("TOPIC")},
@@ -62,10 +64,43 @@ type clusterStatus struct {
 	ID             string            `json:"id"`
 	Topic          string            `json:"topic"`
 	HeartbeatTopic string            `json:"heartbeat_topic"`
-	Leader         *leaderStatus     `json:"leader"` // nil: no leader recorded
+	Mode           string            `json:"mode,omitempty"` // the leader's --assignment; "" when unknown
+	Leader         *leaderStatus     `json:"leader"`         // nil: no leader recorded
 	Members        []memberStatus    `json:"members"`
 	Partitions     []partitionStatus `json:"partitions"`
 	TotalLag       int64             `json:"total_lag"` // over the partitions with a committed offset
+
+	// Spread mode: the leader's assignment (nil when none was heard) and
+	// the partitions whose ownership record does not name, live, the
+	// member the assignment gives them.
+	Assignment *assignmentStatus `json:"assignment,omitempty"`
+	Handoffs   []handoffStatus   `json:"handoffs,omitempty"`
+}
+
+// assignmentStatus is the assignment the leader last published.
+type assignmentStatus struct {
+	Epoch      uint64             `json:"epoch"`
+	Generation uint64             `json:"generation"`
+	Members    []assignedToMember `json:"members"`
+}
+
+// assignedToMember is one member of the assignment: the partitions it is
+// assigned, those its live ownership records give it, and the lag of the
+// partitions assigned to it (those with a committed offset).
+type assignedToMember struct {
+	NodeID     string  `json:"node_id"`
+	Addr       string  `json:"addr"`
+	Partitions []int32 `json:"partitions"`
+	Owned      []int32 `json:"owned"`
+	Lag        int64   `json:"lag"`
+}
+
+// handoffStatus is a partition on its way to the member assigned it.
+type handoffStatus struct {
+	Partition int32  `json:"partition"`
+	From      string `json:"from"` // the member its record names; "" when released or never reserved
+	To        string `json:"to"`   // the member the assignment gives it
+	State     string `json:"state"`
 }
 
 // leaderStatus is the leader record of the offset store.
@@ -82,15 +117,18 @@ type memberStatus struct {
 	Role     string    `json:"role"`
 	Epoch    uint64    `json:"epoch"`
 	LastSeen time.Time `json:"last_seen"`
+	Mode     string    `json:"mode"`
 }
 
 // partitionStatus is one partition's offsets; Committed and Lag are nil
-// when the offset store holds no offset for it.
+// when the offset store holds no offset for it. Owner is, in spread mode,
+// the live owner its ownership record names ("" when none).
 type partitionStatus struct {
 	Partition     int32  `json:"partition"`
 	Committed     *int64 `json:"committed"`
 	HighWatermark int64  `json:"high_watermark"`
 	Lag           *int64 `json:"lag"`
+	Owner         string `json:"owner,omitempty"`
 }
 
 func statusAction(c *cli.Context) error {
@@ -149,9 +187,10 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 	// ZooKeeper first: its client gives up when ctx ends; sarama's retries
 	// are bounded by its configuration.
 	var committed map[int32]int64
+	var owners map[int32]zkstore.OwnerState // spread mode's ownership records; none with the Kafka store
 	var err error
 	if opts.OffsetStore != fanout.OffsetStoreKafka {
-		if st.Leader, committed, err = readZooKeeperStore(ctx, opts); err != nil {
+		if st.Leader, committed, owners, err = readZooKeeperStore(ctx, opts); err != nil {
 			return nil, err
 		}
 	}
@@ -179,6 +218,9 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 			return nil, fmt.Errorf("high watermark of %s/%d: %w", opts.Topic, p, err)
 		}
 		ps := partitionStatus{Partition: p, HighWatermark: hw}
+		if o := owners[p]; o.Live {
+			ps.Owner = o.Owner
+		}
 		if off, ok := committed[p]; ok {
 			lag := metrics.Lag(hw, off)
 			ps.Committed, ps.Lag = &off, &lag
@@ -186,11 +228,59 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		}
 		st.Partitions = append(st.Partitions, ps)
 	}
-	st.Members, err = readMembers(ctx, client, st.HeartbeatTopic, now.Add(-window))
+	var assignment *cluster.Assignment
+	st.Members, assignment, err = readMembers(ctx, client, st.HeartbeatTopic, now.Add(-window), st.Leader)
 	if err != nil {
 		return nil, err
 	}
+	for _, m := range st.Members {
+		if st.Leader != nil && m.NodeID == st.Leader.Node {
+			st.Mode = m.Mode
+		}
+	}
+	if assignment != nil {
+		st.Mode = cluster.ModeName(cluster.Mode_MODE_SPREAD)
+		st.Assignment, st.Handoffs = spreadStatus(assignment, owners, st.Partitions)
+	}
 	return st, nil
+}
+
+// spreadStatus returns the assignment with each member's owned partitions
+// and lag, and the partitions whose live owner is not the one assigned.
+func spreadStatus(a *cluster.Assignment, owners map[int32]zkstore.OwnerState, parts []partitionStatus) (*assignmentStatus, []handoffStatus) {
+	lag := map[int32]int64{}
+	for _, p := range parts {
+		if p.Lag != nil {
+			lag[p.Partition] = *p.Lag
+		}
+	}
+	as := &assignmentStatus{Epoch: a.Epoch, Generation: a.Generation}
+	var handoffs []handoffStatus
+	for _, o := range a.Owners {
+		m := assignedToMember{NodeID: o.NodeID, Addr: o.Addr, Partitions: o.Partitions, Owned: []int32{}}
+		for _, p := range o.Partitions {
+			m.Lag += lag[p]
+			rec, ok := owners[p]
+			switch {
+			case ok && rec.Live && rec.Owner == o.NodeID:
+				m.Owned = append(m.Owned, p)
+				continue
+			case !ok:
+				handoffs = append(handoffs, handoffStatus{Partition: p, To: o.NodeID, State: "never reserved: waiting for " + o.NodeID})
+			case rec.Owner == "":
+				handoffs = append(handoffs, handoffStatus{Partition: p, To: o.NodeID, State: "released: waiting for " + o.NodeID})
+			case rec.Live:
+				handoffs = append(handoffs, handoffStatus{Partition: p, From: rec.Owner, To: o.NodeID,
+					State: "held by " + rec.Owner + ": handing over"})
+			default:
+				handoffs = append(handoffs, handoffStatus{Partition: p, From: rec.Owner, To: o.NodeID,
+					State: rec.Owner + "'s session is gone: waiting for " + o.NodeID})
+			}
+		}
+		as.Members = append(as.Members, m)
+	}
+	slices.SortFunc(handoffs, func(a, b handoffStatus) int { return int(a.Partition - b.Partition) })
+	return as, handoffs
 }
 
 // statusClient returns a Kafka client for the tools (status, offsets): the
@@ -209,23 +299,27 @@ func statusClient(opts fanout.Options) (sarama.Client, error) {
 	return client, nil
 }
 
-// readZooKeeperStore reads the leader record and the committed offsets in
-// ZooKeeper.
-func readZooKeeperStore(ctx context.Context, opts fanout.Options) (*leaderStatus, map[int32]int64, error) {
+// readZooKeeperStore reads the leader record, the committed offsets and
+// the ownership records (spread mode) in ZooKeeper.
+func readZooKeeperStore(ctx context.Context, opts fanout.Options) (*leaderStatus, map[int32]int64, map[int32]zkstore.OwnerState, error) {
 	conn, chroot, err := toolZooKeeper(ctx, opts)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer conn.Close()
 	leader, err := readLeader(conn, chroot+cluster.FencePath(opts.ID, opts.Topic))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	committed, err := zkstore.New(conn, chroot, opts.ID, opts.Topic).Load(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("committed offsets: %w", err)
+		return nil, nil, nil, fmt.Errorf("committed offsets: %w", err)
 	}
-	return leader, committed, nil
+	owners, _, err := zkstore.ReadOwners(conn, chroot, opts.ID, opts.Topic)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("ownership records: %w", err)
+	}
+	return leader, committed, owners, nil
 }
 
 // toolZooKeeper opens a quiet ZooKeeper session for the tools (status,
@@ -290,43 +384,47 @@ func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
 }
 
 // readMembers reads the heartbeats on topic since from and returns each
-// member's last one, ordered by node id; members that left are dropped. A
+// member's last one, ordered by node id (members that left are dropped),
+// and the last assignment published by leader in its epoch (nil when none:
+// heartbeats are not authenticated, the leader record says who leads). A
 // missing topic means no members.
-func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time) ([]memberStatus, error) {
+func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time,
+	leader *leaderStatus) ([]memberStatus, *cluster.Assignment, error) {
 	if _, err := client.Partitions(topic); errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return nil, nil
+		return nil, nil, nil
 	} else if err != nil {
-		return nil, fmt.Errorf("heartbeat topic %s: %w", topic, err)
+		return nil, nil, fmt.Errorf("heartbeat topic %s: %w", topic, err)
 	}
 	start, err := client.GetOffset(topic, 0, from.UnixMilli())
 	if err != nil {
-		return nil, fmt.Errorf("heartbeat topic %s: offset at %s: %w", topic, from.Format(time.RFC3339), err)
+		return nil, nil, fmt.Errorf("heartbeat topic %s: offset at %s: %w", topic, from.Format(time.RFC3339), err)
 	}
 	end, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
 	if err != nil {
-		return nil, fmt.Errorf("heartbeat topic %s: high watermark: %w", topic, err)
+		return nil, nil, fmt.Errorf("heartbeat topic %s: high watermark: %w", topic, err)
 	}
 	if start < 0 || start >= end {
-		return nil, nil // nothing within the window
+		return nil, nil, nil // nothing within the window
 	}
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
-		return nil, fmt.Errorf("heartbeat consumer: %w", err)
+		return nil, nil, fmt.Errorf("heartbeat consumer: %w", err)
 	}
 	defer consumer.Close()
 	pc, err := consumer.ConsumePartition(topic, 0, start)
 	if err != nil {
-		return nil, fmt.Errorf("read heartbeat topic %s from %d: %w", topic, start, err)
+		return nil, nil, fmt.Errorf("read heartbeat topic %s from %d: %w", topic, start, err)
 	}
 	defer pc.AsyncClose()
 
 	last := map[string]memberStatus{}
+	var assignment *cluster.Assignment
 	for next := start; next < end; {
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("read heartbeat topic %s (offsets %d to %d): %w", topic, start, end, ctx.Err())
+			return nil, nil, fmt.Errorf("read heartbeat topic %s (offsets %d to %d): %w", topic, start, end, ctx.Err())
 		case err := <-pc.Errors():
-			return nil, fmt.Errorf("read heartbeat topic %s: %w", topic, err)
+			return nil, nil, fmt.Errorf("read heartbeat topic %s: %w", topic, err)
 		case m := <-pc.Messages():
 			next = m.Offset + 1
 			var hb cluster.Heartbeat
@@ -339,7 +437,13 @@ func readMembers(ctx context.Context, client sarama.Client, topic string, from t
 			}
 			last[hb.GetNodeId()] = memberStatus{
 				NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: roleName(hb.GetRole()),
-				Epoch: hb.GetEpoch(), LastSeen: m.Timestamp,
+				Epoch: hb.GetEpoch(), LastSeen: m.Timestamp, Mode: cluster.ModeName(hb.GetMode()),
+			}
+			if leader != nil && hb.GetNodeId() == leader.Node && hb.GetEpoch() == leader.Epoch &&
+				hb.GetRole() == cluster.Role_ROLE_LEADER {
+				if a := cluster.AssignmentOf(&hb); a != nil && a.Epoch == leader.Epoch {
+					assignment = a
+				}
 			}
 		}
 	}
@@ -348,7 +452,7 @@ func readMembers(ctx context.Context, client sarama.Client, topic string, from t
 		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b memberStatus) int { return strings.Compare(a.NodeID, b.NodeID) })
-	return out, nil
+	return out, assignment, nil
 }
 
 // roleName is a Role in lower case without its prefix: "leader".
@@ -360,6 +464,7 @@ func roleName(r cluster.Role) string {
 func writeStatus(w io.Writer, st *clusterStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "cluster\t%s (id %s, topic %s)\n", st.HeartbeatTopic, st.ID, st.Topic)
+	fmt.Fprintf(tw, "mode\t%s\n", orUnknown(st.Mode))
 	if st.Leader != nil {
 		fmt.Fprintf(tw, "leader\t%s (epoch %d, %s)\n", st.Leader.Node, st.Leader.Epoch, orNone(st.Leader.Addr))
 	} else {
@@ -384,16 +489,56 @@ func writeStatus(w io.Writer, st *clusterStatus, now time.Time) error {
 		return fmt.Errorf("write status: %w", err)
 	}
 
+	if a := st.Assignment; a != nil {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "ASSIGNED TO (generation %d, epoch %d)\tADDR\tPARTITIONS\tOWNED\tLAG\n", a.Generation, a.Epoch)
+		for _, m := range a.Members {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.NodeID, orNone(m.Addr), cluster.PartitionRanges(m.Partitions),
+				cluster.PartitionRanges(m.Owned), m.Lag)
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write status: %w", err)
+		}
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "HANDOFF\tFROM\tTO\tSTATE")
+		if len(st.Handoffs) == 0 {
+			fmt.Fprintln(tw, "none")
+		}
+		for _, h := range st.Handoffs {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", h.Partition, orNone(h.From), h.To, h.State)
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write status: %w", err)
+		}
+	}
+
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tCOMMITTED\tHIGH WATERMARK\tLAG")
+	if st.Assignment != nil {
+		fmt.Fprintln(tw, "PARTITION\tCOMMITTED\tHIGH WATERMARK\tLAG\tOWNER")
+	} else {
+		fmt.Fprintln(tw, "PARTITION\tCOMMITTED\tHIGH WATERMARK\tLAG")
+	}
 	for _, p := range st.Partitions {
+		if st.Assignment != nil {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", p.Partition, optInt(p.Committed), p.HighWatermark, optInt(p.Lag), orNone(p.Owner))
+			continue
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\n", p.Partition, optInt(p.Committed), p.HighWatermark, optInt(p.Lag))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write status: %w", err)
 	}
 	return nil
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 func orNone(s string) string {

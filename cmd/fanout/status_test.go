@@ -10,9 +10,11 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 func TestWriteStatus(t *testing.T) {
@@ -26,7 +28,7 @@ func TestWriteStatus(t *testing.T) {
 		{
 			name: "leader, two members, one partition without offset",
 			st: clusterStatus{
-				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
+				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "leader",
 				Leader: &leaderStatus{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
 				Members: []memberStatus{
 					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-400 * time.Millisecond)},
@@ -39,6 +41,7 @@ func TestWriteStatus(t *testing.T) {
 				TotalLag: 50,
 			},
 			want: `cluster  fanout_svc_t (id svc, topic t)
+mode     leader
 leader   node-b (epoch 3, 10.0.0.2:4987)
 lag      50
 
@@ -58,6 +61,7 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG
 				Partitions: []partitionStatus{{Partition: 0, HighWatermark: 0}},
 			},
 			want: `cluster  fanout_svc_t (id svc, topic t)
+mode     unknown
 leader   none
 lag      0
 
@@ -129,6 +133,75 @@ func TestStatusCommandErrors(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr, tt.wantCode, tt.wantErr)
 			}
 		})
+	}
+}
+
+// In spread mode status shows each member's partitions (assigned, owned in
+// the records) and lag, and the partitions on their way to another member.
+func TestSpreadStatus(t *testing.T) {
+	i64 := func(v int64) *int64 { return &v }
+	a := &cluster.Assignment{Epoch: 4, Generation: 9, Partitions: 6, Owners: []cluster.Owner{
+		{NodeID: "node-a", Addr: "h:1", Partitions: []int32{0, 1, 2}},
+		{NodeID: "node-b", Addr: "h:2", Partitions: []int32{3, 4, 5}},
+	}}
+	owners := map[int32]zkstore.OwnerState{
+		0: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-a"}, Live: true},
+		1: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-a"}, Live: true},
+		2: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-b"}, Live: true}, // handing over to node-a
+		3: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-b"}, Live: true},
+		4: {OwnerRecord: zkstore.OwnerRecord{Owner: ""}},       // released
+		5: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-c"}}, // crashed
+	}
+	parts := []partitionStatus{
+		{Partition: 0, Committed: i64(10), HighWatermark: 12, Lag: i64(2), Owner: "node-a"},
+		{Partition: 1, Committed: i64(10), HighWatermark: 10, Lag: i64(0), Owner: "node-a"},
+		{Partition: 2, Committed: i64(5), HighWatermark: 10, Lag: i64(5), Owner: "node-b"},
+		{Partition: 3, Committed: i64(1), HighWatermark: 4, Lag: i64(3), Owner: "node-b"},
+		{Partition: 4, HighWatermark: 7},
+		{Partition: 5, Committed: i64(0), HighWatermark: 1, Lag: i64(1)},
+	}
+	as, handoffs := spreadStatus(a, owners, parts)
+	st := clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "spread",
+		Leader: &leaderStatus{Node: "node-b", Addr: "h:2", Epoch: 4}, Partitions: parts, TotalLag: 11,
+		Assignment: as, Handoffs: handoffs}
+	var buf bytes.Buffer
+	if err := writeStatus(&buf, &st, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	want := `cluster  fanout_svc_t (id svc, topic t)
+mode     spread
+leader   node-b (epoch 4, h:2)
+lag      11
+
+MEMBER  ADDR  ROLE  EPOCH  LAST HEARTBEAT
+none
+
+ASSIGNED TO (generation 9, epoch 4)  ADDR  PARTITIONS  OWNED  LAG
+node-a                               h:1   0-2         0-1    7
+node-b                               h:2   3-5         3      4
+
+HANDOFF  FROM    TO      STATE
+2        node-b  node-a  held by node-b: handing over
+4        none    node-b  released: waiting for node-b
+5        node-c  node-b  node-c's session is gone: waiting for node-b
+
+PARTITION  COMMITTED  HIGH WATERMARK  LAG   OWNER
+0          10         12              2     node-a
+1          10         10              0     node-a
+2          5          10              5     node-b
+3          1          4               3     node-b
+4          none       7               none  none
+5          0          1               1     none
+`
+	if got := buf.String(); got != want {
+		t.Errorf("writeStatus:\n%s\nwant:\n%s", got, want)
+	}
+	b, err := json.Marshal(st.Assignment)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(b); !strings.Contains(got, `{"node_id":"node-a","addr":"h:1","partitions":[0,1,2],"owned":[0,1],"lag":7}`) {
+		t.Errorf("assignment JSON %s", got)
 	}
 }
 

@@ -79,24 +79,218 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_cluster_proto_rawDescGZIP(), []int{0}
 }
 
+// Mode is how the members of a cluster share the topic (--assignment).
+type Mode int32
+
+const (
+	Mode_MODE_UNSPECIFIED Mode = 0 // a member from before modes existed: leader
+	Mode_MODE_LEADER      Mode = 1 // the leader consumes and delivers every partition
+	Mode_MODE_SPREAD      Mode = 2 // the leader assigns the partitions to the members; each serves its own
+)
+
+// Enum value maps for Mode.
+var (
+	Mode_name = map[int32]string{
+		0: "MODE_UNSPECIFIED",
+		1: "MODE_LEADER",
+		2: "MODE_SPREAD",
+	}
+	Mode_value = map[string]int32{
+		"MODE_UNSPECIFIED": 0,
+		"MODE_LEADER":      1,
+		"MODE_SPREAD":      2,
+	}
+)
+
+func (x Mode) Enum() *Mode {
+	p := new(Mode)
+	*p = x
+	return p
+}
+
+func (x Mode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Mode) Descriptor() protoreflect.EnumDescriptor {
+	return file_cluster_proto_enumTypes[1].Descriptor()
+}
+
+func (Mode) Type() protoreflect.EnumType {
+	return &file_cluster_proto_enumTypes[1]
+}
+
+func (x Mode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Mode.Descriptor instead.
+func (Mode) EnumDescriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+// PartitionAssignment says, in spread mode, which member owns which
+// partition. The leader publishes it in every heartbeat; members accept it
+// only from the leader that ZooKeeper records for epoch.
+type PartitionAssignment struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Epoch             uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`                                                  // the epoch of the leader that computed it
+	Generation        uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`                                        // grows by one with every change, across leaders
+	Partitions        int32                  `protobuf:"varint,3,opt,name=partitions,proto3" json:"partitions,omitempty"`                                        // the topic's partition count it covers
+	InitialPartitions int32                  `protobuf:"varint,4,opt,name=initial_partitions,json=initialPartitions,proto3" json:"initial_partitions,omitempty"` // the partition count when this line of assignments began
+	Owners            []*PartitionOwner      `protobuf:"bytes,5,rep,name=owners,proto3" json:"owners,omitempty"`                                                 // by node id
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *PartitionAssignment) Reset() {
+	*x = PartitionAssignment{}
+	mi := &file_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionAssignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionAssignment) ProtoMessage() {}
+
+func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionAssignment.ProtoReflect.Descriptor instead.
+func (*PartitionAssignment) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PartitionAssignment) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PartitionAssignment) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *PartitionAssignment) GetPartitions() int32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *PartitionAssignment) GetInitialPartitions() int32 {
+	if x != nil {
+		return x.InitialPartitions
+	}
+	return 0
+}
+
+func (x *PartitionAssignment) GetOwners() []*PartitionOwner {
+	if x != nil {
+		return x.Owners
+	}
+	return nil
+}
+
+// PartitionOwner is one member of a PartitionAssignment.
+type PartitionOwner struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`                     // its advertised client address
+	Partitions    []int32                `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"` // ascending
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionOwner) Reset() {
+	*x = PartitionOwner{}
+	mi := &file_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionOwner) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionOwner) ProtoMessage() {}
+
+func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
+func (*PartitionOwner) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PartitionOwner) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *PartitionOwner) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *PartitionOwner) GetPartitions() []int32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
 // Heartbeat is one member's periodic announcement.
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`              // the member's node id (unique within the cluster)
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`                                // the member's advertised client address (host:port)
-	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`                             // the leader epoch the member knows
-	Role          Role                   `protobuf:"varint,4,opt,name=role,proto3,enum=fanout.cluster.v1.Role" json:"role,omitempty"`   // the member's role in epoch
-	ClaimEpoch    uint64                 `protobuf:"varint,5,opt,name=claim_epoch,json=claimEpoch,proto3" json:"claim_epoch,omitempty"` // non-zero: the member claims leadership of this epoch
-	Leaving       bool                   `protobuf:"varint,6,opt,name=leaving,proto3" json:"leaving,omitempty"`                         // the member shuts down cleanly: forget it now
-	SentAtMs      int64                  `protobuf:"varint,7,opt,name=sent_at_ms,json=sentAtMs,proto3" json:"sent_at_ms,omitempty"`     // sender's clock, Unix milliseconds (informational only)
-	Instance      string                 `protobuf:"bytes,8,opt,name=instance,proto3" json:"instance,omitempty"`                        // random per process start: tells two processes with one node_id apart
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	NodeId     string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`              // the member's node id (unique within the cluster)
+	Addr       string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`                                // the member's advertised client address (host:port)
+	Epoch      uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`                             // the leader epoch the member knows
+	Role       Role                   `protobuf:"varint,4,opt,name=role,proto3,enum=fanout.cluster.v1.Role" json:"role,omitempty"`   // the member's role in epoch
+	ClaimEpoch uint64                 `protobuf:"varint,5,opt,name=claim_epoch,json=claimEpoch,proto3" json:"claim_epoch,omitempty"` // non-zero: the member claims leadership of this epoch
+	Leaving    bool                   `protobuf:"varint,6,opt,name=leaving,proto3" json:"leaving,omitempty"`                         // the member shuts down cleanly: forget it now
+	SentAtMs   int64                  `protobuf:"varint,7,opt,name=sent_at_ms,json=sentAtMs,proto3" json:"sent_at_ms,omitempty"`     // sender's clock, Unix milliseconds (informational only)
+	Instance   string                 `protobuf:"bytes,8,opt,name=instance,proto3" json:"instance,omitempty"`                        // random per process start: tells two processes with one node_id apart
+	Mode       Mode                   `protobuf:"varint,9,opt,name=mode,proto3,enum=fanout.cluster.v1.Mode" json:"mode,omitempty"`   // the member's --assignment
+	Weight     uint32                 `protobuf:"varint,10,opt,name=weight,proto3" json:"weight,omitempty"`                          // spread mode: the member's capacity (--weight); 0 means 1
+	// Spread mode, from the leader: the assignment in force.
+	Assignment    *PartitionAssignment `protobuf:"bytes,11,opt,name=assignment,proto3" json:"assignment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_cluster_proto_msgTypes[0]
+	mi := &file_cluster_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -108,7 +302,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[0]
+	mi := &file_cluster_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -121,7 +315,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{0}
+	return file_cluster_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Heartbeat) GetNodeId() string {
@@ -180,11 +374,48 @@ func (x *Heartbeat) GetInstance() string {
 	return ""
 }
 
+func (x *Heartbeat) GetMode() Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Mode_MODE_UNSPECIFIED
+}
+
+func (x *Heartbeat) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetAssignment() *PartitionAssignment {
+	if x != nil {
+		return x.Assignment
+	}
+	return nil
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\rcluster.proto\x12\x11fanout.cluster.v1\"\xf0\x01\n" +
+	"\rcluster.proto\x12\x11fanout.cluster.v1\"\xd5\x01\n" +
+	"\x13PartitionAssignment\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x01(\x05R\n" +
+	"partitions\x12-\n" +
+	"\x12initial_partitions\x18\x04 \x01(\x05R\x11initialPartitions\x129\n" +
+	"\x06owners\x18\x05 \x03(\v2!.fanout.cluster.v1.PartitionOwnerR\x06owners\"]\n" +
+	"\x0ePartitionOwner\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\x05R\n" +
+	"partitions\"\xfd\x02\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
@@ -195,12 +426,22 @@ const file_cluster_proto_rawDesc = "" +
 	"\aleaving\x18\x06 \x01(\bR\aleaving\x12\x1c\n" +
 	"\n" +
 	"sent_at_ms\x18\a \x01(\x03R\bsentAtMs\x12\x1a\n" +
-	"\binstance\x18\b \x01(\tR\binstance*T\n" +
+	"\binstance\x18\b \x01(\tR\binstance\x12+\n" +
+	"\x04mode\x18\t \x01(\x0e2\x17.fanout.cluster.v1.ModeR\x04mode\x12\x16\n" +
+	"\x06weight\x18\n" +
+	" \x01(\rR\x06weight\x12F\n" +
+	"\n" +
+	"assignment\x18\v \x01(\v2&.fanout.cluster.v1.PartitionAssignmentR\n" +
+	"assignment*T\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rROLE_FOLLOWER\x10\x01\x12\x12\n" +
 	"\x0eROLE_CANDIDATE\x10\x02\x12\x0f\n" +
-	"\vROLE_LEADER\x10\x03B;Z9github.com/nanoservice/core-fanout/fanout/cluster;clusterb\x06proto3"
+	"\vROLE_LEADER\x10\x03*>\n" +
+	"\x04Mode\x12\x14\n" +
+	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vMODE_LEADER\x10\x01\x12\x0f\n" +
+	"\vMODE_SPREAD\x10\x02B;Z9github.com/nanoservice/core-fanout/fanout/cluster;clusterb\x06proto3"
 
 var (
 	file_cluster_proto_rawDescOnce sync.Once
@@ -214,19 +455,25 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_cluster_proto_goTypes = []any{
-	(Role)(0),         // 0: fanout.cluster.v1.Role
-	(*Heartbeat)(nil), // 1: fanout.cluster.v1.Heartbeat
+	(Role)(0),                   // 0: fanout.cluster.v1.Role
+	(Mode)(0),                   // 1: fanout.cluster.v1.Mode
+	(*PartitionAssignment)(nil), // 2: fanout.cluster.v1.PartitionAssignment
+	(*PartitionOwner)(nil),      // 3: fanout.cluster.v1.PartitionOwner
+	(*Heartbeat)(nil),           // 4: fanout.cluster.v1.Heartbeat
 }
 var file_cluster_proto_depIdxs = []int32{
-	0, // 0: fanout.cluster.v1.Heartbeat.role:type_name -> fanout.cluster.v1.Role
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	3, // 0: fanout.cluster.v1.PartitionAssignment.owners:type_name -> fanout.cluster.v1.PartitionOwner
+	0, // 1: fanout.cluster.v1.Heartbeat.role:type_name -> fanout.cluster.v1.Role
+	1, // 2: fanout.cluster.v1.Heartbeat.mode:type_name -> fanout.cluster.v1.Mode
+	2, // 3: fanout.cluster.v1.Heartbeat.assignment:type_name -> fanout.cluster.v1.PartitionAssignment
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -239,8 +486,8 @@ func file_cluster_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   1,
+			NumEnums:      2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

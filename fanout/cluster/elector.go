@@ -67,6 +67,22 @@ type Config struct {
 
 	Logger *logrus.Entry    // nil means the logrus standard logger
 	Now    func() time.Time // clock; nil means time.Now
+
+	// Mode is this member's --assignment; MODE_UNSPECIFIED means
+	// MODE_LEADER. In MODE_SPREAD the leader assigns the partitions of
+	// Topic to the live members of that mode and publishes the assignment
+	// (see Assignment), and every member reads the topic's partition count
+	// every PartitionRefresh (0 means 10 s).
+	Mode             Mode
+	Weight           int // this member's capacity in spread mode (--weight); 0 means 1
+	PartitionRefresh time.Duration
+	// Committed reports whether the group has committed offsets of the
+	// topic, as far as this member knows (spread mode). A line of
+	// assignments that begins when it has (no assignment in the log: the
+	// first leader, or every member was down) gives --initial-offset to no
+	// partition: one without a committed offset then starts at the oldest
+	// offset. Nil means never committed.
+	Committed func() bool
 }
 
 // withDefaults returns c with zero values replaced by defaults.
@@ -82,6 +98,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Mode == Mode_MODE_UNSPECIFIED {
+		c.Mode = Mode_MODE_LEADER
+	}
+	if c.Weight <= 0 {
+		c.Weight = 1
+	}
+	if c.PartitionRefresh <= 0 {
+		c.PartitionRefresh = 10 * time.Second
 	}
 	return c
 }
@@ -106,6 +131,8 @@ type Member struct {
 	Role     Role      // the role of its last heartbeat
 	Epoch    uint64    // the epoch of its last heartbeat
 	LastSeen time.Time // local receive time of its last heartbeat
+	Mode     Mode      // its --assignment (MODE_LEADER for a member that does not say)
+	Weight   int       // its capacity in spread mode
 }
 
 // Leadership is this member's view of who leads the cluster.
@@ -115,12 +142,16 @@ type Leadership struct {
 	LeaderID   string // the leader's node id, when Known
 	LeaderAddr string // the leader's advertised client address, when Known
 	Epoch      uint64 // the leader's epoch, when Known
+	Mode       Mode   // the leader's --assignment, when Known or Leader
 }
 
-// snapshot is what the loop publishes for Leadership and Members.
+// snapshot is what the loop publishes for Leadership, Members and
+// Assignment.
 type snapshot struct {
 	leadership Leadership
 	members    []Member
+	assignment *Assignment // in force for this member; nil when none
+	published  *Assignment // the assignment this node publishes as leader
 }
 
 // Elector takes part in the election of one fanout cluster. Create it with
@@ -140,6 +171,8 @@ type Elector struct {
 	snap     atomic.Pointer[snapshot]
 	failover atomic.Uint64
 	routines actor.Group // goroutines of Run
+
+	changed chan struct{} // capacity 1: the assignment in force changed
 }
 
 // New validates cfg and returns an Elector. Nothing runs until Run.
@@ -172,6 +205,7 @@ func newElector(cfg Config, f fencer) *Elector {
 		fencePath: cfg.Chroot + FencePath(cfg.ID, cfg.Topic),
 		instance:  fmt.Sprintf("%016x", rand.Uint64()),
 		terms:     make(chan *Term, 1),
+		changed:   make(chan struct{}, 1),
 		resign:    make(chan chan error),
 		done:      make(chan struct{}),
 	}
@@ -192,6 +226,22 @@ func (e *Elector) Leadership() Leadership { return e.snap.Load().leadership }
 // Members lists the members heard from within the last two LeaderTimeouts,
 // ordered by node id.
 func (e *Elector) Members() []Member { return e.snap.Load().members }
+
+// Assignment returns the assignment in force for this member in spread
+// mode: the last one accepted from the leader ZooKeeper records for its
+// epoch. It is nil when there is none yet, when this member's own heartbeats
+// do not come back (it may be cut off: it must not serve what it cannot
+// know it still owns), and when the live leader runs another mode. While no
+// leader is live (a failover) the last one accepted stays in force.
+func (e *Elector) Assignment() *Assignment { return e.snap.Load().assignment }
+
+// Published returns the assignment this node publishes while it leads in
+// spread mode, or nil.
+func (e *Elector) Published() *Assignment { return e.snap.Load().published }
+
+// AssignmentChanged receives a value (capacity 1, never closed) whenever
+// Assignment may have changed.
+func (e *Elector) AssignmentChanged() <-chan struct{} { return e.changed }
 
 // Failovers counts the leader changes this node has seen after the first
 // leader it learnt of.
@@ -234,17 +284,37 @@ func (e *Elector) Run(ctx context.Context) error {
 	defer close(e.terms)
 	// Goroutines must be done before terms is closed (LIFO defers).
 	defer e.routines.Wait()
+	// ZooKeeper calls cannot be cancelled, so Run waits for the fence watcher
+	// only up to releaseTimeout: long enough for the release of a resigned
+	// term (a Kafka leader leaving its group) to run while the caller's
+	// clients are still open; a watcher stuck on an unanswered call returns
+	// when the authority answers or the caller closes the connection.
+	fenceDone := make(chan struct{})
+	defer func() {
+		select {
+		case <-fenceDone:
+		case <-time.After(releaseTimeout):
+			e.log.Warn("fence watcher still busy after the election stopped: not waiting for it")
+		}
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	// ZooKeeper calls cannot be cancelled, so Run does not wait for the
-	// fence watcher: it returns when the authority answers or the caller
-	// closes the connection.
 	reqs, reports := make(chan fenceReq, 2), make(chan fenceReport)
 	var detached actor.Group
 	detached.Go(e.log, "fence watcher", func() {
+		defer close(fenceDone)
 		watchFence(ctx, e.fence, e.cfg.NodeID, e.cfg.Addr, e.cfg.Heartbeat, reqs, reports)
 	}, nil)
+	var partitions chan int32 // spread mode: the topic's partition count, when it changes
+	if e.cfg.Mode == Mode_MODE_SPREAD {
+		partitions = make(chan int32)
+		// Detached too: a metadata request to an unreachable Kafka takes
+		// sarama's retries to give up.
+		detached.Go(e.log, "partition watcher", func() {
+			watchPartitions(ctx, e.cfg.Client, e.cfg.Topic, e.cfg.PartitionRefresh, partitions, e.log)
+		}, nil)
+	}
 
 	if err := e.retry(ctx, "create heartbeat topic "+e.topic, e.ensureTopic); err != nil {
 		return nil
@@ -262,7 +332,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 	defer consumer.Close()
 
-	l := &loop{e: e, pub: pub, consumer: consumer, reqs: reqs, reports: reports}
+	l := &loop{e: e, pub: pub, consumer: consumer, reqs: reqs, reports: reports, partitionCounts: partitions}
 	l.run(ctx)
 	return nil
 }

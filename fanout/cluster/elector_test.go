@@ -187,9 +187,20 @@ const (
 // cleanup or n.cancel.
 func startNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID string) *node {
 	t.Helper()
+	return startNodeWith(t, c, fence, id, nodeID, nil)
+}
+
+// startNodeWith is startNode with the Config adjusted by tune, when set.
+func startNodeWith(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID string, tune func(*Config)) *node {
+	t.Helper()
 	nf := &nodeFence{f: fence, path: FencePath(id, "jobs")}
 	nf.sid.Store(1)
-	n := runNode(t, testConfig(t, c, id, nodeID), func(*Elector) fencer { return nf })
+	cfg := testConfig(t, c, id, nodeID)
+	if tune != nil {
+		tune(&cfg)
+		cfg = cfg.withDefaults()
+	}
+	n := runNode(t, cfg, func(*Elector) fencer { return nf })
 	n.fence = nf
 	return n
 }

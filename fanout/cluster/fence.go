@@ -268,7 +268,11 @@ func watchFence(ctx context.Context, f fencer, node, addr string, poll time.Dura
 		case <-retry.C:
 		case r := <-reqs:
 			if r.release {
-				f.release(ctx, r.rec)
+				// Not cut short when ctx ends: a release is the last
+				// word of a term that stops.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+				f.release(rctx, r.rec)
+				cancel()
 				break
 			}
 			o := fenceOutcome{epoch: r.epoch, session: f.session()}

@@ -182,3 +182,33 @@ func TestKafkaAuthorityForeignMemberLeavesNobodyLeading(t *testing.T) {
 		t.Fatalf("n1 leads a group with a foreign member")
 	}
 }
+
+// slowRelease is a fencer whose releases take a while, as a LeaveGroup to a
+// busy coordinator does.
+type slowRelease struct{ fencer }
+
+func (f slowRelease) release(ctx context.Context, rec record) {
+	time.Sleep(300 * time.Millisecond)
+	f.fencer.release(ctx, rec)
+}
+
+// Run returns only after the release of a resigned term ran, so a daemon
+// that stops cleanly leaves the group before it closes its Kafka client.
+func TestKafkaAuthorityStopWaitsForTheRelease(t *testing.T) {
+	c := newKafkaWithTopic(t)
+	cfg := testConfig(t, c, "slowleave", "n1")
+	cfg.Group = kafkastore.New(cfg.Client, "slowleave", "jobs", 0)
+	n := runNode(t, cfg, func(e *Elector) fencer { return slowRelease{newKafkaFencer(cfg.Group, e.log)} })
+	testutil.WaitFor(t, 15*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
+	if err := n.e.Resign(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	n.stop()
+	d, err := cfg.Group.Describe(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Members) != 0 {
+		t.Errorf("the group has %d members once Run returned, want none: the release ran after", len(d.Members))
+	}
+}

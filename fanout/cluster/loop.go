@@ -26,6 +26,9 @@ type loop struct {
 	reqs     chan<- fenceReq    // to the fence watcher: CASes (at most one runs) and releases
 	reports  <-chan fenceReport // from the fence watcher, in order
 
+	partitionCounts <-chan int32 // spread mode: the topic's partition count, when it changes
+	spread          spreadState  // spread mode's assignment (spread.go)
+
 	v              *vote
 	pc             sarama.PartitionConsumer // nil while (re)opening
 	next           int64                    // offset to read from when reopening
@@ -39,6 +42,7 @@ type loop struct {
 	sent           struct {                 // the last published heartbeat's state
 		epoch, claim uint64
 		role         Role
+		generation   uint64 // of the assignment it carried
 	}
 	seenRec     record // the fence record last logged
 	seenKnown   bool
@@ -109,6 +113,9 @@ func (l *loop) run(ctx context.Context) {
 		case r := <-l.reports:
 			l.report(r)
 			l.update(e.cfg.Now(), false)
+		case n := <-l.partitionCounts:
+			l.spread.partitions = n
+			l.update(e.cfg.Now(), false)
 		case <-ended:
 			l.endTerm(l.term.Cause())
 			l.update(e.cfg.Now(), false) // says at once that it no longer leads
@@ -172,6 +179,10 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 		if !wasDuplicated { // once per occurrence
 			l.e.log.WithFields(logrus.Fields{"offset": offset, "other_addr": hb.GetAddr(), "other_instance": hb.GetInstance()}).
 				Error("another live process has this node id: not claiming leadership while it is heard from; give every daemon its own --node-id")
+		}
+	case observed:
+		if a := hb.GetAssignment(); a != nil {
+			l.acceptAssignment(hb, a)
 		}
 	}
 }
@@ -237,10 +248,15 @@ func (l *loop) update(now time.Time, tick bool) {
 		// lower ids from claiming.
 		l.claim = 0
 	}
+	if l.e.cfg.Mode == Mode_MODE_SPREAD && l.term != nil {
+		l.rebalance(now)
+	}
+	l.checkMode(now)
 	if !l.left {
 		hb := l.heartbeat(now)
-		if tick || hb.Epoch != l.sent.epoch || hb.Role != l.sent.role || hb.ClaimEpoch != l.sent.claim {
-			l.sent.epoch, l.sent.role, l.sent.claim = hb.Epoch, hb.Role, hb.ClaimEpoch
+		gen := hb.GetAssignment().GetGeneration()
+		if tick || hb.Epoch != l.sent.epoch || hb.Role != l.sent.role || hb.ClaimEpoch != l.sent.claim || gen != l.sent.generation {
+			l.sent.epoch, l.sent.role, l.sent.claim, l.sent.generation = hb.Epoch, hb.Role, hb.ClaimEpoch, gen
 			l.pub.send(pubReq{hb: hb})
 		}
 	}
@@ -256,10 +272,18 @@ func (l *loop) heartbeat(now time.Time) *Heartbeat {
 	case l.claim != 0:
 		role = Role_ROLE_CANDIDATE
 	}
-	return &Heartbeat{
+	hb := &Heartbeat{
 		NodeId: l.e.cfg.NodeID, Addr: l.e.cfg.Addr, Epoch: epoch, Role: role,
 		ClaimEpoch: l.claim, SentAtMs: now.UnixMilli(), Instance: l.e.instance,
+		Mode: l.e.cfg.Mode,
 	}
+	if l.e.cfg.Mode == Mode_MODE_SPREAD {
+		hb.Weight = uint32(l.e.cfg.Weight)
+		if l.term != nil && l.spread.published != nil && l.spread.published.Epoch == l.term.Epoch {
+			hb.Assignment = l.spread.published.proto()
+		}
+	}
+	return hb
 }
 
 // termEnds returns why the running term must end at now, or nil.
@@ -367,14 +391,26 @@ func (l *loop) publishSnapshot(now time.Time) {
 	switch rec := l.v.rec; {
 	case l.term != nil:
 		s.leadership = Leadership{Leader: true, LeaderAddr: l.e.cfg.Addr, LeaderID: l.e.cfg.NodeID,
-			Epoch: l.term.Epoch, Known: true}
+			Epoch: l.term.Epoch, Known: true, Mode: l.e.cfg.Mode}
 	case l.v.leaderLive(now) && rec.Node != l.e.cfg.NodeID:
-		s.leadership = Leadership{LeaderAddr: rec.Addr, LeaderID: rec.Node, Epoch: rec.Epoch, Known: true}
+		s.leadership = Leadership{LeaderAddr: rec.Addr, LeaderID: rec.Node, Epoch: rec.Epoch, Known: true,
+			Mode: l.v.members[rec.Node].mode}
 	}
 	for _, m := range l.v.view(now) {
-		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen})
+		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen,
+			Mode: m.mode, Weight: m.weight})
 	}
-	l.e.snap.Store(s)
+	s.assignment = l.inForce(now)
+	if l.term != nil {
+		s.published = l.spread.published
+	}
+	old := l.e.snap.Swap(s)
+	if old.assignment != s.assignment {
+		select {
+		case l.e.changed <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // unreadableHint says how to fix an unreadable fence record of the

@@ -114,6 +114,8 @@ type member struct {
 	claim    uint64
 	lastSeen time.Time // local receive time of the last heartbeat
 	benched  time.Time // sits out until then: its claim failed, or it stopped leading
+	mode     Mode      // its --assignment; MODE_LEADER when it does not say
+	weight   int       // its capacity in spread mode, at least 1
 }
 
 // verdict is what observe made of a heartbeat, for the loop to log.
@@ -189,6 +191,10 @@ func (v *vote) observe(hb *Heartbeat, at time.Time) verdict {
 		m.benched = at.Add(v.timeout) // stopped leading, or stopped claiming without winning
 	}
 	m.addr, m.role, m.epoch, m.claim, m.lastSeen = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch(), at
+	m.mode, m.weight = hb.GetMode(), max(1, int(hb.GetWeight()))
+	if m.mode == Mode_MODE_UNSPECIFIED {
+		m.mode = Mode_MODE_LEADER
+	}
 
 	c := hb.GetClaimEpoch()
 	switch {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,24 +20,37 @@ import (
 // offset never goes backwards. Every commit is made under the term's fence,
 // fixed at creation: a committer abandoned with a commit under way cannot
 // write once another term began, however late that commit runs.
+//
+// In per-partition mode there is no term fence: each partition is committed
+// under the condition it was assigned with (assign), which its offers carry
+// until it is forgotten (forget) or finished (finish: a last commit, after
+// which nothing of it is written). A commit's fence is made of the conditions
+// of the partitions it writes, and a fenced commit is not the end of the
+// committer: the partitions whose conditions no longer hold are reported on
+// lost, the others committed again one by one.
 type committer struct {
-	store    offsets.Store
-	fence    offsets.Fence
-	interval time.Duration // wait before retrying a failed commit
-	log      *logrus.Entry
+	store        offsets.Store
+	fence        offsets.Fence // the term's fence; zero in per-partition mode
+	perPartition bool
+	interval     time.Duration // wait before retrying a failed commit
+	log          *logrus.Entry
 
 	observe func(took time.Duration, err error) // Config.OnCommit; may be nil
 
-	mu           sync.Mutex                // guards pending, anchors, stored, failures, failingSince and runningSince
-	pending      map[int32]int64           // offered, not yet stored
-	anchors      map[int32][]chan struct{} // closed once a commit of their partition, offered after them, succeeds
-	stored       map[int32]int64           // what the store holds, as far as this committer knows
-	failures     uint64                    // failed commits, in total
-	failingSince time.Time                 // first failure since the last success; zero after a success
-	runningSince time.Time                 // start of the commit under way; zero when none
+	mu           sync.Mutex                  // guards the fields below
+	pending      map[int32]int64             // offered, not yet stored
+	anchors      map[int32][]chan struct{}   // closed once a commit of their partition, offered after them, succeeds
+	conds        map[int32]offsets.Condition // per-partition mode: the partitions committed, each under its condition
+	finals       map[int32]chan error        // per-partition mode: finish waits for these partitions' next commit
+	lostParts    map[int32]offsets.Condition // per-partition mode: found fenced, not yet sent on lost
+	stored       map[int32]int64             // what the store holds, as far as this committer knows
+	failures     uint64                      // failed commits, in total
+	failingSince time.Time                   // first failure since the last success; zero after a success
+	runningSince time.Time                   // start of the commit under way; zero when none
 
-	kick   chan struct{} // capacity 1: pending has something new
-	fenced chan error    // capacity 1: the store refused us for good
+	kick   chan struct{}                    // capacity 1: pending has something new
+	fenced chan error                       // capacity 1: the store refused us for good (term mode)
+	lost   chan map[int32]offsets.Condition // per-partition mode: partitions whose condition no longer holds
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -44,16 +58,20 @@ type committer struct {
 func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Duration, log *logrus.Entry,
 	stored map[int32]int64, observe func(time.Duration, error)) *committer {
 	return &committer{
-		store:    store,
-		fence:    fence,
-		interval: interval,
-		log:      log,
-		observe:  observe,
-		pending:  map[int32]int64{},
-		anchors:  map[int32][]chan struct{}{},
-		stored:   maps.Clone(stored),
-		kick:     make(chan struct{}, 1),
-		fenced:   make(chan error, 1),
+		store:        store,
+		fence:        fence,
+		perPartition: fence.IsZero(),
+		interval:     interval,
+		log:          log,
+		observe:      observe,
+		pending:      map[int32]int64{},
+		anchors:      map[int32][]chan struct{}{},
+		conds:        map[int32]offsets.Condition{},
+		finals:       map[int32]chan error{},
+		stored:       maps.Clone(stored),
+		kick:         make(chan struct{}, 1),
+		fenced:       make(chan error, 1),
+		lost:         make(chan map[int32]offsets.Condition),
 	}
 }
 
@@ -86,66 +104,152 @@ func (c *committer) abandon() {
 	}
 }
 
-// offer queues offsets for the next commit.
+// offer queues offsets for the next commit. In per-partition mode offsets of
+// partitions not assigned are ignored.
 func (c *committer) offer(m map[int32]int64) {
 	if len(m) == 0 {
 		return
 	}
 	c.mu.Lock()
-	maps.Copy(c.pending, m)
-	c.mu.Unlock()
-	select {
-	case c.kick <- struct{}{}:
-	default:
+	for p, o := range m {
+		if !c.perPartition || c.conds[p] != nil {
+			c.pending[p] = o
+		}
 	}
+	c.mu.Unlock()
+	c.poke()
 }
 
 // anchor queues offset for partition p, like offer, and closes done once a
 // commit that includes p, of this offset or of a newer offer, has succeeded.
+// In per-partition mode an anchor of a partition not assigned, or forgotten
+// before its commit, is never closed (its source has stopped fetching it).
 func (c *committer) anchor(p int32, offset int64, done chan struct{}) {
 	c.mu.Lock()
-	c.pending[p] = offset
-	c.anchors[p] = append(c.anchors[p], done)
+	if !c.perPartition || c.conds[p] != nil {
+		c.pending[p] = offset
+		c.anchors[p] = append(c.anchors[p], done)
+	}
 	c.mu.Unlock()
+	c.poke()
+}
+
+// poke wakes the loop.
+func (c *committer) poke() {
 	select {
 	case c.kick <- struct{}{}:
 	default:
 	}
 }
 
-// take removes and returns everything pending, and the anchors waiting for
-// it (every anchor waits for a pending partition).
-func (c *committer) take() (map[int32]int64, map[int32][]chan struct{}) {
+// assign makes partition p committable under cond (per-partition mode), with
+// stored, when >= 0, the offset the store holds for it.
+func (c *committer) assign(p int32, cond offsets.Condition, stored int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.conds[p] = cond
+	delete(c.pending, p)
+	if c.stored == nil {
+		c.stored = map[int32]int64{}
+	}
+	if stored >= 0 {
+		c.stored[p] = stored
+	} else {
+		delete(c.stored, p)
+	}
+}
+
+// forget stops committing partition p (per-partition mode): what is pending
+// of it is dropped, and a commit under way that carries it is the last one.
+func (c *committer) forget(p int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetLocked(p, errors.New("dispatch: partition dropped before its final commit"))
+}
+
+func (c *committer) forgetLocked(p int32, err error) {
+	delete(c.conds, p)
+	delete(c.pending, p)
+	delete(c.anchors, p)
+	delete(c.stored, p)
+	if w := c.finals[p]; w != nil {
+		w <- err
+		delete(c.finals, p)
+	}
+}
+
+// finish commits offset o of partition p under its condition as the
+// partition's last commit, after any commit of it under way, and then
+// forgets p (per-partition mode). The returned channel receives the outcome
+// once: nil, or the error of a commit that was refused (wrapping
+// offsets.ErrFenced) or that could not run because the committer stopped. A
+// commit that fails otherwise is retried, as any.
+func (c *committer) finish(p int32, o int64) <-chan error {
+	done := make(chan error, 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conds[p] == nil {
+		done <- fmt.Errorf("dispatch: final commit of partition %d: not assigned", p)
+		return done
+	}
+	if w := c.finals[p]; w != nil {
+		w <- errors.New("dispatch: final commit replaced by a newer one")
+	}
+	c.pending[p] = o
+	c.finals[p] = done
+	c.poke()
+	return done
+}
+
+// take removes and returns everything pending with the fence to commit it
+// under and the anchors waiting for it (every anchor waits for a pending
+// partition), or nil when nothing is pending.
+func (c *committer) take() (map[int32]int64, offsets.Fence, map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.pending) == 0 {
-		return nil, nil
+		return nil, offsets.Fence{}, nil
 	}
 	m, anchors := c.pending, c.anchors
 	c.pending, c.anchors = map[int32]int64{}, map[int32][]chan struct{}{}
-	return m, anchors
+	if !c.perPartition {
+		return m, c.fence, anchors
+	}
+	conds := make(map[int32]offsets.Condition, len(m))
+	for p := range m {
+		conds[p] = c.conds[p] // offer, anchor and finish keep only assigned partitions
+	}
+	return m, offsets.PartitionFence(conds), anchors
 }
 
-// putBack returns offsets of a failed commit, unless newer ones arrived,
+// putBack returns offsets of a failed commit, unless newer ones arrived or
+// (per-partition mode) the partition was forgotten or assigned again since,
 // and their anchors, which wait for whichever is committed next.
-func (c *committer) putBack(m map[int32]int64, anchors map[int32][]chan struct{}) {
+func (c *committer) putBack(m map[int32]int64, fence offsets.Fence, anchors map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for p, o := range m {
+		if c.perPartition {
+			conds, err := fence.Conditions([]int32{p})
+			if err != nil || c.conds[p] == nil || conds[0] != c.conds[p] {
+				continue
+			}
+		}
 		if _, newer := c.pending[p]; !newer {
 			c.pending[p] = o
 		}
-	}
-	for p, a := range anchors {
-		c.anchors[p] = append(c.anchors[p], a...)
+		c.anchors[p] = append(c.anchors[p], anchors[p]...)
 	}
 }
 
-// release closes the anchors of a successful commit.
-func release(anchors map[int32][]chan struct{}) {
-	for _, a := range anchors {
-		for _, done := range a {
-			close(done)
+// release closes the anchors of the partitions of done, committed.
+func release(anchors map[int32][]chan struct{}, done map[int32]int64) {
+	for p, a := range anchors {
+		if _, ok := done[p]; !ok {
+			continue
+		}
+		for _, ch := range a {
+			close(ch)
 		}
 	}
 }
@@ -161,58 +265,153 @@ func (c *committer) run(ctx context.Context) {
 		case <-retry:
 			retry = nil
 		}
-		m, anchors := c.take()
+		m, fence, anchors := c.take()
 		if m == nil {
 			continue
 		}
-		start := time.Now()
-		c.mu.Lock()
-		c.runningSince = start
-		c.mu.Unlock()
-		err := c.store.Commit(ctx, c.fence, m)
-		c.record(m, time.Since(start), err)
+		done, err := c.commit(ctx, m, fence, anchors)
+		release(anchors, done)
 		switch {
 		case err == nil:
-			if failures > 0 {
+			if failures > 0 && len(done) > 0 {
 				c.log.WithField("failures", failures).Info("offset commits work again")
+				failures = 0
 			}
-			failures = 0
-			release(anchors)
-			c.log.WithFields(logrus.Fields{"offsets": m, "took": time.Since(start)}).Debug("offsets committed")
+			if len(done) > 0 {
+				c.log.WithField("offsets", done).Debug("offsets committed")
+			}
 		case errors.Is(err, offsets.ErrFenced):
 			c.fenced <- err
 			return
 		default:
-			c.putBack(m, anchors)
+			if !c.perPartition { // per partition: commit put back what failed
+				c.putBack(m, fence, anchors)
+			}
 			if failures == 0 || failures%30 == 0 {
 				c.log.WithError(err).WithField("failures", failures+1).Warn("offset commit failed; retrying")
 			}
 			failures++
 			retry = time.After(c.interval)
 		}
+		if lost := c.takeLost(); len(lost) > 0 {
+			select {
+			case c.lost <- lost:
+			case <-ctx.Done():
+				return
+			}
+		}
 	}
+}
+
+// commit writes m under fence, records the outcome and returns what it
+// committed. In per-partition mode a fenced commit is retried partition by
+// partition: the partitions whose condition no longer holds are forgotten
+// and kept for takeLost, the others are committed; it then returns the
+// first other error, if any, never offsets.ErrFenced.
+func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets.Fence,
+	anchors map[int32][]chan struct{}) (map[int32]int64, error) {
+	start := time.Now()
+	c.mu.Lock()
+	c.runningSince = start
+	c.mu.Unlock()
+	err := c.store.Commit(ctx, fence, m)
+	c.record(m, fence, time.Since(start), err)
+	if err == nil {
+		return m, nil
+	}
+	if !c.perPartition {
+		return nil, err
+	}
+	if !errors.Is(err, offsets.ErrFenced) {
+		c.putBack(m, fence, anchors)
+		return nil, err
+	}
+	parts := slices.Sorted(maps.Keys(m))
+	if len(parts) == 1 {
+		c.markLost(parts[0], fence, err)
+		return nil, nil
+	}
+	done := map[int32]int64{}
+	var first error
+	for _, p := range parts {
+		one := map[int32]int64{p: m[p]}
+		start := time.Now()
+		err := c.store.Commit(ctx, fence, one)
+		c.record(one, fence, time.Since(start), err)
+		switch {
+		case err == nil:
+			done[p] = m[p]
+		case errors.Is(err, offsets.ErrFenced):
+			c.markLost(p, fence, err)
+		default:
+			c.putBack(one, fence, anchors)
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return done, first
+}
+
+// markLost forgets partition p, found fenced under its condition in fence,
+// and keeps it for takeLost; unless p was forgotten or assigned again under
+// another condition since.
+func (c *committer) markLost(p int32, fence offsets.Fence, err error) {
+	conds, cerr := fence.Conditions([]int32{p})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cerr != nil || c.conds[p] == nil || c.conds[p] != conds[0] {
+		return // forgotten, or assigned again under another condition, since
+	}
+	c.forgetLocked(p, err)
+	if c.lostParts == nil {
+		c.lostParts = map[int32]offsets.Condition{}
+	}
+	c.lostParts[p] = conds[0]
+	c.log.WithError(err).WithField("partition", p).Warn("offset commit fenced: the partition is no longer ours")
+}
+
+// takeLost returns the partitions found fenced since the last call.
+func (c *committer) takeLost() map[int32]offsets.Condition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.lostParts
+	c.lostParts = nil
+	return l
 }
 
 // flush stops the loop and commits everything pending plus m, synchronously.
+// In per-partition mode partitions found fenced are only logged.
 func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
 	c.stop()
 	c.offer(m)
-	all, anchors := c.take()
+	all, fence, anchors := c.take()
 	if all == nil {
 		return nil
 	}
-	start := time.Now()
-	err := c.store.Commit(ctx, c.fence, all)
-	c.record(all, time.Since(start), err)
+	done, err := c.commit(ctx, all, fence, anchors)
+	release(anchors, done)
 	if err != nil {
+		c.resolveFinals(err)
 		return fmt.Errorf("commit %v: %w", all, err)
 	}
-	release(anchors)
+	c.resolveFinals(errors.New("dispatch: stopped before the final commit"))
 	return nil
 }
 
-// record notes the outcome of one commit of m, for report and OnCommit.
-func (c *committer) record(m map[int32]int64, took time.Duration, err error) {
+// resolveFinals answers every final commit still waiting with err.
+func (c *committer) resolveFinals(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p, w := range c.finals {
+		w <- err
+		delete(c.finals, p)
+	}
+}
+
+// record notes the outcome of one commit of m, for report and OnCommit, and
+// answers the final commits it carried.
+func (c *committer) record(m map[int32]int64, fence offsets.Fence, took time.Duration, err error) {
 	if c.observe != nil {
 		c.observe(took, err)
 	}
@@ -230,7 +429,25 @@ func (c *committer) record(m map[int32]int64, took time.Duration, err error) {
 	if c.stored == nil {
 		c.stored = map[int32]int64{}
 	}
-	maps.Copy(c.stored, m)
+	for p, o := range m {
+		if !c.perPartition {
+			c.stored[p] = o
+			continue
+		}
+		conds, cerr := fence.Conditions([]int32{p})
+		if cerr != nil || c.conds[p] == nil || c.conds[p] != conds[0] {
+			continue // forgotten, or assigned again, since
+		}
+		c.stored[p] = o
+		if w := c.finals[p]; w != nil {
+			if _, newer := c.pending[p]; !newer {
+				w <- nil
+				delete(c.finals, p)
+				delete(c.conds, p)
+				delete(c.stored, p)
+			}
+		}
+	}
 }
 
 // troubleSince returns since when commits have been failing, or the start

@@ -23,7 +23,7 @@ type Config struct {
 	// hang) before Run gives up with ErrCommitsFailing; 0 means never.
 	MaxCommitFailure time.Duration
 	Store            offsets.Store // where offsets are committed; required
-	Fence            offsets.Fence // the term's fence, given to every commit; required
+	Fence            offsets.Fence // the term's fence, given to every commit; required unless PerPartition
 	Logger           *logrus.Entry // default: the standard logger
 	Now              func() time.Time
 
@@ -39,6 +39,17 @@ type Config struct {
 	// messages that fit their MaxFrameSize. Nil: every client takes every
 	// message.
 	FrameSize func(*Message) int
+
+	// PerPartition makes a dispatcher that serves only the partitions given
+	// to it with Assign, each committed under its own fence condition, until
+	// Revoke or Drop; batches of other partitions are dropped. Fence must be
+	// zero. A commit refused for a partition drops that partition alone
+	// (OnLost), never the dispatcher.
+	PerPartition bool
+	// OnLost, when set, is told (from the dispatcher's goroutine: it must
+	// not block) of each partition dropped because a commit under its
+	// condition was refused, in per-partition mode.
+	OnLost func(p int32, cond offsets.Condition)
 }
 
 func (c *Config) setDefaults() {
@@ -78,6 +89,9 @@ const (
 	reqTouch
 	reqSettle
 	reqStats
+	reqAssign
+	reqRevoke
+	reqDrop
 )
 
 // request is a call from another goroutine, handled by Run in order.
@@ -92,6 +106,12 @@ type request struct {
 	sink   ClientSink
 	reason LeaveReason
 	reply  chan Stats
+
+	part    int32             // reqAssign, reqRevoke, reqDrop
+	cond    offsets.Condition // reqAssign
+	stored  int64             // reqAssign: the stored offset, or -1
+	timeout time.Duration     // reqRevoke
+	revoked chan revokeReply  // reqRevoke
 }
 
 // Dispatcher hands messages from a Source to clients. Create it with New,
@@ -109,7 +129,10 @@ func New(cfg Config, src Source) (*Dispatcher, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("dispatch: Config.Store is required")
 	}
-	if cfg.Fence.IsZero() {
+	switch {
+	case cfg.PerPartition && !cfg.Fence.IsZero():
+		return nil, errors.New("dispatch: Config.Fence must be zero with PerPartition: each partition is assigned with its own")
+	case !cfg.PerPartition && cfg.Fence.IsZero():
 		return nil, errors.New("dispatch: Config.Fence is required: no commit without a fence")
 	}
 	cfg.setDefaults()
@@ -171,6 +194,86 @@ func (d *Dispatcher) sendIDs(kind reqKind, id uint64, ids []uint64) {
 	}
 }
 
+// Assign adds partition p (per-partition mode): its batches are taken from
+// once Assign returns, and its offsets committed under cond. stored is the
+// offset the store holds for it (for Stats.Committed), or -1. Call it
+// before the source starts fetching p. It returns false when Run has
+// returned.
+func (d *Dispatcher) Assign(p int32, cond offsets.Condition, stored int64) bool {
+	done := make(chan Stats, 1)
+	select {
+	case d.reqs <- request{kind: reqAssign, part: p, cond: cond, stored: stored, reply: done}:
+	case <-d.done:
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-d.done:
+		return false
+	}
+}
+
+// Drop takes partition p away at once (per-partition mode: it was lost to
+// another owner): its buffered messages and deliveries in flight are
+// dropped (acks for them become unknown), nothing more of it is committed.
+func (d *Dispatcher) Drop(p int32) { d.send(request{kind: reqDrop, part: p}) }
+
+// Revoke hands partition p over (per-partition mode): call it once the
+// source has stopped fetching p. Its buffered messages are dropped (the next
+// owner fetches them again) and nothing more of it is delivered; its
+// deliveries in flight are awaited for up to timeout, then dropped; its
+// committable offset is committed under its condition as its last commit.
+// Revoke returns once that commit is done; an error when p is not assigned,
+// the commit was refused or failed until ctx ended, or the dispatcher
+// stopped first. Acks of the deliveries awaited count as usual.
+func (d *Dispatcher) Revoke(ctx context.Context, p int32, timeout time.Duration) (Revoked, error) {
+	reply := make(chan revokeReply, 1)
+	select {
+	case d.reqs <- request{kind: reqRevoke, part: p, timeout: timeout, revoked: reply}:
+	case <-d.done:
+		return Revoked{}, ErrStopped
+	case <-ctx.Done():
+		return Revoked{}, fmt.Errorf("revoke partition %d: %w", p, ctx.Err())
+	}
+	var r revokeReply
+	select {
+	case r = <-reply:
+	case <-d.done:
+		select {
+		case r = <-reply: // answered as Run returned
+		default:
+			return Revoked{}, ErrStopped
+		}
+	case <-ctx.Done():
+		return Revoked{}, fmt.Errorf("revoke partition %d: %w", p, ctx.Err())
+	}
+	if r.err != nil || r.final == nil {
+		return r.Revoked, r.err
+	}
+	select {
+	case err := <-r.final:
+		if err != nil {
+			return r.Revoked, fmt.Errorf("final commit of partition %d at %d: %w", p, r.Offset, err)
+		}
+		r.Committed = true
+		return r.Revoked, nil
+	case <-ctx.Done():
+		return r.Revoked, fmt.Errorf("final commit of partition %d at %d: %w", p, r.Offset, ctx.Err())
+	}
+}
+
+// ErrStopped is returned by Revoke when the dispatcher's Run has returned.
+var ErrStopped = errors.New("dispatch: dispatcher stopped")
+
+func errNotAssigned(p int32) error { return fmt.Errorf("dispatch: partition %d is not assigned", p) }
+func errRevoking(p int32) error {
+	return fmt.Errorf("dispatch: partition %d is already being revoked", p)
+}
+func errDropped(p int32) error {
+	return fmt.Errorf("dispatch: partition %d was dropped while being revoked", p)
+}
+
 // Stats returns a snapshot of the counters, or false once Run has returned
 // or ctx ends first.
 func (d *Dispatcher) Stats(ctx context.Context) (Stats, bool) {
@@ -220,6 +323,9 @@ var ErrAbandon = errors.New("dispatch: abandoned")
 func (d *Dispatcher) Run(ctx context.Context) error {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
+	if d.cfg.PerPartition {
+		s.parts = map[int32]*owned{}
+	}
 	s.frameSize = d.cfg.FrameSize
 	s.onTooLarge = func(m *Message, largest int) {
 		d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame, "largest_client_limit": largest}).
@@ -230,12 +336,24 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	cm := newCommitter(d.cfg.Store, d.cfg.Fence, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
 	cm.start()
 	defer cm.stop()
+	defer func() { // revocations and final commits still waiting
+		for p, o := range s.parts {
+			if o.revoke != nil {
+				o.revoke.reply <- revokeReply{err: ErrStopped}
+				delete(s.parts, p)
+			}
+		}
+		cm.resolveFinals(ErrStopped)
+	}()
 
 	ackTimer := time.NewTimer(time.Hour)
 	ackTimer.Stop()
 	var armed time.Time // deadline ackTimer is armed for; zero when stopped
 	commitTick := time.NewTicker(d.cfg.CommitInterval)
 	defer commitTick.Stop()
+	revokeTimer := time.NewTimer(time.Hour) // the earliest revocation deadline
+	revokeTimer.Stop()
+	var revokeArmed time.Time
 
 	setPaused := func(p bool) {
 		if p != s.paused {
@@ -278,6 +396,19 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			armed = dl
 		}
 
+		if s.revoking > 0 {
+			ready, next := s.revocations(now())
+			for _, p := range ready {
+				d.endRevoke(s, cm, p)
+			}
+			if !next.Equal(revokeArmed) {
+				revokeTimer.Stop()
+				if revokeArmed = next; !next.IsZero() {
+					revokeTimer.Reset(next.Sub(now()))
+				}
+			}
+		}
+
 		if s.draining && s.flights.live == 0 {
 			return d.finalCommit(s, cm)
 		}
@@ -288,6 +419,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				batches = nil
 				d.log.Debug("source closed")
 				continue
+			}
+			if !s.takes(b.Partition) {
+				continue // not ours (any more): the owner fetches it
 			}
 			s.addBatch(b)
 			d.hold(s, b.Partition)
@@ -302,6 +436,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		case <-ackTimer.C:
 			armed = time.Time{}
 			s.expire(now())
+		case <-revokeTimer.C:
+			revokeArmed = time.Time{}
+		case lost := <-cm.lost:
+			for p, cond := range lost {
+				if o := s.parts[p]; o != nil && o.cond == cond {
+					s.forget(p)
+					if d.cfg.OnLost != nil {
+						d.cfg.OnLost(p, cond)
+					}
+				}
+			}
 		case <-commitTick.C:
 			cm.offer(s.tracker.Dirty())
 			if since := cm.troubleSince(); d.cfg.MaxCommitFailure > 0 && !since.IsZero() && time.Since(since) >= d.cfg.MaxCommitFailure {
@@ -382,7 +527,46 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 		st := s.snapshot()
 		cm.report(&st)
 		r.reply <- st
+	case reqAssign:
+		if s.parts == nil {
+			d.log.WithField("partition", r.part).Error("Assign on a dispatcher that serves every partition: ignored")
+			r.reply <- Stats{}
+			return
+		}
+		s.assign(r.part, r.cond)
+		cm.assign(r.part, r.cond, r.stored)
+		r.reply <- Stats{}
+	case reqDrop:
+		if s.parts[r.part] != nil {
+			s.forget(r.part)
+			cm.forget(r.part)
+		}
+	case reqRevoke:
+		if s.parts == nil {
+			r.revoked <- revokeReply{err: errNotAssigned(r.part)}
+			return
+		}
+		s.revokeStart(r.part, now.Add(r.timeout), r.revoked)
 	}
+}
+
+// endRevoke ends the revocation of partition p: its committable offset goes
+// to the committer as its final commit, and the caller of Revoke is told.
+func (d *Dispatcher) endRevoke(s *state, cm *committer, p int32) {
+	o, offset, tracked, unacked := s.revokeEnd(p)
+	r := revokeReply{Revoked: Revoked{Offset: offset, Unacked: unacked, Dropped: o.revoke.dropped}}
+	if tracked {
+		r.final = cm.finish(p, offset)
+	} else {
+		cm.forget(p)
+	}
+	log := d.log.WithFields(logrus.Fields{"partition": p, "offset": offset, "dropped_buffered": r.Dropped})
+	if unacked > 0 {
+		log.WithField("unacked", unacked).Warn("handoff timeout: deliveries still unacked are dropped; the next owner delivers them again")
+	} else {
+		log.Debug("partition revoked: every delivery acked")
+	}
+	o.revoke.reply <- r
 }
 
 // finalCommit commits what the committer has not yet stored plus every

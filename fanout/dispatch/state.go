@@ -107,6 +107,12 @@ type state struct {
 	flights   flightTable  // outstanding deliveries by id
 	deadlines deadlineList // outstanding deliveries by deadline
 
+	// parts holds, in per-partition mode, the partitions served; nil when
+	// every partition is (a term's dispatcher). revoking counts those being
+	// revoked, so that the hot path checks one integer (see partitions.go).
+	parts    map[int32]*owned
+	revoking int
+
 	draining bool      // no more deliveries
 	paused   bool      // the source is paused
 	touched  []*client // clients given deliveries in the current round
@@ -179,22 +185,30 @@ func (s *state) restart(p int32, r int64) {
 	if s.tracker.Start(p, r) == 0 {
 		return // nothing at or above r was outstanding, so nothing is buffered there
 	}
-	forgotten := func(m *Message) bool {
-		if m.Partition == p && m.Offset >= r {
+	s.dropWaiting(func(m *Message) bool { return m.Partition == p && m.Offset >= r })
+}
+
+// dropWaiting removes the messages waiting for a client (fresh,
+// redeliveries, large) for which forgotten returns true, and returns how
+// many it removed.
+func (s *state) dropWaiting(forgotten func(*Message) bool) int {
+	drop := func(m *Message) bool {
+		if forgotten(m) {
 			s.bytes -= m.Size()
 			return true
 		}
 		return false
 	}
-	s.fresh.filter(func(m *Message) bool { return !forgotten(m) })
-	s.retries.filter(func(rt retry) bool { return !forgotten(rt.msg) })
+	n := s.fresh.filter(func(m *Message) bool { return !drop(m) })
+	n += s.retries.filter(func(rt retry) bool { return !drop(rt.msg) })
 	if s.large.len() > 0 {
 		first := s.large.front().msg
-		s.large.filter(func(rt retry) bool { return !forgotten(rt.msg) })
+		n += s.large.filter(func(rt retry) bool { return !drop(rt.msg) })
 		if s.large.len() == 0 || s.large.front().msg != first {
 			s.largeBlocked = false // a new first message
 		}
 	}
+	return n
 }
 
 // join adds a client.
@@ -345,6 +359,11 @@ func (s *state) own(id, did uint64) *flight {
 // partition restarted at or below its offset since it was received: then the
 // message is forgotten (fetched again, or gone) and dropped.
 func (s *state) requeue(f *flight, reason int) {
+	if s.revoking > 0 && s.revoked(f.msg.Partition) {
+		s.unlink(f) // being handed over: the next owner delivers it
+		s.recycle(f)
+		return
+	}
 	c := f.client
 	s.unlink(f)
 	if m := f.msg; !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
@@ -371,6 +390,11 @@ func (s *state) unlink(f *flight) {
 		c.last = f.prev
 	}
 	c.n--
+	if s.revoking > 0 {
+		if o := s.parts[f.msg.Partition]; o != nil && o.revoke != nil {
+			o.revoke.inFlight--
+		}
+	}
 }
 
 // recycle frees f's id; a later ack naming it is unknown.

@@ -62,6 +62,11 @@ type SourceConfig struct {
 	RefreshInterval time.Duration
 	// Logger receives the source's logs (the standard logger when nil).
 	Logger *logrus.Entry
+	// Manual makes the source consume only the partitions given to Add,
+	// each until Remove (spread mode: a member consumes the partitions it
+	// owns). Stored and RefreshInterval are then unused: Add says where a
+	// partition starts, and the assignment follows the partition count.
+	Manual bool
 }
 
 // ParseInitialOffset turns "newest" or "oldest" into sarama.OffsetNewest or
@@ -97,6 +102,9 @@ func ParseInitialOffset(s string) (int64, error) {
 // closes once the partition's committable offset is stored. Otherwise a
 // crash right after the first deliveries would resolve the start again
 // (newest has moved on) and lose them.
+//
+// A Manual source (spread mode) consumes only the partitions given to Add,
+// each until Remove, and discovers nothing by itself.
 type Source struct {
 	client  sarama.Client
 	cfg     SourceConfig
@@ -108,6 +116,22 @@ type Source struct {
 	held    map[int32]bool                     // PausePartition: these are paused whatever Resume says
 	running bool                               // Run has started consuming
 	parts   map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
+	manual  manualParts                        // Manual: the partitions added
+}
+
+// manualParts are the partitions of a Manual source.
+type manualParts struct {
+	ctx      context.Context // Run's; nil before Run consumes and after it stops
+	consumer sarama.Consumer // Run's
+	group    *actor.Group    // Run's partition goroutines
+	waiting  map[int32]int64 // added before Run consumes: their start offsets
+	running  map[int32]*partRun
+}
+
+// partRun is a partition goroutine of a Manual source.
+type partRun struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the goroutine has returned
 }
 
 // NewSource returns a Source for cfg.Topic over client. The caller keeps
@@ -148,7 +172,62 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		batches: make(chan dispatch.Batch),
 		held:    map[int32]bool{},
 		parts:   map[int32]sarama.PartitionConsumer{},
+		manual:  manualParts{waiting: map[int32]int64{}, running: map[int32]*partRun{}},
 	}, nil
+}
+
+// Add starts consuming partition p (Manual sources): at offset when it is
+// >= 0 (the committed offset), else by that policy (sarama.OffsetOldest or
+// sarama.OffsetNewest; a start resolved so is anchored, see Source). It
+// sends a Batch with the numeric Start first. Adding a partition being
+// consumed does nothing. Before Run consumes, the partition waits for it.
+func (s *Source) Add(p int32, offset int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.manual.running[p]; ok {
+		return
+	}
+	if s.manual.ctx == nil {
+		s.manual.waiting[p] = offset
+		return
+	}
+	s.startLocked(p, offset)
+}
+
+// startLocked runs partition p's goroutine under Run's context; s.mu held.
+func (s *Source) startLocked(p int32, offset int64) {
+	ctx, cancel := context.WithCancel(s.manual.ctx)
+	r := &partRun{cancel: cancel, done: make(chan struct{})}
+	s.manual.running[p] = r
+	s.parts[p] = nil
+	consumer := s.manual.consumer
+	s.manual.group.Go(s.log.WithField("partition", p), "partition", func() {
+		defer close(r.done)
+		s.runPartition(ctx, consumer, p, offset)
+	}, nil)
+}
+
+// Remove stops consuming partition p (Manual sources) and returns once its
+// goroutine has stopped: no batch of p is sent after Remove returns (one
+// being sent when it is called is either taken before it returns or never).
+// A PausePartition of p ends with it.
+func (s *Source) Remove(p int32) {
+	s.mu.Lock()
+	delete(s.manual.waiting, p)
+	r := s.manual.running[p]
+	delete(s.manual.running, p)
+	s.mu.Unlock()
+	if r == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
+	s.mu.Lock()
+	if _, again := s.manual.running[p]; !again {
+		delete(s.parts, p)
+		delete(s.held, p)
+	}
+	s.mu.Unlock()
 }
 
 // Batches implements dispatch.Source. The channel is closed when Run returns
@@ -272,14 +351,21 @@ func (s *Source) Run(ctx context.Context) error {
 	// openPartition pauses each partition as Pause and PausePartition say.
 
 	var partitions actor.Group
+	if s.cfg.Manual {
+		return s.runManual(ctx, consumer, &partitions)
+	}
 	started := make(map[int32]bool, len(parts)) // owned by this goroutine
 	start := func(p int32, from int64) {
 		started[p] = true
 		s.mu.Lock()
 		s.parts[p] = nil
 		s.mu.Unlock()
+		offset, ok := s.cfg.Stored[p]
+		if !ok {
+			offset = from
+		}
 		partitions.Go(s.log.WithField("partition", p), "partition", func() {
-			s.runPartition(ctx, consumer, p, from)
+			s.runPartition(ctx, consumer, p, offset)
 		}, nil)
 	}
 	// --initial-offset applies only to a group that never committed: once
@@ -315,6 +401,31 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 
+	s.stop(consumer, &partitions)
+	return nil
+}
+
+// runManual consumes the partitions added until ctx ends (Manual sources).
+func (s *Source) runManual(ctx context.Context, consumer sarama.Consumer, partitions *actor.Group) error {
+	s.mu.Lock()
+	s.manual.ctx, s.manual.consumer, s.manual.group = ctx, consumer, partitions
+	for p, offset := range s.manual.waiting {
+		s.startLocked(p, offset)
+	}
+	clear(s.manual.waiting)
+	s.mu.Unlock()
+	s.log.Info("kafka source started: consuming the partitions added")
+	<-ctx.Done()
+	s.mu.Lock()
+	s.manual.ctx = nil
+	clear(s.manual.running)
+	s.mu.Unlock()
+	s.stop(consumer, partitions)
+	return nil
+}
+
+// stop waits for the partition goroutines, closes the consumer and Batches.
+func (s *Source) stop(consumer sarama.Consumer, partitions *actor.Group) {
 	partitions.Wait()
 	s.mu.Lock()
 	clear(s.parts)
@@ -324,7 +435,6 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	close(s.batches)
 	s.log.Info("kafka source stopped")
-	return nil
 }
 
 // partitions refreshes the topic's metadata and returns its partitions.
@@ -345,14 +455,10 @@ func (s *Source) partitions() ([]int32, error) {
 	return parts, nil
 }
 
-// runPartition consumes partition p until ctx ends. from is where the
-// partition starts without a stored offset (a policy constant).
-func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, from int64) {
+// runPartition consumes partition p from offset (a number: its stored
+// offset; or a policy constant, resolved and anchored) until ctx ends.
+func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, offset int64) {
 	log := s.log.WithField("partition", p)
-	offset, ok := s.cfg.Stored[p]
-	if !ok {
-		offset = from
-	}
 	announce := true // the first start is always announced
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
@@ -462,22 +568,29 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 // offset, not the high watermark: the records of a transaction still open
 // lie between the two, and are delivered once it commits.
 func (s *Source) offsetOf(p int32, policy int64) (int64, error) {
-	conf := s.client.Config()
-	if policy != sarama.OffsetNewest || conf.Consumer.IsolationLevel != sarama.ReadCommitted {
+	if policy != sarama.OffsetNewest || s.client.Config().Consumer.IsolationLevel != sarama.ReadCommitted {
 		return s.client.GetOffset(s.cfg.Topic, p, policy)
 	}
-	broker, err := s.client.Leader(s.cfg.Topic, p)
+	return LastStableOffset(s.client, s.cfg.Topic, p)
+}
+
+// LastStableOffset returns the last stable offset of partition p of topic:
+// newest for a read_committed consumer, below every record of a
+// transaction still open (sarama's GetOffset gives the high watermark,
+// beyond them: a start there would skip them once they commit).
+func LastStableOffset(client sarama.Client, topic string, p int32) (int64, error) {
+	broker, err := client.Leader(topic, p)
 	if err != nil {
 		return -1, fmt.Errorf("leader of partition %d: %w", p, err)
 	}
-	req := sarama.NewOffsetRequest(conf.Version)
+	req := sarama.NewOffsetRequest(client.Config().Version)
 	req.IsolationLevel = sarama.ReadCommitted
-	req.AddBlock(s.cfg.Topic, p, sarama.OffsetNewest, 1)
+	req.AddBlock(topic, p, sarama.OffsetNewest, 1)
 	resp, err := broker.GetAvailableOffsets(req)
 	if err != nil {
 		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, err)
 	}
-	block := resp.GetBlock(s.cfg.Topic, p)
+	block := resp.GetBlock(topic, p)
 	switch {
 	case block == nil:
 		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,9 @@ import (
 // failing for longer than maxCommitFailing; a follower is ready while it
 // knows its leader (clients it redirects get there).
 func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, string) {
+	if s.Spread {
+		return readySpread(s, now, maxCommitFailing)
+	}
 	switch {
 	case s.Serving:
 		since := s.Stats.CommitFailingSince
@@ -37,6 +41,24 @@ func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, str
 	default:
 		return false, "starting: Kafka or ZooKeeper not reached yet"
 	}
+}
+
+// readySpread is Ready of a spread-mode member: ready while it serves every
+// partition its assignment gives it (none is fine) and its commits have
+// not been failing for longer than maxCommitFailing.
+func readySpread(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, string) {
+	switch {
+	case !s.Serving:
+		return false, "member: not serving yet"
+	case s.Generation == 0:
+		return false, "member: no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"
+	case !slices.Equal(s.Assigned, s.Owned):
+		return false, fmt.Sprintf("member: owns partitions %v of %v assigned (generation %d)", s.Owned, s.Assigned, s.Generation)
+	}
+	if since := s.Stats.CommitFailingSince; !since.IsZero() && now.Sub(since) > maxCommitFailing {
+		return false, fmt.Sprintf("member: offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
+	}
+	return true, fmt.Sprintf("member: serving partitions %v (generation %d)", s.Owned, s.Generation)
 }
 
 // HandlerConfig configures Handler.

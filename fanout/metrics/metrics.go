@@ -49,6 +49,16 @@ type Snapshot struct {
 	Epoch       uint64
 	Failovers   uint64 // leader changes seen after the first leader
 	Members     int    // cluster members heard from recently, this node included
+
+	// Spread: the member serves the partitions the leader assigns it
+	// (--assignment spread); the fields below describe them.
+	Spread bool
+	// Generation is the generation of the assignment in force; 0 when
+	// none is.
+	Generation uint64
+	// Assigned, Owned and HandingOff are the partitions the assignment
+	// gives this member, those it serves, and those it is handing over.
+	Assigned, Owned, HandingOff []int32
 }
 
 // Namespace prefixes every metric name.
@@ -69,6 +79,7 @@ type Collector struct {
 
 	commitLatency  prometheus.Histogram
 	commitFailures prometheus.Counter
+	handoffLatency prometheus.Histogram
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
@@ -76,6 +87,7 @@ type Collector struct {
 	lag, committed, highWater                                    *prometheus.Desc
 	outstanding, held                                            *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
+	owned, assigned, handingOff, generation                      *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -97,6 +109,11 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		commitFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "commit_failures_total",
 			Help: "Offset commits that failed (they are retried).",
+		}),
+		handoffLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "handoff_duration_seconds",
+			Help:    "Spread mode: handoffs of a partition to another member, from the decision to the release (count: handoffs done).",
+			Buckets: handoffBuckets,
 		}),
 		consumed:      desc("messages_consumed_total", "Messages taken from Kafka by the current dispatcher."),
 		delivered:     desc("messages_delivered_total", "Deliveries sent to clients, first attempts and redeliveries."),
@@ -121,8 +138,20 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
 		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
 		members:       desc("cluster_members", "Cluster members heard from recently, this node included."),
+		owned:         desc("partitions_owned", "Spread mode: partitions this member serves."),
+		assigned:      desc("partitions_assigned", "Spread mode: partitions the assignment gives this member."),
+		handingOff:    desc("handoffs_in_progress", "Spread mode: partitions this member is handing over."),
+		generation:    desc("assignment_generation", "Spread mode: generation of the assignment in force (0: none)."),
 	}
 }
+
+// handoffBuckets are the handoff duration buckets, in seconds: a handoff
+// waits for in-flight acks, up to --handoff-timeout (10 s by default).
+var handoffBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
+// ObserveHandoff records one handoff of a partition to another member and
+// its duration.
+func (c *Collector) ObserveHandoff(took time.Duration) { c.handoffLatency.Observe(took.Seconds()) }
 
 // ObserveCommit records one commit attempt: its duration and, when err is
 // not nil, a failure. It is dispatch.Config.OnCommit.
@@ -137,10 +166,12 @@ func (c *Collector) ObserveCommit(took time.Duration, err error) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.commitLatency.Describe(ch)
 	c.commitFailures.Describe(ch)
+	c.handoffLatency.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
 		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members,
+		c.owned, c.assigned, c.handingOff, c.generation,
 	} {
 		ch <- d
 	}
@@ -196,6 +227,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.epoch, float64(s.Epoch))
 	counter(c.failovers, s.Failovers)
 	gauge(c.members, float64(s.Members))
+
+	if s.Spread {
+		gauge(c.owned, float64(len(s.Owned)))
+		gauge(c.assigned, float64(len(s.Assigned)))
+		gauge(c.handingOff, float64(len(s.HandingOff)))
+		gauge(c.generation, float64(s.Generation))
+		ch <- c.handoffLatency
+	}
 
 	ch <- c.commitLatency
 	ch <- c.commitFailures

@@ -307,3 +307,14 @@ func (pt *partition) grow() {
 	}
 	pt.buf, pt.head = buf, 0
 }
+
+// Forget stops tracking partition p (it was handed over to another owner):
+// what it held is dropped, and p is neither committable nor dirty until it
+// is received or started again.
+func (t *Tracker) Forget(p int32) {
+	if uint32(p) < uint32(len(t.parts)) {
+		t.parts[p] = nil
+		return
+	}
+	delete(t.sparse, p)
+}

@@ -250,6 +250,30 @@ func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
 	return out, nil
 }
 
+// LoadPartition returns the stored offset of partition p, and false when it
+// has none.
+func (s *Store) LoadPartition(ctx context.Context, p int32) (int64, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, false, fmt.Errorf("zkstore: load partition %d of %s: %w", p, s.dir, err)
+	}
+	znode := s.partitionPath(p)
+	data, _, err := s.conn.Get(znode)
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
+	}
+	o, err := parseOffset(data)
+	if err != nil {
+		return 0, false, fmt.Errorf("zkstore: znode %s: %w", znode, err)
+	}
+	s.commitMu.Lock()
+	s.known[p] = true
+	s.commitMu.Unlock()
+	return o, true, nil
+}
+
 // parseOffset parses a znode value: a decimal, non-negative offset
 // (surrounding white space tolerated).
 func parseOffset(data []byte) (int64, error) {
@@ -272,29 +296,80 @@ func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]
 	if len(offs) == 0 {
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
+	parts, err := s.partitions(ctx, offs)
+	if err != nil {
+		return err
 	}
-	parts := make([]int32, 0, len(offs))
-	for p, o := range offs {
-		if p < 0 || o < 0 {
-			return fmt.Errorf("zkstore: commit to %s: invalid partition %d offset %d", s.dir, p, o)
-		}
-		parts = append(parts, p)
-	}
-	slices.Sort(parts)
 	checks, err := versions(fence, parts)
 	if err != nil {
 		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
 	}
+	return s.commit(checkOps(checks), func(i int) string { return "fence " + checks[i].String() }, parts, offs)
+}
 
+// Take is a znode that a commit takes over in its own multi: a
+// compare-and-set that writes Data if the znode still has Version. Taking a
+// znode whose version fences other writers' commits (the leader record,
+// whose version every commit of a term checks) fences them in the same
+// atomic write as the offsets: none of them can commit after it, and if
+// any of them changed the znode first, nothing is written.
+type Take struct {
+	Path    string // absolute: chroot included
+	Version int32  // the version read; the write requires it
+	Data    []byte // written in its place
+}
+
+// String describes the take for errors: "<path>@<version>".
+func (t Take) String() string { return fmt.Sprintf("%s@%d", t.Path, t.Version) }
+
+// CommitTaking writes offs in one multi that first takes every znode of
+// takes (see Take), so that the offsets are written, and every holder of
+// those versions fenced, all at once or not at all. When a znode of takes
+// is no longer at its version (or gone) it writes nothing and returns an
+// error wrapping offsets.ErrFenced; without takes it refuses likewise (a
+// commit is always fenced).
+func (s *Store) CommitTaking(ctx context.Context, takes []Take, offs map[int32]int64) error {
+	if len(takes) == 0 {
+		return fmt.Errorf("zkstore: commit to %s takes no znode: %w", s.dir, offsets.ErrFenced)
+	}
+	if len(offs) == 0 {
+		return nil
+	}
+	parts, err := s.partitions(ctx, offs)
+	if err != nil {
+		return err
+	}
+	return s.commit(takeOps(takes), func(i int) string { return "take of " + takes[i].String() }, parts, offs)
+}
+
+// partitions checks ctx and offs and returns the partitions of offs in
+// order.
+func (s *Store) partitions(ctx context.Context, offs map[int32]int64) ([]int32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
+	}
+	parts := make([]int32, 0, len(offs))
+	for p, o := range offs {
+		if p < 0 || o < 0 {
+			return nil, fmt.Errorf("zkstore: commit to %s: invalid partition %d offset %d", s.dir, p, o)
+		}
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	return parts, nil
+}
+
+// commit runs the multi of a commit: the ops of pre (the fence: version
+// checks, or takes), then the partitions' writes. A failed op of pre is
+// offsets.ErrFenced, described by describe(its index).
+func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs map[int32]int64) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	if err := s.makeParents(); err != nil {
 		return err
 	}
 	for attempt := 0; ; attempt++ {
-		ops := s.commitOps(checks, parts, offs)
+		ops := s.commitOps(pre, parts, offs)
 		resps, err := s.conn.Multi(ops...)
 		if err == nil {
 			for _, p := range parts {
@@ -303,8 +378,8 @@ func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]
 			return nil
 		}
 		failed, opErr := failedOp(resps, err)
-		if failed >= 0 && failed < len(checks) && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
-			return fmt.Errorf("zkstore: commit to %s: fence %v: %w: %w", s.dir, checks[failed], offsets.ErrFenced, opErr)
+		if failed >= 0 && failed < len(pre) && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
+			return fmt.Errorf("zkstore: commit to %s: %s: %w: %w", s.dir, describe(failed), offsets.ErrFenced, opErr)
 		}
 		raced := errors.Is(opErr, zk.ErrNodeExists) || errors.Is(opErr, zk.ErrNoNode)
 		if attempt > 0 || !raced {
@@ -335,13 +410,29 @@ func versions(fence offsets.Fence, parts []int32) ([]Version, error) {
 	return out, nil
 }
 
-// commitOps builds the multi: the fence checks first, then one SetData or
-// Create per partition in partition order.
-func (s *Store) commitOps(checks []Version, parts []int32, offs map[int32]int64) []any {
-	ops := make([]any, 0, len(checks)+len(parts))
-	for _, c := range checks {
-		ops = append(ops, &zk.CheckVersionRequest{Path: c.Path, Version: c.Version})
+// checkOps are the ops of a fence: a version check per condition.
+func checkOps(checks []Version) []any {
+	ops := make([]any, len(checks))
+	for i, c := range checks {
+		ops[i] = &zk.CheckVersionRequest{Path: c.Path, Version: c.Version}
 	}
+	return ops
+}
+
+// takeOps are the ops of takes: a compare-and-set per znode.
+func takeOps(takes []Take) []any {
+	ops := make([]any, len(takes))
+	for i, t := range takes {
+		ops[i] = &zk.SetDataRequest{Path: t.Path, Data: t.Data, Version: t.Version}
+	}
+	return ops
+}
+
+// commitOps builds the multi: the fence's ops first (pre), then one SetData
+// or Create per partition in partition order.
+func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64) []any {
+	ops := make([]any, 0, len(pre)+len(parts))
+	ops = append(ops, pre...)
 	for _, p := range parts {
 		znode := s.partitionPath(p)
 		data := []byte(strconv.FormatInt(offs[p], 10))

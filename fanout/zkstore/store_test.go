@@ -108,7 +108,7 @@ func TestCommitOps(t *testing.T) {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
 		var got []string
-		for _, op := range s.commitOps(checks, []int32{0, 1}, offs) {
+		for _, op := range s.commitOps(checkOps(checks), []int32{0, 1}, offs) {
 			switch op := op.(type) {
 			case *zk.CheckVersionRequest:
 				got = append(got, fmt.Sprintf("check %s@%d", op.Path, op.Version))
@@ -126,6 +126,26 @@ func TestCommitOps(t *testing.T) {
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("%s: ops %q, want %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// A commit that takes znodes writes each at the version read, before the
+// partitions, in the same multi.
+func TestCommitOpsTaking(t *testing.T) {
+	s := New(nil, "/r", "i", "t")
+	s.known[0] = true
+	takes := []Take{{Path: "/r/fence", Version: 7, Data: []byte(`{"epoch":4}`)}, {Path: "/r/owners/0", Version: 2, Data: []byte("x")}}
+	var got []string
+	for _, op := range s.commitOps(takeOps(takes), []int32{0}, map[int32]int64{0: 5}) {
+		op := op.(*zk.SetDataRequest)
+		got = append(got, fmt.Sprintf("set %s@%d=%s", op.Path, op.Version, op.Data))
+	}
+	want := []string{`set /r/fence@7={"epoch":4}`, "set /r/owners/0@2=x", "set /r/consumers/fanout_i/offsets/t/0@-1=5"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ops %q, want %q", got, want)
+	}
+	if err := s.CommitTaking(t.Context(), nil, map[int32]int64{0: 5}); !errors.Is(err, offsets.ErrFenced) {
+		t.Errorf("a commit that takes nothing: %v, want ErrFenced", err)
 	}
 }
 

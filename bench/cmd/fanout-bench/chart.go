@@ -15,12 +15,13 @@ import (
 	"golang.org/x/image/math/fixed"
 )
 
-// Colours of the four consumers (A, B, C, D).
+// Colours of the consumers (A, B, C, D, E).
 var barColors = map[byte]color.RGBA{
 	'A': {0x8c, 0x8c, 0x8c, 0xff},
 	'B': {0x4c, 0x72, 0xb0, 0xff},
 	'C': {0xdd, 0x84, 0x52, 0xff},
 	'D': {0x55, 0xa8, 0x68, 0xff},
+	'E': {0xc4, 0x4e, 0x52, 0xff},
 }
 
 // drawChart draws one horizontal bar per throughput row, a panel per record
@@ -99,6 +100,8 @@ func chartLabel(t Row) string {
 		return "B plain sarama"
 	case "C":
 		return fmt.Sprintf("C fanout, %d client(s)", t.K)
+	case "E":
+		return fmt.Sprintf("E spread, %d member(s)", t.Members)
 	default:
 		return fmt.Sprintf("D share group, %d thr", t.K)
 	}

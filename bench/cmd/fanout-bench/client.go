@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,11 +20,12 @@ import (
 // one Message at a time) and, when standard input closes, closes the client
 // (flushing the last acks) and prints its Result. Only messages whose Ack
 // succeeded are counted; the receipt time is taken for latency before the
-// ack.
+// ack. Given the members of a spread cluster, the Go client keeps a session
+// with each (its credit split over them).
 func runClient(args []string) error {
 	fs := flag.NewFlagSet("client", flag.ExitOnError)
-	addr := fs.String("addr", "127.0.0.1:4987", "daemon address")
-	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello")
+	addrs := fs.String("addr", "127.0.0.1:4987", "daemon address, or comma-separated addresses of one cluster")
+	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello (split over the members in spread mode)")
 	latency := fs.Bool("latency", false, "record produce-to-receipt latency of synthetic values")
 	api := fs.String("api", "batches", "batches: Config.Batches and one Batch.Ack per batch; messages: Messages and Message.Ack")
 	_ = fs.Parse(args)
@@ -33,7 +35,7 @@ func runClient(args []string) error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, client.Config{Addrs: []string{*addr}, MaxInFlight: *inFlight,
+	c, err := client.Dial(ctx, client.Config{Addrs: strings.Split(*addrs, ","), MaxInFlight: *inFlight,
 		ClientID: fmt.Sprintf("bench-%d", os.Getpid()), Batches: *api == "batches"})
 	if err != nil {
 		return err

@@ -36,18 +36,25 @@ type plan struct {
 	LatencySize int           `json:"latency_size"`
 	IdleConns   int           `json:"idle_clients"`
 	IdleFor     time.Duration `json:"idle_window"`
+	// Spread mode (E): the same topics drained by each number of members,
+	// with SpreadClients client processes each connected to every member.
+	Members       []int `json:"spread_members"`
+	SpreadClients int   `json:"spread_clients"`
+	// SpreadOnly measures only B (the ceiling) and E, on data of the
+	// plan's sizes (--spread).
+	SpreadOnly bool `json:"spread_only,omitempty"`
 }
 
 func fullPlan() plan {
 	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 2_000_000, 1024: 500_000},
 		Ks: []int{1, 4, 16}, InFlight: 1000, Rates: []int{1000, 10000}, RateFor: 10 * time.Second,
-		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second}
+		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
 }
 
 func quickPlan() plan {
 	return plan{Quick: true, Sizes: []int{100, 1024}, Messages: map[int]int{100: 20000, 1024: 20000},
 		Ks: []int{1, 4}, InFlight: 1000, Rates: []int{1000}, RateFor: 3 * time.Second,
-		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second}
+		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
 }
 
 // env is where the driver finds the servers, the tools and its own binaries.
@@ -76,6 +83,7 @@ func (e *env) deleteTopics() {
 func runDriver(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	quick := fs.Bool("quick", false, "small data; asserts only that every message arrived")
+	spreadOnly := fs.Bool("spread", false, "measure only the plain sarama consumer (B) and spread mode (E)")
 	var e env
 	fs.StringVar(&e.kafka, "kafka", "127.0.0.1:9092", "Kafka bootstrap broker")
 	fs.StringVar(&e.zk, "zookeeper", "127.0.0.1:2181", "ZooKeeper")
@@ -94,6 +102,7 @@ func runDriver(args []string) error {
 			p.Messages[size] = *messages
 		}
 	}
+	p.SpreadOnly = *spreadOnly
 	var err error
 	if e.self, err = os.Executable(); err != nil {
 		return err
@@ -173,6 +182,21 @@ func measure(e *env, p plan, rep *report) error {
 			say("   %-34s %9.0f msg/s %8.1f MB/s", r.label(), r.MsgPerS, r.MBPerS)
 			rep.Throughput = append(rep.Throughput, r)
 		}
+		if p.SpreadOnly {
+			b, err := e.saramaRun(topic, n)
+			if err != nil {
+				return err
+			}
+			row(b)
+			for _, m := range p.Members {
+				sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight)
+				if err != nil {
+					return err
+				}
+				row(sp)
+			}
+			continue
+		}
 		a, err := e.consumerPerf(topic, n)
 		if err != nil {
 			return err
@@ -198,6 +222,16 @@ func measure(e *env, p plan, rep *report) error {
 			}
 			row(d)
 		}
+		for _, m := range p.Members {
+			sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight)
+			if err != nil {
+				return err
+			}
+			row(sp)
+		}
+	}
+	if p.SpreadOnly {
+		return nil
 	}
 	for _, rate := range p.Rates {
 		ls, err := e.latencyRun(rate, p.RateFor, p.LatencySize)
@@ -449,11 +483,12 @@ func (e *env) saramaRun(topic string, n int) (Row, error) {
 // daemon is a fanout daemon process.
 type daemon struct {
 	id, topic, addr, log string
+	metrics              string // host:port of /metrics and /readyz
 	cmd                  *exec.Cmd
 	exited               chan struct{}
 }
 
-func (e *env) startDaemon(id, topic string, extra ...string) (*daemon, error) {
+func (e *env) startDaemon(id, topic, node string, extra ...string) (*daemon, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -463,15 +498,18 @@ func (e *env) startDaemon(id, topic string, extra ...string) (*daemon, error) {
 		return nil, err
 	}
 	d := &daemon{id: id, topic: topic, addr: fmt.Sprintf("127.0.0.1:%d", port),
-		log: filepath.Join(e.out, "logs", id+".log"), exited: make(chan struct{})}
+		metrics: fmt.Sprintf("127.0.0.1:%d", metricsPort),
+		log:     filepath.Join(e.out, "logs", id+"-"+node+".log"), exited: make(chan struct{})}
 	f, err := os.Create(d.log)
 	if err != nil {
 		return nil, err
 	}
 	args := append([]string{"--id", id, "--topic", topic, "--kafka", e.kafka, "--zookeeper", e.zk,
-		"--listen", d.addr, "--advertise", d.addr, "--node-id", "bench", "--initial-offset", "oldest",
-		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, extra...)
-	e.topics = append(e.topics, "fanout_"+id+"_"+topic) // the daemon's heartbeat topic
+		"--listen", d.addr, "--advertise", d.addr, "--node-id", node, "--initial-offset", "oldest",
+		"--metrics-listen", d.metrics}, extra...)
+	if !slices.Contains(e.topics, "fanout_"+id+"_"+topic) {
+		e.topics = append(e.topics, "fanout_"+id+"_"+topic) // the daemons' heartbeat topic
+	}
 	d.cmd = exec.Command(e.fanout, args...)
 	d.cmd.Stdout, d.cmd.Stderr = f, f
 	if err := d.cmd.Start(); err != nil {
@@ -526,7 +564,7 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 	r := Row{Consumer: "C fanout", K: k}
 	id := fmt.Sprintf("%s-k%d", topic, k)
 	say("   C: fanout daemon + %d client processes", k)
-	d, err := e.startDaemon(id, topic)
+	d, err := e.startDaemon(id, topic, "bench")
 	if err != nil {
 		return r, err
 	}
@@ -656,7 +694,7 @@ func (e *env) latencyRun(rate int, window time.Duration, size int) ([]Latency, e
 	if err := e.createTopic(topic); err != nil {
 		return nil, err
 	}
-	d, err := e.startDaemon(topic, topic)
+	d, err := e.startDaemon(topic, topic, "bench")
 	if err != nil {
 		return nil, err
 	}
@@ -751,7 +789,7 @@ func (e *env) idleRun(conns int, window time.Duration) (*Idle, error) {
 	if err := e.createTopic(topic); err != nil {
 		return nil, err
 	}
-	d, err := e.startDaemon(topic, topic)
+	d, err := e.startDaemon(topic, topic, "bench")
 	if err != nil {
 		return nil, err
 	}

@@ -12,8 +12,9 @@ import (
 // Row is one throughput measurement.
 type Row struct {
 	Size            int     `json:"size"`
-	Consumer        string  `json:"consumer"` // "A ConsumerPerformance", "B sarama", "C fanout", "D ShareConsumerPerformance"
-	K               int     `json:"k"`        // fanout clients or share-consumer threads
+	Consumer        string  `json:"consumer"`          // "A ConsumerPerformance", "B sarama", "C fanout", "D ShareConsumerPerformance", "E fanout spread"
+	K               int     `json:"k"`                 // fanout clients or share-consumer threads
+	Members         int     `json:"members,omitempty"` // E: spread members
 	Expected        int64   `json:"expected"`
 	Messages        int64   `json:"messages"`
 	Redelivered     int64   `json:"redelivered,omitempty"`
@@ -29,6 +30,10 @@ type Row struct {
 	MachineBusyPct  float64 `json:"machine_busy_pct,omitempty"`          // C: all CPUs of the machine, everybody's load
 	CoverB          float64 `json:"c_over_b,omitempty"`
 	CoverD          float64 `json:"c_over_d,omitempty"`
+	// E: per member, its CPU seconds per 10^6 messages it acked, and those
+	// messages.
+	MemberCPUPerM  []float64 `json:"member_cpu_s_per_million,omitempty"`
+	MemberMessages []int64   `json:"member_messages,omitempty"`
 }
 
 func (r *Row) finish() {
@@ -44,6 +49,9 @@ func (r Row) label() string {
 	}
 	if strings.HasPrefix(r.Consumer, "D") {
 		return fmt.Sprintf("%s, %d thread(s)", r.Consumer, r.K)
+	}
+	if strings.HasPrefix(r.Consumer, "E") {
+		return fmt.Sprintf("%s, %d member(s)", r.Consumer, r.Members)
 	}
 	return r.Consumer
 }
@@ -84,6 +92,17 @@ type report struct {
 	Targets     []Target  `json:"targets"`
 }
 
+// spreadRows returns the rows of the spread runs (E).
+func (r *report) spreadRows() []Row {
+	var out []Row
+	for _, t := range r.Throughput {
+		if strings.HasPrefix(t.Consumer, "E") {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 // ratios fills C/B and C/D of every fanout row (D at the same K).
 func (r *report) ratios() {
 	find := func(size int, consumer string, k int) *Row {
@@ -116,7 +135,7 @@ func (r *report) failures() []string {
 		if t.Messages < t.Expected {
 			out = append(out, fmt.Sprintf("%d B, %s: %d of %d messages", t.Size, t.label(), t.Messages, t.Expected))
 		}
-		if strings.HasPrefix(t.Consumer, "C") && t.Committed != t.Expected {
+		if (strings.HasPrefix(t.Consumer, "C") || strings.HasPrefix(t.Consumer, "E")) && t.Committed != t.Expected {
 			out = append(out, fmt.Sprintf("%d B, %s: committed offsets sum to %d, want %d", t.Size, t.label(), t.Committed, t.Expected))
 		}
 	}
@@ -195,6 +214,33 @@ func (r *report) markdown() string {
 	p("")
 	p("![throughput](throughput.png)")
 	p("")
+	if spread := r.spreadRows(); len(spread) > 0 {
+		p("## Spread mode")
+		p("")
+		p("E: the same topic drained by M daemons with `--assignment spread` (each serving the partitions the leader")
+		p("assigns it: 8 partitions over M members), with %d client processes each connected to every member (the Go", r.Plan.SpreadClients)
+		p("client keeps a session per member; credit %d, split over them). Per member: its CPU seconds per 10^6 messages it acked, and those", r.Plan.InFlight)
+		p("messages. On this machine the cores are shared by every member, the broker and the clients, so the total")
+		p("rate cannot grow with M; what scales is the work of each member: its share of the messages falls as 1/M")
+		p("while its CPU per message stays flat.")
+		p("")
+		p("| size | members | messages | msg/s | daemons' cores | CPU s / 10^6 msg, all members | per member: CPU s / 10^6 msg | per member: messages | machine busy %% |")
+		p("|---|--:|--:|--:|--:|--:|---|---|--:|")
+		for _, t := range spread {
+			var cpu, msgs []string
+			for i := range t.MemberCPUPerM {
+				if t.MemberMessages[i] == 0 {
+					cpu = append(cpu, "-") // its partitions held no message
+				} else {
+					cpu = append(cpu, fmt.Sprintf("%.1f", t.MemberCPUPerM[i]))
+				}
+				msgs = append(msgs, fmt.Sprint(t.MemberMessages[i]))
+			}
+			p("| %s | %d | %d | %.0f | %.2f | %.1f | %s | %s | %.0f |", sizeLabel(t.Size), t.Members, t.Messages, t.MsgPerS,
+				t.DaemonCores, t.DaemonCPUPerM, strings.Join(cpu, ", "), strings.Join(msgs, ", "), t.MachineBusyPct)
+		}
+		p("")
+	}
 	p("## Latency")
 	p("")
 	p("Produce to receipt (the produce time travels in the value), %d B messages produced at a fixed rate for %s,", r.Plan.LatencySize, r.Plan.RateFor)

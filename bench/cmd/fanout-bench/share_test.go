@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +35,22 @@ func TestShareSteady(t *testing.T) {
 	}
 	if want := 300000 / 6.416; math.Abs(r.ToolMsgPerS-want) > 1 {
 		t.Errorf("tool rate %.0f, want %.0f", r.ToolMsgPerS, want)
+	}
+}
+
+// The spread runs get their own table, one line per member count, with
+// each member's CPU per message; a spread run that missed a commit fails.
+func TestSpreadReport(t *testing.T) {
+	r := &report{Plan: quickPlan(), Throughput: []Row{
+		{Size: 100, Consumer: "E fanout spread", K: 4, Members: 2, Expected: 10, Messages: 10, Committed: 10,
+			Seconds: 1, MsgPerS: 10, DaemonCPUPerM: 20, MemberCPUPerM: []float64{19.5, 20.5}, MemberMessages: []int64{6, 4}},
+		{Size: 100, Consumer: "E fanout spread", K: 4, Members: 3, Expected: 10, Messages: 10, Committed: 9},
+	}}
+	md := r.markdown()
+	if !strings.Contains(md, "| 100 B | 2 | 10 | 10 | 0.00 | 20.0 | 19.5, 20.5 | 6, 4 | 0 |") {
+		t.Errorf("markdown lacks the spread line:\n%s", md)
+	}
+	if f := r.failures(); len(f) != 1 || !strings.Contains(f[0], "3 member(s): committed offsets sum to 9") {
+		t.Errorf("failures = %q", f)
 	}
 }

@@ -37,7 +37,8 @@ type counter struct {
 func (c *counter) add(v []byte, now time.Time) {
 	ns := now.UnixNano()
 	c.first.CompareAndSwap(0, ns)
-	c.last.Store(ns)
+	for old := c.last.Load(); ns > old && !c.last.CompareAndSwap(old, ns); old = c.last.Load() {
+	}
 	c.n.Add(1)
 	c.bytes.Add(int64(len(v)))
 	if c.measureLatency {

@@ -1,0 +1,176 @@
+package dispatch
+
+import (
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
+
+// This file is the per-partition mode of the state (Config.PerPartition): a
+// member that owns some partitions, each fenced on its own, serves only
+// those, and partitions are assigned, revoked and dropped while it runs.
+
+// owned is a partition the dispatcher serves in per-partition mode.
+type owned struct {
+	cond   offsets.Condition // the commits of the partition are made under it
+	revoke *revocation       // non-nil while the partition is being revoked
+}
+
+// revocation is a partition being handed over: nothing of it is buffered or
+// delivered any more; its deliveries in flight are awaited until deadline.
+type revocation struct {
+	deadline time.Time
+	inFlight int // its deliveries still in flight
+	dropped  int // its buffered messages dropped when it began
+	reply    chan<- revokeReply
+}
+
+// revokeReply is what the dispatcher answers a Revoke with.
+type revokeReply struct {
+	Revoked
+	final <-chan error // the outcome of the final commit; nil when there was none
+	err   error
+}
+
+// Revoked is the outcome of Revoke.
+type Revoked struct {
+	// Offset is the partition's committable offset when it was revoked,
+	// committed as its last commit when Committed.
+	Offset    int64
+	Committed bool
+	// Unacked is the number of its deliveries still in flight at the
+	// handoff timeout: they are dropped here (acks for them are unknown)
+	// and come again from the next owner.
+	Unacked int
+	// Dropped is the number of its buffered messages dropped: the next
+	// owner fetches them again.
+	Dropped int
+}
+
+// takes reports whether the state takes batches of partition p: in
+// per-partition mode only the partitions assigned and not being revoked.
+func (s *state) takes(p int32) bool {
+	if s.parts == nil {
+		return true
+	}
+	o := s.parts[p]
+	return o != nil && o.revoke == nil
+}
+
+// assign adds partition p under cond. A partition assigned again (it was
+// dropped, or came back after a revoke) starts afresh.
+func (s *state) assign(p int32, cond offsets.Condition) {
+	if o := s.parts[p]; o != nil {
+		s.forget(p)
+	}
+	s.parts[p] = &owned{cond: cond}
+}
+
+// revokeStart begins the revocation of partition p: its buffered messages
+// are dropped and its deliveries in flight awaited until deadline. When p is
+// not assigned, or already being revoked, it answers reply with an error.
+func (s *state) revokeStart(p int32, deadline time.Time, reply chan<- revokeReply) {
+	o := s.parts[p]
+	switch {
+	case o == nil:
+		reply <- revokeReply{err: errNotAssigned(p)}
+		return
+	case o.revoke != nil:
+		reply <- revokeReply{err: errRevoking(p)}
+		return
+	}
+	dropped := s.dropBuffered(p)
+	n := 0
+	for _, f := range s.flights.slots {
+		if f != nil && f.msg.Partition == p {
+			n++
+		}
+	}
+	o.revoke = &revocation{deadline: deadline, inFlight: n, dropped: dropped, reply: reply}
+	s.revoking++
+}
+
+// revocations returns the partitions whose revocation can end at now (no
+// delivery in flight, or the deadline passed), and the earliest deadline of
+// the others (zero when none).
+func (s *state) revocations(now time.Time) (ready []int32, next time.Time) {
+	if s.revoking == 0 {
+		return nil, time.Time{}
+	}
+	for p, o := range s.parts {
+		r := o.revoke
+		switch {
+		case r == nil:
+		case r.inFlight == 0 || !now.Before(r.deadline):
+			ready = append(ready, p)
+		case next.IsZero() || r.deadline.Before(next):
+			next = r.deadline
+		}
+	}
+	return ready, next
+}
+
+// revokeEnd ends the revocation of partition p: its deliveries still in
+// flight are dropped, it is forgotten, and its committable offset is
+// returned with the number of deliveries dropped (ok false when nothing of
+// it was ever received).
+func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacked int) {
+	o = s.parts[p]
+	unacked = s.dropFlights(p)
+	offset, tracked = s.tracker.Committable(p)
+	s.tracker.Forget(p)
+	delete(s.parts, p)
+	delete(s.held, p) // its source has stopped fetching it (Source.Remove)
+	s.revoking--
+	return o, offset, tracked, unacked
+}
+
+// forget drops everything of partition p at once (it was lost): buffered
+// messages, deliveries in flight (their acks become unknown) and its
+// offsets. A revocation under way is answered with an error.
+func (s *state) forget(p int32) {
+	o := s.parts[p]
+	if o == nil {
+		return
+	}
+	s.dropBuffered(p)
+	s.dropFlights(p)
+	s.tracker.Forget(p)
+	delete(s.parts, p)
+	delete(s.held, p)
+	if o.revoke != nil {
+		s.revoking--
+		o.revoke.reply <- revokeReply{err: errDropped(p)}
+	}
+}
+
+// dropBuffered removes partition p's messages waiting for a client and
+// returns how many it removed.
+func (s *state) dropBuffered(p int32) int {
+	return s.dropWaiting(func(m *Message) bool { return m.Partition == p })
+}
+
+// dropFlights ends partition p's deliveries in flight without requeueing
+// them (their acks become unknown) and returns how many it ended.
+func (s *state) dropFlights(p int32) int {
+	n := 0
+	for _, f := range s.flights.slots {
+		if f == nil || f.msg.Partition != p {
+			continue
+		}
+		s.deadlines.remove(f)
+		c := f.client
+		s.unlink(f)
+		s.recycle(f)
+		s.makeReady(c)
+		n++
+	}
+	return n
+}
+
+// revoked reports whether partition p is being revoked: a delivery of it
+// that comes back (nack, timeout, disconnect) is not queued again.
+func (s *state) revoked(p int32) bool {
+	o := s.parts[p]
+	return o != nil && o.revoke != nil
+}
