@@ -5,6 +5,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -118,4 +120,73 @@ func TestBatchAndSingleDeliverClientsTogether(t *testing.T) {
 		t.Errorf("%d unknown acks", st.UnknownAcks)
 	}
 	t.Logf("%d messages in single Deliver frames, the rest in batches of up to %d; stats %+v", single, largest, st)
+}
+
+// Batches and range acks in spread mode: one Go client with the batch API,
+// given one member's address, keeps a session with each of three members;
+// every batch comes from one member and holds only partitions that member
+// owns, one Batch.Ack (ranges) settles it at that member, and the acks of
+// all commit every partition's offset.
+func TestSpreadBatchClient(t *testing.T) {
+	const partitions, n = 12, 2400
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	c := spNewCluster(t, topic, 3)
+	c.startAll()
+	conn := spZK(t)
+	owned := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	owner := spOwnerAt(owned)
+	addrOf := map[string]string{}
+	for _, nd := range c.nodes {
+		addrOf[nd.addr] = nd.id
+	}
+	watch := clWatchOffsets(t, c.id, topic)
+
+	hook := &clHook{}
+	cfg := clClientConfig("sp-batches", hook)
+	cfg.MaxInFlight, cfg.Batches = 300, true
+	cl := dial(t, cfg, c.nodes[0].addr)
+	produceSeq(t, topic, "m", n, partitions)
+	seen, members := map[string]bool{}, map[string]bool{}
+	largest := 0
+	deadline := time.After(60 * time.Second)
+	for len(seen) < n {
+		select {
+		case b, ok := <-cl.Batches():
+			if !ok {
+				t.Fatalf("client closed: %v", cl.Err())
+			}
+			member := addrOf[b.Member()]
+			members[member] = true
+			largest = max(largest, len(b.Messages))
+			for _, m := range b.Messages {
+				if m.Member() != b.Member() || owner[m.Partition] != member {
+					t.Fatalf("a batch from %s (%s) holds %s of partition %d, owned by %s, from %s",
+						member, b.Member(), m.Value, m.Partition, owner[m.Partition], m.Member())
+				}
+				seen[string(m.Value)] = true
+			}
+			if err := b.Ack(); err != nil {
+				t.Fatalf("Batch.Ack of %d messages from %s: %v", len(b.Messages), member, err)
+			}
+		case <-deadline:
+			t.Fatalf("%d of %d messages within 60s", len(seen), n)
+		}
+	}
+	if len(members) != 3 {
+		t.Fatalf("batches came from %v, want all 3 members", slices.Sorted(maps.Keys(members)))
+	}
+	if largest < 2 {
+		t.Errorf("the largest batch held %d message(s): no batching", largest)
+	}
+	testutil.WaitFor(t, 30*time.Second, "every partition's acks committed", func() bool {
+		offs := watch.latest()
+		for p := range int32(partitions) {
+			if offs[p] != n/partitions {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d messages in batches of up to %d from %v, every offset committed", n, largest, slices.Sorted(maps.Keys(members)))
 }
