@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -378,4 +380,49 @@ func (r *report) targets() []Target {
 			Measured: fmt.Sprintf("%.0f MB peak", r.Idle.PeakRSSMB), Ratio: r.Idle.PeakRSSMB / 300, Limit: 1, AtMost: true})
 	}
 	return out
+}
+
+// runTargets prints the targets of issue 13 measured in each results.json
+// given, one line per target and one column per file (for a before and
+// after), computed from the measurements whatever the file's own Targets say.
+func runTargets(args []string) error { return printTargets(os.Stdout, args) }
+
+func printTargets(w io.Writer, args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: fanout-bench targets RESULTS.json...")
+	}
+	var names []string
+	got := map[string][]string{}
+	for i, path := range args {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var r report
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		for _, t := range r.targets() {
+			if _, ok := got[t.Name]; !ok {
+				names = append(names, t.Name)
+				got[t.Name] = make([]string, len(args))
+			}
+			status := "met"
+			if !t.Met() {
+				status = "not met"
+			}
+			got[t.Name][i] = fmt.Sprintf("%s (%s)", t.ratio(), status)
+		}
+	}
+	fmt.Fprintf(w, "%-52s %s\n", "target", strings.Join(args, " -> "))
+	for _, n := range names {
+		col := got[n]
+		for i := range col {
+			if col[i] == "" {
+				col[i] = "-"
+			}
+		}
+		fmt.Fprintf(w, "%-52s %s\n", n, strings.Join(col, " -> "))
+	}
+	return nil
 }

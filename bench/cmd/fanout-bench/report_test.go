@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -64,5 +67,40 @@ func TestTargetsOfAQuickRun(t *testing.T) {
 	}
 	if got := r.targets(); len(got) != 0 {
 		t.Fatalf("targets without their references: %+v", got)
+	}
+}
+
+// fanout-bench targets puts the targets of two runs side by side, a target
+// measured in one run only marked "-" in the other.
+func TestPrintTargetsBeforeAndAfter(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, r report) string {
+		raw, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	b := Row{Size: 100, Consumer: "B sarama", K: 1, MsgPerS: 1000, ClientCPUPerM: 1}
+	before := write("before.json", report{Throughput: []Row{b,
+		{Size: 100, Consumer: "C fanout", K: 1, DaemonCPUPerM: 2}}})
+	after := write("after.json", report{Throughput: []Row{b,
+		{Size: 100, Consumer: "C fanout", K: 1, DaemonCPUPerM: 1.2},
+		{Size: 100, Consumer: "C fanout", K: 4, DaemonCPUPerM: 1.5}}})
+	var out strings.Builder
+	if err := printTargets(&out, []string{before, after}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"daemon CPU / 10^6 msg <= 1.3 x B's, 100 B, K=1       2.00 (not met) -> 1.20 (met)",
+		"daemon CPU / 10^6 msg <= 1.3 x B's, 100 B, K=4       - -> 1.50 (not met)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no line %q in:\n%s", want, out.String())
+		}
 	}
 }
