@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -48,6 +50,15 @@ type Config struct {
 	MaxInFlight int
 	// AuthToken is sent in Hello when the daemon requires one.
 	AuthToken string
+	// TLS, when set, makes every connection TLS with this configuration
+	// (the daemons run with --tls-cert). Its RootCAs verify the daemons'
+	// certificates and its Certificates hold the client's own for mutual
+	// TLS. An empty ServerName is taken from each address the client
+	// connects to: the configured ones, a redirect's, a member's; a set one
+	// is checked against every daemon. A daemon that refuses the client's
+	// certificate, whose certificate is not trusted, or that does not speak
+	// TLS stops the client (an error wrapping ErrTLS), as a wrong token does.
+	TLS *tls.Config
 	// DialTimeout bounds each connection attempt, handshake included;
 	// default DefaultDialTimeout.
 	DialTimeout time.Duration
@@ -262,6 +273,47 @@ func (c *Client) connect(l *link, addr string, credit int) (*session, error) {
 	}
 }
 
+// tlsHandshake runs the TLS handshake on nc, with the server name taken
+// from addr unless Config.TLS names one. nc is closed on error.
+func (c *Client) tlsHandshake(ctx context.Context, nc net.Conn, addr string) (net.Conn, error) {
+	cfg := c.cfg.TLS.Clone()
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		cfg.ServerName = host
+	}
+	tc := tls.Client(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		_ = nc.Close()
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("TLS handshake with %s: %w", addr, tlsRefusal(err))
+	}
+	return tc, nil
+}
+
+// tlsRefusal wraps with ErrTLS an error that says TLS cannot work with
+// this daemon: it answered in plain text, its certificate is not trusted,
+// or it refused the client's (a TLS alert, which TLS 1.3 delivers with the
+// first read after the handshake). Other errors are returned as they are.
+func tlsRefusal(err error) error {
+	var plain tls.RecordHeaderError
+	var unverified *tls.CertificateVerificationError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &plain):
+		return fmt.Errorf("%w: the daemon answered in plain text: its listener has no TLS (--tls-cert), or Config.TLS is set by mistake (%v)", ErrTLS, err)
+	case errors.As(err, &unverified):
+		return fmt.Errorf("%w: the daemon's certificate is not trusted: %w", ErrTLS, err)
+	case errors.As(err, &op) && op.Op == "remote error":
+		return fmt.Errorf("%w: the daemon refused the handshake (a client certificate missing, expired or from a CA it does not trust?): %w", ErrTLS, err)
+	}
+	return err
+}
+
 // handshake dials addr, sends Hello and reads the answer: a session for a
 // Welcome, the leader's address for a Redirect, or an error. Close and
 // l.stop interrupt it.
@@ -272,6 +324,11 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("dial %s: %w", addr, err)
+	}
+	if c.cfg.TLS != nil {
+		if nc, err = c.tlsHandshake(ctx, nc, addr); err != nil {
+			return nil, "", err
+		}
 	}
 	defer func() {
 		if err != nil || redirect != "" {
@@ -306,7 +363,7 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 			if ctx.Err() != nil {
 				err = ctx.Err()
 			}
-			return nil, "", fmt.Errorf("handshake with %s: %w", addr, err)
+			return nil, "", fmt.Errorf("handshake with %s: %w", addr, tlsRefusal(err))
 		}
 		switch b := f.Body.(type) {
 		case *protocol.Frame_Welcome:

@@ -24,6 +24,13 @@
 // delivered again, possibly to another client; process messages
 // idempotently.
 //
+// Config.TLS makes every connection TLS (daemons with --tls-cert), with a
+// client certificate for mutual TLS (--tls-client-ca). The server name is
+// the host of each address connected to, a redirect's or a member's
+// included, unless the configuration names one. A refused certificate, an
+// untrusted daemon or one that answers in plain text stops the client with
+// an error wrapping ErrTLS.
+//
 // Acks, nacks and touches are batched on the wire without a timer: each call
 // queues its delivery id and wakes the connection's writer, which sends every
 // id queued by then in one frame. An idle client sends an ack at once; a busy

@@ -23,18 +23,24 @@ var (
 
 	// ErrNoAddrs is returned by Dial when Config.Addrs is empty.
 	ErrNoAddrs = errors.New("fanout client: no daemon addresses configured")
+
+	// ErrTLS is wrapped by the error of a connection on which TLS cannot
+	// work: the daemon does not speak TLS, its certificate is not trusted,
+	// or it refused the client's certificate. It stops the client.
+	ErrTLS = errors.New("TLS refused")
 )
 
 // permanent reports whether err ends the client instead of a reconnect:
 // an Error frame saying the token is wrong or the protocol version is not
 // spoken; a frame larger than the client accepts (Config.MaxFrameSize), which
-// the daemon would send again after a reconnect; and an Error frame saying
+// the daemon would send again after a reconnect; a TLS refusal (ErrTLS);
+// and an Error frame saying
 // the client sent a frame too large or naming too many ids, which would
 // happen again too. Every other failure, including other error codes, is
 // retried.
 func permanent(err error) bool {
 	var tooLarge *protocol.FrameTooLargeError
-	if errors.As(err, &tooLarge) {
+	if errors.As(err, &tooLarge) || errors.Is(err, ErrTLS) {
 		return true
 	}
 	var re *protocol.RemoteError

@@ -29,6 +29,11 @@ func startFake(tb testing.TB) *fakeDaemon {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return startFakeOn(tb, ln)
+}
+
+// startFakeOn serves ln (a TLS listener, say) until the test ends.
+func startFakeOn(tb testing.TB, ln net.Listener) *fakeDaemon {
 	d := &fakeDaemon{ln: ln, conns: make(chan *fakeConn, 16)}
 	go func() {
 		for {

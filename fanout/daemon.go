@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -23,6 +24,8 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/authtoken"
+	"github.com/nanoservice/core-fanout/internal/tlsconf"
 )
 
 // Daemon is one fanout process: a client listener, a Kafka client, an
@@ -40,6 +43,8 @@ type Daemon struct {
 
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
+	tls       *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
+	tokens    *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
 
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
@@ -47,7 +52,7 @@ type Daemon struct {
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
-func New(opts Options) (*Daemon, error) {
+func New(opts Options) (_ *Daemon, err error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
@@ -59,6 +64,20 @@ func New(opts Options) (*Daemon, error) {
 		ready:     make(chan struct{}),
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
+	var tlsCfg *tls.Config
+	if opts.ClientTLS.Set() {
+		if d.tls, err = tlsconf.NewServer(opts.ClientTLS, d.tlsReloaded); err != nil {
+			return nil, fmt.Errorf("client listener TLS: %w", err)
+		}
+		tlsCfg = d.tls.Config()
+	}
+	var authenticate func(string) (string, bool)
+	if opts.AuthTokensFile != "" {
+		if d.tokens, err = authtoken.Open(opts.AuthTokensFile, d.tokensReloaded); err != nil {
+			return nil, err
+		}
+		authenticate = d.tokens.Check
+	}
 	srv, err := server.New(server.Config{
 		Listen:         opts.Listen,
 		NodeID:         opts.NodeID,
@@ -73,6 +92,8 @@ func New(opts Options) (*Daemon, error) {
 		MaxHandshakes:  opts.MaxHandshakes,
 		MaxOutboxBytes: opts.MaxOutboxBytes,
 		AuthToken:      opts.AuthToken,
+		TLS:            tlsCfg,
+		Authenticate:   authenticate,
 		Leadership:     d.leadership,
 		Members:        d.members,
 		Logger:         d.log,
@@ -82,6 +103,37 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.srv = srv
 	return d, nil
+}
+
+// ReloadTLS re-reads the client listener's certificate, key and client CA
+// (SIGHUP); they are also re-read when the files change. On error the
+// previous ones stay in force. Without TLS it does nothing.
+func (d *Daemon) ReloadTLS() error {
+	if d.tls == nil {
+		return nil
+	}
+	return d.tls.Reload()
+}
+
+// tlsReloaded logs the outcome of re-reading the listener's TLS files.
+func (d *Daemon) tlsReloaded(err error) {
+	log := d.log.WithFields(logrus.Fields{"tls_cert": d.opts.ClientTLS.Cert, "tls_client_ca": d.opts.ClientTLS.ClientCA})
+	if err != nil {
+		log.WithError(err).Error("client TLS files changed but do not load: the previous certificate stays in force")
+		return
+	}
+	log.Info("client TLS files reloaded: new connections use them")
+}
+
+// tokensReloaded logs the outcome of re-reading the named tokens; never a
+// token.
+func (d *Daemon) tokensReloaded(err error) {
+	log := d.log.WithField("auth_tokens_file", d.opts.AuthTokensFile)
+	if err != nil {
+		log.WithError(err).Error("client tokens file changed but does not load: the previous tokens stay in force")
+		return
+	}
+	log.WithField("tokens", d.tokens.Len()).Info("client tokens file reloaded: new connections use it")
 }
 
 // Addr returns the client listener's address once Listening is closed.
@@ -151,7 +203,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	fields := logrus.Fields{"listen": d.srv.Addr().String(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
+	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "heartbeat_security": d.heartbeatSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
 		"kafka_security": d.opts.KafkaSecurity.String(), "offset_store": d.opts.OffsetStore}
 	if d.opts.usesZooKeeper() {
 		fields["zookeeper"], fields["zookeeper_security"] = d.opts.ZooKeeper, d.opts.ZooKeeperSecurity.String()
@@ -205,6 +257,9 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	cfg := authority
 	cfg.ID, cfg.Topic, cfg.NodeID, cfg.Addr = d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr())
 	cfg.Heartbeat, cfg.LeaderTimeout, cfg.Client, cfg.Logger = d.opts.ClusterHeartbeat, d.opts.LeaderTimeout, elClient, d.log
+	if d.opts.ClusterSecret != "" {
+		cfg.Secret = []byte(d.opts.ClusterSecret)
+	}
 	cfg.Mode, cfg.Weight, cfg.Committed = cluster.Mode_MODE_LEADER, d.opts.Weight, d.committed.Load
 	if d.opts.Assignment == AssignmentSpread {
 		cfg.Mode = cluster.Mode_MODE_SPREAD
@@ -499,6 +554,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	s.Clients = d.srv.Clients()
 	ss := d.srv.Stats()
 	s.Handshaking = ss.Handshaking
+	s.ClientsByIdentity = ss.Identities
 	s.ConnectionsClosed = make(map[string]uint64, len(ss.Closed))
 	for i, n := range ss.Closed {
 		s.ConnectionsClosed[server.CloseReasons[i]] = n
@@ -510,6 +566,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.LeaderKnown = l.Known
 		s.LeaderID, s.Epoch = l.LeaderID, l.Epoch
 		s.Failovers = el.Failovers()
+		s.UnauthenticatedHeartbeats = el.Unauthenticated()
 		s.Members = len(el.Members())
 	} else if s.Serving { // alone, without an election (Options.Store)
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
@@ -521,6 +578,34 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		}
 	}
 	return s
+}
+
+// clientSecurity describes the client listener's protection for the
+// first log line; never a secret.
+func (d *Daemon) clientSecurity() string {
+	s := "plain text"
+	switch {
+	case d.tls != nil && d.tls.MutualTLS():
+		s = "mutual TLS"
+	case d.tls != nil:
+		s = "TLS"
+	}
+	if d.opts.AuthToken != "" {
+		s += ", auth token"
+	}
+	if d.tokens != nil {
+		s += fmt.Sprintf(", %d named tokens", d.tokens.Len())
+	}
+	return s
+}
+
+// heartbeatSecurity describes the heartbeat log's protection for the first
+// log line; never the secret.
+func (d *Daemon) heartbeatSecurity() string {
+	if d.opts.ClusterSecret != "" {
+		return "MAC (--cluster-secret)"
+	}
+	return "none"
 }
 
 // Ownership returns this member's partitions in spread mode (the zero

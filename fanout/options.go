@@ -21,6 +21,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
+	"github.com/nanoservice/core-fanout/internal/tlsconf"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
@@ -72,7 +73,19 @@ type Options struct {
 	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
 	MaxClients       int           // 0 = unlimited
 	MaxHandshakes    int           // connections waiting for their Hello; beyond it the oldest is closed; default 1024
-	AuthToken        string        // when set, clients must present it in Hello
+	AuthToken        string        // when set, clients must present it in Hello (or a named token)
+	// AuthTokensFile names a file of "name:token" lines: a client presenting
+	// one of the tokens is let in and named by it in the logs
+	// (--auth-tokens-file). Re-read when it changes. With AuthToken, either
+	// passes.
+	AuthTokensFile string
+
+	// ClientTLS makes the client listener speak TLS (--tls-cert,
+	// --tls-key; TLS 1.2 minimum) and, with ClientCA, require client
+	// certificates that CA signs (--tls-client-ca: mutual TLS, the
+	// certificate's subject names the client in logs). The files are
+	// re-read when they change and on Daemon.ReloadTLS (SIGHUP).
+	ClientTLS tlsconf.ServerFiles
 
 	InitialOffset  string        // "newest" or "oldest": where partitions start in a group that never committed; default newest
 	CommitInterval time.Duration // default 1s
@@ -118,6 +131,13 @@ type Options struct {
 	// ConnectBackoffMax bounds the wait between attempts to reach Kafka,
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
+
+	// ClusterSecret, when set, authenticates the heartbeat log: every
+	// heartbeat carries a MAC made with it, and records without a valid one
+	// are ignored and counted. Every member needs the same one; at least 16
+	// bytes. A secret: never logged (FANOUT_CLUSTER_SECRET or
+	// --cluster-secret-file).
+	ClusterSecret string
 
 	// Store, when set, replaces the offset store with an in-memory one
 	// (tests). Neither ZooKeeper nor the election is then used, and
@@ -165,6 +185,9 @@ const (
 	AssignmentLeader = "leader"
 	AssignmentSpread = "spread"
 )
+
+// minClusterSecret is the shortest --cluster-secret accepted, in bytes.
+const minClusterSecret = 16
 
 // topicName is what Kafka accepts as a topic name.
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
@@ -380,6 +403,12 @@ func (o Options) Validate() error {
 	}
 	if err := o.ZooKeeperSecurity.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if o.ClusterSecret != "" && len(o.ClusterSecret) < minClusterSecret {
+		bad("the cluster secret (FANOUT_CLUSTER_SECRET or --cluster-secret-file) is shorter than %d bytes: use a random one (openssl rand -hex 32)", minClusterSecret)
+	}
+	if err := o.ClientTLS.Validate(); err != nil {
+		bad("--tls-cert, --tls-key, --tls-client-ca: %v", err)
 	}
 	if o.MetricsToken != "" && strings.TrimSpace(o.MetricsToken) != o.MetricsToken {
 		bad("the metrics token (FANOUT_METRICS_TOKEN or --metrics-token-file) starts or ends with white space")

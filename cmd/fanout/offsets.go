@@ -221,6 +221,31 @@ func (t *offsetsTarget) checkStopped(ctx context.Context, window time.Duration) 
 	return checkStopped(ctx, t.client, t.group, cluster.TopicName(t.opts.ID, t.opts.Topic), window, time.Now())
 }
 
+// clusterRunning is checkStopped's error when daemons of the cluster were
+// heard within the window.
+type clusterRunning struct {
+	window  time.Duration
+	members []memberStatus
+	now     time.Time
+}
+
+func (e *clusterRunning) Error() string {
+	var names []string
+	for _, m := range e.members {
+		names = append(names, fmt.Sprintf("%s (%s, %s ago)", m.NodeID, m.Role, e.now.Sub(m.LastSeen).Round(100*time.Millisecond)))
+	}
+	return fmt.Sprintf("the cluster runs: heard within %v from %s; stop every daemon first", e.window, strings.Join(names, ", "))
+}
+
+// spread reports whether a member heard runs spread mode, where each
+// member fences its own partitions: taking the leader record over does not
+// stop their commits.
+func (e *clusterRunning) spread() bool {
+	return slices.ContainsFunc(e.members, func(m memberStatus) bool {
+		return m.Mode == cluster.ModeName(cluster.Mode_MODE_SPREAD)
+	})
+}
+
 func offsetsCopyCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "copy",
@@ -370,11 +395,7 @@ func checkStopped(ctx context.Context, client sarama.Client, group *kafkastore.S
 		return err
 	}
 	if len(members) > 0 {
-		var names []string
-		for _, m := range members {
-			names = append(names, fmt.Sprintf("%s (%s, %s ago)", m.NodeID, m.Role, now.Sub(m.LastSeen).Round(100*time.Millisecond)))
-		}
-		return fmt.Errorf("the cluster runs: heard within %v from %s; stop every daemon first", window, strings.Join(names, ", "))
+		return &clusterRunning{window: window, members: members, now: now}
 	}
 	d, err := group.Describe(ctx)
 	if err != nil {

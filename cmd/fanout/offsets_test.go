@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -268,4 +270,39 @@ func TestOffsetsResetKafkaStore(t *testing.T) {
 		t.Errorf("the fenced leader's commit: %v, want ErrFenced", err)
 	}
 	empty()
+}
+
+// A cluster heard running in spread mode is never reset, even with
+// --fence-leader: its members commit under their own partitions' ownership
+// records, which taking the leader record over does not fence.
+func TestOffsetsResetRefusesARunningSpreadCluster(t *testing.T) {
+	addr, _ := kfakeGroup(t)
+	kfakeProduce(t, addr, 0, 3, time.Now())
+	admin, err := sarama.NewClusterAdmin([]string{addr}, kafka.NewConfig("offsets-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	hbTopic := cluster.TopicName("svc", "jobs")
+	if err := admin.CreateTopic(hbTopic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	hb, err := proto.Marshal(&cluster.Heartbeat{NodeId: "node-a", Addr: "a:4987", Role: cluster.Role_ROLE_FOLLOWER,
+		Mode: cluster.Mode_MODE_SPREAD})
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer, err := sarama.NewSyncProducer([]string{addr}, kafka.NewConfig("offsets-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Close()
+	if _, _, err := producer.SendMessage(&sarama.ProducerMessage{Topic: hbTopic, Value: sarama.ByteEncoder(hb), Timestamp: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runApp(t.Context(), t, nil, "offsets", "reset", "--offset-store", "kafka", "--kafka", addr,
+		"--id", "svc", "--topic", "jobs", "--to", "newest", "--yes", "--fence-leader")
+	if code != 1 || !strings.Contains(errOut, "spread mode") || !strings.Contains(errOut, "nothing written") {
+		t.Errorf("reset --fence-leader of a running spread cluster: exit %d, stderr %q; want 1, spread mode, nothing written\n%s", code, errOut, out)
+	}
 }

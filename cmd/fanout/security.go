@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,7 @@ const (
 	secretKafkaPassword = "KAFKA_SASL_PASSWORD" // --kafka-sasl-password-file
 	secretZooKeeperAuth = "ZOOKEEPER_AUTH"      // --zookeeper-auth-file
 	secretMetricsToken  = "METRICS_TOKEN"       // --metrics-token-file
+	secretCluster       = "CLUSTER_SECRET"      // --cluster-secret-file
 )
 
 // secretFlag is the --<name>-file flag of the secret FANOUT_<name>.
@@ -133,9 +135,42 @@ func zookeeperSecurity(env []string, f flagValues) (zkstore.Security, error) {
 	}, nil
 }
 
+// clientTLSFlags are the flags of a tool that connects to the daemons'
+// client listener over TLS (tail).
+func clientTLSFlags() []cli.Flag {
+	env := func(name string) []string { return []string{"FANOUT_" + name} }
+	return []cli.Flag{
+		&cli.StringFlag{Name: "tls-ca", Usage: "connect over TLS, verifying the daemons' certificates against this PEM CA file (implied by any --tls-* flag; default: the system's roots)", EnvVars: env("CLIENT_TLS_CA")},
+		&cli.StringFlag{Name: "tls-cert", Usage: "PEM file of this client's certificate, for daemons with --tls-client-ca (mutual TLS)", EnvVars: env("CLIENT_TLS_CERT")},
+		&cli.StringFlag{Name: "tls-key", Usage: "PEM file of the --tls-cert certificate's key", EnvVars: env("CLIENT_TLS_KEY")},
+		&cli.StringFlag{Name: "tls-server-name", Usage: "name every daemon's certificate must carry (default: the host of each address connected to)", EnvVars: env("CLIENT_TLS_SERVER_NAME")},
+	}
+}
+
+// clientTLS returns the TLS configuration of the client TLS flags, or nil
+// when none is set (plain text).
+func clientTLS(f flagValues) (*tls.Config, error) {
+	files := tlsconf.Files{CA: f.str("tls-ca"), Cert: f.str("tls-cert"), Key: f.str("tls-key")}
+	name := f.str("tls-server-name")
+	if !files.Set() && name == "" {
+		return nil, nil
+	}
+	cfg, err := files.Config()
+	if err != nil {
+		return nil, fmt.Errorf("--tls-*: %w", err)
+	}
+	cfg.ServerName = name
+	return cfg, nil
+}
+
 // metricsTokenFlag is serve's --metrics-token-file.
 func metricsTokenFlag() cli.Flag {
 	return &cli.StringFlag{Name: secretFlag(secretMetricsToken), Usage: "file holding the bearer token /metrics requires (or set FANOUT_" + secretMetricsToken + "); /healthz and /readyz stay open", EnvVars: []string{"FANOUT_" + secretMetricsToken + "_FILE"}}
+}
+
+// clusterSecretFlag is serve's --cluster-secret-file.
+func clusterSecretFlag() cli.Flag {
+	return &cli.StringFlag{Name: secretFlag(secretCluster), Usage: "file holding the secret that authenticates the heartbeats of the cluster (or set FANOUT_" + secretCluster + "); the same on every member, at least 16 bytes", EnvVars: []string{"FANOUT_" + secretCluster + "_FILE"}}
 }
 
 // warn prints what is legal but unsafe in a tool's options (produce,

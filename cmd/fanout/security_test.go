@@ -54,7 +54,8 @@ func parseServe(t *testing.T, env []string, args ...string) (fanout.Options, err
 func TestSecretsFromEnvironmentOrFile(t *testing.T) {
 	file := writeSecret(t, testSecret+"\n")
 	opts, err := parseServe(t, []string{"FANOUT_KAFKA_SASL_PASSWORD=" + testSecret, "FANOUT_METRICS_TOKEN=tok"},
-		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "fanout", "--zookeeper-auth-file", file)
+		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "fanout", "--zookeeper-auth-file", file,
+		"--cluster-secret-file", file, "--auth-tokens-file", file, "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +68,15 @@ func TestSecretsFromEnvironmentOrFile(t *testing.T) {
 	}
 	if opts.MetricsToken != "tok" {
 		t.Errorf("metrics token from FANOUT_METRICS_TOKEN: %q", opts.MetricsToken)
+	}
+	if opts.ClusterSecret != testSecret {
+		t.Errorf("cluster secret from --cluster-secret-file: %q", opts.ClusterSecret)
+	}
+	if opts.AuthTokensFile != file {
+		t.Errorf("--auth-tokens-file: %q", opts.AuthTokensFile)
+	}
+	if f := opts.ClientTLS; f.Cert != "c.pem" || f.Key != "k.pem" || f.ClientCA != "ca.pem" {
+		t.Errorf("client listener TLS files: %+v", f)
 	}
 	if opts.ZooKeeperSecurity.ReadACL != "world" {
 		t.Errorf("--zookeeper-acl-read default %q, want world", opts.ZooKeeperSecurity.ReadACL)
@@ -135,6 +145,10 @@ func TestBadSecurityFlagsExitTwo(t *testing.T) {
 		{"zookeeper acl read auth without auth", nil, append(daemon, "--zookeeper-acl-read", "auth"), "needs --zookeeper-auth"},
 		{"zookeeper CA unreadable", nil, append(daemon, "--zookeeper-tls-ca", missing), "--zookeeper-tls: CA file"},
 		{"metrics token with spaces", []string{"FANOUT_METRICS_TOKEN= " + testSecret}, daemon, "white space"},
+		{"auth tokens file unreadable", nil, append(daemon, "--auth-tokens-file", missing), "--auth-tokens-file: stat " + missing},
+		{"short cluster secret", []string{"FANOUT_CLUSTER_SECRET=abc"}, daemon, "shorter than 16 bytes"},
+		{"TLS certificate unreadable", nil, append(daemon, "--tls-cert", missing, "--tls-key", missing), "client listener TLS: TLS certificate " + missing},
+		{"tail: client key without certificate", nil, []string{"tail", "--tls-key", missing}, "needs both"},
 		{"produce: bad mechanism", nil, []string{"produce", "--topic", "t", "--kafka-sasl-mechanism", "md5"}, `--kafka-sasl-mechanism "md5"`},
 		{"produce: no password source", nil, []string{"produce", "--topic", "t", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "u"}, "no password"},
 		{"produce: CA unreadable", nil, []string{"produce", "--topic", "t", "--kafka-tls-ca", missing}, missing},

@@ -1,14 +1,19 @@
 package main
 
 import (
-	"time"
-
+	"context"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/tlsconf"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
@@ -39,6 +44,10 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "max-clients", Usage: "most connected clients (0: no limit)", EnvVars: env("MAX_CLIENTS")},
 		&cli.IntFlag{Name: "max-handshakes", Value: fanout.DefaultMaxHandshakes, Usage: "most connections waiting for their hello; one more closes the one waiting longest", EnvVars: env("MAX_HANDSHAKES")},
 		&cli.StringFlag{Name: "auth-token", Usage: "shared secret clients must send in hello", EnvVars: env("AUTH_TOKEN")},
+		&cli.StringFlag{Name: "auth-tokens-file", Usage: "file of name:token lines: a client sending one of the tokens is let in and named by it in the logs (beside --auth-token); re-read when it changes", EnvVars: env("AUTH_TOKENS_FILE")},
+		&cli.StringFlag{Name: "tls-cert", Usage: "PEM file of the client listener's certificate: clients connect over TLS (1.2 or later); re-read when it changes and on SIGHUP", EnvVars: env("TLS_CERT")},
+		&cli.StringFlag{Name: "tls-key", Usage: "PEM file of the --tls-cert certificate's key", EnvVars: env("TLS_KEY")},
+		&cli.StringFlag{Name: "tls-client-ca", Usage: "PEM file of the CA that must sign every client's certificate (mutual TLS; needs --tls-cert)", EnvVars: env("TLS_CLIENT_CA")},
 		&cli.StringFlag{Name: "initial-offset", Value: fanout.DefaultInitialOffset, Usage: "newest or oldest: where partitions start in a group that has never committed an offset of the topic (later, a partition without one starts at its oldest offset)", EnvVars: env("INITIAL_OFFSET")},
 		&cli.StringFlag{Name: "isolation", Value: fanout.DefaultIsolation, Usage: "read_committed (records of aborted transactions are never delivered, those of open ones once committed) or read_uncommitted", EnvVars: env("ISOLATION")},
 		&cli.DurationFlag{Name: "commit-interval", Value: fanout.DefaultCommitInterval, Usage: "commit changed offsets to the offset store this often", EnvVars: env("COMMIT_INTERVAL")},
@@ -51,6 +60,7 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "weight", Value: 1, Usage: "spread mode: this member's share of the partitions is proportional to its weight", EnvVars: env("WEIGHT")},
 		&cli.DurationFlag{Name: "handoff-timeout", Value: fanout.DefaultHandoffTimeout, Usage: "spread mode: a partition moving away waits this long for its in-flight messages to be acked", EnvVars: env("HANDOFF_TIMEOUT")},
 		metricsTokenFlag(),
+		clusterSecretFlag(),
 	}
 	flags = append(flags, kafkaSecurityFlags()...)
 	return append(flags, zookeeperSecurityFlags()...)
@@ -100,6 +110,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 		MaxHandshakes:    num("max-handshakes"),
 		MaxOutboxBytes:   num("max-outbox-bytes"),
 		AuthToken:        str("auth-token"),
+		AuthTokensFile:   str("auth-tokens-file"),
 		InitialOffset:    str("initial-offset"),
 		CommitInterval:   dur("commit-interval"),
 		DrainTimeout:     dur("drain-timeout"),
@@ -112,6 +123,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 		ZooKeeperSessionTimeout: dur("zookeeper-session-timeout"),
 		KafkaSessionTimeout:     dur("kafka-session-timeout"),
 	}
+	opts.ClientTLS = tlsconf.ServerFiles{Cert: str("tls-cert"), Key: str("tls-key"), ClientCA: str("tls-client-ca")}
 	opts.Isolation = str("isolation")
 	opts.MaxOutstanding = num("max-outstanding")
 	opts.Assignment, opts.Weight, opts.HandoffTimeout = str("assignment"), num("weight"), dur("handoff-timeout")
@@ -125,6 +137,9 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 		return fanout.Options{}, err
 	}
 	if opts.MetricsToken, err = readSecret(environ, flags, secretMetricsToken); err != nil {
+		return fanout.Options{}, err
+	}
+	if opts.ClusterSecret, err = readSecret(environ, flags, secretCluster); err != nil {
 		return fanout.Options{}, err
 	}
 	return opts, nil
@@ -143,5 +158,23 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return usageError(err)
 	}
-	return d.Run(c.Context)
+	ctx, stop := context.WithCancel(c.Context)
+	defer stop()
+	var routines actor.Group
+	defer routines.Wait()
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	routines.Go(opts.Logger, "SIGHUP", func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				_ = d.ReloadTLS() // the daemon logs the outcome
+			}
+		}
+	}, nil)
+	return d.Run(ctx)
 }

@@ -53,6 +53,7 @@ func statusCommand() *cli.Command {
 			&cli.DurationFlag{Name: "window", Value: statusWindow, Usage: "members are those heard from within this window"},
 			&cli.DurationFlag{Name: "timeout", Value: statusTimeout, Usage: "give up reaching Kafka or ZooKeeper after this long"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON document"},
+			clusterSecretFlag(),
 		}, append(kafkaSecurityFlags(), zookeeperSecurityFlags()...)...),
 		Action:       statusAction,
 		OnUsageError: commandUsageError,
@@ -75,6 +76,9 @@ type clusterStatus struct {
 	// member the assignment gives them.
 	Assignment *assignmentStatus `json:"assignment,omitempty"`
 	Handoffs   []handoffStatus   `json:"handoffs,omitempty"`
+	// Unauthenticated counts the heartbeat records of the window ignored
+	// for want of a valid MAC (with --cluster-secret-file only).
+	Unauthenticated int `json:"unauthenticated_heartbeats,omitempty"`
 }
 
 // assignmentStatus is the assignment the leader last published.
@@ -150,8 +154,12 @@ func statusAction(c *cli.Context) error {
 	if err != nil {
 		return usageError(err)
 	}
+	secret, err := readSecret(environ(), contextValues(c), secretCluster)
+	if err != nil {
+		return usageError(err)
+	}
 	opts := fanout.Options{ID: c.String("id"), Topic: c.String("topic"), Kafka: splitAll(kafkaAddrs), ZooKeeper: splitAll(zkAddrs),
-		OffsetStore: c.String("offset-store"), KafkaSecurity: kafkaSec, ZooKeeperSecurity: zkSec}
+		OffsetStore: c.String("offset-store"), KafkaSecurity: kafkaSec, ZooKeeperSecurity: zkSec, ClusterSecret: secret}
 	if err := opts.Validate(); err != nil {
 		return usageError(err)
 	}
@@ -229,7 +237,8 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		st.Partitions = append(st.Partitions, ps)
 	}
 	var assignment *cluster.Assignment
-	st.Members, assignment, err = readMembers(ctx, client, st.HeartbeatTopic, now.Add(-window), st.Leader)
+	st.Members, assignment, st.Unauthenticated, err = readMembersMAC(ctx, client, st.HeartbeatTopic, now.Add(-window), st.Leader,
+		[]byte(opts.ClusterSecret))
 	if err != nil {
 		return nil, err
 	}
@@ -390,30 +399,39 @@ func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
 // missing topic means no members.
 func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time,
 	leader *leaderStatus) ([]memberStatus, *cluster.Assignment, error) {
+	members, assignment, _, err := readMembersMAC(ctx, client, topic, from, leader, nil)
+	return members, assignment, err
+}
+
+// readMembersMAC is readMembers taking only the records with a valid MAC
+// with secret (all of them without one, as readMembers); it also returns
+// how many it ignored.
+func readMembersMAC(ctx context.Context, client sarama.Client, topic string, from time.Time,
+	leader *leaderStatus, secret []byte) (_ []memberStatus, _ *cluster.Assignment, ignored int, _ error) {
 	if _, err := client.Partitions(topic); errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return nil, nil, nil
+		return nil, nil, 0, nil
 	} else if err != nil {
-		return nil, nil, fmt.Errorf("heartbeat topic %s: %w", topic, err)
+		return nil, nil, 0, fmt.Errorf("heartbeat topic %s: %w", topic, err)
 	}
 	start, err := client.GetOffset(topic, 0, from.UnixMilli())
 	if err != nil {
-		return nil, nil, fmt.Errorf("heartbeat topic %s: offset at %s: %w", topic, from.Format(time.RFC3339), err)
+		return nil, nil, 0, fmt.Errorf("heartbeat topic %s: offset at %s: %w", topic, from.Format(time.RFC3339), err)
 	}
 	end, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
 	if err != nil {
-		return nil, nil, fmt.Errorf("heartbeat topic %s: high watermark: %w", topic, err)
+		return nil, nil, 0, fmt.Errorf("heartbeat topic %s: high watermark: %w", topic, err)
 	}
 	if start < 0 || start >= end {
-		return nil, nil, nil // nothing within the window
+		return nil, nil, 0, nil // nothing within the window
 	}
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
-		return nil, nil, fmt.Errorf("heartbeat consumer: %w", err)
+		return nil, nil, 0, fmt.Errorf("heartbeat consumer: %w", err)
 	}
 	defer consumer.Close()
 	pc, err := consumer.ConsumePartition(topic, 0, start)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read heartbeat topic %s from %d: %w", topic, start, err)
+		return nil, nil, 0, fmt.Errorf("read heartbeat topic %s from %d: %w", topic, start, err)
 	}
 	defer pc.AsyncClose()
 
@@ -422,11 +440,15 @@ func readMembers(ctx context.Context, client sarama.Client, topic string, from t
 	for next := start; next < end; {
 		select {
 		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("read heartbeat topic %s (offsets %d to %d): %w", topic, start, end, ctx.Err())
+			return nil, nil, 0, fmt.Errorf("read heartbeat topic %s (offsets %d to %d): %w", topic, start, end, ctx.Err())
 		case err := <-pc.Errors():
-			return nil, nil, fmt.Errorf("read heartbeat topic %s: %w", topic, err)
+			return nil, nil, 0, fmt.Errorf("read heartbeat topic %s: %w", topic, err)
 		case m := <-pc.Messages():
 			next = m.Offset + 1
+			if !cluster.Authentic(secret, topic, m) {
+				ignored++
+				continue
+			}
 			var hb cluster.Heartbeat
 			if err := proto.Unmarshal(m.Value, &hb); err != nil || hb.GetNodeId() == "" {
 				continue // not a heartbeat: skip it, as the elector does
@@ -452,7 +474,7 @@ func readMembers(ctx context.Context, client sarama.Client, topic string, from t
 		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b memberStatus) int { return strings.Compare(a.NodeID, b.NodeID) })
-	return out, assignment, nil
+	return out, assignment, ignored, nil
 }
 
 // roleName is a Role in lower case without its prefix: "leader".
@@ -471,6 +493,9 @@ func writeStatus(w io.Writer, st *clusterStatus, now time.Time) error {
 		fmt.Fprintf(tw, "leader\tnone\n")
 	}
 	fmt.Fprintf(tw, "lag\t%d\n", st.TotalLag)
+	if st.Unauthenticated > 0 {
+		fmt.Fprintf(tw, "warning\t%d heartbeat records without a valid MAC ignored: someone writes unauthenticated records\n", st.Unauthenticated)
+	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write status: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
@@ -259,5 +260,55 @@ func TestStatusKafkaOffsetStore(t *testing.T) {
 		"--zookeeper", "zk:2181", "--id", "svc", "--topic", "jobs")
 	if code != 2 || !strings.Contains(errOut, "not used with --offset-store kafka") {
 		t.Errorf("--zookeeper with the Kafka store: exit %d, %q; want 2 and why", code, errOut)
+	}
+}
+
+// With the cluster secret, status lists only the members whose heartbeats
+// carry a valid MAC, and says how many records it ignored.
+func TestStatusIgnoresHeartbeatsWithoutAValidMAC(t *testing.T) {
+	addr, _, client := kfakeGroupClient(t)
+	const secret = "a cluster secret of enough length"
+	topic := cluster.TopicName("svc", "jobs")
+	admin, err := sarama.NewClusterAdminFromClient(client) // not closed: that would close the client
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	p, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, hb := range []*cluster.Heartbeat{{NodeId: "node-a", Addr: "a:4987", Role: cluster.Role_ROLE_LEADER, Epoch: 1},
+		{NodeId: "zz-forged", Addr: "evil:666", Role: cluster.Role_ROLE_LEADER, Epoch: 9}} {
+		b, err := proto.Marshal(hb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(b)}
+		if hb.NodeId == "node-a" {
+			msg.Headers = []sarama.RecordHeader{{Key: []byte(cluster.MACHeader), Value: cluster.HeartbeatMAC([]byte(secret), topic, b)}}
+		}
+		if _, _, err := p.SendMessage(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := runApp(t.Context(), t, nil, "status", "--offset-store", "kafka", "--kafka", addr,
+		"--id", "svc", "--topic", "jobs", "--json", "--timeout", "10s", "--cluster-secret-file", writeSecret(t, secret+"\n"))
+	if code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, errOut)
+	}
+	var st clusterStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if len(st.Members) != 1 || st.Members[0].NodeID != "node-a" || st.Unauthenticated != 1 {
+		t.Errorf("members %+v, %d ignored; want node-a alone and 1 ignored", st.Members, st.Unauthenticated)
+	}
+	var buf bytes.Buffer
+	if err := writeStatus(&buf, &st, time.Now()); err != nil || !strings.Contains(buf.String(), "1 heartbeat records without a valid MAC ignored") {
+		t.Errorf("status text does not warn of the ignored record (%v):\n%s", err, buf.String())
 	}
 }

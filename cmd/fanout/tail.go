@@ -26,7 +26,7 @@ func tailCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "tail",
 		Usage: "print delivered messages, acking each once printed",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "connect", Value: "localhost:4987", EnvVars: []string{"FANOUT_CONNECT"},
 				Usage: "comma-separated host:port of daemons of the cluster (one is enough: in spread mode tail connects to every member)"},
 			&cli.IntFlag{Name: "count", Usage: "exit after `N` messages (0: run until interrupted)"},
@@ -38,7 +38,7 @@ func tailCommand() *cli.Command {
 			&cli.StringFlag{Name: "client-id", Usage: "client name in the daemon's logs (default hostname-pid)"},
 			&cli.StringFlag{Name: "auth-token", EnvVars: []string{"FANOUT_AUTH_TOKEN"}, Usage: "shared secret of the daemon"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "give up when no daemon welcomes within this"},
-		},
+		}, clientTLSFlags()...),
 		Action:       runTail,
 		OnUsageError: commandUsageError,
 	}
@@ -61,6 +61,10 @@ func runTail(c *cli.Context) error {
 	if len(addrs) == 0 {
 		return usageError(fmt.Errorf("tail: --connect names no address"))
 	}
+	tlsCfg, err := clientTLS(contextValues(c))
+	if err != nil {
+		return usageError(fmt.Errorf("tail: %w", err))
+	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -72,6 +76,7 @@ func runTail(c *cli.Context) error {
 		MaxInFlight:  c.Int("max-in-flight"),
 		AuthToken:    c.String("auth-token"),
 		MaxFrameSize: c.Int("max-frame-size"),
+		TLS:          tlsCfg,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

@@ -29,6 +29,12 @@ func startTailDaemon(t *testing.T, deliveries ...*protocol.Deliver) *tailDaemon 
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startTailDaemonOn(t, ln, deliveries...)
+}
+
+// startTailDaemonOn is startTailDaemon on ln (a TLS listener, say).
+func startTailDaemonOn(t *testing.T, ln net.Listener, deliveries ...*protocol.Deliver) *tailDaemon {
+	t.Helper()
 	t.Cleanup(func() { _ = ln.Close() })
 	d := &tailDaemon{addr: ln.Addr().String(), acked: make(chan []uint64, 1)}
 	go func() {

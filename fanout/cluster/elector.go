@@ -65,6 +65,12 @@ type Config struct {
 	// fences the leader (--offset-store kafka); the caller owns its client.
 	Group *kafkastore.Store
 
+	// Secret, when set, authenticates the heartbeat log: every heartbeat
+	// this member publishes carries a MAC made with it (HeartbeatMAC), and
+	// records without a valid one are ignored and counted
+	// (Unauthenticated). Every member needs the same secret (--cluster-secret).
+	Secret []byte
+
 	Logger *logrus.Entry    // nil means the logrus standard logger
 	Now    func() time.Time // clock; nil means time.Now
 
@@ -170,7 +176,8 @@ type Elector struct {
 	running  atomic.Bool
 	snap     atomic.Pointer[snapshot]
 	failover atomic.Uint64
-	routines actor.Group // goroutines of Run
+	unauth   atomic.Uint64 // heartbeat records ignored for want of a valid MAC
+	routines actor.Group   // goroutines of Run
 
 	changed chan struct{} // capacity 1: the assignment in force changed
 }
@@ -246,6 +253,10 @@ func (e *Elector) AssignmentChanged() <-chan struct{} { return e.changed }
 // Failovers counts the leader changes this node has seen after the first
 // leader it learnt of.
 func (e *Elector) Failovers() uint64 { return e.failover.Load() }
+
+// Unauthenticated counts the heartbeat records ignored because they carry
+// no valid MAC (Config.Secret); always zero without a secret.
+func (e *Elector) Unauthenticated() uint64 { return e.unauth.Load() }
 
 // Resign ends this node's term, if any, publishes a leaving heartbeat and
 // waits until Kafka has it (or ctx ends), so that another member takes
@@ -323,7 +334,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: heartbeat producer: %w", err)
 	}
-	pub := newPublisher(producer, e.topic)
+	pub := newPublisher(producer, e.topic, e.cfg.Secret)
 	e.routines.Go(e.log, "heartbeat publisher", func() { pub.run(ctx) }, nil)
 
 	consumer, err := sarama.NewConsumerFromClient(e.cfg.Client)
@@ -406,6 +417,7 @@ func (e *Elector) retry(ctx context.Context, what string, fn func(context.Contex
 type publisher struct {
 	producer sarama.SyncProducer
 	topic    string
+	secret   []byte      // when set, each record carries the MAC of its value
 	next     chan pubReq // capacity 1; only the loop sends
 }
 
@@ -415,8 +427,8 @@ type pubReq struct {
 	done chan<- error
 }
 
-func newPublisher(p sarama.SyncProducer, topic string) *publisher {
-	return &publisher{producer: p, topic: topic, next: make(chan pubReq, 1)}
+func newPublisher(p sarama.SyncProducer, topic string, secret []byte) *publisher {
+	return &publisher{producer: p, topic: topic, secret: secret, next: make(chan pubReq, 1)}
 }
 
 // send queues r, replacing a queued request that was not sent yet (whose
@@ -459,9 +471,11 @@ func (p *publisher) publish(hb *Heartbeat) error {
 	if err != nil {
 		return fmt.Errorf("cluster: encode heartbeat: %w", err)
 	}
-	_, _, err = p.producer.SendMessage(&sarama.ProducerMessage{
-		Topic: p.topic, Key: sarama.StringEncoder(hb.GetNodeId()), Value: sarama.ByteEncoder(b),
-	})
+	msg := &sarama.ProducerMessage{Topic: p.topic, Key: sarama.StringEncoder(hb.GetNodeId()), Value: sarama.ByteEncoder(b)}
+	if len(p.secret) > 0 {
+		msg.Headers = []sarama.RecordHeader{{Key: []byte(MACHeader), Value: HeartbeatMAC(p.secret, p.topic, b)}}
+	}
+	_, _, err = p.producer.SendMessage(msg)
 	if err != nil {
 		return fmt.Errorf("cluster: publish heartbeat to %s: %w", p.topic, err)
 	}

@@ -49,6 +49,8 @@ type loop struct {
 	lastLeader  string               // the last node the fence record named, for Failovers
 	readFailing bool                 // the last read of the fence record failed
 	warned      map[string]time.Time // when an implausible heartbeat of a node was last logged
+	saidUnauth  bool                 // a record without a valid MAC was logged (once per Elector)
+	saidOpen    bool                 // the warning that heartbeats are not authenticated was logged
 }
 
 // run drives the election until ctx ends.
@@ -93,6 +95,10 @@ func (l *loop) run(ctx context.Context) {
 				continue
 			}
 			l.next = m.Offset + 1
+			if !Authentic(e.cfg.Secret, e.topic, m) {
+				l.unauthenticated(m)
+				continue
+			}
 			var hb Heartbeat
 			if err := proto.Unmarshal(m.Value, &hb); err != nil {
 				e.log.WithError(err).WithField("offset", m.Offset).Warn("heartbeat log: undecodable record skipped")
@@ -158,9 +164,28 @@ func (l *loop) consume() error {
 	return nil
 }
 
+// unauthenticated counts a record without a valid MAC and says once,
+// clearly, that someone writes such records.
+func (l *loop) unauthenticated(m *sarama.ConsumerMessage) {
+	n := l.e.unauth.Add(1)
+	if l.saidUnauth {
+		return
+	}
+	l.saidUnauth = true
+	l.e.log.WithFields(logrus.Fields{"offset": m.Offset, "record_key": string(m.Key), "ignored": n}).
+		Error("heartbeat log: someone writes records without a valid MAC to " + l.e.topic + ": ignored (a member " +
+			"without --cluster-secret or with another one, or a forger); this is said once, the count is in " +
+			"fanout_heartbeats_unauthenticated_total")
+}
+
 // observe folds a heartbeat read at offset into the vote and logs what is
 // wrong with it.
 func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
+	if len(l.e.cfg.Secret) == 0 && !l.saidOpen && hb.GetNodeId() != l.e.cfg.NodeID {
+		l.saidOpen = true
+		l.e.log.WithField("from_node", hb.GetNodeId()).Warn("heartbeats are not authenticated: whoever may write to " +
+			l.e.topic + " can disturb the election; give every member the same --cluster-secret")
+	}
 	wasDuplicated := l.v.duplicated(now)
 	switch l.v.observe(hb, now) {
 	case implausible:

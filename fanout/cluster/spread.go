@@ -25,8 +25,10 @@ type spreadState struct {
 
 // acceptAssignment takes the assignment a carried by heartbeat hb if it
 // comes from the leader that ZooKeeper records, for the epoch it records,
-// and is newer than the one accepted. Heartbeats are not authenticated:
-// anything else is ignored. The leader repeats its assignment in every
+// and is newer than the one accepted; anything else is ignored. Without
+// Config.Secret heartbeats are not authenticated, and a writer of the log
+// can forge the leader's (with it, the loop drops them before they get
+// here). The leader repeats its assignment in every
 // heartbeat, so one read before the record is known is accepted later.
 func (l *loop) acceptAssignment(hb *Heartbeat, a *PartitionAssignment) {
 	rec := l.v.rec

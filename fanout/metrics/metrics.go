@@ -37,6 +37,10 @@ type Snapshot struct {
 	// ConnectionsClosed counts the client connections closed since the
 	// daemon started, by reason ("slow consumer", "handshake evicted", ...).
 	ConnectionsClosed map[string]uint64
+	// ClientsByIdentity counts the connected clients by identity: the
+	// client certificate's subject and the named token's name ("" for
+	// neither, reported as "none").
+	ClientsByIdentity map[string]int
 
 	// Clustered: the daemon takes part in an election (not the dev mode).
 	// Before the election starts, Clustered is false and so is Serving.
@@ -49,6 +53,9 @@ type Snapshot struct {
 	Epoch       uint64
 	Failovers   uint64 // leader changes seen after the first leader
 	Members     int    // cluster members heard from recently, this node included
+	// UnauthenticatedHeartbeats counts the heartbeat records ignored for
+	// want of a valid MAC (--cluster-secret).
+	UnauthenticatedHeartbeats uint64
 
 	// Spread: the member serves the partitions the leader assigns it
 	// (--assignment spread); the fields below describe them.
@@ -87,6 +94,7 @@ type Collector struct {
 	lag, committed, highWater                                    *prometheus.Desc
 	outstanding, held                                            *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
+	unauthHeartbeats, clientsByIdentity                          *prometheus.Desc
 	owned, assigned, handingOff, generation                      *prometheus.Desc
 }
 
@@ -138,10 +146,14 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
 		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
 		members:       desc("cluster_members", "Cluster members heard from recently, this node included."),
-		owned:         desc("partitions_owned", "Spread mode: partitions this member serves."),
-		assigned:      desc("partitions_assigned", "Spread mode: partitions the assignment gives this member."),
-		handingOff:    desc("handoffs_in_progress", "Spread mode: partitions this member is handing over."),
-		generation:    desc("assignment_generation", "Spread mode: generation of the assignment in force (0: none)."),
+		unauthHeartbeats: desc("heartbeats_unauthenticated_total",
+			"Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records."),
+		clientsByIdentity: desc("clients_connected_by_identity",
+			"Connected clients by identity: the client certificate's subject (mutual TLS) and the named token's name; none for neither.", "identity"),
+		owned:      desc("partitions_owned", "Spread mode: partitions this member serves."),
+		assigned:   desc("partitions_assigned", "Spread mode: partitions the assignment gives this member."),
+		handingOff: desc("handoffs_in_progress", "Spread mode: partitions this member is handing over."),
+		generation: desc("assignment_generation", "Spread mode: generation of the assignment in force (0: none)."),
 	}
 }
 
@@ -171,7 +183,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
 		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members,
-		c.owned, c.assigned, c.handingOff, c.generation,
+		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 	} {
 		ch <- d
 	}
@@ -208,6 +220,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range s.ConnectionsClosed {
 		counter(c.connsClosed, n, reason)
 	}
+	for identity, n := range s.ClientsByIdentity {
+		if identity == "" {
+			identity = "none"
+		}
+		gauge(c.clientsByIdentity, float64(n), identity)
+	}
 
 	for p, hw := range s.HighWaterMarks {
 		gauge(c.highWater, float64(hw), partition(p))
@@ -227,6 +245,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.epoch, float64(s.Epoch))
 	counter(c.failovers, s.Failovers)
 	gauge(c.members, float64(s.Members))
+	counter(c.unauthHeartbeats, s.UnauthenticatedHeartbeats)
 
 	if s.Spread {
 		gauge(c.owned, float64(len(s.Owned)))

@@ -31,8 +31,9 @@ func leaderSnapshot() Snapshot {
 		Clients:           2,
 		Handshaking:       5,
 		ConnectionsClosed: map[string]uint64{"slow consumer": 2, "handshake evicted": 4},
+		ClientsByIdentity: map[string]int{"CN=billing": 1, "": 1},
 		Clustered:         true, Leader: true, LeaderKnown: true, LeaderID: "a", Epoch: 7,
-		Failovers: 1, Members: 3,
+		Failovers: 1, Members: 3, UnauthenticatedHeartbeats: 6,
 	}
 }
 
@@ -80,6 +81,10 @@ fanout_fetching_paused 1
 # HELP fanout_clients_connected Connected clients.
 # TYPE fanout_clients_connected gauge
 fanout_clients_connected 2
+# HELP fanout_clients_connected_by_identity Connected clients by identity: the client certificate's subject (mutual TLS) and the named token's name; none for neither.
+# TYPE fanout_clients_connected_by_identity gauge
+fanout_clients_connected_by_identity{identity="CN=billing"} 1
+fanout_clients_connected_by_identity{identity="none"} 1
 # HELP fanout_client_handshakes_waiting Client connections that have not sent their Hello yet.
 # TYPE fanout_client_handshakes_waiting gauge
 fanout_client_handshakes_waiting 5
@@ -119,6 +124,9 @@ fanout_failovers_total 1
 # HELP fanout_cluster_members Cluster members heard from recently, this node included.
 # TYPE fanout_cluster_members gauge
 fanout_cluster_members 3
+# HELP fanout_heartbeats_unauthenticated_total Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records.
+# TYPE fanout_heartbeats_unauthenticated_total counter
+fanout_heartbeats_unauthenticated_total 6
 # HELP fanout_commit_failures_total Offset commits that failed (they are retried).
 # TYPE fanout_commit_failures_total counter
 fanout_commit_failures_total 1

@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -91,8 +92,9 @@ const (
 // conn is one client connection. It implements dispatch.ClientSink.
 type conn struct {
 	s      *Server
-	nc     net.Conn
-	id     uint64 // session id, also the client id given to the backend
+	nc     net.Conn // the protocol's stream: raw, or a *tls.Conn over it
+	raw    net.Conn // the TCP connection
+	id     uint64   // session id, also the client id given to the backend
 	log    *logrus.Entry
 	remote string
 	start  time.Time
@@ -129,7 +131,11 @@ type conn struct {
 	outSince time.Time  // when out last became non-empty
 	overflow bool       // an entry was dropped at the MaxOutboxBytes bound: the pump closes
 	name     string     // the client id from Hello
+	identity string     // the client certificate's subject (mutual TLS), for logs
 	final    *protocol.Frame
+	// finalRaw writes final, and lingers, on raw rather than nc: the TLS
+	// handshake failed, so only the TCP connection can still carry bytes.
+	finalRaw bool
 	reason   closeReason
 	closeErr error
 	// wantMembers is set with the Welcome of a client that announced
@@ -144,6 +150,7 @@ func newConn(s *Server, nc net.Conn, id uint64) *conn {
 	c := &conn{
 		s:          s,
 		nc:         nc,
+		raw:        nc,
 		id:         id,
 		remote:     remote,
 		start:      time.Now(),
@@ -151,6 +158,9 @@ func newConn(s *Server, nc net.Conn, id uint64) *conn {
 		closed:     make(chan struct{}),
 		readerDone: make(chan struct{}),
 		signal:     make(chan struct{}, 1),
+	}
+	if s.cfg.TLS != nil {
+		c.nc = tls.Server(nc, s.cfg.TLS) // the reader runs the handshake, before the Hello
 	}
 	c.lastSeen.Store(c.start.UnixNano())
 	return c
@@ -168,7 +178,7 @@ func (c *conn) close(reason closeReason, err error, final *protocol.Frame) {
 		c.reason, c.closeErr, c.final = reason, err, final
 		clear(c.out) // undelivered messages are redelivered by the backend after Leave
 		c.out, c.members = nil, nil
-		name := c.name
+		name, identity := c.name, c.identity
 		c.mu.Unlock()
 		// Stop the reader and abort a blocked write; the pump sets its own
 		// deadline for the final frame.
@@ -184,12 +194,16 @@ func (c *conn) close(reason closeReason, err error, final *protocol.Frame) {
 		c.joinMu.Unlock()
 		if reserved {
 			c.s.clients.Add(-1)
+			c.s.countIdentity(identity, -1)
 		}
 		entry := c.log.WithFields(logrus.Fields{
 			"client":   name,
 			"reason":   reason.String(),
 			"duration": time.Since(c.start).Round(time.Millisecond).String(),
 		})
+		if identity != "" {
+			entry = entry.WithField("identity", identity)
+		}
 		if err != nil {
 			entry = entry.WithField("error", err.Error())
 		}
@@ -314,11 +328,23 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if cfg.HelloTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(cfg.HelloTimeout))
 	}
+	if tc, ok := c.nc.(*tls.Conn); ok && !c.tlsHandshake(tc) {
+		c.s.helloRead(c)
+		return false
+	}
 	err := rd.ReadFrame(f)
 	c.s.helloRead(c)
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) && !c.closing.Load() {
 			c.close(closeProtocol, fmt.Errorf("no hello within %v", cfg.HelloTimeout), nil)
+			return false
+		}
+		if tlsHello(err) && !c.closing.Load() {
+			// The client's TLS layer cannot read an Error frame: it reports
+			// a non-TLS answer. The log says what happened.
+			c.close(closeProtocol, fmt.Errorf("a TLS client on this plain-text listener (its first bytes are a TLS "+
+				"handshake): give the daemon --tls-cert, or connect without TLS: %w", err),
+				protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_FRAME_TOO_LARGE, true, "%v: this listener speaks plain text, not TLS", err))
 			return false
 		}
 		c.readFailed(err)
@@ -338,7 +364,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 			"protocol version %d is not supported; this daemon speaks version %d", v, protocol.Version)
 		return false
 	}
-	if cfg.AuthToken != "" && !tokenMatches(h.GetAuthToken(), cfg.AuthToken) {
+	if !c.authenticate(h.GetAuthToken()) {
 		c.reject(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, "missing or wrong auth token")
 		return false
 	}
@@ -375,6 +401,59 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	return !c.closing.Load()
 }
 
+// tlsHandshake runs the TLS handshake of a TLS listener, within the Hello's
+// deadline, and records the client certificate's subject. It returns false
+// when the connection is closed: the client did not speak TLS (it is told so
+// in plain text), or the handshake failed (a client certificate missing,
+// from another CA or expired: the client got TLS's alert).
+func (c *conn) tlsHandshake(tc *tls.Conn) bool {
+	err := tc.Handshake()
+	if err == nil {
+		if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
+			c.mu.Lock()
+			c.identity = certs[0].Subject.String()
+			c.mu.Unlock()
+		}
+		return true
+	}
+	if c.closing.Load() {
+		return false
+	}
+	var notTLS tls.RecordHeaderError
+	switch {
+	case errors.As(err, &notTLS) && notTLS.Conn != nil:
+		c.closeRaw(closeRejected, fmt.Errorf("a plain-text client on the TLS listener: %w", err),
+			protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, true,
+				"this listener speaks TLS only: connect with TLS (client.Config.TLS; fanout tail --tls-ca)"))
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.close(closeProtocol, fmt.Errorf("no TLS handshake within %v", c.s.cfg.HelloTimeout), nil)
+	case errors.Is(err, io.EOF):
+		c.close(closeDisconnect, fmt.Errorf("TLS handshake: connection closed by the client: %w", err), nil)
+	default:
+		// TLS has sent its alert; lingering on the TCP connection lets the
+		// client read it rather than a reset.
+		c.closeRaw(closeRejected, fmt.Errorf("TLS handshake refused: %w", err), nil)
+	}
+	return false
+}
+
+// tlsHello reports whether err is what reading a TLS ClientHello as a
+// frame gives: a length whose bytes are a TLS handshake record's header
+// (type 22, version 3.x).
+func tlsHello(err error) bool {
+	var tooLarge *protocol.FrameTooLargeError
+	return errors.As(err, &tooLarge) && tooLarge.Size>>24 == 22 && (tooLarge.Size>>16)&0xff == 3
+}
+
+// closeRaw closes like close, with the final frame (if any) written in plain
+// text on the TCP connection: for a connection whose TLS handshake failed.
+func (c *conn) closeRaw(reason closeReason, err error, final *protocol.Frame) {
+	c.mu.Lock()
+	c.finalRaw = true
+	c.mu.Unlock()
+	c.close(reason, err, final)
+}
+
 // Outcomes of conn.join.
 const (
 	joinOK = iota
@@ -395,6 +474,7 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 		return joinFull
 	}
 	c.reserved = true
+	c.s.countIdentity(c.identity, 1) // set by the reader, which runs this
 	name := h.GetClientId()
 	cfg := &c.s.cfg
 	w := &protocol.Welcome{
@@ -434,7 +514,11 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 	}
 	c.joined = true
 	c.s.backend.Join(c.id, name, maxInFlight, c)
-	c.log.WithFields(logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame, "batch": c.batch}).Debug("client welcomed")
+	fields := logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame, "batch": c.batch}
+	if c.identity != "" { // set by the reader, which runs this
+		fields["identity"] = c.identity
+	}
+	c.log.WithFields(fields).Debug("client welcomed")
 	return joinOK
 }
 
@@ -442,6 +526,31 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 func (c *conn) reject(code protocol.ErrorCode, format string, args ...any) {
 	c.close(closeRejected, fmt.Errorf("%v: "+format, append([]any{code}, args...)...),
 		protocol.ErrorFrame(code, true, format, args...))
+}
+
+// authenticate checks the Hello's token against Config.AuthToken and
+// Config.Authenticate; a named token's name joins the client's identity.
+// Without either, every client passes.
+func (c *conn) authenticate(token string) bool {
+	cfg := &c.s.cfg
+	switch {
+	case cfg.AuthToken == "" && cfg.Authenticate == nil:
+		return true
+	case cfg.AuthToken != "" && tokenMatches(token, cfg.AuthToken):
+		return true
+	case cfg.Authenticate == nil:
+		return false
+	}
+	name, ok := cfg.Authenticate(token)
+	if ok {
+		c.mu.Lock()
+		if c.identity != "" {
+			c.identity += ", "
+		}
+		c.identity += "token " + name
+		c.mu.Unlock()
+	}
+	return ok
 }
 
 // tokenMatches compares tokens in constant time; hashing first hides the

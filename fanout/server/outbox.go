@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -177,6 +178,7 @@ var errClosing = errors.New("connection closing")
 // (except the final frame's).
 type deadlineWriter struct {
 	c        *conn
+	nc       net.Conn // where the bytes go: c.nc, or c.raw for a plain-text final frame
 	deadline time.Time
 	final    bool
 }
@@ -185,7 +187,7 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 	if !w.final && w.c.closing.Load() {
 		return 0, errClosing
 	}
-	if err := w.c.nc.SetWriteDeadline(w.deadline); err != nil {
+	if err := w.nc.SetWriteDeadline(w.deadline); err != nil {
 		return 0, err
 	}
 	// close sets closing before it resets the deadline; checking again
@@ -193,7 +195,7 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 	if !w.final && w.c.closing.Load() {
 		return 0, errClosing
 	}
-	return w.c.nc.Write(p)
+	return w.nc.Write(p)
 }
 
 // Batches of deliveries for clients with CAPABILITY_BATCH. The pump writes
@@ -243,7 +245,7 @@ func (p *pumpState) writer() *protocol.Writer {
 // the heartbeat to tick, writes everything queued, and flushes once per
 // batch. After close it writes the final frame, if any, and closes the socket.
 func (c *conn) pump() {
-	p := &pumpState{dw: deadlineWriter{c: c}, pframe: protocol.PingFrame(0), pong: protocol.PongFrame(0)}
+	p := &pumpState{dw: deadlineWriter{c: c, nc: c.nc}, pframe: protocol.PingFrame(0), pong: protocol.PongFrame(0)}
 	clean := c.pumpLoop(p)
 	c.finish(p, clean)
 }
@@ -507,24 +509,32 @@ func (p *pumpState) release() {
 func (c *conn) finish(p *pumpState, clean bool) {
 	<-c.closed
 	c.mu.Lock()
-	final := c.final
+	final, onRaw := c.final, c.finalRaw
 	c.mu.Unlock()
-	if clean && final != nil {
-		p.dw.final, p.dw.deadline = true, time.Now().Add(min(lingerTimeout, c.s.cfg.WriteTimeout))
-		if p.w == nil {
-			// Nothing written yet (a rejected or evicted connection): a
-			// small buffer for the one frame.
-			p.w = protocol.NewWriterSize(&p.dw, math.MaxInt, finalWrite)
+	nc := c.nc
+	if onRaw {
+		// The TLS handshake failed: nothing was written through nc.
+		nc, p.dw.nc, p.w = c.raw, c.raw, nil
+	}
+	if clean && (final != nil || onRaw) {
+		var err error
+		if final != nil {
+			p.dw.final, p.dw.deadline = true, time.Now().Add(min(lingerTimeout, c.s.cfg.WriteTimeout))
+			if p.w == nil {
+				// Nothing written yet (a rejected or evicted connection): a
+				// small buffer for the one frame.
+				p.w = protocol.NewWriterSize(&p.dw, math.MaxInt, finalWrite)
+			}
+			err = p.writer().WriteFrame(final)
+			if err == nil {
+				err = p.writer().Flush()
+			}
 		}
-		err := p.writer().WriteFrame(final)
-		if err == nil {
-			err = p.writer().Flush()
-		}
-		if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && err == nil && cw.CloseWrite() == nil {
+		if cw, ok := nc.(interface{ CloseWrite() error }); ok && err == nil && cw.CloseWrite() == nil {
 			<-c.readerDone // the reader stopped at close's read deadline
-			_ = c.nc.SetReadDeadline(time.Now().Add(lingerTimeout))
-			_, _ = io.Copy(io.Discard, io.LimitReader(c.nc, lingerBytes))
+			_ = nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+			_, _ = io.Copy(io.Discard, io.LimitReader(nc, lingerBytes))
 		}
 	}
-	_ = c.nc.Close()
+	_ = nc.Close()
 }

@@ -11,6 +11,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -71,7 +72,20 @@ type Config struct {
 	// Hello yet; when one more arrives, the one that has waited longest is
 	// closed. Default DefaultMaxHandshakes.
 	MaxHandshakes int
-	AuthToken     string // when set, Hello.auth_token must equal it
+	AuthToken     string // when set, Hello.auth_token must equal it (or pass Authenticate)
+	// Authenticate, when set, checks Hello.auth_token against named tokens
+	// (--auth-tokens-file) and returns the token's name, which then names
+	// the client in the logs. A client passes with AuthToken or with a
+	// token Authenticate knows. It is called by the connection's reader at
+	// each Hello and must compare in constant time.
+	Authenticate func(token string) (name string, ok bool)
+	// TLS, when set, makes the listener speak TLS with this configuration
+	// (tlsconf.Server.Config: TLS 1.2 minimum, certificates re-read when
+	// their files change). The handshake runs within HelloTimeout; a
+	// configuration that requires client certificates refuses clients
+	// without a good one there. A plain-text client is answered in plain
+	// text with an Error UNAUTHORIZED that says so.
+	TLS *tls.Config
 	// Leadership reports whether this node leads the cluster. It is asked at
 	// every Hello; nil means this node always leads.
 	Leadership func() Leadership
@@ -180,6 +194,9 @@ type Server struct {
 	closed  bool
 	conns   map[uint64]*conn // open connections by session id
 	waiting hello            // connections that have not sent their Hello, oldest first
+	// identities counts the welcomed clients by identity (certificate
+	// subject, token name; "" for neither).
+	identities map[string]int
 }
 
 // hello is the list of connections waiting for their Hello, oldest first,
@@ -224,6 +241,10 @@ type Stats struct {
 	// Closed counts the connections closed since the server started, by
 	// reason (CloseReasons names them).
 	Closed [numCloseReasons]uint64
+	// Identities counts the welcomed clients by identity: the client
+	// certificate's subject (mutual TLS) and the named token's name; ""
+	// for clients with neither.
+	Identities map[string]int
 }
 
 // Stats returns a snapshot of the server's gauges and counters.
@@ -231,6 +252,10 @@ func (s *Server) Stats() Stats {
 	var st Stats
 	s.mu.Lock()
 	st.Handshaking = s.waiting.n
+	st.Identities = make(map[string]int, len(s.identities))
+	for id, n := range s.identities {
+		st.Identities[id] = n
+	}
 	s.mu.Unlock()
 	for i := range st.Closed {
 		st.Closed[i] = s.closedBy[i].Load()
@@ -252,6 +277,8 @@ func New(cfg Config, backend dispatch.Backend) (*Server, error) {
 		backend: backend,
 		log:     cfg.Logger.WithField("component", "server"),
 		conns:   make(map[uint64]*conn),
+
+		identities: make(map[string]int),
 	}, nil
 }
 
@@ -473,6 +500,15 @@ func (s *Server) serveConn(nc net.Conn) {
 		evict.close(closeEvicted,
 			fmt.Errorf("more than %d connections waiting for hello; this one waited longest", s.cfg.MaxHandshakes),
 			protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, true, "too many connections waiting for hello"))
+	}
+}
+
+// countIdentity adds delta to the welcomed clients of identity.
+func (s *Server) countIdentity(identity string, delta int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.identities[identity] += delta; s.identities[identity] <= 0 {
+		delete(s.identities, identity)
 	}
 }
 

@@ -18,11 +18,15 @@ import (
 // TLSFiles are PEM files written by NewTLSFiles into a test's temporary
 // directory: a CA, a server certificate for 127.0.0.1 and localhost, and a
 // client certificate (common name "fanout-test-client"), both signed by the
-// CA.
+// CA; and, for rotation and refusal tests, a second server certificate
+// (common name "fanout-test-server-2") and an expired client certificate
+// ("fanout-test-expired"), signed by the same CA.
 type TLSFiles struct {
-	CA                    string
-	ServerCert, ServerKey string
-	ClientCert, ClientKey string
+	CA                      string
+	ServerCert, ServerKey   string
+	ClientCert, ClientKey   string
+	Server2Cert, Server2Key string
+	ExpiredCert, ExpiredKey string
 }
 
 // NewTLSFiles generates a fresh CA and its certificates (ECDSA P-256, valid
@@ -53,11 +57,15 @@ func NewTLSFiles(t testing.TB) TLSFiles {
 
 	leaf := func(name string, serial int64, usage x509.ExtKeyUsage, certPath, keyPath *string) {
 		key := newKey(t)
+		notBefore, notAfter := time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+		if name == "fanout-test-expired" {
+			notBefore, notAfter = time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour)
+		}
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(serial),
-			Subject:      pkix.Name{CommonName: name},
-			NotBefore:    time.Now().Add(-time.Hour),
-			NotAfter:     time.Now().Add(24 * time.Hour),
+			Subject:      pkix.Name{CommonName: name, Organization: []string{"fanout tests"}},
+			NotBefore:    notBefore,
+			NotAfter:     notAfter,
 			KeyUsage:     x509.KeyUsageDigitalSignature,
 			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
 			DNSNames:     []string{"localhost"},
@@ -77,6 +85,8 @@ func NewTLSFiles(t testing.TB) TLSFiles {
 	}
 	leaf("fanout-test-server", 2, x509.ExtKeyUsageServerAuth, &f.ServerCert, &f.ServerKey)
 	leaf("fanout-test-client", 3, x509.ExtKeyUsageClientAuth, &f.ClientCert, &f.ClientKey)
+	leaf("fanout-test-server-2", 4, x509.ExtKeyUsageServerAuth, &f.Server2Cert, &f.Server2Key)
+	leaf("fanout-test-expired", 5, x509.ExtKeyUsageClientAuth, &f.ExpiredCert, &f.ExpiredKey)
 	return f
 }
 

@@ -1,0 +1,458 @@
+"""Unit tests of the client against the in-process fake daemon (tests/fake.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import fanout_client
+from fanout_client import _wire
+from fanout_client._proto import fanout_pb2 as pb
+from fake import TIMEOUT, frame_len
+
+FAST = dict(min_backoff=0.01, max_backoff=0.05, connect_timeout=5.0)
+
+
+def connect_bg(addrs, **kw):
+    """Connects in a thread (the fake daemon answers in the test's); returns a result holder and the thread."""
+    out = {}
+
+    def run():
+        try:
+            out["client"] = fanout_client.connect(addrs, timeout=TIMEOUT, **{**FAST, **kw})
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return out, t
+
+
+def open_session(daemon, **kw):
+    """A client welcomed by daemon; returns (client, conn, hello)."""
+    welcome = kw.pop("welcome", {})
+    out, t = connect_bg(daemon.addr, **kw)
+    conn = daemon.accept()
+    hello = conn.welcome(**welcome)
+    t.join(TIMEOUT)
+    assert "client" in out, out.get("error")
+    return out["client"], conn, hello
+
+
+def test_hello_announces_the_client(daemon):
+    c, conn, hello = open_session(daemon, client_id="py-1", max_in_flight=7, auth_token="s3cret", max_frame_size=65536)
+    try:
+        assert hello.protocol_version == 1
+        assert hello.client_id == "py-1"
+        assert hello.max_in_flight == 7
+        assert hello.auth_token == "s3cret"
+        assert hello.max_frame_size == 65536
+        assert list(hello.capabilities) == [_wire.CAPABILITY_MEMBERS, _wire.CAPABILITY_BATCH]
+    finally:
+        c.close()
+
+
+def test_without_batch_only_members_is_announced(daemon):
+    c, conn, hello = open_session(daemon, batch=False)
+    c.close()
+    assert list(hello.capabilities) == [_wire.CAPABILITY_MEMBERS]
+
+
+def test_messages_are_iterated_and_acked(daemon):
+    c, conn, _ = open_session(daemon)
+    try:
+        conn.deliver(11, b"hello", partition=2, offset=40, key=b"k", timestamp_ms=1_700_000_000_000,
+                     headers=[pb.Header(key="h", value=b"x")])
+        m = next(iter(c))
+        assert (m.partition, m.offset, m.key, m.value, m.attempt, m.delivery_id) == (2, 40, b"k", b"hello", 1, 11)
+        assert m.headers == [fanout_client.Header("h", b"x")]
+        assert m.timestamp.year == 2023
+        assert m.member == daemon.addr
+        assert m.ack() is True
+        assert list(conn.expect("ack").ack.delivery_ids) == [11]
+        with pytest.raises(fanout_client.AlreadyAckedError):
+            m.ack()
+        with pytest.raises(fanout_client.AlreadyAckedError):
+            m.touch()
+    finally:
+        c.close()
+
+
+def test_touch_and_plain_nack(daemon):
+    c, conn, _ = open_session(daemon)
+    try:
+        conn.deliver(1)
+        m = c.get(TIMEOUT)
+        assert m.touch() is True
+        assert list(conn.expect("touch").touch.delivery_ids) == [1]
+        assert m.nack() is True
+        body = conn.expect_body("nack")
+        f = pb.Frame.FromString(body)
+        assert list(f.nack.delivery_ids) == [1]
+        assert body == _wire.ids_frame(_wire.FRAME_NACK, [1])  # no delay, no reason on the wire
+    finally:
+        c.close()
+
+
+def test_nack_with_delay_and_reason(daemon):
+    c, conn, _ = open_session(daemon)
+    try:
+        conn.deliver(5)
+        m = c.get(TIMEOUT)
+        assert m.nack(delay=2.5, reason="db down") is True
+        body = conn.expect_body("nack")
+        (_, _, nack), = [x for x in _wire.fields(body) if x[0] == _wire.FRAME_NACK]
+        got = {num: v for num, _, v in _wire.fields(nack)}
+        assert got[3] == 2500
+        assert got[4] == b"db down"
+        assert list(pb.Nack.FromString(nack).delivery_ids) == [5]
+        with pytest.raises(ValueError):
+            fanout_client.Message(0, 0, b"", b"", [], 0, 1, 1).nack(delay=-1)
+    finally:
+        c.close()
+
+
+def test_acks_queued_together_go_in_one_frame(daemon):
+    c, conn, _ = open_session(daemon, batch=False)
+    try:
+        for i in range(1, 6):
+            conn.deliver(i, offset=i)
+        msgs = [c.get(TIMEOUT) for _ in range(5)]
+        s = msgs[0]._session
+        with s._lock:  # hold the writer off while all five are queued
+            s._woken = True
+            for m in msgs:
+                m._done = True
+                s.held -= 1
+                s._acks.append(m.delivery_id)
+            s._woken = False
+        s.signal()
+        assert sorted(conn.expect("ack").ack.delivery_ids) == [1, 2, 3, 4, 5]
+    finally:
+        c.close()
+
+
+def test_pings_are_answered(daemon):
+    c, conn, _ = open_session(daemon)
+    try:
+        for nonce in (1, 300, 2**63):
+            conn.send(pb.Frame(ping=pb.Ping(nonce=nonce)))
+            assert conn.expect("pong", skip=()).pong.nonce == nonce
+    finally:
+        c.close()
+
+
+def test_close_sends_queued_acks_then_goodbye(daemon):
+    c, conn, _ = open_session(daemon)
+    conn.deliver(3)
+    m = c.get(TIMEOUT)
+    m.ack()  # queued; close sends it at the latest
+    t = threading.Thread(target=c.close)
+    t.start()
+    assert list(conn.expect("ack").ack.delivery_ids) == [3]
+    assert conn.expect("goodbye").goodbye.reason == "client closing"
+    conn.close()  # the daemon closes after a Goodbye
+    t.join(TIMEOUT)
+    assert not t.is_alive()
+    with pytest.raises(fanout_client.ClosedError):
+        c.get(0)
+    assert list(c) == []
+
+
+def test_context_manager_closes_and_late_ack_is_refused(daemon):
+    out, t = connect_bg(daemon.addr)
+    conn = daemon.accept()
+    conn.welcome()
+    t.join(TIMEOUT)
+    with out["client"] as c:
+        conn.deliver(9)
+        m = c.get(TIMEOUT)
+    assert conn.expect("goodbye")
+    assert m.ack() is False  # the daemon delivers it again
+
+
+def test_close_with_drain_waits_for_held_messages(daemon):
+    c, conn, _ = open_session(daemon)
+    conn.deliver(1)
+    m = c.get(TIMEOUT)
+    t = threading.Thread(target=c.close, kwargs={"drain": TIMEOUT})
+    t.start()
+    assert daemon.no_connection(0.3)
+    assert conn.at_eof(0.3) is False  # still open: the message is held
+    conn.deliver(2)  # after the drain began: not passed on
+    assert m.ack() is True
+    assert list(conn.expect("ack").ack.delivery_ids) == [1]
+    assert conn.expect("goodbye")
+    conn.close()
+    t.join(TIMEOUT)
+    assert not t.is_alive()
+
+
+def test_redirect_in_handshake_is_followed(daemon, daemon2):
+    out, t = connect_bg(daemon.addr)
+    conn = daemon.accept()
+    conn.expect("hello")
+    conn.send(pb.Frame(redirect=pb.Redirect(leader_address=daemon2.addr, leader_node_id="n2", epoch=3)))
+    conn2 = daemon2.accept()
+    conn2.welcome()
+    t.join(TIMEOUT)
+    c = out["client"]
+    try:
+        conn2.deliver(1)
+        assert c.get(TIMEOUT).member == daemon2.addr
+    finally:
+        c.close()
+
+
+def test_redirect_after_welcome_reconnects_to_the_leader(daemon, daemon2):
+    c, conn, _ = open_session(daemon)
+    try:
+        conn.send(pb.Frame(redirect=pb.Redirect(leader_address=daemon2.addr)))
+        conn2 = daemon2.accept()
+        conn2.welcome()
+        conn2.deliver(4)
+        assert c.get(TIMEOUT).member == daemon2.addr
+    finally:
+        c.close()
+
+
+def test_unauthorized_fails_connect_at_once(daemon):
+    out, t = connect_bg(daemon.addr)
+    conn = daemon.accept()
+    conn.expect("hello")
+    conn.send(pb.Frame(error=pb.Error(code=pb.ERROR_CODE_UNAUTHORIZED, message="bad token", fatal=True)))
+    t.join(TIMEOUT)
+    err = out["error"]
+    assert isinstance(err, fanout_client.ConnectError)
+    assert isinstance(err.__cause__, fanout_client.RemoteError)
+    assert err.__cause__.code == pb.ERROR_CODE_UNAUTHORIZED
+    assert daemon.no_connection(0.3)  # not retried
+
+
+def test_no_leader_waits_retry_after(daemon):
+    out, t = connect_bg(daemon.addr)
+    conn = daemon.accept()
+    conn.expect("hello")
+    t0 = time.monotonic()
+    conn.send(pb.Frame(error=pb.Error(code=pb.ERROR_CODE_NO_LEADER, fatal=True, retry_after_ms=500)))
+    conn.close()
+    conn2 = daemon.accept()
+    assert time.monotonic() - t0 >= 0.5
+    conn2.welcome()
+    t.join(TIMEOUT)
+    out["client"].close()
+
+
+def test_connect_times_out_with_the_last_error():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    addr = "127.0.0.1:%d" % s.getsockname()[1]
+    s.close()  # nobody listens
+    with pytest.raises(fanout_client.ConnectError) as e:
+        fanout_client.connect(addr, timeout=0.5, **FAST)
+    assert isinstance(e.value.__cause__, ConnectionError)
+
+
+def test_frame_above_the_limit_stops_the_client(daemon):
+    c, conn, _ = open_session(daemon, max_frame_size=4096)
+    conn.send_raw(frame_len(4097))  # declared only: refused before the body
+    with pytest.raises(fanout_client.FrameTooLargeError):
+        c.get(TIMEOUT)
+    with pytest.raises(fanout_client.FrameTooLargeError):
+        list(c)  # the iteration raises it too
+    assert isinstance(c.error, fanout_client.FrameTooLargeError)
+    assert daemon.no_connection(0.3)  # permanent: no reconnect
+    c.close()
+
+
+@pytest.mark.parametrize("raw", [frame_len(0), frame_len(3) + b"\xff\xff\xff"], ids=["empty", "garbage"])
+def test_bad_frame_ends_the_session_and_the_client_reconnects(daemon, raw):
+    c, conn, _ = open_session(daemon)
+    try:
+        conn.deliver(1)
+        m = c.get(TIMEOUT)
+        conn.send_raw(raw)
+        conn2 = daemon.accept()
+        assert m.ack() is False  # its session ended: the daemon delivers it again
+        conn2.welcome()
+        conn2.deliver(2)
+        assert c.get(TIMEOUT).delivery_id == 2
+        assert c.error is None
+    finally:
+        c.close()
+
+
+def test_silent_daemon_is_left(daemon):
+    c, conn, _ = open_session(daemon, welcome=dict(heartbeat_ms=100, liveness_intervals=2))
+    try:
+        t0 = time.monotonic()
+        conn2 = daemon.accept()  # the client gave up on conn: nothing came for 3 heartbeats
+        assert time.monotonic() - t0 >= 0.25
+        conn2.welcome()
+    finally:
+        c.close()
+
+
+def test_no_reconnect_gives_up(daemon):
+    c, conn, _ = open_session(daemon, reconnect=False)
+    conn.close()
+    with pytest.raises(fanout_client.ConnectionLostError):
+        c.get(TIMEOUT)
+    assert daemon.no_connection(0.3)
+    c.close()
+
+
+def test_deliver_batch_and_ranges_when_confirmed(daemon):
+    # Welcome.capabilities = [CAPABILITY_BATCH] (field 11), as issue 13's daemon sends it.
+    c, conn, hello = open_session(daemon, welcome=dict(max_in_flight=64))
+    try:
+        assert _wire.CAPABILITY_BATCH in hello.capabilities
+        s = c.get(0.2)  # nothing yet
+        assert s is None
+        # The daemon confirmed nothing: ids only.
+        conn.send_raw(_batch_frame([pb.Deliver(delivery_id=i, offset=i, attempt=1) for i in (1000, 1001)]))
+        a, b = c.get(TIMEOUT), c.get(TIMEOUT)
+        assert (a.delivery_id, b.delivery_id, b.offset) == (1000, 1001, 1001)
+        a.ack(), b.ack()
+        ids = []
+        while len(ids) < 2:
+            f = conn.expect("ack")
+            ids += f.ack.delivery_ids
+        assert sorted(ids) == [1000, 1001]
+    finally:
+        c.close()
+
+    out, t = connect_bg(daemon.addr)
+    conn = daemon.accept()
+    conn.expect("hello")
+    welcome = pb.Frame(welcome=pb.Welcome(max_in_flight=64, heartbeat_ms=60_000)).SerializeToString()
+    conn.send_raw(_add_welcome_caps(welcome, [_wire.CAPABILITY_BATCH]))
+    t.join(TIMEOUT)
+    c = out["client"]
+    try:
+        conn.send_raw(_batch_frame([pb.Deliver(delivery_id=i, attempt=1) for i in range(2000, 2010)]))
+        msgs = [c.get(TIMEOUT) for _ in range(10)]
+        s = msgs[0]._session
+        assert s.ranges
+        with s._lock:
+            s._woken = True  # queue all ten before the writer runs
+        for m in msgs:
+            m.ack()
+        with s._lock:
+            s._woken = False
+        s.signal()
+        body = conn.expect_body("ack")
+        (_, _, ack), = [x for x in _wire.fields(body) if x[0] == _wire.FRAME_ACK]
+        assert [(n, v) for n, _, v in _wire.fields(ack)] == [(2, _wire._varint(2000) + _wire._varint(10))]
+    finally:
+        c.close()
+
+
+def _batch_frame(ds):
+    inner = b"".join(b"\x0a" + _wire._varint(len(d.SerializeToString())) + d.SerializeToString() for d in ds)
+    body = b"\x6a" + _wire._varint(len(inner)) + inner
+    return frame_len(len(body)) + body
+
+
+def _add_welcome_caps(frame_body: bytes, caps):
+    (num, _, welcome), = list(_wire.fields(frame_body))
+    packed = b"".join(_wire._varint(c) for c in caps)
+    welcome = welcome + b"\x5a" + _wire._varint(len(packed)) + packed
+    body = b"\x12" + _wire._varint(len(welcome)) + welcome
+    return frame_len(len(body)) + body
+
+
+def test_members_one_session_each_with_split_credit(daemon, daemon2):
+    both = [pb.Member(address=daemon.addr), pb.Member(address=daemon2.addr)]
+    c, conn, hello = open_session(daemon, max_in_flight=10, welcome=dict(members=both))
+    try:
+        assert hello.max_in_flight == 10
+        # The first session asked for all the credit: it is opened again with its share, once drained.
+        conn2 = daemon2.accept()
+        h2 = conn2.welcome(members=both)
+        assert h2.max_in_flight == 5
+        assert conn.expect("goodbye").goodbye.reason == "session retired"
+        conn.close()
+        conn1 = daemon.accept()
+        h1 = conn1.welcome(members=both)
+        assert h1.max_in_flight == 5
+        assert c.members == sorted([daemon.addr, daemon2.addr])
+        conn1.deliver(1, b"a")
+        conn2.deliver(1, b"b")
+        msgs = [c.get(TIMEOUT) for _ in range(2)]
+        assert {m.member for m in msgs} == {daemon.addr, daemon2.addr}
+        held = [m for m in msgs if m.member == daemon2.addr][0]
+        # daemon2 leaves the list: its session is retired, the other gets all the credit.
+        conn1.send(pb.Frame(members=pb.Members(members=[pb.Member(address=daemon.addr)])))
+        assert conn2.at_eof(0.3) is False  # it waits for its message to be acked
+        assert held.ack() is True
+        assert list(conn2.expect("ack").ack.delivery_ids) == [1]
+        assert conn2.expect("goodbye").goodbye.reason == "session retired"
+        conn2.close()
+        assert c.members == [daemon.addr]
+    finally:
+        c.close()
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError):
+        fanout_client.Client([])
+    with pytest.raises(ValueError):
+        fanout_client.Client("no-port")
+    with pytest.raises(ValueError):
+        fanout_client.Client("h:1", max_in_flight=0)
+    with pytest.raises(ValueError):
+        fanout_client.Client("h:1", max_frame_size=10)
+
+
+@pytest.fixture
+def tls(tmp_path):
+    """A server context with a certificate for 127.0.0.1 and a client context trusting it."""
+    import shutil
+    import ssl
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is needed to make the test certificate"
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(cert))
+
+
+def test_tls_session(tls):
+    from fake import FakeDaemon
+    import ssl
+
+    server, client_ctx = tls
+    d = FakeDaemon(server)
+    try:
+        c, conn, hello = open_session(d, ssl_context=client_ctx)
+        try:
+            assert isinstance(conn.sock, ssl.SSLSocket)
+            for i in range(1, 4):
+                conn.deliver(i, b"x" * 100_000, offset=i)  # larger than one TLS record
+            conn.send(pb.Frame(ping=pb.Ping(nonce=7)))
+            msgs = [c.get(TIMEOUT) for _ in range(3)]
+            assert [m.value for m in msgs] == [b"x" * 100_000] * 3
+            assert conn.expect("pong", skip=()).pong.nonce == 7
+            for m in msgs:
+                m.ack()
+            ids = []
+            while len(ids) < 3:
+                f = conn.expect("ack")
+                ids += f.ack.delivery_ids
+            assert sorted(ids) == [1, 2, 3]
+        finally:
+            c.close()
+        # A client that does not trust the certificate does not get in.
+        with pytest.raises(fanout_client.ConnectError):
+            fanout_client.connect(d.addr, ssl_context=ssl.create_default_context(), timeout=1, **FAST)
+    finally:
+        d.close()

@@ -1,0 +1,84 @@
+"""The framing and the hand-encoded fields against protocol/README.md's worked examples."""
+
+import pytest
+
+from fanout_client import BadFrameError, FrameTooLargeError, _wire
+from fanout_client._proto import fanout_pb2 as pb
+
+
+def h(s):
+    return bytes.fromhex(s.replace(" ", ""))
+
+
+def test_worked_examples():
+    assert _wire.encode(pb.Frame(ping=pb.Ping(nonce=1)), 100) == h("00000004 42 02 08 01")
+    assert _wire.encode(pb.Frame(ping=pb.Ping(nonce=300)), 100) == h("00000005 42 03 08 ac 02")
+    assert _wire.prefix(_wire.ids_frame(_wire.FRAME_ACK, [1, 2, 3]), 100) == h("00000007 2a 05 0a 03 01 02 03")
+    hello = pb.Frame(hello=pb.Hello(protocol_version=1, capabilities=[1, 2]))
+    assert _wire.encode(hello, 100) == h("00000008 0a 06 10 01 32 02 01 02")
+
+
+def test_ids_frame_matches_the_generated_code():
+    for field, name in ((_wire.FRAME_ACK, "ack"), (_wire.FRAME_NACK, "nack"), (_wire.FRAME_TOUCH, "touch")):
+        ids = [1, 127, 128, 2**32, 2**64 - 1]
+        f = pb.Frame(**{name: getattr(pb, name.capitalize())(delivery_ids=ids)})
+        assert _wire.ids_frame(field, ids) == f.SerializeToString()
+
+
+def test_ranges_of_the_batch_draft():
+    # protocol/README.md of issue 13: Ack{ranges: [1000, 250]} and Ack{delivery_ids: [5], ranges: [1000, 2]}.
+    assert _wire.prefix(_wire.ids_frame(_wire.FRAME_ACK, [], [(1000, 250)]), 100) == h("00000008 2a 06 12 04 e8 07 fa 01")
+    assert _wire.prefix(_wire.ids_frame(_wire.FRAME_ACK, [5], [(1000, 2)]), 100) == h("0000000a 2a 08 0a 01 05 12 03 e8 07 02")
+    assert _wire.ranges_of([7, 1000, 1001, 5, 3, 4]) == ([7], [(3, 3), (1000, 2)])
+
+
+def test_split_ids_counts_range_ids():
+    parts = list(_wire.split_ids(list(range(10, 20)) + [30], 4, True))
+    assert all(len(i) + sum(n for _, n in r) <= 4 for i, r in parts)
+    named = sorted([x for i, r in parts for x in i] + [a + k for _, r in parts for a, n in r for k in range(n)])
+    assert named == list(range(10, 20)) + [30]
+    assert list(_wire.split_ids([1, 2, 3], 2, False)) == [([1, 2], []), ([3], [])]
+
+
+def test_deliver_batch_of_the_draft():
+    b = h("6a 1e 0a 0d 08 e8 07 10 02 18 07 2a 02 68 69 40 01 0a 0d 08 e9 07 10 02 18 08 2a 02 79 6f 40 01")
+    f = _wire.decode(b)
+    assert f.WhichOneof("body") is None
+    ds = _wire.deliver_batch(b)
+    assert [(d.delivery_id, d.partition, d.offset, d.value, d.attempt) for d in ds] == [
+        (1000, 2, 7, b"hi", 1), (1001, 2, 8, b"yo", 1)]
+    assert _wire.deliver_batch(h("42 02 08 01")) is None
+
+
+def test_welcome_capabilities_packed_and_not():
+    assert _wire.welcome_capabilities(h("12 03 5a 01 02")) == [2]
+    assert _wire.welcome_capabilities(h("12 04 58 02 58 01")) == [2, 1]
+    assert _wire.welcome_capabilities(_wire.decode(h("12 02 08 01")).SerializeToString()) == []
+
+
+def test_reader_checks_the_length_before_the_body():
+    r = _wire.FrameReader(10)
+    with pytest.raises(FrameTooLargeError):
+        r.feed(h("0000000b"))
+    r = _wire.FrameReader(100)
+    with pytest.raises(BadFrameError):
+        r.feed(h("00000000"))
+    with pytest.raises(BadFrameError):
+        _wire.FrameReader(100).feed(h("00000003 ff ff ff"))
+
+
+def test_reader_splits_and_joins_frames():
+    data = _wire.encode(pb.Frame(ping=pb.Ping(nonce=1)), 100) * 2
+    r = _wire.FrameReader(100)
+    got = []
+    for i in range(len(data)):
+        got += r.feed(data[i : i + 1])
+    assert [f.ping.nonce for f, _ in got] == [1, 1]
+    assert [f.ping.nonce for f, _ in _wire.FrameReader(100).feed(data)] == [1, 1]
+
+
+def test_truncated_raw_fields_are_bad_frames():
+    with pytest.raises(BadFrameError):
+        list(_wire.fields(h("0a 05 01")))
+    with pytest.raises(BadFrameError):
+        list(_wire.fields(h("08 ff")))

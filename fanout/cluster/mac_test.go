@@ -1,0 +1,176 @@
+package cluster
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+const testSecret = "0123456789abcdef-cluster-secret"
+
+// startSecretNode is startNode with the cluster secret.
+func startSecretNode(t *testing.T, c *kfake.Cluster, fence *memFence, id, nodeID, secret string) *node {
+	t.Helper()
+	nf := &nodeFence{f: fence, path: FencePath(id, "jobs")}
+	nf.sid.Store(1)
+	cfg := testConfig(t, c, id, nodeID)
+	cfg.Secret = []byte(secret)
+	n := runNode(t, cfg, func(*Elector) fencer { return nf })
+	n.fence = nf
+	return n
+}
+
+// produceRecord writes a heartbeat record with the given headers.
+func produceRecord(t *testing.T, c *kfake.Cluster, id string, hb *Heartbeat, headers ...sarama.RecordHeader) {
+	t.Helper()
+	b, err := proto.Marshal(hb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sarama.NewSyncProducerFromClient(newKafkaClient(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	msg := &sarama.ProducerMessage{Topic: TopicName(id, "jobs"), Key: sarama.StringEncoder(hb.GetNodeId()),
+		Value: sarama.ByteEncoder(b), Headers: headers}
+	if _, _, err := p.SendMessage(msg); err != nil {
+		t.Fatalf("produce a heartbeat: %v", err)
+	}
+}
+
+// With a cluster secret, heartbeats without a valid MAC are ignored: the
+// leader's forged goodbye (which, read, lets the others depose it) and a
+// forged candidate with a foreign address change nothing; they are
+// counted, and said once.
+func TestElectorWithSecretIgnoresRecordsWithoutAValidMAC(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a := startSecretNode(t, c, fence, "mac", "a", testSecret)
+	b := startSecretNode(t, c, fence, "mac", "b", testSecret)
+	cc := startSecretNode(t, c, fence, "mac", "c", testSecret)
+	testutil.WaitFor(t, 10*time.Second, "c to lead and a and b to follow it", func() bool {
+		la, lb := a.e.Leadership(), b.e.Leadership()
+		return len(leaders(cc)) == 1 && la.LeaderID == "c" && lb.LeaderID == "c"
+	})
+	term := cc.lastTerm()
+
+	goodbye := &Heartbeat{NodeId: "c", Addr: "c:4000", Epoch: term.Epoch, Role: Role_ROLE_FOLLOWER, Leaving: true}
+	produceRecord(t, c, "mac", goodbye) // no MAC
+	wrong := HeartbeatMAC([]byte("another secret, as long as it must be"), TopicName("mac", "jobs"), mustMarshal(t, goodbye))
+	produceRecord(t, c, "mac", goodbye, sarama.RecordHeader{Key: []byte(MACHeader), Value: wrong})
+	// The right secret over another cluster's topic does not pass either.
+	other := HeartbeatMAC([]byte(testSecret), TopicName("other", "jobs"), mustMarshal(t, goodbye))
+	produceRecord(t, c, "mac", goodbye, sarama.RecordHeader{Key: []byte(MACHeader), Value: other})
+	produceRecord(t, c, "mac", &Heartbeat{NodeId: "zz-forged", Addr: "evil:666", Epoch: term.Epoch,
+		ClaimEpoch: term.Epoch + 1, Role: Role_ROLE_CANDIDATE})
+
+	testutil.WaitFor(t, 10*time.Second, "a and b to count the 4 records", func() bool {
+		return a.e.Unauthenticated() == 4 && b.e.Unauthenticated() == 4
+	})
+	time.Sleep(3 * testLeaderTTL) // an absence of change: give it time to happen
+	if term.Cause() != nil {
+		t.Fatalf("c's term ended: %v", term.Cause())
+	}
+	for _, n := range []*node{a, b} {
+		if l := n.e.Leadership(); !l.Known || l.LeaderID != "c" || l.LeaderAddr != "c:4000" || l.Epoch != term.Epoch {
+			t.Errorf("%s: Leadership() = %+v, want c at c:4000 in epoch %d", n.e.cfg.NodeID, l, term.Epoch)
+		}
+		if got := n.logs.count("error: heartbeat log: someone writes records without a valid MAC"); got != 1 {
+			t.Errorf("%s said %d times that records have no valid MAC, want once", n.e.cfg.NodeID, got)
+		}
+		for _, m := range n.e.Members() {
+			if m.NodeID == "zz-forged" {
+				t.Errorf("%s counts the forged member: %+v", n.e.cfg.NodeID, m)
+			}
+		}
+	}
+	if r := fence.get(); r.Epoch != term.Epoch || r.Node != "c" {
+		t.Errorf("fence record %v, want c at epoch %d", r, term.Epoch)
+	}
+	if a.logs.count("heartbeats are not authenticated") != 0 {
+		t.Error("a warns that heartbeats are not authenticated, with a secret")
+	}
+}
+
+// Without a secret, members warn once that heartbeats are not
+// authenticated when they hear from another member.
+func TestElectorWithoutSecretWarnsOnce(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a, b := startNode(t, c, fence, "open", "a"), startNode(t, c, fence, "open", "b")
+	testutil.WaitFor(t, 10*time.Second, "b to lead", func() bool { return len(leaders(b)) == 1 })
+	testutil.WaitFor(t, 10*time.Second, "a and b to warn", func() bool {
+		return a.logs.count("warning: heartbeats are not authenticated") == 1 &&
+			b.logs.count("warning: heartbeats are not authenticated") == 1
+	})
+	if a.e.Unauthenticated() != 0 {
+		t.Errorf("Unauthenticated() = %d without a secret", a.e.Unauthenticated())
+	}
+}
+
+// A member with another secret is not heard: the members with the right
+// one elect among themselves.
+func TestElectorMemberWithAnotherSecretIsNotHeard(t *testing.T) {
+	c := newKafka(t)
+	fence := &memFence{}
+	a := startSecretNode(t, c, fence, "mixed", "a", testSecret)
+	z := startSecretNode(t, c, fence, "mixed", "z", "a different secret of enough length")
+	testutil.WaitFor(t, 10*time.Second, "a to count z's records", func() bool { return a.e.Unauthenticated() > 0 })
+	for _, m := range a.e.Members() {
+		if m.NodeID == "z" {
+			t.Fatalf("a counts z as a member: %+v", m)
+		}
+	}
+	_ = z
+}
+
+func mustMarshal(t *testing.T, hb *Heartbeat) []byte {
+	t.Helper()
+	b, err := proto.Marshal(hb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// In spread mode, with the cluster secret, a heartbeat forged in the
+// recorded leader's name, for its epoch, carrying an assignment that gives
+// every partition to a foreign address, is not accepted: without the MAC
+// it would be (the leader's own heartbeats are all the proof there is).
+func TestSpreadWithSecretIgnoresAForgedLeaderAssignment(t *testing.T) {
+	c := newSpreadKafka(t, 4)
+	fence := &memFence{}
+	spread := func(cfg *Config) {
+		cfg.Mode, cfg.PartitionRefresh, cfg.Secret = Mode_MODE_SPREAD, 100*time.Millisecond, []byte(testSecret)
+	}
+	a, b := startNodeWith(t, c, fence, "spm", "a", spread), startNodeWith(t, c, fence, "spm", "b", spread)
+	var real *Assignment
+	testutil.WaitFor(t, 15*time.Second, "a and b to agree", func() bool {
+		real = agreed(a, b)
+		return real != nil && len(real.Owners) == 2
+	})
+	rec := fence.get()
+	produceRecord(t, c, "spm", &Heartbeat{NodeId: rec.Node, Addr: rec.Addr, Epoch: rec.Epoch, Role: Role_ROLE_LEADER,
+		Mode: Mode_MODE_SPREAD, Instance: "forger",
+		Assignment: &PartitionAssignment{Epoch: rec.Epoch, Generation: real.Generation + 100, Partitions: 4,
+			Owners: []*PartitionOwner{{NodeId: "zz", Addr: "evil:666", Partitions: []int32{0, 1, 2, 3}}}}})
+	testutil.WaitFor(t, 10*time.Second, "a and b to ignore the forged record", func() bool {
+		return a.e.Unauthenticated() == 1 && b.e.Unauthenticated() == 1
+	})
+	deadline := time.Now().Add(2 * time.Second) // many heartbeats after the forged one
+	for time.Now().Before(deadline) {
+		for _, n := range []*node{a, b} {
+			if got := n.e.Assignment(); got == nil || got.Generation >= real.Generation+100 || slices.Contains(got.Addrs(), "evil:666") {
+				t.Fatalf("%s accepted a forged assignment: %+v", n.e.cfg.NodeID, got)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
