@@ -5,17 +5,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // Defaults for the zero values of Config.
@@ -79,8 +79,21 @@ type Config struct {
 	// *protocol.FrameTooLargeError). The daemon's Welcome may lower the
 	// limit for frames the client sends.
 	MaxFrameSize int
-	// Logger receives connection events; nil logs nothing.
-	Logger *logrus.Entry
+	// Weight is the client's share of the deliveries relative to the other
+	// clients (Hello.weight): a canary of weight 5 beside two clients of
+	// 100 gets about 5/205 of them. 0 means the default, 100.
+	Weight int
+	// Observe makes the client an observer: it receives a copy of every
+	// message the daemon delivers to the other clients (Message.Observed)
+	// and acks nothing; its copies affect neither offsets nor credit. A
+	// daemon that does not confirm it stops the client with ErrNoObservers.
+	// An observer that falls behind is dropped by the daemon and reconnects.
+	Observe bool
+	// Logger receives connection events (connected, redirected,
+	// disconnected, members changed) and the worker pool's panics (see
+	// Consume); nil logs nothing. A *slog.Logger is any handler's: the
+	// application's own logger, whatever it writes to.
+	Logger *slog.Logger
 	// Batches makes deliveries arrive on Batches, the messages of each
 	// frame the daemon sent together as one Batch, instead of one by one on
 	// Messages (which then only closes when the client stops).
@@ -95,6 +108,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.MaxInFlight < 0 || cfg.MaxInFlight > 1<<20 {
 		return cfg, fmt.Errorf("fanout client: MaxInFlight %d out of range 0..%d", cfg.MaxInFlight, 1<<20)
+	}
+	if cfg.Weight < 0 || cfg.Weight > math.MaxUint32 {
+		return cfg, fmt.Errorf("fanout client: Weight %d out of range 0..%d", cfg.Weight, uint32(math.MaxUint32))
 	}
 	if cfg.MaxFrameSize != 0 && (cfg.MaxFrameSize < protocol.MaxHelloSize || cfg.MaxFrameSize > math.MaxUint32) {
 		return cfg, fmt.Errorf("fanout client: MaxFrameSize %d out of range %d..%d", cfg.MaxFrameSize, protocol.MaxHelloSize, uint32(math.MaxUint32))
@@ -119,10 +135,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
 	}
 	if cfg.Logger == nil {
-		l := logrus.New()
-		l.Out = io.Discard
-		l.Level = logrus.PanicLevel
-		cfg.Logger = logrus.NewEntry(l)
+		cfg.Logger = slog.New(discardHandler{})
 	}
 	return cfg, nil
 }
@@ -132,7 +145,7 @@ func (cfg Config) withDefaults() (Config, error) {
 // mode. It reconnects by itself. Its methods are safe for concurrent use.
 type Client struct {
 	cfg     Config
-	log     *logrus.Entry
+	log     *slog.Logger
 	msgs    chan *Message
 	batches chan *Batch // nil unless Config.Batches
 
@@ -141,6 +154,9 @@ type Client struct {
 	done   chan struct{} // closed when run has returned
 	events chan event    // links → run
 	linkWG sync.WaitGroup
+	// shuttingDown is set by Shutdown: a session's failure to send its
+	// final acks is then Shutdown's error.
+	shuttingDown atomic.Bool
 
 	mu       sync.Mutex // guards the fields below
 	err      error      // why the client stopped on its own
@@ -163,7 +179,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:    cfg,
-		log:    cfg.Logger.WithField("client_id", cfg.ClientID),
+		log:    cfg.Logger.With("client_id", cfg.ClientID),
 		msgs:   make(chan *Message, cfg.MaxInFlight),
 		done:   make(chan struct{}),
 		events: make(chan event, 16),
@@ -268,7 +284,7 @@ func (c *Client) connect(l *link, addr string, credit int) (*session, error) {
 		if hop == maxRedirects {
 			return nil, fmt.Errorf("more than %d redirects, last to %s", maxRedirects, redirect)
 		}
-		c.log.WithFields(logrus.Fields{"from": addr, "to": redirect}).Info("redirected to the leader")
+		c.log.Info("redirected to the leader", "from", addr, "to", redirect)
 		addr = redirect
 	}
 }
@@ -348,6 +364,8 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 		MaxInFlight:     uint32(credit),
 		AuthToken:       c.cfg.AuthToken,
 		MaxFrameSize:    uint32(c.cfg.MaxFrameSize),
+		Weight:          uint32(c.cfg.Weight),
+		Observer:        c.cfg.Observe,
 		Capabilities:    []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS, protocol.Capability_CAPABILITY_BATCH},
 	})
 	if err := w.WriteFrame(hello); err != nil {
@@ -369,6 +387,9 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 		case *protocol.Frame_Welcome:
 			if !stopAbort() {
 				return nil, "", fmt.Errorf("handshake with %s: %w", addr, ctx.Err())
+			}
+			if c.cfg.Observe && !b.Welcome.GetObserver() {
+				return nil, "", fmt.Errorf("handshake with %s: %w", addr, ErrNoObservers)
 			}
 			_ = nc.SetDeadline(time.Time{})
 			return newSession(c, l, nc, addr, r, b.Welcome, credit), "", nil

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-
-	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 func TestHelloFields(t *testing.T) {
@@ -520,7 +518,7 @@ func TestDialUnreachable(t *testing.T) {
 		t.Errorf("Dial took %v after its context ended", took)
 	}
 	t.Log(err)
-	testutil.WaitFor(t, testTimeout, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+	waitFor(t, testTimeout, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 func TestDialAllRefusedNoReconnect(t *testing.T) {

@@ -19,6 +19,26 @@
 //	}
 //	return c.Err() // nil after Close; the reason when the client gave up
 //
+// Consume runs a handler on the messages in a fixed pool of workers: the
+// handler's nil acks, its error nacks (with a delay for RetryAfter's), its
+// panic nacks and is logged.
+// Shutdown stops gracefully: no new messages, the running handlers finish
+// and their acks are sent, then goodbye; Close stops at once, and acks not
+// yet sent then return ErrClosed.
+//
+//	go func() {
+//		<-ctx.Done() // SIGTERM, say
+//		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//		defer cancel()
+//		c.Shutdown(sctx) // finish the work in hand within 10 s
+//	}()
+//	return c.Consume(context.Background(), 8, func(ctx context.Context, m *client.Message) error {
+//		return process(ctx, m.Value) // an error: the message comes again
+//	})
+//
+// Config.Logger is a *slog.Logger: the client logs connection events
+// through the application's own handler, or nowhere.
+//
 // Delivery is at least once. A message that is not acked within the daemon's
 // ack timeout, or whose connection breaks before its ack is sent, is
 // delivered again, possibly to another client; process messages
@@ -55,6 +75,22 @@
 //			log.Print(err)
 //		}
 //	}
+//
+// Delivery policies (the daemon's README): a worker that should retry later
+// gives the message back with a delay, and may say why (the reason reaches
+// the daemon's log and, once the message has failed the daemon's
+// --max-attempts, its dead-letter record):
+//
+//	if err := process(m.Value); err != nil {
+//		m.NackWith(30*time.Second, err.Error()) // or m.NackWithDelay(30 * time.Second)
+//		continue
+//	}
+//	m.Ack()
+//
+// Config.Weight makes a client a canary (weight 5 gets 5 messages for every
+// 100 a client of the default weight gets), and
+// Config.Observe an observer that receives a copy of every delivery
+// (Message.Observed; Ack, Nack and Touch do nothing on a copy).
 //
 // In spread mode the members of the cluster share the topic's partitions
 // and each delivers only its own, so the client keeps one session per

@@ -24,6 +24,10 @@ var (
 	// ErrNoAddrs is returned by Dial when Config.Addrs is empty.
 	ErrNoAddrs = errors.New("fanout client: no daemon addresses configured")
 
+	// ErrNoObservers ends a client with Config.Observe whose daemon did not
+	// confirm it observes (Welcome.observer): a daemon older than observers
+	// would hand it work to ack.
+	ErrNoObservers = errors.New("fanout client: the daemon does not support observers")
 	// ErrTLS is wrapped by the error of a connection on which TLS cannot
 	// work: the daemon does not speak TLS, its certificate is not trusted,
 	// or it refused the client's certificate. It stops the client.
@@ -40,7 +44,7 @@ var (
 // retried.
 func permanent(err error) bool {
 	var tooLarge *protocol.FrameTooLargeError
-	if errors.As(err, &tooLarge) || errors.Is(err, ErrTLS) {
+	if errors.As(err, &tooLarge) || errors.Is(err, ErrNoObservers) || errors.Is(err, ErrTLS) {
 		return true
 	}
 	var re *protocol.RemoteError

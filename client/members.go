@@ -4,7 +4,6 @@ import (
 	"slices"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // eventKind says what a link tells the client's run loop.
@@ -15,6 +14,7 @@ const (
 	evMembers                   // a session of the link received a Members frame
 	evGaveUp                    // the link gave up: the client stops with err
 	evExited                    // the link's goroutine returned
+	evShutdown                  // Shutdown: stop every link, start none
 )
 
 // event is one report of a link to the client's run loop.
@@ -49,9 +49,13 @@ func share(maxInFlight, n int) int {
 // when a link gives up, and closes msgs once every link has exited.
 func (c *Client) run(ready chan<- error) {
 	defer close(c.done)
-	connected := false // ready has been told
-	live := 0          // links whose goroutine has not exited
+	connected := false    // ready has been told
+	live := 0             // links whose goroutine has not exited
+	shuttingDown := false // Shutdown was called: no link starts
 	startLink := func(member string, credit int) {
+		if shuttingDown {
+			return
+		}
 		l := newLink(c, member, credit)
 		c.mu.Lock()
 		c.links = append(c.links, l)
@@ -82,6 +86,14 @@ func (c *Client) run(ready chan<- error) {
 				ready <- ev.err
 			}
 			c.cancel() // the other links say goodbye and exit
+		case evShutdown:
+			shuttingDown = true
+			c.mu.Lock()
+			links := slices.Clone(c.links)
+			c.mu.Unlock()
+			for _, l := range links {
+				l.stop()
+			}
 		case evExited:
 			live--
 			c.mu.Lock()
@@ -119,7 +131,7 @@ func (c *Client) followMembers(from *link, list []string, startLink func(member 
 	// Members reports the list once the links follow it.
 	defer c.setMembers(list)
 	if len(list) == 0 {
-		c.log.WithField("from", from.addr()).Info("no members listed: one session, to the leader")
+		c.log.Info("no members listed: one session, to the leader", "from", from.addr())
 		from.setMember("")
 		from.setCredit(c.cfg.MaxInFlight)
 		for _, l := range links {
@@ -130,8 +142,7 @@ func (c *Client) followMembers(from *link, list []string, startLink func(member 
 		return
 	}
 	credit := share(c.cfg.MaxInFlight, len(list))
-	c.log.WithFields(logrus.Fields{"from": from.addr(), "members": list, "max_in_flight": credit}).
-		Info("members changed: one session per member")
+	c.log.Info("members changed: one session per member", "from", from.addr(), "members", list, "max_in_flight", credit)
 	// Which links stay: one per listed member. The cluster link becomes
 	// the link of the member it is connected to, when that member is
 	// listed under the address it used.

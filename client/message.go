@@ -24,6 +24,9 @@ type Message struct {
 	Attempt int
 	// DeliveryID names this delivery to the daemon that made it.
 	DeliveryID uint64
+	// Observed is set on the copies an observer (Config.Observe) receives:
+	// Ack, Nack and Touch do nothing on them and return nil.
+	Observed bool
 
 	sess *session
 	done atomic.Bool // acked or nacked
@@ -37,13 +40,45 @@ type Message struct {
 // in those cases nothing is sent.
 func (m *Message) Ack() error { return m.finish(opAck) }
 
-// Nack gives the message back to the daemon for redelivery at once, possibly
-// to another client. It fails like Ack.
+// Nack gives the message back to the daemon for redelivery at once (or
+// after the daemon's --retry-backoff), possibly to another client. It fails
+// like Ack.
 func (m *Message) Nack() error { return m.finish(opNack) }
+
+// NackWithDelay gives the message back for redelivery no earlier than d
+// from now (rounded up to a millisecond; at most protocol.MaxNackDelay).
+// The message waits at the daemon meanwhile, and holds its partition's
+// committed offset. It fails like Ack.
+func (m *Message) NackWithDelay(d time.Duration) error { return m.NackWith(d, "") }
+
+// NackWith gives the message back for redelivery no earlier than d from now
+// (0: at once), with a reason for the daemon's logs and, when the message
+// ends in the dead-letter topic, its record (the daemon keeps
+// protocol.MaxNackReason bytes). It fails like Ack.
+func (m *Message) NackWith(d time.Duration, reason string) error {
+	if d <= 0 && reason == "" {
+		return m.Nack()
+	}
+	if m.Observed {
+		return nil
+	}
+	if err := m.usable(); err != nil {
+		return err
+	}
+	if !m.done.CompareAndSwap(false, true) {
+		return ErrAlreadyAcked
+	}
+	err := m.sess.enqueueNack(m.DeliveryID, d, reason)
+	m.sess.release(1) // as in finish: a retiring session waits for no nacked message
+	return err
+}
 
 // Touch restarts the message's ack timeout on the daemon, for work that
 // takes longer. It fails like Ack, and with ErrAlreadyAcked after Ack or Nack.
 func (m *Message) Touch() error {
+	if m.Observed {
+		return nil
+	}
 	if err := m.usable(); err != nil {
 		return err
 	}
@@ -54,6 +89,9 @@ func (m *Message) Touch() error {
 }
 
 func (m *Message) finish(op op) error {
+	if m.Observed {
+		return nil
+	}
 	if err := m.usable(); err != nil {
 		return err
 	}
@@ -112,6 +150,9 @@ func (b *Batch) Nack() error { return b.finish(opNack) }
 // Touch restarts the ack timeout of every message of the batch not yet
 // acked or nacked. It fails like Ack.
 func (b *Batch) Touch() error {
+	if b.observed() {
+		return nil
+	}
 	s := b.session()
 	if s == nil {
 		return ErrStale
@@ -146,6 +187,10 @@ func (b *Batch) Member() string {
 	return ""
 }
 
+// observed reports whether the batch holds an observer's copies, which
+// Ack, Nack and Touch leave alone, as on a Message.
+func (b *Batch) observed() bool { return b != nil && len(b.Messages) > 0 && b.Messages[0].Observed }
+
 func (b *Batch) session() *session {
 	if b == nil {
 		return nil
@@ -156,6 +201,9 @@ func (b *Batch) session() *session {
 // finish acks or nacks the messages not yet done, queueing their ids under
 // one lock.
 func (b *Batch) finish(o op) error {
+	if b.observed() {
+		return nil
+	}
 	s := b.session()
 	if s == nil {
 		return ErrStale

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"sync"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // op is the kind of a queued delivery id.
@@ -59,7 +59,7 @@ type session struct {
 	// ranges is set when the Welcome lists CAPABILITY_BATCH: the daemon
 	// reads id ranges, so runs of consecutive ids go as one range.
 	ranges bool
-	log    *logrus.Entry
+	log    *slog.Logger
 
 	// held counts the messages handed to Messages and not yet acked or
 	// nacked. draining is set, and drain closed, by retire: the reader
@@ -88,6 +88,7 @@ type session struct {
 	nacks   []idRange
 	touches []idRange
 	pongs   []uint64
+	later   []laterNack // nacks with a delay or a reason
 
 	failOnce sync.Once
 	err      error // why the session ended; set once, read after both loops exit
@@ -102,7 +103,7 @@ func newSession(c *Client, l *link, nc net.Conn, addr string, r *protocol.Reader
 		welcome:      w,
 		credit:       credit,
 		r:            r,
-		log:          c.log.WithFields(logrus.Fields{"addr": addr, "node": w.GetNodeId(), "session": w.GetSessionId()}),
+		log:          c.log.With("addr", addr, "node", w.GetNodeId(), "session", w.GetSessionId()),
 		writeTimeout: c.cfg.DialTimeout,
 		wake:         make(chan struct{}, 1),
 		quit:         make(chan struct{}),
@@ -201,6 +202,28 @@ func (s *session) state() error {
 	return s.ended
 }
 
+// laterNack is a nack with a delay or a reason: each distinct pair is a
+// Nack frame of its own.
+type laterNack struct {
+	id     uint64
+	delay  time.Duration
+	reason string
+}
+
+// enqueueNack queues a nack with a delay or a reason and wakes the writer.
+func (s *session) enqueueNack(id uint64, delay time.Duration, reason string) error {
+	s.mu.Lock()
+	if s.ended != nil {
+		err := s.ended
+		s.mu.Unlock()
+		return err
+	}
+	s.later = append(s.later, laterNack{id: id, delay: delay, reason: reason})
+	s.mu.Unlock()
+	s.signal()
+	return nil
+}
+
 // enqueue queues a delivery id for the writer and wakes it.
 func (s *session) enqueue(o op, id uint64) error {
 	s.mu.Lock()
@@ -277,19 +300,19 @@ func (s *session) readLoop(ctx context.Context) error {
 			// Any frame counts as a sign of life.
 		case *protocol.Frame_Goodbye:
 			// The daemon sends nothing more but takes acks until it closes.
-			s.log.WithField("reason", b.Goodbye.GetReason()).Info("daemon said goodbye")
+			s.log.Info("daemon said goodbye", "reason", b.Goodbye.GetReason())
 		case *protocol.Frame_Error:
 			rerr := protocol.NewRemoteError(b.Error)
 			if rerr.Fatal {
 				return fmt.Errorf("daemon %s: %w", s.addr, rerr)
 			}
-			s.log.WithError(rerr).Warn("daemon reported an error")
+			s.log.Warn("daemon reported an error", "error", rerr)
 		case *protocol.Frame_Redirect:
 			return &redirectError{addr: b.Redirect.GetLeaderAddress()}
 		case *protocol.Frame_Members:
 			s.c.event(event{kind: evMembers, link: s.link, sess: s, members: protocol.Addresses(b.Members.GetMembers())})
 		default:
-			s.log.Warnf("ignoring unexpected %T frame", b)
+			s.log.Warn("ignoring an unexpected frame", "type", fmt.Sprintf("%T", b))
 		}
 	}
 }
@@ -355,6 +378,7 @@ func (s *session) newBatch(pb *protocol.Batch) *Batch {
 	n := len(pb.Deliveries)
 	ms := make([]Message, n)
 	b := &Batch{Messages: make([]*Message, n), sess: s}
+	observed := s.welcome.GetObserver()
 	nh := 0
 	for i := range pb.Deliveries {
 		nh += len(pb.Deliveries[i].Headers)
@@ -368,7 +392,7 @@ func (s *session) newBatch(pb *protocol.Batch) *Batch {
 		m := &ms[i]
 		m.Partition, m.Offset, m.Key, m.Value = d.Partition, d.Offset, d.Key, d.Value
 		m.Timestamp = time.UnixMilli(d.TimestampMs)
-		m.Attempt, m.DeliveryID, m.sess = int(d.Attempt), d.ID, s
+		m.Attempt, m.DeliveryID, m.Observed, m.sess = int(d.Attempt), d.ID, observed, s
 		if len(d.Headers) > 0 {
 			first := len(hs)
 			for _, h := range d.Headers {
@@ -402,7 +426,7 @@ func (s *session) writeLoop(ctx context.Context) error {
 			defer t.Stop()
 			drained = t.C
 		case <-drained:
-			s.log.WithField("held", s.held.Load()).Warn("retired session: messages not acked within the ack timeout; they come again")
+			s.log.Warn("retired session: messages not acked within the ack timeout; they come again", "held", s.held.Load())
 			return s.goodbye(b, ErrStale, "session retired")
 		}
 		s.mu.Lock()
@@ -435,7 +459,7 @@ func (s *session) goodbye(b *batch, ended error, reason string) error {
 		err = s.flush()
 	}
 	if err != nil {
-		if ended == ErrClosed {
+		if ended == ErrClosed || s.c.shuttingDown.Load() {
 			s.c.setCloseErr(err)
 		}
 		return err
@@ -482,6 +506,18 @@ func (s *session) writeFrames(b *batch) error {
 				return err
 			}
 		}
+	}
+	// Nacks with a delay or a reason: one frame per run of the same pair.
+	for i := 0; i < len(b.later); {
+		j, ids := i, b.laterIDs[:0]
+		for ; j < len(b.later) && b.later[j].delay == b.later[i].delay && b.later[j].reason == b.later[i].reason && len(ids) < s.maxIDs; j++ {
+			ids = append(ids, b.later[j].id)
+		}
+		b.laterIDs = ids
+		if err := s.w.WriteFrame(protocol.NackWithFrame(ids, b.later[i].delay, b.later[i].reason)); err != nil {
+			return err
+		}
+		i = j
 	}
 	return nil
 }
@@ -537,6 +573,8 @@ type batch struct {
 	acks, nacks, touches []idRange
 	pongs                []uint64
 	ids, ranges          []uint64 // the fields of the frame being written
+	later                []laterNack
+	laterIDs             []uint64
 
 	ack        *protocol.Frame_Ack
 	nack       *protocol.Frame_Nack
@@ -599,4 +637,6 @@ func (b *batch) take(s *session) {
 	b.nacks, s.nacks = s.nacks, b.nacks[:0]
 	b.touches, s.touches = s.touches, b.touches[:0]
 	b.pongs, s.pongs = s.pongs, b.pongs[:0]
+	clear(b.later)
+	b.later, s.later = s.later, b.later[:0]
 }

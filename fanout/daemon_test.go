@@ -20,8 +20,9 @@ import (
 
 // soloDaemon runs a daemon that leads alone on store, against an in-process
 // Kafka with topic "jobs" of one partition, until the test ends. It returns
-// the daemon, the broker's addresses and Run's result.
-func soloDaemon(t *testing.T, store *offsets.MemoryStore) (*Daemon, []string, <-chan error) {
+// the daemon, the broker's addresses and Run's result. tune, when given,
+// adjusts the options.
+func soloDaemon(t *testing.T, store *offsets.MemoryStore, tune ...func(*Options)) (*Daemon, []string, <-chan error) {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
 	if err != nil {
@@ -30,11 +31,15 @@ func soloDaemon(t *testing.T, store *offsets.MemoryStore) (*Daemon, []string, <-
 	t.Cleanup(c.Close)
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	d, err := New(Options{
+	opts := Options{
 		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: store,
 		Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 10 * time.Millisecond,
 		Logger: logrus.NewEntry(log),
-	})
+	}
+	for _, f := range tune {
+		f(&opts)
+	}
+	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,11 +54,13 @@ type Options struct {
 	Advertise string // the address clients are told (redirects); default derived from Listen
 	NodeID    string // unique within the cluster; default hostname-<random>
 
-	// MetricsListen is the address of /metrics, /healthz and /readyz;
-	// "" disables them (the command line's default is DefaultMetricsListen).
+	// MetricsListen is the address of /metrics, /healthz, /readyz and the
+	// web console; "" disables them (the command line's default is
+	// DefaultMetricsListen).
 	MetricsListen string
-	// MetricsToken, when set, is the bearer token /metrics requires;
-	// /healthz and /readyz stay open. A secret: never logged.
+	// MetricsToken, when set, is the bearer token /metrics and the console's
+	// /api/status require; /healthz, /readyz and the console's page stay
+	// open. A secret: never logged.
 	MetricsToken string
 
 	AckTimeout       time.Duration // redeliver without an ack after this; default 30s
@@ -132,6 +134,27 @@ type Options struct {
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
+	// Delivery policies (README: Delivery policies). The zero values
+	// change nothing.
+
+	// MaxAttempts is how many failed deliveries (ack timeout, nack, client
+	// gone) a message gets before it is produced to DeadLetterTopic instead
+	// of being delivered again; 0 = unlimited, the default.
+	MaxAttempts int
+	// DeadLetterTopic takes the messages that failed MaxAttempts times;
+	// required with MaxAttempts, and it must exist.
+	DeadLetterTopic string
+	// RetryBackoffMin and RetryBackoffMax, when Min > 0, delay a redelivery
+	// after a failure without a delay of its own (an ack timeout, a nack
+	// without a delay, a client gone) by Min·2^(failures−1) capped at Max,
+	// with jitter (--retry-backoff MIN,MAX; default off).
+	RetryBackoffMin, RetryBackoffMax time.Duration
+	// Ordering is "none" (the default) or "key": a key's messages go out one
+	// at a time, in offset order.
+	Ordering string
+	// MaxObserverBytes bounds the copies queued for one observer and not yet
+	// written; past it the observer is dropped; default 16 MiB.
+	MaxObserverBytes int
 	// ClusterSecret, when set, authenticates the heartbeat log: every
 	// heartbeat carries a MAC made with it, and records without a valid one
 	// are ignored and counted. Every member needs the same one; at least 16
@@ -175,6 +198,8 @@ const (
 	DefaultConnectBackoff   = 30 * time.Second
 	DefaultClusterHeartbeat = time.Second
 	DefaultZKSessionTimeout = 10 * time.Second
+	DefaultOrdering         = OrderingNone
+	DefaultMaxObserverBytes = 16 << 20
 	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
 	DefaultAssignment       = AssignmentLeader
 	DefaultHandoffTimeout   = 10 * time.Second
@@ -188,6 +213,35 @@ const (
 
 // minClusterSecret is the shortest --cluster-secret accepted, in bytes.
 const minClusterSecret = 16
+
+// Orderings (Options.Ordering).
+const (
+	OrderingNone = "none" // messages go out in parallel, in any order
+	OrderingKey  = "key"  // a key's messages go out one at a time, in offset order
+)
+
+// MaxMaxAttempts bounds --max-attempts.
+const MaxMaxAttempts = 10000
+
+// ParseRetryBackoff parses --retry-backoff: "MIN,MAX" as Go durations (e.g.
+// "1s,5m"), "MIN" alone (MAX = MIN), or "" and "off" (no backoff).
+func ParseRetryBackoff(s string) (lo, hi time.Duration, err error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "off" {
+		return 0, 0, nil
+	}
+	a, b, pair := strings.Cut(s, ",")
+	if lo, err = time.ParseDuration(strings.TrimSpace(a)); err != nil {
+		return 0, 0, fmt.Errorf("--retry-backoff %q: MIN: %w", s, err)
+	}
+	hi = lo
+	if pair {
+		if hi, err = time.ParseDuration(strings.TrimSpace(b)); err != nil {
+			return 0, 0, fmt.Errorf("--retry-backoff %q: MAX: %w", s, err)
+		}
+	}
+	return lo, hi, nil
+}
 
 // topicName is what Kafka accepts as a topic name.
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
@@ -235,6 +289,10 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxFrameSize, protocol.DefaultMaxFrameSize)
 	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
 	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
+	seti(&o.MaxObserverBytes, DefaultMaxObserverBytes)
+	if o.Ordering == "" {
+		o.Ordering = DefaultOrdering
+	}
 	if o.InitialOffset == "" {
 		o.InitialOffset = DefaultInitialOffset
 	}
@@ -397,6 +455,38 @@ func (o Options) Validate() error {
 	}
 	if _, err := kafka.ParseIsolation(o.Isolation); err != nil {
 		bad("--isolation: %v", err)
+	}
+	switch {
+	case o.MaxAttempts < 0 || o.MaxAttempts > MaxMaxAttempts:
+		bad("--max-attempts %d: between 0 (unlimited) and %d", o.MaxAttempts, MaxMaxAttempts)
+	case o.MaxAttempts > 0 && o.DeadLetterTopic == "":
+		bad("--max-attempts %d needs --dead-letter-topic: the topic that takes the messages that failed that often", o.MaxAttempts)
+	case o.MaxAttempts == 0 && o.DeadLetterTopic != "":
+		bad("--dead-letter-topic %q without --max-attempts: no message would ever go there", o.DeadLetterTopic)
+	}
+	if o.DeadLetterTopic != "" {
+		switch {
+		case !topicName.MatchString(o.DeadLetterTopic) || o.DeadLetterTopic == "." || o.DeadLetterTopic == "..":
+			bad("--dead-letter-topic %q: not a Kafka topic name", o.DeadLetterTopic)
+		case o.DeadLetterTopic == o.Topic:
+			bad("--dead-letter-topic %q is the topic consumed: its dead letters would come back", o.DeadLetterTopic)
+		}
+	}
+	switch {
+	case o.RetryBackoffMin < 0 || o.RetryBackoffMax < 0:
+		bad("--retry-backoff %v,%v: must not be negative", o.RetryBackoffMin, o.RetryBackoffMax)
+	case o.RetryBackoffMin > 0 && o.RetryBackoffMax < o.RetryBackoffMin:
+		bad("--retry-backoff %v,%v: MAX below MIN", o.RetryBackoffMin, o.RetryBackoffMax)
+	case o.RetryBackoffMin == 0 && o.RetryBackoffMax > 0:
+		bad("--retry-backoff 0,%v: MIN must be above 0", o.RetryBackoffMax)
+	case o.RetryBackoffMax > protocol.MaxNackDelay:
+		bad("--retry-backoff %v,%v: MAX at most %v", o.RetryBackoffMin, o.RetryBackoffMax, protocol.MaxNackDelay)
+	}
+	if o.Ordering != OrderingNone && o.Ordering != OrderingKey {
+		bad("--ordering %q: want %s or %s", o.Ordering, OrderingNone, OrderingKey)
+	}
+	if o.MaxObserverBytes < 16<<10 {
+		bad("--max-observer-bytes %d: at least 16 KiB", o.MaxObserverBytes)
 	}
 	if err := o.KafkaSecurity.Validate(); err != nil {
 		errs = append(errs, err)

@@ -51,6 +51,20 @@ func TestValidate(t *testing.T) {
 		{"kafka security is validated", func(o *Options) { o.KafkaSecurity.SASLMechanism = "NTLM" }, "--kafka-sasl-mechanism"},
 		{"zookeeper security is validated", func(o *Options) { o.ZooKeeperSecurity.ReadACL = "auth" }, "--zookeeper-acl-read"},
 		{"metrics token with a line break", func(o *Options) { o.MetricsToken = "tok\n" }, "white space"},
+		{"max attempts with a dead-letter topic", func(o *Options) { o.MaxAttempts, o.DeadLetterTopic = 3, "dlq" }, ""},
+		{"max attempts without a dead-letter topic", func(o *Options) { o.MaxAttempts = 3 }, "--dead-letter-topic"},
+		{"dead-letter topic without max attempts", func(o *Options) { o.DeadLetterTopic = "dlq" }, "--max-attempts"},
+		{"negative max attempts", func(o *Options) { o.MaxAttempts, o.DeadLetterTopic = -1, "dlq" }, "--max-attempts"},
+		{"huge max attempts", func(o *Options) { o.MaxAttempts, o.DeadLetterTopic = MaxMaxAttempts+1, "dlq" }, "--max-attempts"},
+		{"dead letters into the topic consumed", func(o *Options) { o.MaxAttempts, o.DeadLetterTopic = 3, o.Topic }, "would come back"},
+		{"bad dead-letter topic name", func(o *Options) { o.MaxAttempts, o.DeadLetterTopic = 3, "a/b" }, "--dead-letter-topic"},
+		{"retry backoff", func(o *Options) { o.RetryBackoffMin, o.RetryBackoffMax = time.Second, time.Minute }, ""},
+		{"retry backoff max below min", func(o *Options) { o.RetryBackoffMin, o.RetryBackoffMax = time.Minute, time.Second }, "MAX below MIN"},
+		{"retry backoff max too long", func(o *Options) { o.RetryBackoffMin, o.RetryBackoffMax = time.Second, time.Hour }, "--retry-backoff"},
+		{"retry backoff without min", func(o *Options) { o.RetryBackoffMax = time.Second }, "MIN"},
+		{"key ordering", func(o *Options) { o.Ordering = OrderingKey }, ""},
+		{"bad ordering", func(o *Options) { o.Ordering = "fifo" }, "--ordering"},
+		{"tiny observer bound", func(o *Options) { o.MaxObserverBytes = 100 }, "--max-observer-bytes"},
 		{"short cluster secret", func(o *Options) { o.ClusterSecret = "short" }, "shorter than 16 bytes"},
 		{"cluster secret", func(o *Options) { o.ClusterSecret = "0123456789abcdef" }, ""},
 		{"TLS key without certificate", func(o *Options) { o.ClientTLS.Key = "key.pem" }, "--tls-cert, --tls-key"},
@@ -127,5 +141,22 @@ func TestNodeIDsDiffer(t *testing.T) {
 	a, b := Options{}.withDefaults(), Options{}.withDefaults()
 	if a.NodeID == b.NodeID {
 		t.Fatalf("two daemons got the same default node id %q", a.NodeID)
+	}
+}
+
+func TestParseRetryBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		lo, hi time.Duration
+		bad    bool
+	}{
+		{"", 0, 0, false}, {"off", 0, 0, false}, {"1s,5m", time.Second, 5 * time.Minute, false},
+		{" 100ms , 2s ", 100 * time.Millisecond, 2 * time.Second, false}, {"1s", time.Second, time.Second, false},
+		{"1s,", 0, 0, true}, {"x,1s", 0, 0, true}, {"1s,y", 0, 0, true},
+	} {
+		lo, hi, err := ParseRetryBackoff(tc.in)
+		if (err != nil) != tc.bad || lo != tc.lo || hi != tc.hi {
+			t.Errorf("ParseRetryBackoff(%q) = %v, %v, %v; want %v, %v, error %v", tc.in, lo, hi, err, tc.lo, tc.hi, tc.bad)
+		}
 	}
 }

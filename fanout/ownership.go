@@ -42,6 +42,11 @@ type (
 	partitionLoader interface {
 		LoadPartition(ctx context.Context, p int32) (int64, bool, error)
 	}
+	// progressLoader reads the progress stored above one partition's
+	// offset (*zkstore.Store; a loader without it restores none).
+	progressLoader interface {
+		LoadPartitionProgress(ctx context.Context, p int32) (offsets.Progress, error)
+	}
 	// partitionSource fetches the partitions added (*kafka.Source, Manual).
 	partitionSource interface {
 		Add(p int32, offset int64)
@@ -50,7 +55,7 @@ type (
 	// partitionDispatcher serves the partitions assigned
 	// (*dispatch.Dispatcher, PerPartition).
 	partitionDispatcher interface {
-		Assign(p int32, cond offsets.Condition, stored int64) bool
+		Assign(p int32, cond offsets.Condition, stored int64, prog offsets.Progress) bool
 		Revoke(ctx context.Context, p int32, timeout time.Duration) (dispatch.Revoked, error)
 		Drop(p int32)
 	}
@@ -83,9 +88,10 @@ type ownEvent struct {
 	cond   zkstore.Version
 	offset int64 // reserved: the committed offset, when stored
 	stored bool
-	waited time.Duration // reserved: since the acquirer began
-	begin  time.Time     // released: when the handoff began
-	err    error         // released: what went wrong, if anything
+	prog   offsets.Progress // reserved: the progress stored above offset
+	waited time.Duration    // reserved: since the acquirer began
+	begin  time.Time        // released: when the handoff began
+	err    error            // released: what went wrong, if anything
 	rev    dispatch.Revoked
 }
 
@@ -305,8 +311,16 @@ func (o *ownership) acquire(p int32, gen uint64) {
 		// only worth it while we still want it.
 		_ = retry(ctx, log, "load the committed offset", o.opts.ConnectBackoffMax, func(ctx context.Context) error {
 			off, ok, err := o.loader.LoadPartition(ctx, p)
-			if ok {
-				ev.offset, ev.stored = off, true
+			if err != nil || !ok {
+				return err
+			}
+			ev.offset, ev.stored = off, true
+			if pl, ok := o.loader.(progressLoader); ok {
+				ev.prog, err = pl.LoadPartitionProgress(ctx, p)
+				if errors.Is(err, offsets.ErrBadProgress) {
+					log.WithError(err).Warn("stored progress unreadable: the partition delivers again everything from its committed offset")
+					ev.prog, err = offsets.Progress{}, nil
+				}
 			}
 			return err
 		})
@@ -354,7 +368,7 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 				start = sarama.OffsetOldest
 			}
 		}
-		if !o.disp.Assign(ev.p, ev.cond, stored) {
+		if !o.disp.Assign(ev.p, ev.cond, stored, ev.prog) {
 			return // the dispatcher stopped: run sees it
 		}
 		o.src.Add(ev.p, start)

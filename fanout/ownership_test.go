@@ -246,7 +246,7 @@ func (f *fakeParts) Remove(p int32) {
 	f.zk.note("remove %d %s", p, f.node)
 }
 
-func (f *fakeParts) Assign(p int32, cond offsets.Condition, stored int64) bool {
+func (f *fakeParts) Assign(p int32, cond offsets.Condition, stored int64, _ offsets.Progress) bool {
 	f.mu.Lock()
 	f.conds[p] = cond
 	f.mu.Unlock()

@@ -75,6 +75,14 @@ func (t *term) runSpread(ctx context.Context, started func()) error {
 			own.dispatcherLost(p, v)
 		}
 	}
+	dead, err := t.newDeadLetters()
+	if err != nil {
+		return err
+	}
+	if dead != nil {
+		defer dead.close()
+		cfg.DeadLetter = dead
+	}
 	disp, err := dispatch.New(cfg, src)
 	if err != nil {
 		return err
@@ -85,7 +93,7 @@ func (t *term) runSpread(ctx context.Context, started func()) error {
 		return err
 	}
 	own.onHandoff, own.onMembers, own.onStop = t.onHandoff, t.onMembers, t.spread.resign
-	t.src, t.disp = src, disp
+	t.src, t.disp, t.dead = src, disp, dead
 
 	srcCtx, stopSource := context.WithCancel(context.Background())
 	dispCtx, stopDisp := context.WithCancel(context.Background())
@@ -95,6 +103,10 @@ func (t *term) runSpread(ctx context.Context, started func()) error {
 	routines.Go(t.log, "source", func() {
 		_ = retry(srcCtx, t.log, "consume topic "+t.opts.Topic, t.opts.ConnectBackoffMax, src.Run)
 	}, nil)
+	if dead != nil {
+		// Like the source, it outlives the dispatcher's handoffs.
+		routines.Go(t.log, "dead letters", func() { dead.run(srcCtx) }, nil)
+	}
 	routines.Go(t.log, "dispatcher", func() {
 		defer close(dispDone)
 		dispErr = disp.Run(dispCtx)

@@ -45,6 +45,7 @@ type term struct {
 	// Set before the term is published in serving, never changed after.
 	src  *kafka.Source
 	disp *dispatch.Dispatcher
+	dead *deadLetters // with --max-attempts: the term's dead-letter producer; else nil
 }
 
 // newTerm returns the daemon's term under fence, not yet running.
@@ -89,6 +90,13 @@ func (t *term) run(ctx context.Context, started func()) error {
 		}
 		return nil
 	}
+	progress, err := t.loadProgress(ctx)
+	if err != nil { // ended before serving
+		if cause := context.Cause(ctx); errors.Is(cause, dispatch.ErrAbandon) {
+			return cause
+		}
+		return nil
+	}
 	initial, err := kafka.ParseInitialOffset(t.opts.InitialOffset)
 	if err != nil {
 		return err
@@ -100,20 +108,31 @@ func (t *term) run(ctx context.Context, started func()) error {
 		return fmt.Errorf("kafka source: %w", err)
 	}
 	cfg := t.dispatchConfig()
-	cfg.Fence, cfg.Stored = t.fence, stored
+	cfg.Fence, cfg.Stored, cfg.Progress = t.fence, stored, progress
+	dead, err := t.newDeadLetters()
+	if err != nil {
+		return err
+	}
+	if dead != nil {
+		defer dead.close()
+		cfg.DeadLetter = dead
+	}
 	disp, err := dispatch.New(cfg, src)
 	if err != nil {
 		return err
 	}
-	t.src, t.disp = src, disp
+	t.src, t.disp, t.dead = src, disp, dead
 
-	// The source outlives the dispatcher's drain: it stops only after the
-	// dispatcher has returned.
+	// The source and the dead-letter producer outlive the dispatcher's
+	// drain: they stop only after the dispatcher has returned.
 	srcCtx, stopSource := context.WithCancel(context.Background())
 	var routines actor.Group
 	routines.Go(t.log, "source", func() {
 		_ = retry(srcCtx, t.log, "consume topic "+t.opts.Topic, t.opts.ConnectBackoffMax, src.Run)
 	}, nil)
+	if dead != nil {
+		routines.Go(t.log, "dead letters", func() { dead.run(srcCtx) }, nil)
+	}
 	defer func() {
 		stopSource()
 		routines.Wait()
@@ -132,6 +151,42 @@ func (t *term) run(ctx context.Context, started func()) error {
 	return err
 }
 
+// loadProgress loads, from a store that keeps it, the progress stored with
+// the offsets, retrying until ctx ends (then it returns ctx's error).
+// Progress that does not decode is logged and left out: those partitions
+// start from their committed offsets alone.
+func (t *term) loadProgress(ctx context.Context) (map[int32]offsets.Progress, error) {
+	ps, ok := t.store.(offsets.ProgressStore)
+	if !ok {
+		return nil, nil
+	}
+	var progress map[int32]offsets.Progress
+	err := retry(ctx, t.log, "load progress", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
+		var err error
+		progress, err = ps.LoadProgress(ctx)
+		if errors.Is(err, offsets.ErrBadProgress) {
+			t.log.WithError(err).Warn("stored progress unreadable: those partitions deliver again everything from their committed offsets")
+			return nil
+		}
+		return err
+	})
+	return progress, err
+}
+
+// newDeadLetters returns, with --max-attempts, the term's dead-letter
+// producer on the term's Kafka client (the caller runs it, and closes it
+// once it has stopped); nil without.
+func (t *term) newDeadLetters() (*deadLetters, error) {
+	if t.opts.MaxAttempts == 0 {
+		return nil, nil
+	}
+	producer, err := sarama.NewSyncProducerFromClient(t.client)
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter producer: %w", err)
+	}
+	return newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.opts.ConnectBackoffMax, t.log), nil
+}
+
 // dispatchConfig is the dispatcher's configuration derived from the
 // options, without a fence.
 func (t *term) dispatchConfig() dispatch.Config {
@@ -147,6 +202,10 @@ func (t *term) dispatchConfig() dispatch.Config {
 		Logger:           t.log,
 		OnCommit:         t.onCommit,
 		FrameSize:        server.DeliverFrameSize,
+		MaxAttempts:      t.opts.MaxAttempts,
+		RetryBackoffMin:  t.opts.RetryBackoffMin,
+		RetryBackoffMax:  t.opts.RetryBackoffMax,
+		KeyOrdering:      t.opts.Ordering == OrderingKey,
 	}
 }
 
@@ -189,10 +248,19 @@ func (b *termBackend) Ack(id uint64, ids []uint64) {
 }
 
 // Nack implements dispatch.Backend.
-func (b *termBackend) Nack(id uint64, ids []uint64) {
+func (b *termBackend) Nack(id uint64, ids []uint64, how dispatch.NackInfo) {
 	if d := b.dispatcher(); d != nil {
-		d.Nack(id, ids)
+		d.Nack(id, ids, how)
 	}
+}
+
+// Observe implements dispatch.Backend.
+func (b *termBackend) Observe(id uint64, name string, sink dispatch.ClientSink) {
+	if d := b.dispatcher(); d != nil {
+		d.Observe(id, name, sink)
+		return
+	}
+	sink.Goodbye("not serving")
 }
 
 // Touch implements dispatch.Backend.
@@ -203,9 +271,9 @@ func (b *termBackend) Touch(id uint64, ids []uint64) {
 }
 
 // Settle implements dispatch.Backend.
-func (b *termBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range) {
+func (b *termBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range, how dispatch.NackInfo) {
 	if d := b.dispatcher(); d != nil {
-		d.Settle(id, op, ranges)
+		d.Settle(id, op, ranges, how)
 	}
 }
 

@@ -241,3 +241,75 @@ func TestZKConnectUnreachable(t *testing.T) {
 		t.Errorf("Connect took %s with a 2s context", d)
 	}
 }
+
+// Progress goes in the same multi as its offset, into its own tree (the
+// offsets tree still lists only partitions, each a plain decimal), comes
+// back in a new Store, is emptied by a commit without it, is refused with a
+// fenced commit, and progress that does not decode is reported while the
+// rest loads.
+func TestZKStoreProgress(t *testing.T) {
+	conn := zkConnect(t)
+	chroot := zkChroot(t, conn)
+	ctx := context.Background()
+	s := zkstore.New(conn, chroot, "a", "t")
+	fence := zkFence(t, conn, chroot)
+	pr := offsets.Progress{Base: 10, Acked: []offsets.Range{{First: 12, Last: 15}}, Failed: []offsets.Failure{{Offset: 10, Count: 2}}}
+	if err := s.CommitProgress(ctx, fence, map[int32]int64{0: 10, 1: 20}, map[int32]offsets.Progress{0: pr, 1: {Base: 20}}); err != nil {
+		t.Fatalf("CommitProgress: %v", err)
+	}
+	fresh := zkstore.New(zkConnect(t), chroot, "a", "t")
+	if got := mustLoad(t, fresh); !equalOffsets(got, map[int32]int64{0: 10, 1: 20}) {
+		t.Fatalf("Load = %v", got)
+	}
+	got, err := fresh.LoadProgress(ctx)
+	if err != nil || len(got) != 1 || got[0].Encode() != pr.Encode() {
+		t.Fatalf("LoadProgress = %v, %v; want partition 0: %+v", got, err, pr)
+	}
+	if data, _, err := conn.Get(s.Path() + "/0"); err != nil || string(data) != "10" {
+		t.Fatalf("offset znode holds %q, %v; want the plain decimal 10", data, err)
+	}
+	if children, _, err := conn.Children(s.Path()); err != nil || len(children) != 2 {
+		t.Fatalf("offsets tree lists %q, %v; want the two partitions only", children, err)
+	}
+
+	// A fenced commit writes neither offsets nor progress.
+	stale := offsets.TopicFence(zkstore.Version{Path: chroot + "/leader", Version: 41})
+	if err := fresh.CommitProgress(ctx, stale, map[int32]int64{0: 11}, map[int32]offsets.Progress{0: {Base: 11, Acked: []offsets.Range{{First: 13, Last: 13}}}}); !errors.Is(err, offsets.ErrFenced) {
+		t.Fatalf("CommitProgress under a stale fence: %v", err)
+	}
+	if got, _ := fresh.LoadProgress(ctx); got[0].Encode() != pr.Encode() {
+		t.Fatalf("after a fenced commit LoadProgress = %v", got)
+	}
+
+	// A commit of the offset without progress empties it.
+	if err := fresh.Commit(ctx, fence, map[int32]int64{0: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("LoadProgress after a commit without progress = %v, %v; want none", got, err)
+	}
+
+	// Progress that does not decode is reported; the rest loads.
+	if err := s.CommitProgress(ctx, fence, map[int32]int64{1: 21}, map[int32]offsets.Progress{1: {Base: 21, Acked: []offsets.Range{{First: 30, Last: 30}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Set(zkstore.ProgressPath(chroot, "a", "t")+"/0", []byte("v1 b=oops"), -1); err != nil {
+		t.Fatal(err)
+	}
+	got, err = zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx)
+	if !errors.Is(err, offsets.ErrBadProgress) || !strings.Contains(err.Error(), "/progress/t/0") || len(got) != 1 || got[1].Base != 21 {
+		t.Fatalf("LoadProgress with a bad znode = %v, %v; want partition 1 and an error naming partition 0's znode", got, err)
+	}
+
+	// A Store that read the offsets but never the progress (another
+	// process: the offsets tool's reset) empties it with the offset it
+	// writes, so that stale progress can never apply to the offset set.
+	tool := zkstore.New(conn, chroot, "a", "t")
+	mustLoad(t, tool)
+	if err := tool.Commit(ctx, fence, map[int32]int64{1: 21}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx); len(got) != 0 {
+		t.Fatalf("LoadProgress after a new Store's commit = %v, want none", got)
+	}
+}

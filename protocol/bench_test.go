@@ -33,7 +33,8 @@ func benchWrite(b *testing.B, f *Frame) {
 	n := encodedSize(b, f)
 	b.SetBytes(int64(n))
 	b.ReportAllocs()
-	for b.Loop() {
+	b.ResetTimer()
+	for range b.N {
 		if err := w.WriteFrame(f); err != nil {
 			b.Fatal(err)
 		}
@@ -62,8 +63,9 @@ func benchRead(b *testing.B, f *Frame) {
 	var got Frame
 	b.SetBytes(int64(stream.Len() / frames))
 	b.ReportAllocs()
+	b.ResetTimer()
 	i := 0
-	for b.Loop() {
+	for range b.N {
 		if i == frames {
 			src.Reset(stream.Bytes())
 			i = 0
@@ -82,7 +84,8 @@ func BenchmarkWriteDeliver(b *testing.B) {
 	w := NewWriter(io.Discard, 0)
 	b.SetBytes(int64(encodedSize(b, DeliverFrame(d))))
 	b.ReportAllocs()
-	for b.Loop() {
+	b.ResetTimer()
+	for range b.N {
 		if err := w.WriteDeliver(d); err != nil {
 			b.Fatal(err)
 		}
@@ -124,7 +127,8 @@ func BenchmarkWriteDeliverBatch(b *testing.B) {
 			w := NewWriter(io.Discard, 0)
 			b.SetBytes(int64(encodedSize(b, DeliverBatchFrame(ds))))
 			b.ReportAllocs()
-			for b.Loop() {
+			b.ResetTimer()
+			for range b.N {
 				if n, err := w.WriteDeliverBatch(ds, 0); err != nil || n != len(ds) {
 					b.Fatal(n, err)
 				}
@@ -154,7 +158,8 @@ func BenchmarkReadBatch(b *testing.B) {
 			var batch Batch
 			b.SetBytes(int64(stream.Len()))
 			b.ReportAllocs()
-			for b.Loop() {
+			b.ResetTimer()
+			for range b.N {
 				src.Reset(stream.Bytes())
 				if ok, err := r.ReadBatch(&f, &batch); !ok || err != nil {
 					b.Fatal(ok, err)

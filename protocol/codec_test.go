@@ -27,11 +27,12 @@ func sampleFrames() []struct {
 	}{
 		{"hello", HelloFrame(&Hello{ClientId: "worker-1", ProtocolVersion: Version, MaxInFlight: 32, AuthToken: "s3cret"})},
 		{"hello empty", HelloFrame(&Hello{})},
+		{"hello policies", HelloFrame(&Hello{ProtocolVersion: Version, Weight: 5, Observer: true})},
 		{"hello capabilities", HelloFrame(&Hello{ProtocolVersion: Version, Capabilities: []Capability{Capability_CAPABILITY_MEMBERS, 99}})},
 		{"welcome", WelcomeFrame(&Welcome{
 			NodeId: "node-a", SessionId: 99, ProtocolVersion: Version, MaxInFlight: 16,
 			AckTimeoutMs: 30000, HeartbeatMs: 5000, LivenessIntervals: 3,
-			MaxFrameSize: DefaultMaxFrameSize, Topic: "orders",
+			MaxFrameSize: DefaultMaxFrameSize, Topic: "orders", Observer: true,
 		})},
 		{"welcome members", WelcomeFrame(&Welcome{NodeId: "node-a", ProtocolVersion: Version,
 			Members: MemberList([]string{"10.0.0.1:4987", "10.0.0.2:4987"})})},
@@ -48,6 +49,7 @@ func sampleFrames() []struct {
 		{"ack", AckFrame([]uint64{1, 2, 3, 1 << 63})},
 		{"ack empty", AckFrame(nil)},
 		{"nack", NackFrame([]uint64{42})},
+		{"nack delayed", NackWithFrame([]uint64{42, 43}, 1500*time.Millisecond, "db down")},
 		{"touch", TouchFrame([]uint64{7, 8})},
 		{"ping", PingFrame(0xdeadbeef)},
 		{"ping zero", PingFrame(0)},

@@ -445,7 +445,19 @@ type Hello struct {
 	// The optional features of the protocol the client understands. The
 	// daemon ignores values it does not know, and uses a feature with this
 	// client only when it is listed here.
-	Capabilities  []Capability `protobuf:"varint,6,rep,packed,name=capabilities,proto3,enum=fanout.v1.Capability" json:"capabilities,omitempty"`
+	Capabilities []Capability `protobuf:"varint,6,rep,packed,name=capabilities,proto3,enum=fanout.v1.Capability" json:"capabilities,omitempty"`
+	// The client's share of deliveries relative to the other clients: the
+	// daemon hands out messages by smooth weighted round-robin over the
+	// clients with room. 0 (absent) means 100, so a client that sends no weight
+	// gets an equal share. A canary with weight 5 beside two clients of 100
+	// gets about 5/205 of the messages. Credit (max_in_flight) still applies.
+	Weight uint32 `protobuf:"varint,7,opt,name=weight,proto3" json:"weight,omitempty"`
+	// The client observes: it receives a copy of every message the daemon
+	// delivers to the other clients, with delivery_id 0, and acks nothing.
+	// Its copies do not count for offsets or credit; when it falls behind
+	// (its queue passes the daemon's --max-observer-bytes) the daemon closes
+	// its connection. The daemon confirms in Welcome.observer.
+	Observer      bool `protobuf:"varint,8,opt,name=observer,proto3" json:"observer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -522,6 +534,20 @@ func (x *Hello) GetCapabilities() []Capability {
 	return nil
 }
 
+func (x *Hello) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Hello) GetObserver() bool {
+	if x != nil {
+		return x.Observer
+	}
+	return false
+}
+
 // Welcome accepts a session. Deliveries may follow at once.
 type Welcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -553,7 +579,11 @@ type Welcome struct {
 	// id ranges only such a daemon reads. Capabilities whose use shows by
 	// itself (CAPABILITY_MEMBERS) are not listed. Empty for a client that
 	// announced none of them.
-	Capabilities  []Capability `protobuf:"varint,11,rep,packed,name=capabilities,proto3,enum=fanout.v1.Capability" json:"capabilities,omitempty"`
+	Capabilities []Capability `protobuf:"varint,11,rep,packed,name=capabilities,proto3,enum=fanout.v1.Capability" json:"capabilities,omitempty"`
+	// True when the daemon treats this session as an observer (Hello.observer):
+	// a client that asked to observe and does not see it set talks to a daemon
+	// that does not know observers, and would be handed work to ack.
+	Observer      bool `protobuf:"varint,12,opt,name=observer,proto3" json:"observer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -663,6 +693,13 @@ func (x *Welcome) GetCapabilities() []Capability {
 		return x.Capabilities
 	}
 	return nil
+}
+
+func (x *Welcome) GetObserver() bool {
+	if x != nil {
+		return x.Observer
+	}
+	return false
 }
 
 // Member is one member of the cluster that serves clients.
@@ -1084,12 +1121,20 @@ func (x *Ack) GetRanges() []uint64 {
 	return nil
 }
 
-// Nack gives the named deliveries back at once, for another client.
+// Nack gives the named deliveries back for another client: at once, or
+// after delay_ms.
 type Nack struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	DeliveryIds []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
-	// As Ack.ranges.
-	Ranges        []uint64 `protobuf:"varint,2,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
+	// As Ack.ranges; delay_ms and reason apply to these too.
+	Ranges []uint64 `protobuf:"varint,2,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
+	// Redeliver no earlier than this many milliseconds from now (at most
+	// 900000, 15 minutes; longer is cut to that). 0 (absent): at once, or
+	// after the daemon's --retry-backoff.
+	DelayMs uint32 `protobuf:"varint,3,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	// Why, for logs and the dead-letter record (header fanout.dlq.nack_reason);
+	// the daemon keeps at most 256 bytes of it.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1136,6 +1181,20 @@ func (x *Nack) GetRanges() []uint64 {
 		return x.Ranges
 	}
 	return nil
+}
+
+func (x *Nack) GetDelayMs() uint32 {
+	if x != nil {
+		return x.DelayMs
+	}
+	return 0
+}
+
+func (x *Nack) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 // Touch restarts the ack timeout of the named deliveries (work in progress).
@@ -1420,7 +1479,7 @@ const file_fanout_proto_rawDesc = "" +
 	"\agoodbye\x18\v \x01(\v2\x12.fanout.v1.GoodbyeH\x00R\agoodbye\x12.\n" +
 	"\amembers\x18\f \x01(\v2\x12.fanout.v1.MembersH\x00R\amembers\x12>\n" +
 	"\rdeliver_batch\x18\r \x01(\v2\x17.fanout.v1.DeliverBatchH\x00R\fdeliverBatchB\x06\n" +
-	"\x04body\"\xf3\x01\n" +
+	"\x04body\"\xa7\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12\"\n" +
@@ -1428,7 +1487,9 @@ const file_fanout_proto_rawDesc = "" +
 	"\n" +
 	"auth_token\x18\x04 \x01(\tR\tauthToken\x12$\n" +
 	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\x129\n" +
-	"\fcapabilities\x18\x06 \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\"\xac\x03\n" +
+	"\fcapabilities\x18\x06 \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\x12\x16\n" +
+	"\x06weight\x18\a \x01(\rR\x06weight\x12\x1a\n" +
+	"\bobserver\x18\b \x01(\bR\bobserver\"\xc8\x03\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1442,7 +1503,8 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05topic\x18\t \x01(\tR\x05topic\x12+\n" +
 	"\amembers\x18\n" +
 	" \x03(\v2\x11.fanout.v1.MemberR\amembers\x129\n" +
-	"\fcapabilities\x18\v \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\"\"\n" +
+	"\fcapabilities\x18\v \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\x12\x1a\n" +
+	"\bobserver\x18\f \x01(\bR\bobserver\"\"\n" +
 	"\x06Member\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\"6\n" +
 	"\aMembers\x12+\n" +
@@ -1470,10 +1532,12 @@ const file_fanout_proto_rawDesc = "" +
 	"deliveries\"H\n" +
 	"\x03Ack\x12%\n" +
 	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
-	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"I\n" +
+	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"|\n" +
 	"\x04Nack\x12%\n" +
 	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
-	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"J\n" +
+	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\x12\x19\n" +
+	"\bdelay_ms\x18\x03 \x01(\rR\adelayMs\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"J\n" +
 	"\x05Touch\x12%\n" +
 	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
 	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"\x1c\n" +

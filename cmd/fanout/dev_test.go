@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/status"
 )
 
 // devHints are the commands fanout dev prints once it is ready, split into
@@ -191,7 +192,7 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("status as hinted %v: exit code %d\n%s", h.status, code, errOut)
 		}
-		var st clusterStatus
+		var st status.Status
 		if err := json.Unmarshal([]byte(out), &st); err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker link variables ZK_*_PORT_2181_TCP_*, else localhost:2181; not with --offset-store kafka)", EnvVars: env("ZOOKEEPER")},
 		&cli.StringFlag{Name: "offset-store", Value: fanout.OffsetStoreZooKeeper, Usage: "where offsets and the leader record are kept: zookeeper, or kafka (the consumer group fanout_<id>; no ZooKeeper needed)", EnvVars: env("OFFSET_STORE")},
 		&cli.StringFlag{Name: "listen", Value: fanout.DefaultListen, Usage: "address for client connections", EnvVars: env("LISTEN")},
-		&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz and /readyz (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
+		&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz, /readyz and the web console (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
 		&cli.StringFlag{Name: "advertise", Usage: "host:port clients are told to use for this daemon (default: hostname and the listen port)", EnvVars: env("ADVERTISE")},
 		&cli.StringFlag{Name: "node-id", Usage: "this daemon's id in the cluster; the highest id is elected first (default: hostname-RANDOM)", EnvVars: env("NODE_ID")},
 		&cli.DurationFlag{Name: "ack-timeout", Value: fanout.DefaultAckTimeout, Usage: "redeliver a message not acked within this time", EnvVars: env("ACK_TIMEOUT")},
@@ -56,6 +56,11 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "zookeeper-session-timeout", Value: fanout.DefaultZKSessionTimeout, Usage: "ZooKeeper session timeout; a leader whose offset commits have failed this long steps down", EnvVars: env("ZOOKEEPER_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "kafka-session-timeout", Value: fanout.DefaultKafkaSession, Usage: "with --offset-store kafka: session timeout of the leader's membership of the group fanout_<id>; a leader whose offset commits have failed this long steps down", EnvVars: env("KAFKA_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
+		&cli.IntFlag{Name: "max-attempts", Usage: "produce a message whose delivery failed this many times (ack timeout, nack, client gone) to --dead-letter-topic instead of delivering it again (0: unlimited)", EnvVars: env("MAX_ATTEMPTS")},
+		&cli.StringFlag{Name: "dead-letter-topic", Usage: "the existing topic that takes the messages that failed --max-attempts times", EnvVars: env("DEAD_LETTER_TOPIC")},
+		&cli.StringFlag{Name: "retry-backoff", Value: "off", Usage: "`MIN,MAX`: wait MIN·2^(failures-1), at most MAX, with jitter, before redelivering after a timeout, a nack without a delay or a client gone (off: at once)", EnvVars: env("RETRY_BACKOFF")},
+		&cli.StringFlag{Name: "ordering", Value: fanout.DefaultOrdering, Usage: "none, or key: a key's messages go out one at a time, in offset order", EnvVars: env("ORDERING")},
+		&cli.IntFlag{Name: "max-observer-bytes", Value: fanout.DefaultMaxObserverBytes, Usage: "drop an observer with more than this many bytes of copies queued and not written", EnvVars: env("MAX_OBSERVER_BYTES")},
 		&cli.StringFlag{Name: "assignment", Value: fanout.DefaultAssignment, Usage: "leader (the leader serves every partition) or spread (each member serves the partitions the leader assigns it); the same on every member", EnvVars: env("ASSIGNMENT")},
 		&cli.IntFlag{Name: "weight", Value: 1, Usage: "spread mode: this member's share of the partitions is proportional to its weight", EnvVars: env("WEIGHT")},
 		&cli.DurationFlag{Name: "handoff-timeout", Value: fanout.DefaultHandoffTimeout, Usage: "spread mode: a partition moving away waits this long for its in-flight messages to be acked", EnvVars: env("HANDOFF_TIMEOUT")},
@@ -126,10 +131,17 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	opts.ClientTLS = tlsconf.ServerFiles{Cert: str("tls-cert"), Key: str("tls-key"), ClientCA: str("tls-client-ca")}
 	opts.Isolation = str("isolation")
 	opts.MaxOutstanding = num("max-outstanding")
+	opts.MaxAttempts = num("max-attempts")
+	opts.DeadLetterTopic = str("dead-letter-topic")
+	opts.Ordering = str("ordering")
+	opts.MaxObserverBytes = num("max-observer-bytes")
+	var err error
+	if opts.RetryBackoffMin, opts.RetryBackoffMax, err = fanout.ParseRetryBackoff(str("retry-backoff")); err != nil {
+		return fanout.Options{}, err
+	}
 	opts.Assignment, opts.Weight, opts.HandoffTimeout = str("assignment"), num("weight"), dur("handoff-timeout")
 	// Security: the flags, and the secrets from the environment or files.
 	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
-	var err error
 	if opts.KafkaSecurity, err = kafkaSecurity(environ, flags); err != nil {
 		return fanout.Options{}, err
 	}

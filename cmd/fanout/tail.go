@@ -32,7 +32,10 @@ func tailCommand() *cli.Command {
 			&cli.IntFlag{Name: "count", Usage: "exit after `N` messages (0: run until interrupted)"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per message"},
 			&cli.BoolFlag{Name: "meta", Usage: "prefix each value with partition/offset and attempt"},
-			&cli.BoolFlag{Name: "no-ack", Usage: "do not ack (the daemon redelivers after its ack timeout)"},
+			&cli.BoolFlag{Name: "no-ack", Usage: "do not ack (the daemon redelivers after its ack timeout, or --nack-delay)"},
+			&cli.DurationFlag{Name: "nack-delay", Usage: "with --no-ack: give each printed message back at once, to be redelivered no earlier than this (0: at once)"},
+			&cli.BoolFlag{Name: "observe", Usage: "observe: print a copy of every message the daemon delivers to its clients, ack nothing, take nothing from them"},
+			&cli.IntFlag{Name: "weight", Usage: "this client's share of the messages relative to the others' (default 100 each: a canary of 5 beside two of 100 gets about 5/205)"},
 			&cli.IntFlag{Name: "max-in-flight", Value: client.DefaultMaxInFlight, Usage: "unacked messages held at once (in spread mode split evenly over the members)"},
 			&cli.IntFlag{Name: "max-frame-size", Value: protocol.DefaultMaxFrameSize, Usage: "largest frame (message) accepted, in bytes; told to the daemon, which holds larger messages for other clients"},
 			&cli.StringFlag{Name: "client-id", Usage: "client name in the daemon's logs (default hostname-pid)"},
@@ -57,6 +60,18 @@ func runTail(c *cli.Context) error {
 	if n := c.Int("max-frame-size"); n < protocol.MaxHelloSize || n > math.MaxUint32 {
 		return usageError(fmt.Errorf("tail: --max-frame-size %d: between %d and %d", n, protocol.MaxHelloSize, uint32(math.MaxUint32)))
 	}
+	if c.IsSet("nack-delay") && !c.Bool("no-ack") {
+		return usageError(fmt.Errorf("tail: --nack-delay gives messages back instead of acking them: it needs --no-ack"))
+	}
+	if d := c.Duration("nack-delay"); d < 0 || d > protocol.MaxNackDelay {
+		return usageError(fmt.Errorf("tail: --nack-delay %v: between 0 and %v", d, protocol.MaxNackDelay))
+	}
+	if w := c.Int("weight"); w < 0 || w > math.MaxUint32 {
+		return usageError(fmt.Errorf("tail: --weight %d: between 1 and %d (0: the default, 100)", w, uint32(math.MaxUint32)))
+	}
+	if c.Bool("observe") && (c.IsSet("weight") || c.IsSet("nack-delay")) {
+		return usageError(fmt.Errorf("tail: an observer takes no share of the messages and gives none back: --observe excludes --weight and --nack-delay"))
+	}
 	addrs := splitAll([]string{c.String("connect")})
 	if len(addrs) == 0 {
 		return usageError(fmt.Errorf("tail: --connect names no address"))
@@ -76,6 +91,8 @@ func runTail(c *cli.Context) error {
 		MaxInFlight:  c.Int("max-in-flight"),
 		AuthToken:    c.String("auth-token"),
 		MaxFrameSize: c.Int("max-frame-size"),
+		Weight:       c.Int("weight"),
+		Observe:      c.Bool("observe"),
 		TLS:          tlsCfg,
 	})
 	if err != nil {
@@ -85,11 +102,13 @@ func runTail(c *cli.Context) error {
 		return fmt.Errorf("tail: cannot connect to %s within %v: %w", strings.Join(addrs, ","), c.Duration("timeout"), err)
 	}
 	t := &tailer{
-		out:   bufio.NewWriter(c.App.Writer),
-		json:  c.Bool("json"),
-		meta:  c.Bool("meta"),
-		ack:   !c.Bool("no-ack"),
-		count: c.Int("count"),
+		out:       bufio.NewWriter(c.App.Writer),
+		json:      c.Bool("json"),
+		meta:      c.Bool("meta"),
+		ack:       !c.Bool("no-ack"),
+		nack:      c.IsSet("nack-delay"),
+		nackDelay: c.Duration("nack-delay"),
+		count:     c.Int("count"),
 	}
 	err = t.run(ctx, cl)
 	if cerr := cl.Close(); err == nil && cerr != nil {
@@ -102,11 +121,13 @@ func runTail(c *cli.Context) error {
 // buffer holding them has been flushed, which happens whenever no further
 // message is waiting.
 type tailer struct {
-	out   *bufio.Writer
-	json  bool
-	meta  bool
-	ack   bool
-	count int // stop after this many; 0 = never
+	out       *bufio.Writer
+	json      bool
+	meta      bool
+	ack       bool
+	nack      bool          // give printed messages back (--no-ack --nack-delay)
+	nackDelay time.Duration // ... to be redelivered no earlier than this
+	count     int           // stop after this many; 0 = never
 
 	printed   int
 	unflushed []*client.Message
@@ -149,15 +170,19 @@ func (t *tailer) run(ctx context.Context, cl *client.Client) error {
 	}
 }
 
-// flush writes out the printed messages, then acks them.
+// flush writes out the printed messages, then acks them (or, with
+// --nack-delay, gives them back).
 func (t *tailer) flush() error {
 	if err := t.out.Flush(); err != nil {
 		return fmt.Errorf("tail: write: %w", err)
 	}
-	if t.ack {
-		for _, m := range t.unflushed {
-			// ErrStale: the connection broke and the daemon will redeliver it.
+	for _, m := range t.unflushed {
+		// ErrStale: the connection broke and the daemon will redeliver it.
+		switch {
+		case t.ack:
 			_ = m.Ack()
+		case t.nack:
+			_ = m.NackWithDelay(t.nackDelay)
 		}
 	}
 	clear(t.unflushed)

@@ -19,8 +19,10 @@ const tailTestTimeout = 5 * time.Second
 // tailDaemon is a fake daemon for one client: it welcomes it, sends the
 // given deliveries and records the acked ids until the client leaves.
 type tailDaemon struct {
-	addr  string
-	acked chan []uint64 // every acked id, sent when the client has gone
+	addr   string
+	acked  chan []uint64         // every acked id, sent when the client has gone
+	nacked chan []*protocol.Nack // every nack, sent when the client has gone
+	hello  chan *protocol.Hello
 }
 
 func startTailDaemon(t *testing.T, deliveries ...*protocol.Deliver) *tailDaemon {
@@ -36,10 +38,12 @@ func startTailDaemon(t *testing.T, deliveries ...*protocol.Deliver) *tailDaemon 
 func startTailDaemonOn(t *testing.T, ln net.Listener, deliveries ...*protocol.Deliver) *tailDaemon {
 	t.Helper()
 	t.Cleanup(func() { _ = ln.Close() })
-	d := &tailDaemon{addr: ln.Addr().String(), acked: make(chan []uint64, 1)}
+	d := &tailDaemon{addr: ln.Addr().String(), acked: make(chan []uint64, 1), nacked: make(chan []*protocol.Nack, 1),
+		hello: make(chan *protocol.Hello, 1)}
 	go func() {
 		var acked []uint64
-		defer func() { d.acked <- acked }()
+		var nacked []*protocol.Nack
+		defer func() { d.acked <- acked; d.nacked <- nacked }()
 		nc, err := ln.Accept()
 		if err != nil {
 			return
@@ -51,9 +55,10 @@ func startTailDaemonOn(t *testing.T, ln net.Listener, deliveries ...*protocol.De
 		if err := r.ReadFrame(&f); err != nil || f.GetHello() == nil {
 			return
 		}
+		d.hello <- f.GetHello()
 		_ = w.WriteFrame(protocol.WelcomeFrame(&protocol.Welcome{
 			NodeId: "fake", ProtocolVersion: protocol.Version, MaxInFlight: 64,
-			HeartbeatMs: 10000, LivenessIntervals: 3,
+			HeartbeatMs: 10000, LivenessIntervals: 3, Observer: f.GetHello().GetObserver(),
 		}))
 		for _, dv := range deliveries {
 			_ = w.WriteFrame(protocol.DeliverFrame(dv))
@@ -63,6 +68,9 @@ func startTailDaemonOn(t *testing.T, ln net.Listener, deliveries ...*protocol.De
 		}
 		for r.ReadFrame(&f) == nil && f.GetGoodbye() == nil {
 			acked = append(acked, f.GetAck().GetDeliveryIds()...)
+			if n := f.GetNack(); n != nil {
+				nacked = append(nacked, n)
+			}
 		}
 	}()
 	return d
@@ -185,6 +193,57 @@ func TestTailFrameTooLarge(t *testing.T) {
 	}
 	if code := run(ctx, []string{"fanout", "tail", "--connect", d.addr, "--max-frame-size", "100"}, &stdout, &stderr); code != 2 {
 		t.Errorf("--max-frame-size 100: exit code %d, want 2", code)
+	}
+}
+
+// --no-ack --nack-delay gives each printed message back with the delay;
+// --weight and --observe go in the Hello (an observer's copies are not
+// acked).
+func TestTailPolicies(t *testing.T) {
+	d := startTailDaemon(t, deliveries("a", "b")...)
+	if _, err := runTailCommand(t, "--connect", d.addr, "--count", "2", "--no-ack", "--nack-delay", "1500ms"); err != nil {
+		t.Fatal(err)
+	}
+	var ids []uint64
+	_ = d.ackedIDs(t)
+	for _, n := range <-d.nacked {
+		if n.GetDelayMs() != 1500 {
+			t.Fatalf("nack %v: want delay_ms 1500", n)
+		}
+		ids = append(ids, n.GetDeliveryIds()...)
+	}
+	slices.Sort(ids)
+	if !slices.Equal(ids, []uint64{1, 2}) {
+		t.Fatalf("nacked %v, want 1 and 2", ids)
+	}
+
+	d = startTailDaemon(t, deliveries("a")...)
+	if _, err := runTailCommand(t, "--connect", d.addr, "--count", "1", "--weight", "5"); err != nil {
+		t.Fatal(err)
+	}
+	if h := <-d.hello; h.GetWeight() != 5 || h.GetObserver() {
+		t.Fatalf("hello %v: want weight 5", h)
+	}
+
+	obs := &protocol.Deliver{Partition: 2, Offset: 10, Value: []byte("seen"), Attempt: 1}
+	d = startTailDaemon(t, obs)
+	out, err := runTailCommand(t, "--connect", d.addr, "--count", "1", "--observe")
+	if err != nil || out != "seen\n" {
+		t.Fatalf("tail --observe: %q, %v", out, err)
+	}
+	if h := <-d.hello; !h.GetObserver() {
+		t.Fatalf("hello %v: want an observer", h)
+	}
+	if acked := d.ackedIDs(t); len(acked) != 0 {
+		t.Fatalf("an observer acked %v", acked)
+	}
+
+	for _, args := range [][]string{{"--nack-delay", "1s"}, {"--observe", "--weight", "5"}, {"--weight", "-1"},
+		{"--no-ack", "--nack-delay", "1h"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), append([]string{"fanout", "tail", "--connect", "127.0.0.1:1"}, args...), &stdout, &stderr); code != 2 {
+			t.Errorf("tail %v: exit code %d, want 2 (usage); stderr %q", args, code, stderr.String())
+		}
 	}
 }
 

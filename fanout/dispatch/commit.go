@@ -21,6 +21,13 @@ import (
 // fixed at creation: a committer abandoned with a commit under way cannot
 // write once another term began, however late that commit runs.
 //
+// With a store that keeps progress (offsets.ProgressStore) each partition's
+// latest progress is kept beside its pending offset, and a commit of offset
+// o of a partition writes the progress recorded above o with it: a newer
+// offer's progress above the same offset is as true, and a progress above
+// another offset is not written (the store then holds none for it until the
+// next commit).
+//
 // In per-partition mode there is no term fence: each partition is committed
 // under the condition it was assigned with (assign), which its offers carry
 // until it is forgotten (forget) or finished (finish: a last commit, after
@@ -30,7 +37,8 @@ import (
 // lost, the others committed again one by one.
 type committer struct {
 	store        offsets.Store
-	fence        offsets.Fence // the term's fence; zero in per-partition mode
+	ps           offsets.ProgressStore // store, when it keeps progress; else nil
+	fence        offsets.Fence         // the term's fence; zero in per-partition mode
 	perPartition bool
 	interval     time.Duration // wait before retrying a failed commit
 	log          *logrus.Entry
@@ -39,6 +47,7 @@ type committer struct {
 
 	mu           sync.Mutex                  // guards the fields below
 	pending      map[int32]int64             // offered, not yet stored
+	prog         map[int32]offsets.Progress  // with ps: the latest progress offered per partition
 	anchors      map[int32][]chan struct{}   // closed once a commit of their partition, offered after them, succeeds
 	conds        map[int32]offsets.Condition // per-partition mode: the partitions committed, each under its condition
 	finals       map[int32]chan error        // per-partition mode: finish waits for these partitions' next commit
@@ -57,8 +66,11 @@ type committer struct {
 
 func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Duration, log *logrus.Entry,
 	stored map[int32]int64, observe func(time.Duration, error)) *committer {
+	ps, _ := store.(offsets.ProgressStore)
 	return &committer{
 		store:        store,
+		ps:           ps,
+		prog:         map[int32]offsets.Progress{},
 		fence:        fence,
 		perPartition: fence.IsZero(),
 		interval:     interval,
@@ -104,9 +116,10 @@ func (c *committer) abandon() {
 	}
 }
 
-// offer queues offsets for the next commit. In per-partition mode offsets of
-// partitions not assigned are ignored.
-func (c *committer) offer(m map[int32]int64) {
+// offer queues offsets for the next commit, with their progress (nil: none,
+// or a store that keeps none). In per-partition mode offsets of partitions
+// not assigned are ignored.
+func (c *committer) offer(m map[int32]int64, prog map[int32]offsets.Progress) {
 	if len(m) == 0 {
 		return
 	}
@@ -114,20 +127,55 @@ func (c *committer) offer(m map[int32]int64) {
 	for p, o := range m {
 		if !c.perPartition || c.conds[p] != nil {
 			c.pending[p] = o
+			c.setProgress(p, prog)
 		}
 	}
 	c.mu.Unlock()
 	c.poke()
 }
 
-// anchor queues offset for partition p, like offer, and closes done once a
-// commit that includes p, of this offset or of a newer offer, has succeeded.
+// setProgress keeps prog[p] as partition p's latest progress, or none when
+// prog has no entry for p. c.mu must be held.
+func (c *committer) setProgress(p int32, prog map[int32]offsets.Progress) {
+	if pr, ok := prog[p]; ok && c.ps != nil {
+		c.prog[p] = pr
+	} else {
+		delete(c.prog, p)
+	}
+}
+
+// progressOf returns the progress to write with offsets m: each partition's
+// latest progress, when it was recorded above the offset written.
+func (c *committer) progressOf(m map[int32]int64) map[int32]offsets.Progress {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[int32]offsets.Progress, len(m))
+	for p, o := range m {
+		if pr, ok := c.prog[p]; ok && pr.Base == o {
+			out[p] = pr
+		}
+	}
+	return out
+}
+
+// write commits m under fence, with its progress when the store keeps it.
+func (c *committer) write(ctx context.Context, fence offsets.Fence, m map[int32]int64) error {
+	if c.ps == nil {
+		return c.store.Commit(ctx, fence, m)
+	}
+	return c.ps.CommitProgress(ctx, fence, m, c.progressOf(m))
+}
+
+// anchor queues offset for partition p with its progress in prog, like
+// offer, and closes done once a commit that includes p, of this offset or of
+// a newer offer, has succeeded.
 // In per-partition mode an anchor of a partition not assigned, or forgotten
 // before its commit, is never closed (its source has stopped fetching it).
-func (c *committer) anchor(p int32, offset int64, done chan struct{}) {
+func (c *committer) anchor(p int32, offset int64, prog map[int32]offsets.Progress, done chan struct{}) {
 	c.mu.Lock()
 	if !c.perPartition || c.conds[p] != nil {
 		c.pending[p] = offset
+		c.setProgress(p, prog)
 		c.anchors[p] = append(c.anchors[p], done)
 	}
 	c.mu.Unlock()
@@ -149,6 +197,7 @@ func (c *committer) assign(p int32, cond offsets.Condition, stored int64) {
 	defer c.mu.Unlock()
 	c.conds[p] = cond
 	delete(c.pending, p)
+	delete(c.prog, p)
 	if c.stored == nil {
 		c.stored = map[int32]int64{}
 	}
@@ -170,6 +219,7 @@ func (c *committer) forget(p int32) {
 func (c *committer) forgetLocked(p int32, err error) {
 	delete(c.conds, p)
 	delete(c.pending, p)
+	delete(c.prog, p)
 	delete(c.anchors, p)
 	delete(c.stored, p)
 	if w := c.finals[p]; w != nil {
@@ -178,13 +228,13 @@ func (c *committer) forgetLocked(p int32, err error) {
 	}
 }
 
-// finish commits offset o of partition p under its condition as the
-// partition's last commit, after any commit of it under way, and then
+// finish commits offset o of partition p, with its progress in prog, under
+// its condition as the partition's last commit, after any commit of it under way, and then
 // forgets p (per-partition mode). The returned channel receives the outcome
 // once: nil, or the error of a commit that was refused (wrapping
 // offsets.ErrFenced) or that could not run because the committer stopped. A
 // commit that fails otherwise is retried, as any.
-func (c *committer) finish(p int32, o int64) <-chan error {
+func (c *committer) finish(p int32, o int64, prog map[int32]offsets.Progress) <-chan error {
 	done := make(chan error, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -196,6 +246,7 @@ func (c *committer) finish(p int32, o int64) <-chan error {
 		w <- errors.New("dispatch: final commit replaced by a newer one")
 	}
 	c.pending[p] = o
+	c.setProgress(p, prog)
 	c.finals[p] = done
 	c.poke()
 	return done
@@ -314,7 +365,7 @@ func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets
 	c.mu.Lock()
 	c.runningSince = start
 	c.mu.Unlock()
-	err := c.store.Commit(ctx, fence, m)
+	err := c.write(ctx, fence, m)
 	c.record(m, fence, time.Since(start), err)
 	if err == nil {
 		return m, nil
@@ -336,7 +387,7 @@ func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets
 	for _, p := range parts {
 		one := map[int32]int64{p: m[p]}
 		start := time.Now()
-		err := c.store.Commit(ctx, fence, one)
+		err := c.write(ctx, fence, one)
 		c.record(one, fence, time.Since(start), err)
 		switch {
 		case err == nil:
@@ -380,11 +431,12 @@ func (c *committer) takeLost() map[int32]offsets.Condition {
 	return l
 }
 
-// flush stops the loop and commits everything pending plus m, synchronously.
+// flush stops the loop and commits everything pending plus m (with its
+// progress prog), synchronously.
 // In per-partition mode partitions found fenced are only logged.
-func (c *committer) flush(ctx context.Context, m map[int32]int64) error {
+func (c *committer) flush(ctx context.Context, m map[int32]int64, prog map[int32]offsets.Progress) error {
 	c.stop()
-	c.offer(m)
+	c.offer(m, prog)
 	all, fence, anchors := c.take()
 	if all == nil {
 		return nil

@@ -40,6 +40,29 @@ type Config struct {
 	// message.
 	FrameSize func(*Message) int
 
+	// Progress holds the progress loaded with Stored from a Store that keeps
+	// it (offsets.ProgressStore): messages it shows acked are not delivered
+	// again, the others resume their failure counts (restore.go). With such
+	// a Store every commit stores the partitions' progress too.
+	Progress map[int32]offsets.Progress
+
+	// Delivery policies; the zero values change nothing.
+
+	// MaxAttempts, when > 0, is how many failed deliveries (ack timeout,
+	// nack, client gone) a message gets before it goes to DeadLetter
+	// instead of being delivered again (deadletter.go).
+	MaxAttempts int
+	// DeadLetter takes the messages that failed MaxAttempts times; required
+	// with MaxAttempts.
+	DeadLetter DeadLetter
+	// RetryBackoffMin and RetryBackoffMax, when Min > 0, delay a redelivery
+	// after a failure without a delay of its own by Min·2^(failures−1)
+	// capped at Max, jittered (retry.go).
+	RetryBackoffMin, RetryBackoffMax time.Duration
+	// KeyOrdering delivers the messages of a key of a partition in offset
+	// order, one at a time (keys.go).
+	KeyOrdering bool
+
 	// PerPartition makes a dispatcher that serves only the partitions given
 	// to it with Assign, each committed under its own fence condition, until
 	// Revoke or Drop; batches of other partitions are dropped. Fence must be
@@ -53,6 +76,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.RetryBackoffMax < c.RetryBackoffMin {
+		c.RetryBackoffMax = c.RetryBackoffMin
+	}
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = 30 * time.Second
 	}
@@ -89,6 +115,8 @@ const (
 	reqTouch
 	reqSettle
 	reqStats
+	reqClients
+	reqObserve
 	reqAssign
 	reqRevoke
 	reqDrop
@@ -106,10 +134,13 @@ type request struct {
 	sink   ClientSink
 	reason LeaveReason
 	reply  chan Stats
+	list   chan []ClientStats // the answer to reqClients
+	nack   NackInfo           // reqNack
 
 	part    int32             // reqAssign, reqRevoke, reqDrop
 	cond    offsets.Condition // reqAssign
 	stored  int64             // reqAssign: the stored offset, or -1
+	prog    offsets.Progress  // reqAssign: the progress stored above it
 	timeout time.Duration     // reqRevoke
 	revoked chan revokeReply  // reqRevoke
 }
@@ -134,6 +165,12 @@ func New(cfg Config, src Source) (*Dispatcher, error) {
 		return nil, errors.New("dispatch: Config.Fence must be zero with PerPartition: each partition is assigned with its own")
 	case !cfg.PerPartition && cfg.Fence.IsZero():
 		return nil, errors.New("dispatch: Config.Fence is required: no commit without a fence")
+	}
+	if cfg.MaxAttempts < 0 {
+		return nil, fmt.Errorf("dispatch: Config.MaxAttempts %d is negative", cfg.MaxAttempts)
+	}
+	if cfg.MaxAttempts > 0 && cfg.DeadLetter == nil {
+		return nil, errors.New("dispatch: Config.DeadLetter is required with MaxAttempts")
 	}
 	cfg.setDefaults()
 	return &Dispatcher{
@@ -161,16 +198,27 @@ func (d *Dispatcher) Leave(id uint64, reason LeaveReason) {
 func (d *Dispatcher) Ack(id uint64, ids []uint64) { d.sendIDs(reqAck, id, ids) }
 
 // Nack implements Backend.
-func (d *Dispatcher) Nack(id uint64, ids []uint64) { d.sendIDs(reqNack, id, ids) }
+func (d *Dispatcher) Nack(id uint64, ids []uint64, how NackInfo) {
+	for len(ids) > 0 {
+		n := min(len(ids), maxRequestIDs)
+		d.send(request{kind: reqNack, id: id, ids: ids[:n:n], nack: how})
+		ids = ids[n:]
+	}
+}
+
+// Observe implements Backend.
+func (d *Dispatcher) Observe(id uint64, name string, sink ClientSink) {
+	d.send(request{kind: reqObserve, id: id, name: name, sink: sink})
+}
 
 // Touch implements Backend.
 func (d *Dispatcher) Touch(id uint64, ids []uint64) { d.sendIDs(reqTouch, id, ids) }
 
 // Settle implements Backend.
-func (d *Dispatcher) Settle(id uint64, op Op, ranges []Range) {
+func (d *Dispatcher) Settle(id uint64, op Op, ranges []Range, how NackInfo) {
 	for len(ranges) > 0 {
 		n := min(len(ranges), maxRequestIDs)
-		d.send(request{kind: reqSettle, id: id, op: op, ranges: ranges[:n:n]})
+		d.send(request{kind: reqSettle, id: id, op: op, ranges: ranges[:n:n], nack: how})
 		ranges = ranges[n:]
 	}
 }
@@ -196,13 +244,15 @@ func (d *Dispatcher) sendIDs(kind reqKind, id uint64, ids []uint64) {
 
 // Assign adds partition p (per-partition mode): its batches are taken from
 // once Assign returns, and its offsets committed under cond. stored is the
-// offset the store holds for it (for Stats.Committed), or -1. Call it
+// offset the store holds for it (for Stats.Committed), or -1, and prog the
+// progress stored above it (its acked messages are not delivered again,
+// the others resume their failure counts; zero: none). Call it
 // before the source starts fetching p. It returns false when Run has
 // returned.
-func (d *Dispatcher) Assign(p int32, cond offsets.Condition, stored int64) bool {
+func (d *Dispatcher) Assign(p int32, cond offsets.Condition, stored int64, prog offsets.Progress) bool {
 	done := make(chan Stats, 1)
 	select {
-	case d.reqs <- request{kind: reqAssign, part: p, cond: cond, stored: stored, reply: done}:
+	case d.reqs <- request{kind: reqAssign, part: p, cond: cond, stored: stored, prog: prog, reply: done}:
 	case <-d.done:
 		return false
 	}
@@ -278,20 +328,36 @@ func errDropped(p int32) error {
 // or ctx ends first.
 func (d *Dispatcher) Stats(ctx context.Context) (Stats, bool) {
 	reply := make(chan Stats, 1)
+	return call(ctx, d, request{kind: reqStats, reply: reply}, reply)
+}
+
+// Clients returns a snapshot of every joined client and observer, in no
+// particular order, or false once Run has returned or ctx ends first. Like
+// Stats it is one request, answered between deliveries; the per-client
+// counters it reads are added to once per ack request, not per message.
+func (d *Dispatcher) Clients(ctx context.Context) ([]ClientStats, bool) {
+	reply := make(chan []ClientStats, 1)
+	return call(ctx, d, request{kind: reqClients, list: reply}, reply)
+}
+
+// call queues r and waits for its answer on reply (capacity 1), or returns
+// false once Run has returned or ctx ends first.
+func call[T any](ctx context.Context, d *Dispatcher, r request, reply <-chan T) (T, bool) {
+	var zero T
 	select {
-	case d.reqs <- request{kind: reqStats, reply: reply}:
+	case d.reqs <- r:
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 	select {
-	case st := <-reply:
-		return st, true
+	case v := <-reply:
+		return v, true
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 }
 
@@ -327,6 +393,21 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		s.parts = map[int32]*owned{}
 	}
 	s.frameSize = d.cfg.FrameSize
+	s.maxAttempts = uint32(d.cfg.MaxAttempts)
+	s.deadLetter = d.cfg.DeadLetter
+	s.retryMin, s.retryMax = d.cfg.RetryBackoffMin, d.cfg.RetryBackoffMax
+	if d.cfg.KeyOrdering {
+		s.keys = map[uint64]keyGate{}
+	}
+	_, progress := d.cfg.Store.(offsets.ProgressStore)
+	if progress {
+		s.tracker.TrackProgress()
+		s.restore = newRestore(d.cfg.Progress)
+	}
+	var deadLetters <-chan []*Message
+	if d.cfg.DeadLetter != nil {
+		deadLetters = d.cfg.DeadLetter.Stored()
+	}
 	s.onTooLarge = func(m *Message, largest int) {
 		d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame, "largest_client_limit": largest}).
 			Warn("message larger than any connected client accepts: it waits for a client that announces a large enough max_frame_size")
@@ -409,7 +490,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			}
 		}
 
-		if s.draining && s.flights.live == 0 {
+		if s.draining && s.flights.live == 0 && s.deadPending == 0 {
 			return d.finalCommit(s, cm)
 		}
 
@@ -429,8 +510,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				// The source waits for the partition's start to be stored
 				// before it sends the partition's messages.
 				c, _ := s.tracker.Report(b.Partition)
-				cm.anchor(b.Partition, c, b.Anchor)
+				var prog map[int32]offsets.Progress
+				if progress {
+					prog = map[int32]offsets.Progress{b.Partition: s.tracker.Progress(b.Partition)}
+				}
+				cm.anchor(b.Partition, c, prog, b.Anchor)
 			}
+		case ms := <-deadLetters:
+			s.deadLettered(ms)
 		case r := <-d.reqs:
 			d.handle(s, cm, r, now())
 		case <-ackTimer.C:
@@ -448,7 +535,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				}
 			}
 		case <-commitTick.C:
-			cm.offer(s.tracker.Dirty())
+			cm.offer(d.dirty(s, progress))
 			if since := cm.troubleSince(); d.cfg.MaxCommitFailure > 0 && !since.IsZero() && time.Since(since) >= d.cfg.MaxCommitFailure {
 				err := fmt.Errorf("%w: since %s (%v)", ErrCommitsFailing, since.Format(time.RFC3339Nano), time.Since(since).Round(time.Millisecond))
 				d.log.WithError(err).WithField("in_flight", s.flights.live).
@@ -513,27 +600,31 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 	switch r.kind {
 	case reqJoin:
 		s.join(r.id, r.name, r.max, r.sink)
+	case reqObserve:
+		s.observe(r.id, r.name, r.sink)
 	case reqLeave:
-		s.leave(r.id)
+		s.leave(r.id, now)
 	case reqAck:
 		s.ack(r.id, r.ids)
 	case reqNack:
-		s.nack(r.id, r.ids)
+		s.nack(r.id, r.ids, r.nack, now)
 	case reqTouch:
 		s.touch(r.id, r.ids, now)
 	case reqSettle:
-		s.settle(r.id, r.op, nil, r.ranges, now)
+		s.settle(r.id, r.op, nil, r.ranges, r.nack, now)
 	case reqStats:
 		st := s.snapshot()
 		cm.report(&st)
 		r.reply <- st
+	case reqClients:
+		r.list <- s.clientStats()
 	case reqAssign:
 		if s.parts == nil {
 			d.log.WithField("partition", r.part).Error("Assign on a dispatcher that serves every partition: ignored")
 			r.reply <- Stats{}
 			return
 		}
-		s.assign(r.part, r.cond)
+		s.assign(r.part, r.cond, r.prog)
 		cm.assign(r.part, r.cond, r.stored)
 		r.reply <- Stats{}
 	case reqDrop:
@@ -550,13 +641,27 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 	}
 }
 
+// dirty returns what changed since the last offer, for the committer: the
+// committable offsets and, with a store that keeps it, their progress.
+func (d *Dispatcher) dirty(s *state, progress bool) (map[int32]int64, map[int32]offsets.Progress) {
+	offs := s.tracker.Dirty()
+	if !progress || offs == nil {
+		return offs, nil
+	}
+	prog := make(map[int32]offsets.Progress, len(offs))
+	for p := range offs {
+		prog[p] = s.tracker.Progress(p)
+	}
+	return offs, prog
+}
+
 // endRevoke ends the revocation of partition p: its committable offset goes
 // to the committer as its final commit, and the caller of Revoke is told.
 func (d *Dispatcher) endRevoke(s *state, cm *committer, p int32) {
-	o, offset, tracked, unacked := s.revokeEnd(p)
+	o, offset, tracked, unacked, prog := s.revokeEnd(p)
 	r := revokeReply{Revoked: Revoked{Offset: offset, Unacked: unacked, Dropped: o.revoke.dropped}}
 	if tracked {
-		r.final = cm.finish(p, offset)
+		r.final = cm.finish(p, offset, map[int32]offsets.Progress{p: prog})
 	} else {
 		cm.forget(p)
 	}
@@ -574,7 +679,8 @@ func (d *Dispatcher) endRevoke(s *state, cm *committer, p int32) {
 func (d *Dispatcher) finalCommit(s *state, cm *committer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := cm.flush(ctx, s.tracker.Dirty()); err != nil {
+	offs, prog := d.dirty(s, cm.ps != nil)
+	if err := cm.flush(ctx, offs, prog); err != nil {
 		return fmt.Errorf("final offset commit: %w", err)
 	}
 	d.log.Info("offsets committed; dispatcher stopped")

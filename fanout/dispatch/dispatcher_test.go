@@ -198,15 +198,15 @@ func TestRunSettlesRanges(t *testing.T) {
 	for range 5 {
 		got = append(got, k.next(t))
 	}
-	h.d.Settle(1, OpTouch, []Range{{got[0].ID, 5}})
-	h.d.Settle(1, OpAck, []Range{{got[0].ID, 2}, {got[3].ID, 2}})
+	h.d.Settle(1, OpTouch, []Range{{got[0].ID, 5}}, NackInfo{})
+	h.d.Settle(1, OpAck, []Range{{got[0].ID, 2}, {got[3].ID, 2}}, NackInfo{})
 	testutil.WaitFor(t, 5*time.Second, "commit of 7", func() bool { return h.store.get()[0] == 7 })
-	h.d.Settle(1, OpNack, []Range{{got[2].ID, 1}})
+	h.d.Settle(1, OpNack, []Range{{got[2].ID, 1}}, NackInfo{})
 	again := k.next(t)
 	if again.Msg.Offset != 7 || again.Attempt != 2 {
 		t.Fatalf("after a nack by range: offset %d attempt %d", again.Msg.Offset, again.Attempt)
 	}
-	h.d.Settle(1, OpAck, []Range{{again.ID, 1}})
+	h.d.Settle(1, OpAck, []Range{{again.ID, 1}}, NackInfo{})
 	testutil.WaitFor(t, 5*time.Second, "commit of 10", func() bool { return h.store.get()[0] == 10 })
 	if st := h.stats(t); st.Acked != 5 || st.Nacked != 1 || st.UnknownAcks != 0 {
 		t.Fatalf("stats %+v", st)
@@ -504,7 +504,8 @@ func TestIDRequestsBounded(t *testing.T) {
 	for i := range ids {
 		ids[i] = uint64(i)
 	}
-	for _, call := range []func(uint64, []uint64){d.Ack, d.Nack, d.Touch} {
+	nack := func(id uint64, ids []uint64) { d.Nack(id, ids, NackInfo{Delay: time.Second}) }
+	for _, call := range []func(uint64, []uint64){d.Ack, nack, d.Touch} {
 		call(7, ids)
 	}
 	if got, want := len(d.reqs), 3*4; got != want {
@@ -534,7 +535,7 @@ func TestIDRequestsBounded(t *testing.T) {
 	for i := range ranges {
 		ranges[i] = Range{First: uint64(i) << 20, Count: 1 << 19}
 	}
-	d.Settle(7, OpTouch, ranges)
+	d.Settle(7, OpTouch, ranges, NackInfo{})
 	if got := len(d.reqs); got != 3 {
 		t.Fatalf("%d requests queued for %d ranges, want 3", got, len(ranges))
 	}
@@ -642,6 +643,34 @@ func TestRunStopsWhenACommitHangs(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run went on while a commit hung")
+	}
+}
+
+// Clients is a request answered by the running dispatcher, and false once
+// Run has returned.
+func TestRunClients(t *testing.T) {
+	h := start(t, Config{})
+	k := newChanSink()
+	h.d.Join(7, "worker", 5, k)
+	h.src.ch <- batch(0, 0, 2)
+	d0, d1 := k.next(t), k.next(t)
+	h.d.Ack(7, []uint64{d0.ID})
+	var got []ClientStats
+	testutil.WaitFor(t, 5*time.Second, "one ack counted for the client", func() bool {
+		var ok bool
+		got, ok = h.d.Clients(context.Background())
+		return ok && len(got) == 1 && got[0].Acked == 1
+	})
+	if want := (ClientStats{ID: 7, Name: "worker", InFlight: 1, MaxInFlight: 5, Acked: 1, Weight: 100}); got[0] != want {
+		t.Errorf("Clients() = %+v, want %+v", got[0], want)
+	}
+	h.d.Ack(7, []uint64{d1.ID})
+	h.cancel()
+	if err := <-h.done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, ok := h.d.Clients(context.Background()); ok {
+		t.Error("Clients answered after Run returned")
 	}
 }
 

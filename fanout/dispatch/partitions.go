@@ -57,13 +57,17 @@ func (s *state) takes(p int32) bool {
 	return o != nil && o.revoke == nil
 }
 
-// assign adds partition p under cond. A partition assigned again (it was
-// dropped, or came back after a revoke) starts afresh.
-func (s *state) assign(p int32, cond offsets.Condition) {
+// assign adds partition p under cond, with the progress stored above its
+// offset (restore.go). A partition assigned again (it was dropped, or came
+// back after a revoke) starts afresh.
+func (s *state) assign(p int32, cond offsets.Condition, prog offsets.Progress) {
 	if o := s.parts[p]; o != nil {
 		s.forget(p)
 	}
 	s.parts[p] = &owned{cond: cond}
+	if s.tracker.TracksProgress() {
+		s.addRestore(p, prog)
+	}
 }
 
 // revokeStart begins the revocation of partition p: its buffered messages
@@ -113,16 +117,20 @@ func (s *state) revocations(now time.Time) (ready []int32, next time.Time) {
 // revokeEnd ends the revocation of partition p: its deliveries still in
 // flight are dropped, it is forgotten, and its committable offset is
 // returned with the number of deliveries dropped (ok false when nothing of
-// it was ever received).
-func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacked int) {
+// it was ever received) and its progress above the offset, for the final
+// commit (the next owner skips what it shows acked and resumes the
+// failure counts).
+func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacked int, prog offsets.Progress) {
 	o = s.parts[p]
 	unacked = s.dropFlights(p)
 	offset, tracked = s.tracker.Committable(p)
+	prog = s.tracker.Progress(p)
 	s.tracker.Forget(p)
+	s.forgetRestore(p)
 	delete(s.parts, p)
 	delete(s.held, p) // its source has stopped fetching it (Source.Remove)
 	s.revoking--
-	return o, offset, tracked, unacked
+	return o, offset, tracked, unacked, prog
 }
 
 // forget drops everything of partition p at once (it was lost): buffered
@@ -136,6 +144,7 @@ func (s *state) forget(p int32) {
 	s.dropBuffered(p)
 	s.dropFlights(p)
 	s.tracker.Forget(p)
+	s.forgetRestore(p)
 	delete(s.parts, p)
 	delete(s.held, p)
 	if o.revoke != nil {
@@ -159,9 +168,12 @@ func (s *state) dropFlights(p int32) int {
 			continue
 		}
 		s.deadlines.remove(f)
-		c := f.client
+		c, m := f.client, f.msg
 		s.unlink(f)
 		s.recycle(f)
+		if m.keyHash != 0 {
+			s.keyDone(m) // its chain was dropped before: the gate goes
+		}
 		s.makeReady(c)
 		n++
 	}

@@ -22,8 +22,8 @@ import (
 func ownedSetup(maxes ...int) (*state, []*recSink) {
 	s, sinks := setup(maxes...)
 	s.parts = map[int32]*owned{}
-	s.assign(0, testTerm(10))
-	s.assign(1, testTerm(11))
+	s.assign(0, testTerm(10), offsets.Progress{})
+	s.assign(1, testTerm(11), offsets.Progress{})
 	return s, sinks
 }
 
@@ -52,10 +52,10 @@ func TestRevokeDropsBufferedAndAwaitsInFlight(t *testing.T) {
 	if ready, _ := s.revocations(t0); len(ready) != 0 {
 		t.Fatalf("revocation ready with 4 deliveries in flight: %v", ready)
 	}
-	s.ack(1, ids(k.got[:2]))         // 0@0, 0@1 acked
-	s.nack(1, []uint64{k.got[3].ID}) // 0@3 given back: not queued again
-	s.expire(t0.Add(2 * timeout))    // 0@2 expires: not queued again
-	s.dispatch(t0.Add(2 * timeout))  // room again: partition 1's messages go out
+	s.ack(1, ids(k.got[:2]))                         // 0@0, 0@1 acked
+	s.nack(1, []uint64{k.got[3].ID}, NackInfo{}, t0) // 0@3 given back: not queued again
+	s.expire(t0.Add(2 * timeout))                    // 0@2 expires: not queued again
+	s.dispatch(t0.Add(2 * timeout))                  // room again: partition 1's messages go out
 	if got := offsetsOf(k.got[4:]); !slices.Equal(got, []int64{0, 1, 2}) {
 		t.Fatalf("after the revoke the client got %v, want only partition 1's 0, 1, 2", got)
 	}
@@ -63,7 +63,7 @@ func TestRevokeDropsBufferedAndAwaitsInFlight(t *testing.T) {
 	if !slices.Equal(ready, []int32{0}) {
 		t.Fatalf("revocations ready %v, want partition 0 (nothing in flight)", ready)
 	}
-	_, off, tracked, unacked := s.revokeEnd(0)
+	_, off, tracked, unacked, _ := s.revokeEnd(0)
 	if off != 2 || !tracked || unacked != 0 {
 		t.Fatalf("revokeEnd = offset %d tracked %v unacked %d, want 2 (0 and 1 acked), true, 0", off, tracked, unacked)
 	}
@@ -94,7 +94,7 @@ func TestRevokeDeadlineDropsUnacked(t *testing.T) {
 	if !slices.Equal(ready, []int32{0}) {
 		t.Fatalf("at the deadline: %v ready", ready)
 	}
-	_, off, _, unacked := s.revokeEnd(0)
+	_, off, _, unacked, _ := s.revokeEnd(0)
 	if off != 6 || unacked != 2 {
 		t.Fatalf("revokeEnd = offset %d, %d unacked; want 6, 2", off, unacked)
 	}
@@ -123,7 +123,7 @@ func TestForgetAndAssignAgain(t *testing.T) {
 	if s.flights.live != 0 || s.buffered() != 0 || s.bytes != 0 || s.takes(0) {
 		t.Fatalf("after forget: %d flights, %d buffered, %d bytes, takes %v", s.flights.live, s.buffered(), s.bytes, s.takes(0))
 	}
-	s.assign(0, testTerm(20))
+	s.assign(0, testTerm(20), offsets.Progress{})
 	s.addBatch(Batch{Partition: 0, Start: 3})
 	s.addBatch(batch(0, 3, 4))
 	s.dispatch(t0)
@@ -228,8 +228,8 @@ func TestPerPartitionRevoke(t *testing.T) {
 	h := startOwned(t, store, Config{})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
-	h.d.Assign(0, testTerm(10), -1)
-	h.d.Assign(1, testTerm(11), 7)
+	h.d.Assign(0, testTerm(10), -1, offsets.Progress{})
+	h.d.Assign(1, testTerm(11), 7, offsets.Progress{})
 	h.src.ch <- Batch{Partition: 2, Start: 0} // not ours
 	h.src.ch <- batch(2, 0, 3)
 	h.src.ch <- Batch{Partition: 0, Start: 0}
@@ -303,7 +303,7 @@ func TestPerPartitionRevokeTimeout(t *testing.T) {
 	h := startOwned(t, store, Config{})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
-	h.d.Assign(0, testTerm(10), -1)
+	h.d.Assign(0, testTerm(10), -1, offsets.Progress{})
 	h.src.ch <- Batch{Partition: 0, Start: 0}
 	h.src.ch <- batch(0, 0, 3)
 	ds := []Delivery{k.next(t), k.next(t), k.next(t)}
@@ -341,8 +341,8 @@ func TestPerPartitionLostPartition(t *testing.T) {
 	}})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
-	h.d.Assign(0, testTerm(10), -1)
-	h.d.Assign(1, testTerm(11), -1)
+	h.d.Assign(0, testTerm(10), -1, offsets.Progress{})
+	h.d.Assign(1, testTerm(11), -1, offsets.Progress{})
 	h.src.ch <- Batch{Partition: 0, Start: 3}
 	h.src.ch <- Batch{Partition: 1, Start: 5}
 	h.src.ch <- batch(1, 5, 7)
@@ -383,7 +383,7 @@ func TestCommitterNeverCarriesOffsetsIntoANewStretch(t *testing.T) {
 	cm.assign(0, testTerm(1), -1)
 	cm.start()
 	defer cm.stop()
-	cm.offer(map[int32]int64{0: 10})
+	cm.offer(map[int32]int64{0: 10}, nil)
 	select {
 	case <-gate.entered: // the commit of 10 under the first stretch is under way
 	case <-time.After(5 * time.Second):
@@ -398,7 +398,7 @@ func TestCommitterNeverCarriesOffsetsIntoANewStretch(t *testing.T) {
 		return cm.failures > 0
 	})
 	time.Sleep(20 * time.Millisecond) // a retry interval or more: what came back is committed
-	cm.offer(map[int32]int64{0: 4})
+	cm.offer(map[int32]int64{0: 4}, nil)
 	testutil.WaitFor(t, 5*time.Second, "the new stretch's commit", func() bool { return store.get()[0] == 4 })
 	time.Sleep(30 * time.Millisecond) // a few more retry intervals
 	store.mu.Lock()

@@ -103,13 +103,13 @@ func TestSettleRanges(t *testing.T) {
 	a, b := sinks[0].got, sinks[1].got // 10 each, offsets 0, 2, ... and 1, 3, ...
 	first := a[0].ID
 	// A range naming client 2's deliveries from client 1 does nothing.
-	s.settle(1, OpAck, nil, []Range{{b[0].ID, 10}}, t0)
+	s.settle(1, OpAck, nil, []Range{{b[0].ID, 10}}, NackInfo{}, t0)
 	if s.stats.Acked != 0 || s.stats.UnknownAcks != 10 {
 		t.Fatalf("acked %d, unknown %d after a range of another client's ids", s.stats.Acked, s.stats.UnknownAcks)
 	}
 	// Acks of 0..2 by a range and of 4 by id; a range over the gap names
 	// ids never delivered to client 1 (counted unknown).
-	s.settle(1, OpAck, []uint64{a[4].ID}, []Range{{first, 3}}, t0)
+	s.settle(1, OpAck, []uint64{a[4].ID}, []Range{{first, 3}}, NackInfo{}, t0)
 	if s.stats.Acked != 4 || s.clients[1].n != 6 {
 		t.Fatalf("acked %d, client holds %d", s.stats.Acked, s.clients[1].n)
 	}
@@ -119,7 +119,7 @@ func TestSettleRanges(t *testing.T) {
 	// Touch the rest by a range wider than what the client holds (the
 	// walk), then nack two of them by a range.
 	later := t0.Add(time.Second)
-	s.settle(1, OpTouch, nil, []Range{{first, 1000}}, later)
+	s.settle(1, OpTouch, nil, []Range{{first, 1000}}, NackInfo{}, later)
 	if s.stats.UnknownAcks != 10+1000-6 {
 		t.Fatalf("unknown %d after a touch of 1000 ids naming 6 flights", s.stats.UnknownAcks)
 	}
@@ -131,19 +131,19 @@ func TestSettleRanges(t *testing.T) {
 	if f := s.deadlines.peek(); f.client.id != 2 {
 		t.Fatal("the earliest deadline is not one of the untouched client's")
 	}
-	s.settle(1, OpNack, nil, []Range{{a[5].ID, 2}}, later)
+	s.settle(1, OpNack, nil, []Range{{a[5].ID, 2}}, NackInfo{}, later)
 	if s.stats.Nacked != 2 || s.retries.len() != 2 {
 		t.Fatalf("nacked %d, %d retries", s.stats.Nacked, s.retries.len())
 	}
 	// Ack everything client 1 holds in one range: the walk.
-	s.settle(1, OpAck, nil, []Range{{first, 1 << 40}}, later)
+	s.settle(1, OpAck, nil, []Range{{first, 1 << 40}}, NackInfo{}, later)
 	if s.clients[1].n != 0 || s.stats.Acked != 4+4 {
 		t.Fatalf("client holds %d after a range over everything, acked %d", s.clients[1].n, s.stats.Acked)
 	}
 	// Ranges from a client that left are ignored and counted.
 	before := s.stats.UnknownAcks
-	s.leave(2)
-	s.settle(2, OpAck, nil, []Range{{b[0].ID, 10}}, later)
+	s.leave(2, later)
+	s.settle(2, OpAck, nil, []Range{{b[0].ID, 10}}, NackInfo{}, later)
 	if s.stats.UnknownAcks != before+10 || s.stats.Acked != 8 {
 		t.Fatalf("unknown %d (+%d), acked %d after acks of a client that left", s.stats.UnknownAcks, s.stats.UnknownAcks-before, s.stats.Acked)
 	}

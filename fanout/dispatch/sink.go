@@ -1,5 +1,7 @@
 package dispatch
 
+import "time"
+
 // Delivery is one attempt to hand a message to a client. The client acks or
 // nacks it by ID. A redelivery gets a new ID and Attempt+1.
 type Delivery struct {
@@ -46,6 +48,28 @@ type LimitedSink interface {
 	MaxFrameSize() int
 }
 
+// WeightedSink is a ClientSink whose client asked for a share of the
+// deliveries (Hello.weight). The dispatcher asks Weight once, at Join. While
+// some joined client has a weight other than protocol.DefaultWeight,
+// messages go out by smooth weighted round-robin over the clients with room
+// (credit still applies): a client of weight 5 beside two of 100 gets about
+// 5/205 of them. A sink that does not implement it, or gives 0, has the
+// default weight.
+type WeightedSink interface {
+	ClientSink
+	// Weight is the client's weight; 0 means protocol.DefaultWeight.
+	Weight() int
+}
+
+// NackInfo is what a client may say with a Nack.
+type NackInfo struct {
+	// Delay asks for the redelivery no earlier than this from the nack; 0:
+	// at once, or after Config.RetryBackoffMin's backoff.
+	Delay time.Duration
+	// Reason says why, for logs and the dead-letter record.
+	Reason string
+}
+
 // Backend is the dispatcher as the TCP server sees it. Every method only
 // queues a request for the dispatcher's goroutine and returns at once;
 // requests from one caller are handled in the order they were made.
@@ -56,16 +80,21 @@ type Backend interface {
 	// Ack marks deliveries as processed. Unknown ids, and ids that belong to
 	// another client, are ignored and counted.
 	Ack(id uint64, deliveryIDs []uint64)
-	// Nack gives deliveries back for another client at once.
-	Nack(id uint64, deliveryIDs []uint64)
+	// Nack gives deliveries back for another client, at once or after
+	// how.Delay.
+	Nack(id uint64, deliveryIDs []uint64, how NackInfo)
 	// Touch restarts the ack timeout of deliveries.
 	Touch(id uint64, deliveryIDs []uint64)
-	// Settle acks, nacks or touches (op) the deliveries named by ranges of
-	// consecutive ids, each range in one step: its cost is at most the
-	// smaller of its count and the deliveries the client holds. Ids in a
-	// range that name no delivery of the client are ignored and counted,
-	// as by Ack.
-	Settle(id uint64, op Op, ranges []Range)
+	// Settle acks, nacks (as how says) or touches (op) the deliveries named
+	// by ranges of consecutive ids, each range in one step: its cost is at
+	// most the smaller of its count and the deliveries the client holds.
+	// Ids in a range that name no delivery of the client are ignored and
+	// counted, as by Ack.
+	Settle(id uint64, op Op, ranges []Range, how NackInfo)
+	// Observe adds an observer: a client that receives a copy of every
+	// delivery made to the others (with ID 0), acks nothing and affects
+	// neither offsets nor credit. id is chosen like Join's; Leave removes it.
+	Observe(id uint64, name string, sink ClientSink)
 	// Leave removes a client; its unacked deliveries go to other clients.
 	Leave(id uint64, reason LeaveReason)
 }

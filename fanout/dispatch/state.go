@@ -1,10 +1,13 @@
 package dispatch
 
 import (
+	"hash/maphash"
 	"slices"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/internal/backoff"
+	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Redelivery reasons, as indexes of Stats.Redelivered.
@@ -41,6 +44,21 @@ type Stats struct {
 	// client accepts (LimitedSink): they wait for a client that takes them.
 	TooLarge int
 
+	// Delivery policies.
+	Delayed           int    // redeliveries waiting out a retry delay (a nack's, or --retry-backoff)
+	DeadLettered      uint64 // messages stored in the dead-letter topic after Config.MaxAttempts failures
+	DeadLetterPending int    // messages handed to the dead-letter producer, not yet stored
+	KeyWaiting        int    // key ordering: messages waiting for the previous message of their key
+	Observers         int    // observers joined
+	// Skipped counts the messages received after a restart that the stored
+	// progress shows acked already (Config.Progress): not delivered again.
+	Skipped uint64
+	// Attempts is a histogram of the deliveries a message took until it was
+	// acked or dead-lettered: Attempts[i] counts those that took at most
+	// AttemptBuckets[i] (the last: more); AttemptsSum is their sum.
+	Attempts    [len(AttemptBuckets) + 1]uint64
+	AttemptsSum uint64
+
 	// Committed is the next offset to consume per partition as the store
 	// holds it, as far as this dispatcher knows: Config.Stored, updated by
 	// every successful commit.
@@ -49,6 +67,21 @@ type Stats struct {
 	CommitFailingSince time.Time // first failed commit since the last success; zero after a success
 }
 
+// ClientStats is a snapshot of one joined client or observer, for the
+// console.
+type ClientStats struct {
+	ID          uint64 // the id the client joined with (the server's session id)
+	Name        string // the name it joined with (Hello.client_id)
+	InFlight    int    // its deliveries waiting for an ack
+	MaxInFlight int    // its in-flight limit
+	Acked       uint64 // its deliveries acked since it joined
+	Weight      int    // its share (WeightedSink; protocol.DefaultWeight when it gives none); 0 for an observer
+	Observer    bool   // it observes (Observe): copies of every delivery, no acks, no credit
+}
+
+// AttemptBuckets are the upper bounds of Stats.Attempts' buckets.
+var AttemptBuckets = [...]uint32{1, 2, 3, 5, 10, 25}
+
 // client is the dispatcher's view of one connection.
 type client struct {
 	id      uint64
@@ -56,9 +89,12 @@ type client struct {
 	sink    ClientSink
 	max     int     // in-flight limit
 	maxSize int     // largest frame it accepts (LimitedSink); 0 means any
+	weight  int64   // its share (WeightedSink); protocol.DefaultWeight when it gives none
+	cw      int64   // smooth weighted round-robin: its current weight
 	n       int     // deliveries in flight
 	first   *flight // oldest of its flights; a doubly linked list
 	last    *flight
+	acked   uint64     // deliveries acked, added once per ack request
 	inReady bool       // queued in state.ready
 	gone    bool       // left; dropped lazily from state.ready
 	out     []Delivery // deliveries of the current dispatch round
@@ -70,11 +106,11 @@ func (c *client) hasRoom() bool { return !c.gone && c.n < c.max }
 // fits reports whether c accepts m's frame size.
 func (c *client) fits(m *Message) bool { return c.maxSize == 0 || m.frame <= c.maxSize }
 
-// retry is a message waiting to be delivered again.
+// retry is a message waiting to be delivered again (its attempt is
+// msg.failed+1).
 type retry struct {
-	msg     *Message
-	attempt uint32 // the attempt number of the next delivery
-	last    uint64 // the client that had it, to prefer another one
+	msg  *Message
+	last uint64 // the client that had it, to prefer another one
 }
 
 // state is the dispatcher's data. It is not safe for concurrent use: only
@@ -84,11 +120,26 @@ type state struct {
 	ackTimeout time.Duration
 	tracker    *offsets.Tracker
 
-	clients map[uint64]*client
-	ready   ring[*client] // clients with room, in round-robin order
-	retries ring[retry]   // redeliveries; they go before fresh messages
-	fresh   ring[*Message]
-	bytes   int // payload bytes in retries, fresh and large
+	clients   map[uint64]*client
+	ready     ring[*client]  // clients with room, in round-robin order (by weight: see weights.go)
+	weighted  int            // joined clients whose weight is not the default: then by weight
+	retries   ring[retry]    // redeliveries; they go before fresh messages
+	unblocked ring[*Message] // key ordering: messages whose key's previous message is done
+	fresh     ring[*Message]
+	bytes     int // payload bytes of the messages buffered: retries, unblocked, fresh, large, delays, keys, dead letters
+
+	// Delivery policies (Config); see retry.go, keys.go, deadletter.go.
+	maxAttempts uint32        // failures after which a message is dead-lettered; 0: never
+	retryMin    time.Duration // --retry-backoff; 0: redeliver at once
+	retryMax    time.Duration
+	delays      delayHeap            // redeliveries waiting out a delay
+	deadLetter  DeadLetter           // where dead letters go; nil without maxAttempts
+	deadPending int                  // messages handed to deadLetter, not yet stored
+	keys        map[uint64]keyGate   // key ordering: the gate of each key with a message out; nil: unordered
+	keySeed     maphash.Seed         // of the keys' hashes
+	keyWaiting  int                  // messages waiting in the gates' chains
+	observers   []*observer          // see observers.go
+	restore     map[int32]*restoring // progress loaded from the store, until applied; see restore.go
 
 	// large holds messages that were larger than the client whose turn it
 	// was; they wait, in order, for a client they fit, while the messages
@@ -131,11 +182,17 @@ func newState(ackTimeout time.Duration) *state {
 		flights:    newFlightTable(),
 		held:       map[int32]bool{},
 		largest:    -1,
+		keySeed:    maphash.MakeSeed(),
 	}
 }
 
-// buffered returns the number of messages waiting for a client.
-func (s *state) buffered() int { return s.retries.len() + s.fresh.len() + s.large.len() }
+// buffered returns the number of messages the dispatcher holds that are not
+// in flight: waiting for a client, for a delay, behind their key, or for
+// the dead-letter topic.
+func (s *state) buffered() int {
+	return s.retries.len() + s.unblocked.len() + s.fresh.len() + s.large.len() +
+		len(s.delays) + s.keyWaiting + s.deadPending
+}
 
 // largestSize returns the largest frame size a joined client accepts: 0
 // when one accepts any, -1 with no client.
@@ -163,17 +220,27 @@ func (s *state) addBatch(b Batch) {
 	if b.Start >= 0 {
 		s.restart(b.Partition, b.Start)
 	}
+	var rs *restoring
+	if s.restore != nil {
+		rs = s.restoring(b)
+	}
 	for _, m := range b.Messages {
 		if !s.tracker.Received(m.Partition, m.Offset) {
 			continue // already tracked: a re-fetch
 		}
 		m.gen = s.tracker.Gen(m.Partition)
+		s.stats.Consumed++
+		if rs != nil && s.restored(rs, m) {
+			continue // acked before the restart
+		}
 		if s.frameSize != nil {
 			m.frame = s.frameSize(m)
 		}
+		if s.keys != nil && len(m.Key) > 0 {
+			m.keyHash = s.keyHash(m)
+		}
 		s.fresh.push(m)
 		s.bytes += m.Size()
-		s.stats.Consumed++
 	}
 }
 
@@ -189,24 +256,34 @@ func (s *state) restart(p int32, r int64) {
 }
 
 // dropWaiting removes the messages waiting for a client (fresh,
-// redeliveries, large) for which forgotten returns true, and returns how
-// many it removed.
+// redeliveries, unblocked, delayed, large, and in key order those waiting
+// behind their key) for which forgotten returns true, and returns how many
+// it removed.
 func (s *state) dropWaiting(forgotten func(*Message) bool) int {
+	var dropped []*Message // forgotten messages that held their key's gate
 	drop := func(m *Message) bool {
 		if forgotten(m) {
 			s.bytes -= m.Size()
+			if m.keyHash != 0 {
+				dropped = append(dropped, m)
+			}
 			return true
 		}
 		return false
 	}
 	n := s.fresh.filter(func(m *Message) bool { return !drop(m) })
 	n += s.retries.filter(func(rt retry) bool { return !drop(rt.msg) })
+	n += s.unblocked.filter(func(m *Message) bool { return !drop(m) })
+	n += s.delays.filter(func(d delayed) bool { return !drop(d.msg) })
 	if s.large.len() > 0 {
 		first := s.large.front().msg
 		n += s.large.filter(func(rt retry) bool { return !drop(rt.msg) })
 		if s.large.len() == 0 || s.large.front().msg != first {
 			s.largeBlocked = false // a new first message
 		}
+	}
+	if s.keys != nil {
+		n += s.dropKeys(forgotten, dropped)
 	}
 	return n
 }
@@ -216,12 +293,18 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 	if max < 1 {
 		max = 1
 	}
-	if old := s.clients[id]; old != nil {
-		s.leave(id) // a reused id replaces the old client
+	if s.clients[id] != nil || s.observer(id) != nil {
+		s.leave(id, time.Time{}) // a reused id replaces the old client
 	}
-	c := &client{id: id, name: name, sink: sink, max: max}
+	c := &client{id: id, name: name, sink: sink, max: max, weight: protocol.DefaultWeight}
 	if ls, ok := sink.(LimitedSink); ok && ls.MaxFrameSize() > 0 {
 		c.maxSize = ls.MaxFrameSize()
+	}
+	if ws, ok := sink.(WeightedSink); ok && ws.Weight() > 0 {
+		c.weight = int64(ws.Weight())
+	}
+	if c.weight != protocol.DefaultWeight {
+		s.weighted++
 	}
 	s.clients[id] = c
 	if l := s.largestSize(); l != 0 && (c.maxSize == 0 || c.maxSize > l) {
@@ -234,53 +317,72 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 	s.makeReady(c)
 }
 
-// leave removes a client and queues its flights for other clients.
-func (s *state) leave(id uint64) {
+// leave removes a client, or an observer, and queues its flights for other
+// clients; now is when, for their retry delay.
+func (s *state) leave(id uint64, now time.Time) {
 	c := s.clients[id]
 	if c == nil {
+		s.unobserve(id)
 		return
 	}
 	delete(s.clients, id)
 	c.gone = true
+	if c.weight != protocol.DefaultWeight {
+		s.weighted--
+	}
 	if c.maxSize == s.largest {
 		s.largestStale = true
 	}
 	for f := c.first; f != nil; {
 		next := f.next
 		s.deadlines.remove(f)
-		s.requeue(f, RedeliverDisconnect)
+		s.requeue(f, RedeliverDisconnect, now, NackInfo{})
 		f = next
 	}
 	c.first, c.last, c.n = nil, nil, 0
 }
 
 // ack completes deliveries of client id.
-func (s *state) ack(id uint64, ids []uint64) { s.settle(id, OpAck, ids, nil, time.Time{}) }
+func (s *state) ack(id uint64, ids []uint64) { s.settle(id, OpAck, ids, nil, NackInfo{}, time.Time{}) }
 
-// nack gives deliveries of client id back for another client.
-func (s *state) nack(id uint64, ids []uint64) { s.settle(id, OpNack, ids, nil, time.Time{}) }
+// nack gives deliveries of client id back for another client, at once or
+// after the delay asked for; now is when.
+func (s *state) nack(id uint64, ids []uint64, how NackInfo, now time.Time) {
+	s.settle(id, OpNack, ids, nil, how, now)
+}
 
 // touch restarts the ack timeout of deliveries of client id.
-func (s *state) touch(id uint64, ids []uint64, now time.Time) { s.settle(id, OpTouch, ids, nil, now) }
+func (s *state) touch(id uint64, ids []uint64, now time.Time) {
+	s.settle(id, OpTouch, ids, nil, NackInfo{}, now)
+}
 
-// settle acks, nacks or touches (op) the deliveries of client id named by
-// ids and by ranges; now is the time of a touch.
-func (s *state) settle(id uint64, op Op, ids []uint64, ranges []Range, now time.Time) {
+// settle acks, nacks (as how says) or touches (op) the deliveries of client
+// id named by ids and by ranges; now is when. The ack counters are added to
+// once per request, not per delivery.
+func (s *state) settle(id uint64, op Op, ids []uint64, ranges []Range, how NackInfo, now time.Time) {
+	acked := uint64(0)
 	for _, did := range ids {
 		if f := s.own(id, did); f != nil {
-			s.settleFlight(op, f, now)
+			acked += s.settleFlight(op, f, how, now)
 		}
 	}
 	for _, r := range ranges {
-		s.settleRange(id, op, r, now)
+		acked += s.settleRange(id, op, r, how, now)
+	}
+	if acked > 0 {
+		s.stats.Acked += acked
+		if c := s.clients[id]; c != nil {
+			c.acked += acked
+		}
 	}
 }
 
 // settleRange settles the deliveries of client id in r in one step: by
 // their ids when r names no more ids than the client holds, else by a walk
 // over the client's flights, so that its cost is at most what the client
-// holds, whatever r's count.
-func (s *state) settleRange(id uint64, op Op, r Range, now time.Time) {
+// holds, whatever r's count. It returns how many it acked.
+func (s *state) settleRange(id uint64, op Op, r Range, how NackInfo, now time.Time) uint64 {
+	acked := uint64(0)
 	c := s.clients[id]
 	if c == nil || r.Count > uint64(c.n) {
 		matched := uint64(0)
@@ -289,60 +391,86 @@ func (s *state) settleRange(id uint64, op Op, r Range, now time.Time) {
 				next := f.next // f may leave the list
 				if f.id-r.First < r.Count {
 					matched++
-					s.settleFlight(op, f, now)
+					acked += s.settleFlight(op, f, how, now)
 				}
 				f = next
 			}
 		}
 		s.stats.UnknownAcks += r.Count - matched
-		return
+		return acked
 	}
 	for k := range r.Count {
 		if f := s.own(id, r.First+k); f != nil {
-			s.settleFlight(op, f, now)
+			acked += s.settleFlight(op, f, how, now)
 		}
 	}
+	return acked
 }
 
-// settleFlight acks, nacks or touches f.
-func (s *state) settleFlight(op Op, f *flight, now time.Time) {
+// settleFlight acks, nacks or touches f; it returns 1 for an ack, else 0.
+func (s *state) settleFlight(op Op, f *flight, how NackInfo, now time.Time) uint64 {
 	switch op {
 	case OpAck:
 		s.deadlines.remove(f)
-		c := f.client
+		c, m := f.client, f.msg
 		s.unlink(f)
-		s.tracker.AckIn(f.msg.Partition, f.msg.Offset, f.msg.gen)
-		s.stats.Acked++
+		s.tracker.AckIn(m.Partition, m.Offset, m.gen)
+		s.countAttempts(f.attempt)
 		s.recycle(f)
+		if m.keyHash != 0 {
+			s.keyDone(m)
+		}
 		s.makeReady(c)
+		return 1
 	case OpNack:
 		s.deadlines.remove(f)
 		c := f.client
 		s.stats.Nacked++
-		s.requeue(f, RedeliverNack)
+		s.requeue(f, RedeliverNack, now, how)
 		s.makeReady(c)
 	case OpTouch:
 		s.deadlines.reset(f, now.Add(s.ackTimeout))
 	}
+	return 0
+}
+
+// countAttempts adds a message done after n deliveries to Stats.Attempts.
+func (s *state) countAttempts(n uint32) {
+	i := 0
+	for i < len(AttemptBuckets) && n > AttemptBuckets[i] {
+		i++
+	}
+	s.stats.Attempts[i]++
+	s.stats.AttemptsSum += uint64(n)
 }
 
 // expire queues every delivery whose deadline is not after now for another
-// client.
+// client, and every delayed redelivery whose delay is over.
 func (s *state) expire(now time.Time) {
 	for f := s.deadlines.peek(); f != nil && !f.deadline.After(now); f = s.deadlines.peek() {
 		s.deadlines.remove(f)
 		c := f.client
-		s.requeue(f, RedeliverTimeout)
+		s.requeue(f, RedeliverTimeout, now, NackInfo{})
 		s.makeReady(c)
+	}
+	for len(s.delays) > 0 && !s.delays[0].due.After(now) {
+		d := s.delays.pop()
+		s.retries.push(retry{msg: d.msg, last: d.last})
 	}
 }
 
-// nextDeadline returns the earliest ack deadline, if any.
+// nextDeadline returns the earliest time expire has work, if any: an ack
+// deadline or the end of a retry delay. The dispatcher arms its one timer
+// for it.
 func (s *state) nextDeadline() (time.Time, bool) {
+	var next time.Time
 	if f := s.deadlines.peek(); f != nil {
-		return f.deadline, true
+		next = f.deadline
 	}
-	return time.Time{}, false
+	if len(s.delays) > 0 && (next.IsZero() || s.delays[0].due.Before(next)) {
+		next = s.delays[0].due
+	}
+	return next, !next.IsZero()
 }
 
 // own returns the outstanding flight did if it belongs to client id.
@@ -355,25 +483,47 @@ func (s *state) own(id, did uint64) *flight {
 	return f
 }
 
-// requeue turns a flight (already out of the heap) into a retry, unless its
-// partition restarted at or below its offset since it was received: then the
-// message is forgotten (fetched again, or gone) and dropped.
-func (s *state) requeue(f *flight, reason int) {
-	if s.revoking > 0 && s.revoked(f.msg.Partition) {
-		s.unlink(f) // being handed over: the next owner delivers it
+// requeue handles a failed delivery (its flight already out of the heap):
+// the message is dead-lettered when it failed Config.MaxAttempts times, else
+// queued for another delivery, at once or after its delay (see retry.go).
+// When its partition restarted at or below its offset since it was
+// received, the message is forgotten (fetched again, or gone) and dropped;
+// so is a message of a partition being handed over (the next owner delivers
+// it).
+func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
+	c, m := f.client, f.msg
+	if s.revoking > 0 && s.revoked(m.Partition) {
+		s.unlink(f)
 		s.recycle(f)
+		if m.keyHash != 0 {
+			s.keyDone(m)
+		}
 		return
 	}
-	c := f.client
 	s.unlink(f)
-	if m := f.msg; !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
-		s.recycle(f)
+	s.recycle(f)
+	if !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
+		if m.keyHash != 0 {
+			s.keyDone(m)
+		}
 		return
 	}
-	s.retries.push(retry{msg: f.msg, attempt: f.attempt + 1, last: c.id})
-	s.bytes += f.msg.Size()
+	s.failed(m, reason, how.Reason)
+	s.bytes += m.Size()
+	if s.maxAttempts > 0 && m.failed >= s.maxAttempts {
+		s.toDeadLetter(m)
+		return
+	}
 	s.stats.Redelivered[reason]++
-	s.recycle(f)
+	delay := how.Delay
+	if delay <= 0 && s.retryMin > 0 {
+		delay = backoff.Delay(s.retryMin, s.retryMax, int(m.failed), true)
+	}
+	if delay > 0 {
+		s.delays.push(delayed{msg: m, last: c.id, due: now.Add(delay)})
+		return
+	}
+	s.retries.push(retry{msg: m, last: c.id})
 }
 
 // unlink removes f from its client's list and the in-flight map.
@@ -413,11 +563,11 @@ func (s *state) makeReady(c *client) {
 
 // wait puts a message that does not fit client c into large, to wait for a
 // client it fits, and reports it when no joined client accepts it.
-func (s *state) wait(msg *Message, attempt uint32, c uint64) {
+func (s *state) wait(msg *Message, c uint64) {
 	if s.large.len() == 0 {
 		s.largeBlocked = false
 	}
-	s.large.push(retry{msg: msg, attempt: attempt, last: c})
+	s.large.push(retry{msg: msg, last: c})
 	if s.onTooLarge != nil && !s.fitsAnyone(msg) {
 		s.onTooLarge(msg, s.largestSize())
 	}
@@ -438,33 +588,44 @@ func (s *state) nextReady() *client {
 }
 
 // dispatch hands buffered messages to clients with room, redeliveries first,
-// round-robin, and sends each client its deliveries in one batch. A message
-// larger than the client whose turn it is waits in large for a client it
-// fits; each client's turn first offers it large's first message.
+// then messages whose key became free, then fresh ones; round-robin, or by
+// weight when clients gave weights (weights.go); and sends each client its
+// deliveries in one batch, and each observer its copies. A message larger
+// than the client whose turn it is waits in large for a client it fits;
+// each client's turn first offers it large's first message. In key order a
+// fresh message whose key has a message out waits behind it (keys.go).
 func (s *state) dispatch(now time.Time) {
 	if s.draining {
 		return
 	}
 	deadline := now.Add(s.ackTimeout)
 	misses := 0 // consecutive clients that fit nothing left
-	for s.retries.len()+s.fresh.len() > 0 || (s.large.len() > 0 && !s.largeBlocked) {
-		c := s.nextReady()
+	for s.retries.len()+s.unblocked.len()+s.fresh.len() > 0 || (s.large.len() > 0 && !s.largeBlocked) {
+		var c *client
+		if s.weighted > 0 {
+			var avoid uint64
+			if s.retries.len() > 0 {
+				avoid = s.retries.front().last
+			}
+			c = s.pickWeighted(avoid)
+		} else {
+			c = s.nextReady()
+		}
 		if c == nil {
 			break
 		}
 		if s.large.len() > 0 && !s.largeBlocked && c.fits(s.large.front().msg) {
 			r := s.large.pop()
 			s.largeBlocked = false // a new first message
-			s.give(c, r.msg, r.attempt, deadline)
+			s.give(c, r.msg, deadline)
 			misses = 0
 			continue
 		}
 		var msg *Message
-		attempt := uint32(1)
 		switch {
 		case s.retries.len() > 0:
 			r := s.retries.front()
-			if r.last == c.id && s.ready.len() > 1 {
+			if r.last == c.id && s.weighted == 0 && s.ready.len() > 1 {
 				// Prefer another client for a redelivery: c goes to the
 				// back; nextReady returns c again only when every other
 				// client turned out to be full or gone.
@@ -473,9 +634,14 @@ func (s *state) dispatch(now time.Time) {
 				c = s.nextReady()
 			}
 			s.retries.pop()
-			msg, attempt = r.msg, r.attempt
+			msg = r.msg
+		case s.unblocked.len() > 0:
+			msg = s.unblocked.pop()
 		case s.fresh.len() > 0:
 			msg = s.fresh.pop()
+			if msg.keyHash != 0 && !s.takeKey(msg) {
+				continue // waits behind its key's message
+			}
 		default:
 			// Only large messages are left and c does not fit the first:
 			// try the next client, until every one has had its turn.
@@ -483,15 +649,21 @@ func (s *state) dispatch(now time.Time) {
 				s.largeBlocked = true
 				continue
 			}
-			s.ready.pop()
-			s.ready.push(c)
+			if s.weighted == 0 {
+				s.ready.pop()
+				s.ready.push(c)
+			}
+			continue
+		}
+		if s.maxAttempts > 0 && msg.failed >= s.maxAttempts {
+			s.toDeadLetter(msg) // failed that often before a restart
 			continue
 		}
 		if !c.fits(msg) {
-			s.wait(msg, attempt, c.id)
+			s.wait(msg, c.id)
 			continue
 		}
-		s.give(c, msg, attempt, deadline)
+		s.give(c, msg, deadline)
 		misses = 0
 	}
 	for _, c := range s.touched {
@@ -503,6 +675,9 @@ func (s *state) dispatch(now time.Time) {
 		c.out = nil
 	}
 	s.touched = s.touched[:0]
+	if len(s.observers) > 0 {
+		s.sendObservers()
+	}
 }
 
 // number gives the flights of c's deliveries of this round, the last of its
@@ -520,11 +695,14 @@ func (s *state) number(c *client) {
 	}
 }
 
-// give delivers msg to c, the first client of ready, and moves c to the back
-// of ready, or out of it when full.
-func (s *state) give(c *client, msg *Message, attempt uint32, deadline time.Time) {
+// give delivers msg to c and, in round-robin, moves c, the first client of
+// ready, to the back of ready, or out of it when full.
+func (s *state) give(c *client, msg *Message, deadline time.Time) {
 	s.bytes -= msg.Size()
-	s.deliver(c, msg, attempt, deadline)
+	s.deliver(c, msg, deadline)
+	if s.weighted > 0 {
+		return // stays in ready; pickWeighted drops it when full
+	}
 	s.ready.pop()
 	if c.hasRoom() {
 		s.ready.push(c)
@@ -533,9 +711,11 @@ func (s *state) give(c *client, msg *Message, attempt uint32, deadline time.Time
 	}
 }
 
-// deliver records a flight of msg to c and queues the delivery; the flight
-// gets its id at the end of the round (number).
-func (s *state) deliver(c *client, msg *Message, attempt uint32, deadline time.Time) {
+// deliver records a flight of msg to c and queues the delivery, and its
+// copy for every observer; the flight gets its id at the end of the round
+// (number).
+func (s *state) deliver(c *client, msg *Message, deadline time.Time) {
+	attempt := msg.failed + 1
 	f := s.flights.take()
 	f.msg, f.attempt, f.client, f.deadline, f.prev = msg, attempt, c, deadline, c.last
 	if c.last != nil {
@@ -555,6 +735,9 @@ func (s *state) deliver(c *client, msg *Message, attempt uint32, deadline time.T
 		c.out = make([]Delivery, 0, min(c.max-c.n, s.buffered()/max(s.ready.len(), 1)+1)+1)
 	}
 	c.out = append(c.out, Delivery{Attempt: attempt, Msg: msg})
+	for _, o := range s.observers {
+		o.out = append(o.out, Delivery{Attempt: attempt, Msg: msg})
+	}
 	s.stats.Delivered++
 }
 
@@ -567,6 +750,9 @@ func (s *state) drain(reason string) {
 	for _, c := range s.clients {
 		c.sink.Goodbye(reason)
 	}
+	for _, o := range s.observers {
+		o.sink.Goodbye(reason)
+	}
 }
 
 // snapshot returns the current Stats.
@@ -577,6 +763,10 @@ func (s *state) snapshot() Stats {
 	st.BufferBytes = s.bytes
 	st.Clients = len(s.clients)
 	st.Paused = s.paused
+	st.Delayed = len(s.delays)
+	st.DeadLetterPending = s.deadPending
+	st.KeyWaiting = s.keyWaiting
+	st.Observers = len(s.observers)
 	st.Outstanding = s.tracker.OutstandingAll()
 	for p := range s.held {
 		st.Held = append(st.Held, p)
@@ -588,4 +778,19 @@ func (s *state) snapshot() Stats {
 		}
 	}
 	return st
+}
+
+// clientStats returns a snapshot of every joined client and observer, in no
+// particular order (sorting is the caller's business, off the dispatcher's
+// goroutine).
+func (s *state) clientStats() []ClientStats {
+	out := make([]ClientStats, 0, len(s.clients)+len(s.observers))
+	for _, c := range s.clients {
+		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked,
+			Weight: int(c.weight)})
+	}
+	for _, o := range s.observers {
+		out = append(out, ClientStats{ID: o.id, Name: o.name, Observer: true})
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"testing"
@@ -156,7 +157,7 @@ func TestRedeliveriesGoFirst(t *testing.T) {
 	s.addBatch(batch(0, 0, 2))
 	s.dispatch(t0)
 	s.addBatch(batch(0, 2, 4))
-	s.nack(1, ids(sinks[0].got)) // offset 0 back; client 1 has room again
+	s.nack(1, ids(sinks[0].got), NackInfo{}, t0) // offset 0 back; client 1 has room again
 	s.dispatch(t0)
 	// Client 1 is skipped for its own redelivery while client 2 is full,
 	// so it gets it back: there is no one else.
@@ -174,7 +175,7 @@ func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1))
 	s.dispatch(t0)
-	s.nack(1, ids(sinks[0].got))
+	s.nack(1, ids(sinks[0].got), NackInfo{}, t0)
 	s.dispatch(t0)
 	if len(sinks[1].got) != 1 || sinks[1].got[0].Attempt != 2 {
 		t.Fatalf("client 2 got %+v", sinks[1].got)
@@ -188,7 +189,7 @@ func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
 	s, sinks := setup(3, 3)
 	s.addBatch(batch(0, 0, 6))
 	s.dispatch(t0)
-	s.leave(1)
+	s.leave(1, t0)
 	s.ack(2, ids(sinks[1].got))
 	s.dispatch(t0)
 	got := offsetsOf(sinks[1].got)
@@ -302,7 +303,7 @@ func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
 
 func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 	s, sinks := setup(10, 10)
-	s.leave(1)
+	s.leave(1, t0)
 	s.addBatch(batch(0, 0, 4))
 	s.dispatch(t0)
 	if len(sinks[0].got) != 0 || len(sinks[1].got) != 4 {
@@ -314,52 +315,101 @@ func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 // received, delivered round-robin to 4 clients, acked (by ids, or by one
 // range per client and round as batch clients do).
 func BenchmarkDispatchAck(b *testing.B) {
-	b.Run("sizes=none", func(b *testing.B) { benchDispatchAck(b, false, false) })
+	b.Run("sizes=none", func(b *testing.B) { benchDispatchAck(b, benchOpts{}) })
 	// Clients announce a frame limit and every message has a frame size,
 	// as in the daemon.
-	b.Run("sizes=limited", func(b *testing.B) { benchDispatchAck(b, true, false) })
-	b.Run("sizes=limited/acks=ranges", func(b *testing.B) { benchDispatchAck(b, true, true) })
+	b.Run("sizes=limited", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true}) })
+	b.Run("sizes=limited/acks=ranges", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, ranges: true}) })
+	// The delivery policies' hot paths: smooth weighted round-robin (one
+	// client of another weight), key gating with a key per message (many
+	// keys, each free) and with 8 keys (most messages wait behind their
+	// key), one observer.
+	b.Run("weights", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, weighted: true}) })
+	b.Run("keys=many", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, keys: 1 << 30}) })
+	b.Run("keys=few", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, keys: 8}) })
+	b.Run("observer", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, observer: true}) })
 }
 
-func benchDispatchAck(b *testing.B, sized, ranges bool) {
+type benchOpts struct {
+	sized, weighted, observer bool
+	ranges                    bool // acks by ranges, as batch clients send them
+	keys                      int  // key ordering over this many keys; 0: off
+}
+
+// weightedDiscardSink is a discarding client of weight w.
+type weightedDiscardSink struct {
+	*discardSink
+	w int
+}
+
+func (w weightedDiscardSink) Weight() int { return w.w }
+
+func benchDispatchAck(b *testing.B, o benchOpts) {
 	const clients, batchSize = 4, 256
 	s := newState(timeout)
-	if sized {
+	if o.sized {
 		s.frameSize = func(m *Message) int { return 64 + m.Size() }
+	}
+	if o.keys > 0 {
+		s.keys = map[uint64]keyGate{}
 	}
 	sinks := make([]ClientSink, clients)
 	discards := make([]*discardSink, clients)
 	for i := range sinks {
 		discards[i] = &discardSink{}
 		sinks[i] = discards[i]
-		if sized {
+		if o.sized {
 			sinks[i] = &sizedDiscardSink{discards[i]}
 		}
+		if o.weighted && i == 0 {
+			sinks[i] = weightedDiscardSink{discards[i], 5}
+		}
 		s.join(uint64(i+1), "c", 1000, sinks[i])
+	}
+	if o.observer {
+		s.observe(99, "watch", &discardSink{})
 	}
 	msgs := make([]*Message, batchSize)
 	for i := range msgs {
 		msgs[i] = &Message{Value: make([]byte, 100)}
 	}
 	var rs []Range
+	var keys [][]byte
+	if o.keys > 0 {
+		keys = make([][]byte, min(o.keys, 1<<16))
+		for i := range keys {
+			keys[i] = fmt.Appendf(nil, "key-%d", i)
+		}
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	off := int64(0)
 	for i := 0; i < b.N; i += batchSize {
 		for _, m := range msgs {
 			m.Offset = off
+			if keys != nil {
+				if o.keys < len(keys) {
+					m.Key = keys[off%int64(o.keys)]
+				} else {
+					m.Key = keys[off%int64(len(keys))]
+				}
+			}
 			off++
 		}
 		s.addBatch(Batch{Start: -1, Messages: msgs})
-		s.dispatch(t0)
-		for j, k := range discards {
-			if ranges {
-				rs = appendRanges(rs[:0], k.ids)
-				s.settle(uint64(j+1), OpAck, nil, rs, t0)
-			} else {
-				s.ack(uint64(j+1), k.ids)
+		// With few keys the messages behind their key go out as the acks
+		// free it: a round per message of a key.
+		for s.buffered() > 0 {
+			s.dispatch(t0)
+			for j, k := range discards {
+				if o.ranges {
+					rs = appendRanges(rs[:0], k.ids)
+					s.settle(uint64(j+1), OpAck, nil, rs, NackInfo{}, t0)
+				} else {
+					s.ack(uint64(j+1), k.ids)
+				}
+				k.ids = k.ids[:0]
 			}
-			k.ids = k.ids[:0]
 		}
 	}
 }
@@ -374,6 +424,37 @@ func appendRanges(rs []Range, ids []uint64) []Range {
 		rs = append(rs, Range{First: id, Count: 1})
 	}
 	return rs
+}
+
+// BenchmarkDelayHeap measures one delayed redelivery: a nack with a delay
+// (into the heap among 1000 others), and its redelivery once due.
+func BenchmarkDelayHeap(b *testing.B) {
+	const waiting = 1000
+	s := newState(timeout)
+	k := &discardSink{}
+	s.join(1, "c", 1<<20, k)
+	msgs := make([]*Message, waiting+1)
+	b0 := Batch{Start: -1}
+	for i := range msgs {
+		msgs[i] = &Message{Offset: int64(i), Value: make([]byte, 100)}
+		b0.Messages = append(b0.Messages, msgs[i])
+	}
+	s.addBatch(b0)
+	s.dispatch(t0)
+	now := t0
+	for i, id := range k.ids[:waiting] { // 1000 waiting, due over the next 1000s
+		s.nack(1, []uint64{id}, NackInfo{Delay: time.Duration(1000+i) * time.Second}, now)
+	}
+	k.ids = k.ids[waiting:]
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		s.nack(1, k.ids, NackInfo{Delay: time.Millisecond}, now)
+		k.ids = k.ids[:0]
+		now = now.Add(time.Millisecond)
+		s.expire(now)
+		s.dispatch(now)
+	}
 }
 
 type sizedDiscardSink struct{ *discardSink }
@@ -529,7 +610,7 @@ func TestLargeWaitsForTheClientItFits(t *testing.T) {
 	}
 	// When the only client that fits leaves, the large message it held is
 	// too large for everyone left.
-	s.leave(2)
+	s.leave(2, t0)
 	s.dispatch(t0)
 	if st := s.snapshot(); st.TooLarge != 1 || !slices.Equal(reported, []int64{4}) {
 		t.Fatalf("too large %d, reported %v after the big client left; want 1, [4]", st.TooLarge, reported)
@@ -554,6 +635,43 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 	s.dispatch(t0)
 	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 1}) {
 		t.Fatalf("client got %v without FrameSize", got)
+	}
+}
+
+// Per-client counters: only the client's own acks of outstanding deliveries
+// count; nacks, unknown ids and another client's ids do not; a client that
+// leaves is gone from the snapshot; weights and observers are reported.
+func TestClientStats(t *testing.T) {
+	s, sinks := setup(4, 3)
+	s.addBatch(batch(0, 0, 6))
+	s.dispatch(t0)
+	a, b := ids(sinks[0].got), ids(sinks[1].got) // 3 each
+	s.ack(1, []uint64{a[0], a[1], b[0], 999})    // b[0] is not client 1's, 999 unknown
+	s.nack(2, []uint64{b[1]}, NackInfo{}, t0)
+	s.ack(2, []uint64{b[2]})
+	s.ack(2, []uint64{b[2]}) // again: no longer outstanding
+	got := s.clientStats()
+	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
+	want := []ClientStats{
+		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2, Weight: 100},
+		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("clientStats() = %+v, want %+v", got, want)
+	}
+	if st := s.snapshot(); st.Acked != 3 || st.UnknownAcks != 3 {
+		t.Errorf("Acked %d, UnknownAcks %d; want 3 and 3", st.Acked, st.UnknownAcks)
+	}
+	s.leave(1, t0)
+	if got := s.clientStats(); len(got) != 1 || got[0].ID != 2 {
+		t.Errorf("after client 1 left: %+v", got)
+	}
+	// An observer is listed, as such, with no weight or credit.
+	s.observe(9, "watch", &discardSink{})
+	got = s.clientStats()
+	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
+	if len(got) != 2 || got[1] != (ClientStats{ID: 9, Name: "watch", Observer: true}) {
+		t.Errorf("with an observer: %+v", got)
 	}
 }
 

@@ -75,7 +75,8 @@ func (d deliveries) next(t *testing.T) dispatch.Delivery {
 }
 
 // commitLog is a MemoryStore that records every committed offset of
-// partition 0.
+// partition 0. It overrides both ways to commit: the dispatcher commits
+// with CommitProgress to a store that keeps progress.
 type commitLog struct {
 	*offsets.MemoryStore
 	mu   sync.Mutex // guards p0
@@ -84,7 +85,11 @@ type commitLog struct {
 }
 
 func (c *commitLog) Commit(ctx context.Context, fence offsets.Fence, m map[int32]int64) error {
-	err := c.MemoryStore.Commit(ctx, fence, m)
+	return c.CommitProgress(ctx, fence, m, nil)
+}
+
+func (c *commitLog) CommitProgress(ctx context.Context, fence offsets.Fence, m map[int32]int64, pr map[int32]offsets.Progress) error {
+	err := c.MemoryStore.CommitProgress(ctx, fence, m, pr)
 	if err == nil {
 		c.mu.Lock()
 		if o, ok := m[0]; ok {

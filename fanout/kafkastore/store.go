@@ -14,13 +14,17 @@
 // which Commit reports as offsets.ErrFenced.
 //
 // Per partition the group holds the next offset to consume, and a metadata
-// string naming the term that committed it: {"epoch":E,"node":"N"}, at most
-// MaxMetadata bytes.
+// string naming the term that committed it: {"epoch":E,"node":"N"}, and,
+// when there is some, the partition's progress above the offset
+// (offsets.Progress.Encode) as "progress":"v1 b=..."; at most MaxMetadata
+// bytes. Offset and progress are written by the same OffsetCommit, as one
+// record per partition: a reader sees both or neither.
 package kafkastore
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -37,8 +41,10 @@ const (
 	// the holder at once, so the group has one member, the leader.
 	InstanceID = "fanout-leader"
 	// MaxMetadata bounds the metadata string of each committed offset, in
-	// bytes (brokers accept offset.metadata.max.bytes, 4096 by default).
-	MaxMetadata = 256
+	// bytes (brokers accept offset.metadata.max.bytes, 4096 by default):
+	// the term (at most 256 bytes) and the progress (at most
+	// offsets.MaxProgressBytes).
+	MaxMetadata = 256 + offsets.MaxProgressBytes
 	// DefaultSessionTimeout is the session timeout of a membership when
 	// New is given none. Brokers accept group.min.session.timeout.ms (6 s)
 	// to group.max.session.timeout.ms (30 min) by default.
@@ -132,11 +138,14 @@ type Committed struct {
 type CommitInfo struct {
 	Epoch uint64 `json:"epoch"`
 	Node  string `json:"node"`
+	// Progress is the partition's progress above the offset
+	// (offsets.Progress.Encode); empty when there is none.
+	Progress string `json:"progress,omitempty"`
 }
 
-// commitMetadata returns the metadata string of a commit under cond, at most
-// MaxMetadata bytes.
-func commitMetadata(cond offsets.Condition) string {
+// commitMetadata returns the metadata string of a commit under cond, with
+// the progress given (Encode; "" for none), at most MaxMetadata bytes.
+func commitMetadata(cond offsets.Condition, progress string) string {
 	var b []byte
 	switch c := cond.(type) {
 	case Member:
@@ -144,7 +153,7 @@ func commitMetadata(cond offsets.Condition) string {
 		if len(node) > maxNode {
 			node = strings.ToValidUTF8(node[:maxNode], "")
 		}
-		b, _ = json.Marshal(CommitInfo{Epoch: c.Epoch, Node: node})
+		b, _ = json.Marshal(CommitInfo{Epoch: c.Epoch, Node: node, Progress: progress})
 	case Empty:
 		b, _ = json.Marshal(struct {
 			Note string `json:"note"`
@@ -245,6 +254,39 @@ func (s *Store) LastEpoch(ctx context.Context) (uint64, error) {
 // which a retry with the same or newer offsets makes good. ctx is checked
 // before the request.
 func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]int64) error {
+	return s.CommitProgress(ctx, fence, offs, nil)
+}
+
+// LoadProgress implements offsets.ProgressStore: the progress in the
+// metadata of each partition's committed offset, when it was recorded above
+// that offset. Progress that does not decode is left out and reported in an
+// error wrapping offsets.ErrBadProgress beside the others.
+func (s *Store) LoadProgress(ctx context.Context) (map[int32]offsets.Progress, error) {
+	committed, err := s.Committed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int32]offsets.Progress, len(committed))
+	var bad []error
+	for p, c := range committed {
+		info, ok := ParseCommitInfo(c.Metadata)
+		if !ok || info.Progress == "" {
+			continue
+		}
+		pr, err := offsets.ParseProgress(info.Progress)
+		switch {
+		case err != nil:
+			bad = append(bad, fmt.Errorf("kafkastore: group %s, %s/%d: %w", s.group, s.topic, p, err))
+		case pr.Base == c.Offset && !pr.IsZero():
+			out[p] = pr
+		}
+	}
+	return out, errors.Join(bad...)
+}
+
+// CommitProgress implements offsets.ProgressStore: Commit with each
+// partition's progress in the metadata of its offset, in the same request.
+func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs map[int32]int64, progress map[int32]offsets.Progress) error {
 	if fence.IsZero() {
 		return fmt.Errorf("kafkastore: commit to group %s without a fence: %w", s.group, offsets.ErrFenced)
 	}
@@ -275,9 +317,15 @@ func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]
 		instance := InstanceID
 		req.ConsumerGroupGeneration, req.ConsumerID, req.GroupInstanceId = m.Generation, m.MemberID, &instance
 	}
-	meta := commitMetadata(cond)
+	meta := commitMetadata(cond, "")
 	for _, p := range parts {
-		req.AddBlockWithLeaderEpoch(s.topic, p, offs[p], -1, 0, meta)
+		m := meta
+		if pr, ok := progress[p]; ok && !pr.IsZero() && pr.Base == offs[p] {
+			if withProgress := commitMetadata(cond, pr.Encode()); withProgress != "" {
+				m = withProgress
+			}
+		}
+		req.AddBlockWithLeaderEpoch(s.topic, p, offs[p], -1, 0, m)
 	}
 	resp, err := coord.CommitOffset(req)
 	if err != nil {
@@ -371,4 +419,4 @@ func fencedError(kerr sarama.KError) bool {
 	return false
 }
 
-var _ offsets.Store = (*Store)(nil)
+var _ offsets.ProgressStore = (*Store)(nil)

@@ -202,7 +202,11 @@ func TestCommitNeedsItsFence(t *testing.T) {
 // The metadata of a commit stays within MaxMetadata whatever the node id.
 func TestCommitMetadataBounded(t *testing.T) {
 	long := strings.Repeat("é", 500)
-	meta := commitMetadata(Member{Epoch: 1<<64 - 1, Node: long})
+	full := offsets.Progress{Base: 0}
+	for i := range int64(2 * offsets.MaxProgressBytes) {
+		full.Acked = append(full.Acked, offsets.Range{First: 2*i + 1, Last: 2*i + 1})
+	}
+	meta := commitMetadata(Member{Epoch: 1<<64 - 1, Node: long}, full.Encode())
 	if len(meta) > MaxMetadata || meta == "" {
 		t.Fatalf("metadata of %d bytes: %q", len(meta), meta)
 	}
@@ -239,5 +243,47 @@ func TestJoinDoesNotWaitForAMissingTopic(t *testing.T) {
 	}
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("join took %v with the topic missing, want well under the client's metadata retries", took)
+	}
+}
+
+// Progress travels in the metadata of its partition's offset, in the same
+// commit: Load still returns the offsets, LoadProgress the progress of the
+// partitions whose offset it was recorded above; a commit without progress
+// clears it, and a fenced commit writes neither.
+func TestCommitProgressAndLoad(t *testing.T) {
+	a, b := newStore(t)
+	m := mustJoin(t, a, Leader{Epoch: 2, Node: "node-a", Addr: "a:4987"})
+	pr := offsets.Progress{Base: 10, Acked: []offsets.Range{{First: 12, Last: 15}}, Failed: []offsets.Failure{{Offset: 10, Count: 2}}}
+	err := a.CommitProgress(ctx(t), offsets.TopicFence(m), map[int32]int64{0: 10, 1: 5},
+		map[int32]offsets.Progress{0: pr, 1: {Base: 4, Acked: []offsets.Range{{First: 6, Last: 6}}}})
+	if err != nil {
+		t.Fatalf("CommitProgress: %v", err)
+	}
+	if got := mustLoad(t, b); !maps.Equal(got, map[int32]int64{0: 10, 1: 5}) {
+		t.Fatalf("Load = %v", got)
+	}
+	got, err := b.LoadProgress(ctx(t))
+	if err != nil || len(got) != 1 || got[0].Encode() != pr.Encode() {
+		t.Fatalf("LoadProgress = %v, %v; want partition 0 alone (1's progress was of another base): %+v", got, err, pr)
+	}
+	if e, err := b.LastEpoch(ctx(t)); err != nil || e != 2 {
+		t.Errorf("LastEpoch = %d, %v; want 2 with progress in the metadata", e, err)
+	}
+
+	// A new member fences the old one: its progress is not written.
+	m2 := mustJoin(t, b, Leader{Epoch: 3, Node: "node-b", Addr: "b:4987"})
+	stale := offsets.Progress{Base: 11, Acked: []offsets.Range{{First: 13, Last: 13}}}
+	if err := a.CommitProgress(ctx(t), offsets.TopicFence(m), map[int32]int64{0: 11}, map[int32]offsets.Progress{0: stale}); !errors.Is(err, offsets.ErrFenced) {
+		t.Fatalf("CommitProgress of a replaced member: %v", err)
+	}
+	if got, _ := b.LoadProgress(ctx(t)); got[0].Encode() != pr.Encode() {
+		t.Fatalf("after a fenced commit LoadProgress = %v", got)
+	}
+	// A commit without progress clears it.
+	if err := b.Commit(ctx(t), offsets.TopicFence(m2), map[int32]int64{0: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.LoadProgress(ctx(t)); err != nil || len(got) != 0 {
+		t.Fatalf("LoadProgress after a commit without progress = %v, %v", got, err)
 	}
 }

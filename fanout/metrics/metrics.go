@@ -42,6 +42,12 @@ type Snapshot struct {
 	// neither, reported as "none").
 	ClientsByIdentity map[string]int
 
+	// DeadLetterTopic is the serving term's dead-letter topic ("" without
+	// --max-attempts); DeadLetterFailingSince is since when producing to it
+	// has failed, zero while it works.
+	DeadLetterTopic        string
+	DeadLetterFailingSince time.Time
+
 	// Clustered: the daemon takes part in an election (not the dev mode).
 	// Before the election starts, Clustered is false and so is Serving.
 	Clustered bool
@@ -67,6 +73,10 @@ type Snapshot struct {
 	// gives this member, those it serves, and those it is handing over.
 	Assigned, Owned, HandingOff []int32
 }
+
+// ObserverBehind is the reason, among Snapshot.ConnectionsClosed, of an
+// observer dropped for falling behind (server.CloseReasons).
+const ObserverBehind = "observer behind"
 
 // Namespace prefixes every metric name.
 const Namespace = "fanout"
@@ -96,6 +106,10 @@ type Collector struct {
 	leader, epoch, failovers, members                            *prometheus.Desc
 	unauthHeartbeats, clientsByIdentity                          *prometheus.Desc
 	owned, assigned, handingOff, generation                      *prometheus.Desc
+
+	deadLettered, deadLetterPending, deadLetterFailing *prometheus.Desc
+	delayed, keyWaiting, observers, observersDropped   *prometheus.Desc
+	skipped, attempts                                  *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -154,6 +168,16 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		assigned:   desc("partitions_assigned", "Spread mode: partitions the assignment gives this member."),
 		handingOff: desc("handoffs_in_progress", "Spread mode: partitions this member is handing over."),
 		generation: desc("assignment_generation", "Spread mode: generation of the assignment in force (0: none)."),
+
+		deadLettered:      desc("messages_dead_lettered_total", "Messages stored in the dead-letter topic after --max-attempts failed deliveries."),
+		deadLetterPending: desc("dead_letter_pending", "Messages waiting to be stored in the dead-letter topic; they hold their partitions' committed offsets."),
+		deadLetterFailing: desc("dead_letter_failing_since_seconds", "Since when (Unix time) producing to the dead-letter topic has been failing; 0 while it works."),
+		delayed:           desc("messages_delayed", "Redeliveries waiting out a retry delay (a nack's delay, or --retry-backoff)."),
+		keyWaiting:        desc("messages_key_waiting", "Messages waiting for the previous message of their key (--ordering key)."),
+		observers:         desc("observers_connected", "Connected observers."),
+		observersDropped:  desc("observers_dropped_total", "Observers dropped for falling behind (--max-observer-bytes), since the daemon started."),
+		skipped:           desc("messages_skipped_total", "Messages received again after a restart or failover that the stored progress shows acked: not delivered again."),
+		attempts:          desc("message_attempts", "Deliveries a message took until it was acked or dead-lettered."),
 	}
 }
 
@@ -184,6 +208,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
+		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
+		c.observersDropped, c.skipped, c.attempts,
 	} {
 		ch <- d
 	}
@@ -240,6 +266,27 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.outstanding, float64(n), partition(p))
 	}
 	gauge(c.held, float64(len(st.Held)))
+
+	counter(c.deadLettered, st.DeadLettered)
+	gauge(c.deadLetterPending, float64(st.DeadLetterPending))
+	failing := 0.0
+	if !s.DeadLetterFailingSince.IsZero() {
+		failing = float64(s.DeadLetterFailingSince.UnixNano()) / 1e9
+	}
+	gauge(c.deadLetterFailing, failing)
+	gauge(c.delayed, float64(st.Delayed))
+	gauge(c.keyWaiting, float64(st.KeyWaiting))
+	gauge(c.observers, float64(st.Observers))
+	counter(c.observersDropped, s.ConnectionsClosed[ObserverBehind])
+	counter(c.skipped, st.Skipped)
+	buckets := make(map[float64]uint64, len(dispatch.AttemptBuckets))
+	var cum, total uint64
+	for i, le := range dispatch.AttemptBuckets {
+		cum += st.Attempts[i]
+		buckets[float64(le)] = cum
+	}
+	total = cum + st.Attempts[len(dispatch.AttemptBuckets)]
+	ch <- prometheus.MustNewConstHistogram(c.attempts, total, float64(st.AttemptsSum), buckets)
 
 	gauge(c.leader, bool01(s.Leader))
 	gauge(c.epoch, float64(s.Epoch))

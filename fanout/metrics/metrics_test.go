@@ -23,14 +23,17 @@ func leaderSnapshot() Snapshot {
 			Consumed: 10, Delivered: 12, Acked: 7, Nacked: 1,
 			Redelivered: [3]uint64{2, 0, 1}, UnknownAcks: 3,
 			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true, TooLarge: 1,
-			Committed:   map[int32]int64{0: 5, 1: 9},
-			Outstanding: map[int32]int{0: 60001, 1: 2},
-			Held:        []int32{0},
+			Committed:    map[int32]int64{0: 5, 1: 9},
+			Outstanding:  map[int32]int{0: 60001, 1: 2},
+			Held:         []int32{0},
+			DeadLettered: 2, DeadLetterPending: 1, Delayed: 3, KeyWaiting: 4, Observers: 1, Skipped: 9,
+			Attempts: [7]uint64{5, 1, 1, 0, 0, 0, 1}, AttemptsSum: 5 + 2 + 3 + 40,
 		},
+		DeadLetterTopic:   "orders.dlq",
 		HighWaterMarks:    map[int32]int64{0: 8, 1: 9, 2: 4},
 		Clients:           2,
 		Handshaking:       5,
-		ConnectionsClosed: map[string]uint64{"slow consumer": 2, "handshake evicted": 4},
+		ConnectionsClosed: map[string]uint64{"slow consumer": 2, "handshake evicted": 4, "observer behind": 1},
 		ClientsByIdentity: map[string]int{"CN=billing": 1, "": 1},
 		Clustered:         true, Leader: true, LeaderKnown: true, LeaderID: "a", Epoch: 7,
 		Failovers: 1, Members: 3, UnauthenticatedHeartbeats: 6,
@@ -38,7 +41,9 @@ func leaderSnapshot() Snapshot {
 }
 
 func TestCollectorReportsSnapshot(t *testing.T) {
-	c := NewCollector(func(context.Context) Snapshot { return leaderSnapshot() })
+	snap := leaderSnapshot()
+	snap.DeadLetterFailingSince = time.Unix(1700000000, 500000000)
+	c := NewCollector(func(context.Context) Snapshot { return snap })
 	c.ObserveCommit(3*time.Millisecond, nil)
 	c.ObserveCommit(20*time.Millisecond, errors.New("zookeeper down"))
 
@@ -91,6 +96,7 @@ fanout_client_handshakes_waiting 5
 # HELP fanout_client_connections_closed_total Client connections closed since the daemon started, by reason.
 # TYPE fanout_client_connections_closed_total counter
 fanout_client_connections_closed_total{reason="handshake evicted"} 4
+fanout_client_connections_closed_total{reason="observer behind"} 1
 fanout_client_connections_closed_total{reason="slow consumer"} 2
 # HELP fanout_consumer_lag High watermark minus committed offset.
 # TYPE fanout_consumer_lag gauge
@@ -124,6 +130,41 @@ fanout_failovers_total 1
 # HELP fanout_cluster_members Cluster members heard from recently, this node included.
 # TYPE fanout_cluster_members gauge
 fanout_cluster_members 3
+# HELP fanout_messages_dead_lettered_total Messages stored in the dead-letter topic after --max-attempts failed deliveries.
+# TYPE fanout_messages_dead_lettered_total counter
+fanout_messages_dead_lettered_total 2
+# HELP fanout_dead_letter_pending Messages waiting to be stored in the dead-letter topic; they hold their partitions' committed offsets.
+# TYPE fanout_dead_letter_pending gauge
+fanout_dead_letter_pending 1
+# HELP fanout_dead_letter_failing_since_seconds Since when (Unix time) producing to the dead-letter topic has been failing; 0 while it works.
+# TYPE fanout_dead_letter_failing_since_seconds gauge
+fanout_dead_letter_failing_since_seconds 1.7000000005e+09
+# HELP fanout_messages_delayed Redeliveries waiting out a retry delay (a nack's delay, or --retry-backoff).
+# TYPE fanout_messages_delayed gauge
+fanout_messages_delayed 3
+# HELP fanout_messages_key_waiting Messages waiting for the previous message of their key (--ordering key).
+# TYPE fanout_messages_key_waiting gauge
+fanout_messages_key_waiting 4
+# HELP fanout_observers_connected Connected observers.
+# TYPE fanout_observers_connected gauge
+fanout_observers_connected 1
+# HELP fanout_observers_dropped_total Observers dropped for falling behind (--max-observer-bytes), since the daemon started.
+# TYPE fanout_observers_dropped_total counter
+fanout_observers_dropped_total 1
+# HELP fanout_messages_skipped_total Messages received again after a restart or failover that the stored progress shows acked: not delivered again.
+# TYPE fanout_messages_skipped_total counter
+fanout_messages_skipped_total 9
+# HELP fanout_message_attempts Deliveries a message took until it was acked or dead-lettered.
+# TYPE fanout_message_attempts histogram
+fanout_message_attempts_bucket{le="1"} 5
+fanout_message_attempts_bucket{le="2"} 6
+fanout_message_attempts_bucket{le="3"} 7
+fanout_message_attempts_bucket{le="5"} 7
+fanout_message_attempts_bucket{le="10"} 7
+fanout_message_attempts_bucket{le="25"} 7
+fanout_message_attempts_bucket{le="+Inf"} 8
+fanout_message_attempts_sum 50
+fanout_message_attempts_count 8
 # HELP fanout_heartbeats_unauthenticated_total Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records.
 # TYPE fanout_heartbeats_unauthenticated_total counter
 fanout_heartbeats_unauthenticated_total 6
@@ -172,6 +213,11 @@ func TestReady(t *testing.T) {
 		s.Stats.CommitFailingSince = now.Add(-d)
 		return s
 	}
+	deadFailing := func(d time.Duration) Snapshot {
+		s := leaderSnapshot()
+		s.DeadLetterFailingSince = now.Add(-d)
+		return s
+	}
 	tests := []struct {
 		name   string
 		snap   Snapshot
@@ -181,6 +227,9 @@ func TestReady(t *testing.T) {
 		{"leader serving", leaderSnapshot(), true, "leader: serving"},
 		{"leader commits failing briefly", failing(2 * time.Second), true, "leader: serving"},
 		{"leader commits failing too long", failing(11 * time.Second), false, "leader: offset commits failing for 11s"},
+		{"dead-letter topic failing briefly", deadFailing(2 * time.Second), true, "leader: serving"},
+		{"dead-letter topic failing too long", deadFailing(12 * time.Second), false,
+			"leader: producing to dead-letter topic orders.dlq failing for 12s (1 messages waiting, holding their partitions' offsets)"},
 		{"elected, not serving", Snapshot{Clustered: true, Leader: true, LeaderKnown: true, LeaderID: "a"}, false, "leader: elected, not serving yet"},
 		{"follower knows leader", Snapshot{Clustered: true, LeaderKnown: true, LeaderID: "b", Epoch: 4}, true, "follower: leader b (epoch 4)"},
 		{"follower without leader", Snapshot{Clustered: true}, false, "follower: no leader known"},

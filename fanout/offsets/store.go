@@ -120,10 +120,13 @@ func (f Fence) String() string {
 // ZooKeeper store: NewTerm begins a term and returns its fence, and commits
 // under the fence of an earlier term are refused.
 type MemoryStore struct {
-	mu      sync.Mutex // guards offsets and term
-	offsets map[int32]int64
-	term    uint64 // the current term; 0 before the first NewTerm
+	mu       sync.Mutex // guards offsets, progress and term
+	offsets  map[int32]int64
+	progress map[int32]string // Progress.Encode, as a real store keeps it
+	term     uint64           // the current term; 0 before the first NewTerm
 }
+
+var _ ProgressStore = (*MemoryStore)(nil)
 
 // memoryTerm is the Condition of a MemoryStore's fences: term of store.
 type memoryTerm struct {
@@ -134,7 +137,9 @@ type memoryTerm struct {
 func (c memoryTerm) String() string { return fmt.Sprintf("memory store term %d", c.term) }
 
 // NewMemoryStore returns an empty MemoryStore.
-func NewMemoryStore() *MemoryStore { return &MemoryStore{offsets: map[int32]int64{}} }
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{offsets: map[int32]int64{}, progress: map[int32]string{}}
+}
 
 // NewTerm begins a new term and returns its fence: from now on, commits
 // under the fence of any earlier term are refused with ErrFenced.
@@ -156,8 +161,33 @@ func (s *MemoryStore) Load(context.Context) (map[int32]int64, error) {
 	return out, nil
 }
 
-// Commit stores the offsets if fence is of the store's current term.
-func (s *MemoryStore) Commit(_ context.Context, fence Fence, offsets map[int32]int64) error {
+// Commit stores the offsets if fence is of the store's current term; the
+// progress of the partitions written is dropped.
+func (s *MemoryStore) Commit(ctx context.Context, fence Fence, offsets map[int32]int64) error {
+	return s.CommitProgress(ctx, fence, offsets, nil)
+}
+
+// LoadProgress returns the stored progress, encoded and decoded as a real
+// store does (so bounded by MaxProgressBytes).
+func (s *MemoryStore) LoadProgress(context.Context) (map[int32]Progress, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int32]Progress, len(s.progress))
+	var errs []error
+	for p, text := range s.progress {
+		pr, err := ParseProgress(text)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("memory store: partition %d: %w", p, err))
+			continue
+		}
+		out[p] = pr
+	}
+	return out, errors.Join(errs...)
+}
+
+// CommitProgress stores the offsets and their progress if fence is of the
+// store's current term.
+func (s *MemoryStore) CommitProgress(_ context.Context, fence Fence, offsets map[int32]int64, progress map[int32]Progress) error {
 	if fence.IsZero() {
 		return fmt.Errorf("memory store: commit without a fence: %w", ErrFenced)
 	}
@@ -179,6 +209,11 @@ func (s *MemoryStore) Commit(_ context.Context, fence Fence, offsets map[int32]i
 	}
 	for p, o := range offsets {
 		s.offsets[p] = o
+		if pr, ok := progress[p]; ok && !pr.IsZero() && pr.Base == o {
+			s.progress[p] = pr.Encode()
+		} else {
+			delete(s.progress, p)
+		}
 	}
 	return nil
 }

@@ -25,8 +25,9 @@ type Tracker struct {
 	// parts holds the partitions below maxDense by number (Kafka numbers
 	// a topic's partitions from 0), sparse the others: finding a
 	// partition costs an index, not a hash, on every receipt and ack.
-	parts  []*partition
-	sparse map[int32]*partition
+	parts    []*partition
+	sparse   map[int32]*partition
+	progress bool // TrackProgress: Dirty reports progress changes too
 }
 
 // maxDense bounds the partition numbers kept in Tracker.parts.
@@ -43,12 +44,16 @@ type partition struct {
 	dirty bool   // committable offset changed since the last report
 	last  int64  // committable offset last reported (Dirty, Report)
 	gen   uint32 // counts Starts: the generation of offsets received now
+	// moved: with TrackProgress, the progress above the committable
+	// offset changed since the last report (an ack, a failure).
+	moved bool
 }
 
 type entry struct {
 	offset int64
 	gen    uint32 // the partition's generation when received
 	acked  bool
+	failed uint16 // failed deliveries (SetFailures), saturated
 }
 
 // NewTracker returns an empty Tracker.
@@ -90,6 +95,13 @@ func (t *Tracker) each(fn func(p int32, pt *partition)) {
 		fn(p, pt)
 	}
 }
+
+// TrackProgress makes Dirty report the partitions whose Progress changed
+// too, for a store that keeps it (ProgressStore).
+func (t *Tracker) TrackProgress() { t.progress = true }
+
+// TracksProgress reports whether TrackProgress was called.
+func (t *Tracker) TracksProgress() bool { return t.progress }
 
 // Start (re)starts partition p at offset R: consumption goes on from R, in a
 // new generation. Tracked offsets at or above R are forgotten; outstanding
@@ -166,6 +178,7 @@ func (t *Tracker) AckIn(p int32, offset int64, gen uint32) bool {
 		return false
 	}
 	e.acked = true
+	pt.moved = t.progress
 	for pt.n > 0 && pt.at(0).acked {
 		// Beyond a restart point R the committable offset stays at R until
 		// offsets received from there are outstanding.
@@ -214,17 +227,69 @@ func (t *Tracker) OutstandingAll() map[int32]int {
 	return out
 }
 
+// SetFailures records that the outstanding offset of partition p, received
+// in generation gen, failed n deliveries so far, for Progress. It reports
+// false when the offset is not outstanding.
+func (t *Tracker) SetFailures(p int32, offset int64, gen uint32, n uint32) bool {
+	pt := t.get(p)
+	if pt == nil {
+		return false
+	}
+	i, ok := pt.find(offset, gen)
+	if !ok || pt.at(i).acked {
+		return false
+	}
+	pt.at(i).failed = uint16(min(n, 1<<16-1))
+	pt.moved = t.progress
+	return true
+}
+
+// Progress returns what partition p holds above its committable offset: the
+// runs of acked offsets (a run spans the received offsets between its ends,
+// all acked) and the failure counts of the unacked ones. At most
+// maxProgressRanges runs are returned, the lowest.
+func (t *Tracker) Progress(p int32) Progress {
+	pt := t.get(p)
+	if pt == nil {
+		return Progress{Base: -1}
+	}
+	pr := Progress{Base: pt.committable()}
+	var run *Range
+	for i := range pt.n {
+		e := pt.at(i)
+		switch {
+		case !e.acked:
+			run = nil
+			if e.failed > 0 {
+				pr.Failed = append(pr.Failed, Failure{Offset: e.offset, Count: uint32(e.failed)})
+			}
+		case run != nil:
+			run.Last = e.offset
+		case len(pr.Acked) < maxProgressRanges:
+			pr.Acked = append(pr.Acked, Range{First: e.offset, Last: e.offset})
+			run = &pr.Acked[len(pr.Acked)-1]
+		}
+	}
+	return pr
+}
+
+// maxProgressRanges bounds the runs Progress collects: each takes at least
+// four bytes encoded, so more would not fit MaxProgressBytes anyway.
+const maxProgressRanges = MaxProgressBytes / 4
+
 // Dirty returns the committable offsets that changed since they were last
-// reported, or nil when none did, and marks them reported.
+// reported, with TrackProgress also those of the partitions whose progress
+// changed, or nil when none did, and marks them reported.
 func (t *Tracker) Dirty() map[int32]int64 {
 	var out map[int32]int64
 	t.each(func(p int32, pt *partition) {
-		if !pt.dirty {
+		if !pt.dirty && !pt.moved {
 			return
 		}
-		pt.dirty = false
+		moved := pt.moved
+		pt.dirty, pt.moved = false, false
 		c := pt.committable()
-		if c == pt.last {
+		if c == pt.last && !moved {
 			return
 		}
 		pt.last = c
@@ -244,7 +309,7 @@ func (t *Tracker) Report(p int32) (int64, bool) {
 	if pt == nil {
 		return 0, false
 	}
-	pt.dirty = false
+	pt.dirty, pt.moved = false, false
 	pt.last = pt.committable()
 	return pt.last, true
 }

@@ -25,22 +25,23 @@ import (
 type closeReason int
 
 const (
-	closeGoodbye    closeReason = iota // the client said goodbye
-	closeDisconnect                    // the client closed the connection, or it failed
-	closeDead                          // no frame within the liveness window
-	closeSlow                          // queued frames not read within WriteTimeout, or the outbox bound passed
-	closeProtocol                      // the client broke the protocol
-	closeRejected                      // the handshake was refused (version, auth, capacity)
-	closeRedirected                    // this node does not lead
-	closeShutdown                      // Server.Close
-	closeInternal                      // a bug: a goroutine of the connection panicked
-	closeEvicted                       // no Hello yet, and the longest waiting when too many waited
+	closeGoodbye        closeReason = iota // the client said goodbye
+	closeDisconnect                        // the client closed the connection, or it failed
+	closeDead                              // no frame within the liveness window
+	closeSlow                              // queued frames not read within WriteTimeout, or the outbox bound passed
+	closeProtocol                          // the client broke the protocol
+	closeRejected                          // the handshake was refused (version, auth, capacity)
+	closeRedirected                        // this node does not lead
+	closeShutdown                          // Server.Close
+	closeInternal                          // a bug: a goroutine of the connection panicked
+	closeEvicted                           // no Hello yet, and the longest waiting when too many waited
+	closeObserverBehind                    // an observer's queued copies passed MaxObserverBytes
 	numCloseReasons
 )
 
 // CloseReasons names the reasons a connection closes, as indexes of
 // Stats.Closed, for logs and metrics.
-var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted"}
+var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted", "observer behind"}
 
 // String names the reason for logs.
 func (r closeReason) String() string { return CloseReasons[r] }
@@ -52,7 +53,7 @@ func (r closeReason) leave() dispatch.LeaveReason {
 		return dispatch.LeaveGoodbye
 	case closeDead:
 		return dispatch.LeaveDead
-	case closeSlow:
+	case closeSlow, closeObserverBehind:
 		return dispatch.LeaveSlow
 	case closeProtocol, closeRejected:
 		return dispatch.LeaveProtocol
@@ -65,7 +66,7 @@ func (r closeReason) leave() dispatch.LeaveReason {
 // level is the log level of the one line logged when a connection closes.
 func (r closeReason) level() logrus.Level {
 	switch r {
-	case closeDead, closeSlow, closeProtocol, closeRejected, closeEvicted:
+	case closeDead, closeSlow, closeProtocol, closeRejected, closeEvicted, closeObserverBehind:
 		return logrus.WarnLevel
 	case closeInternal:
 		return logrus.ErrorLevel
@@ -101,6 +102,7 @@ type conn struct {
 
 	lastSeen   atomic.Int64  // unix nanoseconds of the last frame read
 	closing    atomic.Bool   // set first thing when the connection starts closing
+	obsBehind  atomic.Bool   // an observer's copies passed MaxObserverBytes: the pump closes
 	closed     chan struct{} // closed when close has done its work
 	readerDone chan struct{} // closed when the reader returns
 	signal     chan struct{} // capacity 1: the outbox became non-empty, or closing
@@ -124,10 +126,18 @@ type conn struct {
 	// Welcome; the pump reads them when it writes the Welcome.
 	maxFrame int
 	batch    bool
+	// weight (Hello.weight, or the default) and observer (Hello.observer)
+	// are set by the reader before the client joins, never changed after.
+	weight   int
+	observer bool
+	// nackCut: a Nack of this client asked for more than the longest delay
+	// (logged once per connection).
+	nackCut bool
 
 	mu       sync.Mutex // guards the outbox and the fields below it
 	out      []outItem  // frames and deliveries for the pump, in order
 	outBytes int        // what the control entries of out are charged (MaxOutboxBytes)
+	obsBytes int        // an observer: what its copies in out are charged (MaxObserverBytes)
 	outSince time.Time  // when out last became non-empty
 	overflow bool       // an entry was dropped at the MaxOutboxBytes bound: the pump closes
 	name     string     // the client id from Hello
@@ -254,11 +264,11 @@ func (c *conn) readLoop() {
 func (c *conn) handle(f *protocol.Frame) bool {
 	switch body := f.Body.(type) {
 	case *protocol.Frame_Ack:
-		c.settle(dispatch.OpAck, body.Ack.GetDeliveryIds(), body.Ack.GetRanges())
+		c.settle(dispatch.OpAck, body.Ack.GetDeliveryIds(), body.Ack.GetRanges(), dispatch.NackInfo{})
 	case *protocol.Frame_Nack:
-		c.settle(dispatch.OpNack, body.Nack.GetDeliveryIds(), body.Nack.GetRanges())
+		c.settle(dispatch.OpNack, body.Nack.GetDeliveryIds(), body.Nack.GetRanges(), c.nackInfo(body.Nack))
 	case *protocol.Frame_Touch:
-		c.settle(dispatch.OpTouch, body.Touch.GetDeliveryIds(), body.Touch.GetRanges())
+		c.settle(dispatch.OpTouch, body.Touch.GetDeliveryIds(), body.Touch.GetRanges(), dispatch.NackInfo{})
 	case *protocol.Frame_Ping:
 		c.pong(body.Ping.GetNonce())
 	case *protocol.Frame_Pong:
@@ -276,14 +286,14 @@ func (c *conn) handle(f *protocol.Frame) bool {
 // settle hands the ids and ranges of an Ack, Nack or Touch to the backend:
 // the ids as a list, the ranges (pairs of a first id and a count, checked
 // by the protocol's Reader) in one Settle.
-func (c *conn) settle(op dispatch.Op, ids, ranges []uint64) {
+func (c *conn) settle(op dispatch.Op, ids, ranges []uint64, how dispatch.NackInfo) {
 	b := c.s.backend
 	if len(ids) > 0 {
 		switch op {
 		case dispatch.OpAck:
 			b.Ack(c.id, ids)
 		case dispatch.OpNack:
-			b.Nack(c.id, ids)
+			b.Nack(c.id, ids, how)
 		default:
 			b.Touch(c.id, ids)
 		}
@@ -293,8 +303,20 @@ func (c *conn) settle(op dispatch.Op, ids, ranges []uint64) {
 		for i := range rs {
 			rs[i] = dispatch.Range{First: ranges[2*i], Count: ranges[2*i+1]}
 		}
-		b.Settle(c.id, op, rs)
+		b.Settle(c.id, op, rs, how)
 	}
+}
+
+// nackInfo returns the delay and reason of n, logging once per connection
+// a delay cut to the longest.
+func (c *conn) nackInfo(n *protocol.Nack) dispatch.NackInfo {
+	delay, cut := protocol.NackDelay(n)
+	if cut && !c.nackCut {
+		c.nackCut = true
+		c.log.WithFields(logrus.Fields{"delay_ms": n.GetDelayMs(), "max": protocol.MaxNackDelay}).
+			Warn("a nack asked for a delay longer than the longest: it is cut to that (logged once per connection)")
+	}
+	return dispatch.NackInfo{Delay: delay, Reason: protocol.NackReason(n)}
 }
 
 // unexpected closes the connection for a frame not allowed in its state.
@@ -384,6 +406,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 		c.maxFrame = int(m)
 	}
 	c.batch = h.HasCapability(protocol.Capability_CAPABILITY_BATCH)
+	c.weight, c.observer = protocol.WeightOf(h), h.GetObserver()
 	switch c.join(h, maxInFlight) {
 	case joinFull:
 		c.reject(protocol.ErrorCode_ERROR_CODE_TOO_MANY_CLIENTS, "too many clients (at most %d)", cfg.MaxClients)
@@ -487,6 +510,7 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 		LivenessIntervals: uint32(cfg.Liveness),
 		MaxFrameSize:      uint32(cfg.MaxFrameSize),
 		Topic:             cfg.Topic,
+		Observer:          c.observer,
 	}
 	if c.batch {
 		// The client may name ids by ranges: this daemon reads them.
@@ -513,8 +537,13 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 		c.wake()
 	}
 	c.joined = true
-	c.s.backend.Join(c.id, name, maxInFlight, c)
-	fields := logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame, "batch": c.batch}
+	if c.observer {
+		c.s.backend.Observe(c.id, name, c)
+	} else {
+		c.s.backend.Join(c.id, name, maxInFlight, c)
+	}
+	fields := logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame,
+		"batch": c.batch, "weight": c.weight, "observer": c.observer}
 	if c.identity != "" { // set by the reader, which runs this
 		fields["identity"] = c.identity
 	}

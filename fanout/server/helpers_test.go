@@ -25,13 +25,14 @@ const testTimeout = 5 * time.Second
 
 // call is one recorded Backend call.
 type call struct {
-	op     string // join, ack, nack, touch, leave
+	op     string // join, observe, ack, nack, touch, leave
 	id     uint64
 	name   string
 	max    int
 	ids    []uint64
 	ranges []dispatch.Range // Settle
 	reason dispatch.LeaveReason
+	nack   dispatch.NackInfo
 }
 
 // fakeBackend records the calls it gets and keeps the sinks of joined clients.
@@ -74,13 +75,22 @@ func (b *fakeBackend) Ack(id uint64, ids []uint64) {
 	b.record(call{op: "ack", id: id, ids: ids})
 }
 
-func (b *fakeBackend) Nack(id uint64, ids []uint64) { b.record(call{op: "nack", id: id, ids: ids}) }
+func (b *fakeBackend) Nack(id uint64, ids []uint64, how dispatch.NackInfo) {
+	b.record(call{op: "nack", id: id, ids: ids, nack: how})
+}
+
+func (b *fakeBackend) Observe(id uint64, name string, sink dispatch.ClientSink) {
+	b.mu.Lock()
+	b.sinks[id] = sink
+	b.mu.Unlock()
+	b.record(call{op: "observe", id: id, name: name})
+}
 
 func (b *fakeBackend) Touch(id uint64, ids []uint64) { b.record(call{op: "touch", id: id, ids: ids}) }
 
 // Settle records ranges as an ack, nack or touch call.
-func (b *fakeBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range) {
-	b.record(call{op: [...]string{"ack", "nack", "touch"}[op], id: id, ranges: ranges})
+func (b *fakeBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range, how dispatch.NackInfo) {
+	b.record(call{op: [...]string{"ack", "nack", "touch"}[op], id: id, ranges: ranges, nack: how})
 }
 
 func (b *fakeBackend) Leave(id uint64, reason dispatch.LeaveReason) {
@@ -118,6 +128,15 @@ func (b *fakeBackend) waitCall(t testing.TB, op string, id uint64) call {
 func (b *fakeBackend) sink(t testing.TB, id uint64) dispatch.ClientSink {
 	t.Helper()
 	b.waitCall(t, "join", id)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sinks[id]
+}
+
+// observerSink returns the sink of an observer.
+func (b *fakeBackend) observerSink(t testing.TB, id uint64) dispatch.ClientSink {
+	t.Helper()
+	b.waitCall(t, "observe", id)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.sinks[id]

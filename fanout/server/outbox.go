@@ -60,6 +60,14 @@ const (
 // client said it accepts. The dispatcher asks it at Join, after the Hello.
 func (c *conn) MaxFrameSize() int { return c.maxFrame }
 
+// Weight implements dispatch.WeightedSink: the client's Hello.weight, or
+// the default.
+func (c *conn) Weight() int { return c.weight }
+
+// observerCopy is what a copy queued for an observer is charged beside its
+// payload: the delivery and its frame's fields.
+const observerCopy = 64
+
 // DeliverFrameSize is dispatch.Config.FrameSize for this server: an upper
 // bound of the bytes (length prefix excluded) of the Deliver frame that
 // carries m, whatever its delivery id and attempt.
@@ -83,11 +91,39 @@ func DeliverFrameSize(m *dispatch.Message) int {
 
 // Send queues deliveries for the pump. It never blocks and never touches
 // the socket. Deliveries sent after the connection started closing are
-// dropped: the backend redelivers them after Leave.
+// dropped: the backend redelivers them after Leave. An observer's copies
+// are charged against MaxObserverBytes: one batch more than it allows
+// closes the observer instead (it fell behind), so that it never holds
+// payloads the clients have acked for long.
 func (c *conn) Send(ds []dispatch.Delivery) {
-	if len(ds) > 0 {
-		c.enqueue(outItem{ds: ds}, 0)
+	if len(ds) == 0 {
+		return
 	}
+	if !c.observer {
+		c.enqueue(outItem{ds: ds}, 0)
+		return
+	}
+	cost := 0
+	for i := range ds {
+		cost += observerCopy + ds[i].Msg.Size()
+	}
+	c.mu.Lock()
+	behind := c.obsBehind.Load() || c.obsBytes+cost > c.s.cfg.MaxObserverBytes
+	if !behind {
+		c.obsBytes += cost
+	}
+	c.mu.Unlock()
+	if behind {
+		// close calls the backend's Leave, which the dispatcher's goroutine
+		// (our caller) must not wait for: the pump closes, after aborting
+		// the write it may be blocked in.
+		if !c.obsBehind.Swap(true) {
+			_ = c.nc.SetWriteDeadline(time.Now())
+			c.wake()
+		}
+		return
+	}
+	c.enqueue(outItem{ds: ds}, 0)
 }
 
 // Goodbye queues a Goodbye frame. The connection stays open so that acks
@@ -190,9 +226,10 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 	if err := w.nc.SetWriteDeadline(w.deadline); err != nil {
 		return 0, err
 	}
-	// close sets closing before it resets the deadline; checking again
-	// after ours was set means a close cannot be missed.
-	if !w.final && w.c.closing.Load() {
+	// close sets closing before it resets the deadline, and an observer
+	// falling behind sets obsBehind; checking again after ours was set
+	// means neither can be missed.
+	if !w.final && (w.c.closing.Load() || w.c.obsBehind.Load()) {
 		return 0, errClosing
 	}
 	return w.nc.Write(p)
@@ -290,12 +327,17 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 			return true
 		}
 		c.mu.Lock()
-		batch, members, since, overflow := c.out, c.members, c.outSince, c.overflow
-		c.out, c.outBytes, c.members = spare[:0], 0, nil
+		batch, members, since, overflow, behind := c.out, c.members, c.outSince, c.overflow, c.obsBehind.Load()
+		c.out, c.outBytes, c.obsBytes, c.members = spare[:0], 0, 0, nil
 		c.mu.Unlock()
 		if overflow {
 			c.close(closeSlow, fmt.Errorf("more than %d bytes of control frames queued and not read (--max-outbox-bytes)",
 				cfg.MaxOutboxBytes), nil)
+			return true
+		}
+		if behind {
+			c.close(closeObserverBehind, fmt.Errorf("an observer fell behind: more than %d bytes of copies queued and not written (--max-observer-bytes)",
+				cfg.MaxObserverBytes), nil)
 			return true
 		}
 		if (len(batch) > 0 || members != nil) && (p.since.IsZero() || since.Before(p.since)) {
@@ -345,6 +387,11 @@ func (c *conn) writeFailed(err error, p *pumpState) {
 		// The dispatcher sends a client only messages that fit it.
 		c.close(closeInternal, fmt.Errorf("a delivery larger than the client accepts reached the pump: %w", err),
 			protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_INTERNAL, true, "internal error"))
+		return
+	}
+	if c.obsBehind.Load() {
+		c.close(closeObserverBehind, fmt.Errorf("an observer fell behind: more than %d bytes of copies queued and not written (--max-observer-bytes)",
+			c.s.cfg.MaxObserverBytes), nil)
 		return
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {

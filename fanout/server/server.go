@@ -40,6 +40,9 @@ const (
 	// DefaultMaxHandshakes bounds the connections that have not sent their
 	// Hello yet; each holds two goroutines and a read buffer (about 40 KiB).
 	DefaultMaxHandshakes = 1024
+	// DefaultMaxObserverBytes bounds the copies queued for one observer and
+	// not yet written: a burst of a few thousand messages fits.
+	DefaultMaxObserverBytes = 16 << 20
 )
 
 // minOutboxBytes is the smallest MaxOutboxBytes: room for a Welcome, an
@@ -72,7 +75,13 @@ type Config struct {
 	// Hello yet; when one more arrives, the one that has waited longest is
 	// closed. Default DefaultMaxHandshakes.
 	MaxHandshakes int
-	AuthToken     string // when set, Hello.auth_token must equal it (or pass Authenticate)
+	// MaxObserverBytes bounds the copies (payload bytes and a small
+	// overhead each) queued for one observer (Hello.observer) and not yet
+	// written; passing it closes the observer's connection ("observer
+	// behind"), so that an observer never holds the daemon back. Default
+	// DefaultMaxObserverBytes.
+	MaxObserverBytes int
+	AuthToken        string // when set, Hello.auth_token must equal it (or pass Authenticate)
 	// Authenticate, when set, checks Hello.auth_token against named tokens
 	// (--auth-tokens-file) and returns the token's name, which then names
 	// the client in the logs. A client passes with AuthToken or with a
@@ -135,6 +144,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxHandshakes == 0 {
 		c.MaxHandshakes = DefaultMaxHandshakes
 	}
+	if c.MaxObserverBytes == 0 {
+		c.MaxObserverBytes = DefaultMaxObserverBytes
+	}
 	if c.Logger == nil {
 		c.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
@@ -171,6 +183,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("MaxOutboxBytes must be at least %d, got %d", minOutboxBytes, c.MaxOutboxBytes)
 	case c.MaxHandshakes < 1:
 		return fmt.Errorf("MaxHandshakes must be at least 1, got %d", c.MaxHandshakes)
+	case c.MaxObserverBytes < minOutboxBytes:
+		return fmt.Errorf("MaxObserverBytes must be at least %d, got %d", minOutboxBytes, c.MaxObserverBytes)
 	}
 	return nil
 }
@@ -261,6 +275,36 @@ func (s *Server) Stats() Stats {
 		st.Closed[i] = s.closedBy[i].Load()
 	}
 	return st
+}
+
+// Session is an open client connection past its Hello, for the console.
+type Session struct {
+	ID     uint64    // session id, also the client's id in the backend
+	Name   string    // the client id from its Hello
+	Remote string    // the client's address
+	Since  time.Time // when the connection was accepted
+}
+
+// Sessions returns the open connections that have sent their Hello, in no
+// particular order. Welcomed clients are among them; so, briefly, are
+// connections being refused or redirected.
+func (s *Server) Sessions() []Session {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		if !c.waiting {
+			conns = append(conns, c)
+		}
+	}
+	s.mu.Unlock()
+	out := make([]Session, len(conns))
+	for i, c := range conns {
+		c.mu.Lock()
+		name := c.name
+		c.mu.Unlock()
+		out[i] = Session{ID: c.id, Name: name, Remote: c.remote, Since: c.start}
+	}
+	return out
 }
 
 // New validates cfg and returns a Server that is not yet listening.

@@ -4,8 +4,16 @@
 //	<chroot>/consumers/fanout_<id>/offsets/<topic>/<partition>
 //
 // Each partition znode holds the decimal string of the next offset to
-// consume. A commit writes its partitions in one multi (all or nothing) that
-// first checks the versions of the znodes its fence names (Version).
+// consume, so that existing tools read it. Beside the offsets, in a tree of
+// its own so that listing a topic's offsets still yields only partitions,
+//
+//	<chroot>/consumers/fanout_<id>/progress/<topic>/<partition>
+//
+// holds the partition's offsets.Progress above that offset (acked ranges,
+// failure counts; offsets.Progress.Encode), empty when there is none. A
+// commit writes its partitions, offsets and progress, in one multi (all or
+// nothing) that first checks the versions of the znodes its fence names
+// (Version).
 package zkstore
 
 import (
@@ -168,6 +176,13 @@ func OffsetsPath(chroot, id, topic string) string {
 	return chroot + "/consumers/fanout_" + id + "/offsets/" + topic
 }
 
+// ProgressPath is the znode holding, per partition, the progress above the
+// committed offsets of topic for fanout instance id:
+// <chroot>/consumers/fanout_<id>/progress/<topic>.
+func ProgressPath(chroot, id, topic string) string {
+	return chroot + "/consumers/fanout_" + id + "/progress/" + topic
+}
+
 // Version is the Condition of the ZooKeeper store's fences: the znode at
 // Path (absolute: chroot included) has version Version. A commit under it
 // checks that in its multi; a changed or deleted znode fences the commit.
@@ -182,21 +197,26 @@ func (v Version) String() string { return fmt.Sprintf("%s@%d", v.Path, v.Version
 // Store is an offsets.Store in ZooKeeper. It keeps no fence: each commit is
 // given its own. It is safe for concurrent use; commits are serialised.
 type Store struct {
-	conn   *zk.Conn
-	chroot string
-	dir    string // OffsetsPath
-	acl    ACL    // of the znodes the Store creates; set before the first Commit
+	conn    *zk.Conn
+	chroot  string
+	dir     string // OffsetsPath
+	progDir string // ProgressPath
+	acl     ACL    // of the znodes the Store creates; set before the first Commit
 
 	commitMu    sync.Mutex // serialises Load and Commit; guards the fields below
 	parentsMade bool
 	known       map[int32]bool // partition znodes known to exist
+	// what each partition's progress znode is known to be; a partition
+	// absent is not known yet (learnProgress)
+	progress map[int32]progState
 }
 
 // New returns the Store of topic for fanout instance id, under chroot (from
 // ParseServers; "" for none). The caller owns conn.
 func New(conn *zk.Conn, chroot, id, topic string) *Store {
 	chroot, _ = cleanChroot(chroot)
-	return &Store{conn: conn, chroot: chroot, dir: OffsetsPath(chroot, id, topic), known: map[int32]bool{}}
+	return &Store{conn: conn, chroot: chroot, dir: OffsetsPath(chroot, id, topic), progDir: ProgressPath(chroot, id, topic),
+		known: map[int32]bool{}, progress: map[int32]progState{}}
 }
 
 // SetACL sets the ACL of the znodes the Store creates (its offsets znode,
@@ -211,6 +231,10 @@ func (s *Store) SetACL(a ACL) {
 
 // Path is the znode under which the Store keeps its partitions' offsets.
 func (s *Store) Path() string { return s.dir }
+
+// ProgressPath is the znode under which the Store keeps its partitions'
+// progress.
+func (s *Store) ProgressPath() string { return s.progDir }
 
 // Load implements offsets.Store. A missing offsets znode means no offsets.
 func (s *Store) Load(ctx context.Context) (map[int32]int64, error) {
@@ -274,6 +298,31 @@ func (s *Store) LoadPartition(ctx context.Context, p int32) (int64, bool, error)
 	return o, true, nil
 }
 
+// LoadPartitionProgress returns the progress stored above partition p's
+// offset (the zero Progress, base -1, when there is none). Progress that does
+// not decode is reported in an error wrapping offsets.ErrBadProgress.
+func (s *Store) LoadPartitionProgress(ctx context.Context, p int32) (offsets.Progress, error) {
+	if err := ctx.Err(); err != nil {
+		return offsets.Progress{}, fmt.Errorf("zkstore: load progress of partition %d: %w", p, err)
+	}
+	znode := s.progressPath(p)
+	data, _, err := s.conn.Get(znode)
+	if errors.Is(err, zk.ErrNoNode) {
+		return offsets.Progress{Base: -1}, nil
+	}
+	if err != nil {
+		return offsets.Progress{}, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
+	}
+	s.commitMu.Lock()
+	s.progress[p] = stateOf(data)
+	s.commitMu.Unlock()
+	pr, err := offsets.ParseProgress(string(data))
+	if err != nil {
+		return offsets.Progress{}, fmt.Errorf("zkstore: znode %s: %w", znode, err)
+	}
+	return pr, nil
+}
+
 // parseOffset parses a znode value: a decimal, non-negative offset
 // (surrounding white space tolerated).
 func parseOffset(data []byte) (int64, error) {
@@ -288,8 +337,63 @@ func parseOffset(data []byte) (int64, error) {
 // for the given partitions (each a Version), then writes every partition.
 // A commit without a fence, or under a fence of another store, is refused
 // with offsets.ErrFenced. ctx is checked before the write; a write under way
-// is not interrupted (it is atomic either way).
+// is not interrupted (it is atomic either way). The progress recorded above
+// the partitions' former offsets is emptied in the same multi.
 func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]int64) error {
+	return s.CommitProgress(ctx, fence, offs, nil)
+}
+
+// LoadProgress implements offsets.ProgressStore: the progress znodes that
+// hold progress. One that does not decode is left out and reported in an
+// error wrapping offsets.ErrBadProgress beside the others.
+func (s *Store) LoadProgress(ctx context.Context) (map[int32]offsets.Progress, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("zkstore: load %s: %w", s.progDir, err)
+	}
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	children, _, err := s.conn.Children(s.progDir)
+	if errors.Is(err, zk.ErrNoNode) {
+		return map[int32]offsets.Progress{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("zkstore: list %s: %w", s.progDir, noAuthHint(err))
+	}
+	out := make(map[int32]offsets.Progress, len(children))
+	var bad []error
+	for _, c := range children {
+		znode := s.progDir + "/" + c
+		p, err := strconv.ParseInt(c, 10, 32)
+		if err != nil || p < 0 {
+			bad = append(bad, fmt.Errorf("zkstore: znode %s: name is not a partition number: %w", znode, offsets.ErrBadProgress))
+			continue
+		}
+		data, _, err := s.conn.Get(znode)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue // deleted since listed
+		}
+		if err != nil {
+			return nil, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
+		}
+		s.progress[int32(p)] = stateOf(data)
+		pr, err := offsets.ParseProgress(string(data))
+		if err != nil {
+			s.progress[int32(p)] = progFull // rewritten by the next commit of the partition
+			bad = append(bad, fmt.Errorf("zkstore: znode %s: %w", znode, err))
+			continue
+		}
+		if !pr.IsZero() {
+			out[int32(p)] = pr
+		}
+	}
+	return out, errors.Join(bad...)
+}
+
+// CommitProgress implements offsets.ProgressStore: Commit that also writes
+// each partition's progress (Encode) to its progress znode, in the same
+// multi. An empty progress writes nothing, or empties a znode that holds
+// some.
+func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs map[int32]int64, progress map[int32]offsets.Progress) error {
 	if fence.IsZero() {
 		return fmt.Errorf("zkstore: commit to %s without a fence: %w", s.dir, offsets.ErrFenced)
 	}
@@ -304,7 +408,7 @@ func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]
 	if err != nil {
 		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
 	}
-	return s.commit(checkOps(checks), func(i int) string { return "fence " + checks[i].String() }, parts, offs)
+	return s.commit(checkOps(checks), func(i int) string { return "fence " + checks[i].String() }, parts, offs, progress)
 }
 
 // Take is a znode that a commit takes over in its own multi: a
@@ -339,7 +443,7 @@ func (s *Store) CommitTaking(ctx context.Context, takes []Take, offs map[int32]i
 	if err != nil {
 		return err
 	}
-	return s.commit(takeOps(takes), func(i int) string { return "take of " + takes[i].String() }, parts, offs)
+	return s.commit(takeOps(takes), func(i int) string { return "take of " + takes[i].String() }, parts, offs, nil)
 }
 
 // partitions checks ctx and offs and returns the partitions of offs in
@@ -360,20 +464,39 @@ func (s *Store) partitions(ctx context.Context, offs map[int32]int64) ([]int32, 
 }
 
 // commit runs the multi of a commit: the ops of pre (the fence: version
-// checks, or takes), then the partitions' writes. A failed op of pre is
+// checks, or takes), then the partitions' writes, offsets and progress
+// (empty progress empties a progress znode that holds some). A failed op of pre is
 // offsets.ErrFenced, described by describe(its index).
-func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs map[int32]int64) error {
+func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs map[int32]int64,
+	progress map[int32]offsets.Progress) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	if err := s.makeParents(); err != nil {
 		return err
 	}
+	// A partition whose progress znode this Store has not seen may hold
+	// progress of an earlier writer: it is emptied with this commit.
+	if err := s.learnProgress(parts); err != nil {
+		return err
+	}
+	texts := make(map[int32]string, len(progress))
+	for p, pr := range progress {
+		if o, ok := offs[p]; ok && !pr.IsZero() && pr.Base == o {
+			texts[p] = pr.Encode()
+		}
+	}
 	for attempt := 0; ; attempt++ {
-		ops := s.commitOps(pre, parts, offs)
+		ops := s.commitOps(pre, parts, offs, texts)
 		resps, err := s.conn.Multi(ops...)
 		if err == nil {
 			for _, p := range parts {
 				s.known[p] = true
+				switch {
+				case texts[p] != "":
+					s.progress[p] = progFull
+				case s.progress[p] == progFull:
+					s.progress[p] = progEmpty
+				}
 			}
 			return nil
 		}
@@ -428,18 +551,25 @@ func takeOps(takes []Take) []any {
 	return ops
 }
 
-// commitOps builds the multi: the fence's ops first (pre), then one SetData
-// or Create per partition in partition order.
-func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64) []any {
-	ops := make([]any, 0, len(pre)+len(parts))
+// commitOps builds the multi: the fence's ops first (pre), then per
+// partition in partition order one SetData or Create of its offset and,
+// when it has progress (texts) or its progress znode may hold some, one of
+// its progress.
+func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64, texts map[int32]string) []any {
+	ops := make([]any, 0, len(pre)+2*len(parts))
 	ops = append(ops, pre...)
-	for _, p := range parts {
-		znode := s.partitionPath(p)
-		data := []byte(strconv.FormatInt(offs[p], 10))
-		if s.known[p] {
+	write := func(znode string, data []byte, exists bool) {
+		if exists {
 			ops = append(ops, &zk.SetDataRequest{Path: znode, Data: data, Version: -1})
 		} else {
 			ops = append(ops, &zk.CreateRequest{Path: znode, Data: data, Acl: s.acl.For(znode)})
+		}
+	}
+	for _, p := range parts {
+		write(s.partitionPath(p), []byte(strconv.FormatInt(offs[p], 10)), s.known[p])
+		st := s.progress[p]
+		if text := texts[p]; text != "" || st == progFull {
+			write(s.progressPath(p), []byte(text), st == progFull || st == progEmpty)
 		}
 	}
 	return ops
@@ -461,21 +591,78 @@ func (s *Store) partitionPath(p int32) string {
 	return s.dir + "/" + strconv.FormatInt(int64(p), 10)
 }
 
-// makeParents creates the offsets znode and its ancestors once.
+// progState is what a partition's progress znode is known to be.
+type progState uint8
+
+const (
+	progUnknown progState = iota // not looked at yet
+	progAbsent                   // no znode
+	progEmpty                    // a znode without progress
+	progFull                     // a znode that holds progress
+)
+
+// stateOf returns the state of a progress znode holding data.
+func stateOf(data []byte) progState {
+	if len(data) > 0 {
+		return progFull
+	}
+	return progEmpty
+}
+
+// learnProgress finds out, for the partitions whose progress znode's state
+// is unknown, whether it exists and holds progress. s.commitMu must be held.
+func (s *Store) learnProgress(parts []int32) error {
+	for _, p := range parts {
+		if s.progress[p] == progUnknown {
+			if err := s.lookProgress(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// lookProgress records the state of partition p's progress znode.
+// s.commitMu must be held.
+func (s *Store) lookProgress(p int32) error {
+	ok, stat, err := s.conn.Exists(s.progressPath(p))
+	if err != nil {
+		return fmt.Errorf("zkstore: exists %s: %w", s.progressPath(p), noAuthHint(err))
+	}
+	switch {
+	case !ok:
+		s.progress[p] = progAbsent
+	case stat.DataLength > 0:
+		s.progress[p] = progFull
+	default:
+		s.progress[p] = progEmpty
+	}
+	return nil
+}
+
+// progressPath is the progress znode of partition p.
+func (s *Store) progressPath(p int32) string {
+	return s.progDir + "/" + strconv.FormatInt(int64(p), 10)
+}
+
+// makeParents creates the offsets and progress znodes and their ancestors
+// once.
 func (s *Store) makeParents() error {
 	if s.parentsMade {
 		return nil
 	}
-	for i := 1; i < len(s.dir); i++ {
-		if s.dir[i] != '/' {
-			continue
+	for _, dir := range []string{s.dir, s.progDir} {
+		for i := 1; i < len(dir); i++ {
+			if dir[i] != '/' {
+				continue
+			}
+			if err := s.create(dir[:i]); err != nil {
+				return err
+			}
 		}
-		if err := s.create(s.dir[:i]); err != nil {
+		if err := s.create(dir); err != nil {
 			return err
 		}
-	}
-	if err := s.create(s.dir); err != nil {
-		return err
 	}
 	s.parentsMade = true
 	return nil
@@ -490,7 +677,8 @@ func (s *Store) create(znode string) error {
 	return nil
 }
 
-// refreshKnown records which of the partitions' znodes exist.
+// refreshKnown records which of the partitions' znodes exist, offsets and
+// progress.
 func (s *Store) refreshKnown(parts []int32) error {
 	for _, p := range parts {
 		ok, _, err := s.conn.Exists(s.partitionPath(p))
@@ -498,8 +686,11 @@ func (s *Store) refreshKnown(parts []int32) error {
 			return fmt.Errorf("zkstore: exists %s: %w", s.partitionPath(p), err)
 		}
 		s.known[p] = ok
+		if err := s.lookProgress(p); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-var _ offsets.Store = (*Store)(nil)
+var _ offsets.ProgressStore = (*Store)(nil)

@@ -108,7 +108,7 @@ func TestCommitOps(t *testing.T) {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
 		var got []string
-		for _, op := range s.commitOps(checkOps(checks), []int32{0, 1}, offs) {
+		for _, op := range s.commitOps(checkOps(checks), []int32{0, 1}, offs, nil) {
 			switch op := op.(type) {
 			case *zk.CheckVersionRequest:
 				got = append(got, fmt.Sprintf("check %s@%d", op.Path, op.Version))
@@ -129,6 +129,36 @@ func TestCommitOps(t *testing.T) {
 	}
 }
 
+// Progress goes in the same multi as its offset, in its own tree: created or
+// set when there is some, emptied when there was some and is no more, left
+// alone when there is none and was none.
+func TestCommitOpsWithProgress(t *testing.T) {
+	s := New(nil, "/r", "i", "t")
+	s.known[0], s.known[1], s.known[2] = true, true, true
+	s.progress[1] = progFull  // holds progress
+	s.progress[2] = progEmpty // exists, empty
+	offs := map[int32]int64{0: 10, 1: 20, 2: 30, 3: 40}
+	texts := map[int32]string{0: "v1 b=10 a=0+1", 3: "v1 b=40 f=0:1"}
+	var got []string
+	for _, op := range s.commitOps(nil, []int32{0, 1, 2, 3}, offs, texts) {
+		switch op := op.(type) {
+		case *zk.CreateRequest:
+			got = append(got, fmt.Sprintf("create %s=%s", op.Path, op.Data))
+		case *zk.SetDataRequest:
+			got = append(got, fmt.Sprintf("set %s=%s", op.Path, op.Data))
+		}
+	}
+	want := []string{
+		"set /r/consumers/fanout_i/offsets/t/0=10", "create /r/consumers/fanout_i/progress/t/0=v1 b=10 a=0+1",
+		"set /r/consumers/fanout_i/offsets/t/1=20", "set /r/consumers/fanout_i/progress/t/1=",
+		"set /r/consumers/fanout_i/offsets/t/2=30",
+		"create /r/consumers/fanout_i/offsets/t/3=40", "create /r/consumers/fanout_i/progress/t/3=v1 b=40 f=0:1",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ops\n%q\nwant\n%q", got, want)
+	}
+}
+
 // A commit that takes znodes writes each at the version read, before the
 // partitions, in the same multi.
 func TestCommitOpsTaking(t *testing.T) {
@@ -136,7 +166,7 @@ func TestCommitOpsTaking(t *testing.T) {
 	s.known[0] = true
 	takes := []Take{{Path: "/r/fence", Version: 7, Data: []byte(`{"epoch":4}`)}, {Path: "/r/owners/0", Version: 2, Data: []byte("x")}}
 	var got []string
-	for _, op := range s.commitOps(takeOps(takes), []int32{0}, map[int32]int64{0: 5}) {
+	for _, op := range s.commitOps(takeOps(takes), []int32{0}, map[int32]int64{0: 5}, nil) {
 		op := op.(*zk.SetDataRequest)
 		got = append(got, fmt.Sprintf("set %s@%d=%s", op.Path, op.Version, op.Data))
 	}

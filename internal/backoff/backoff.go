@@ -28,11 +28,37 @@ func (b *Backoff) Next() time.Duration {
 	} else {
 		b.cur = min(2*b.cur, b.Max)
 	}
-	if !b.Jitter || b.cur < 2 {
+	if !b.Jitter {
 		return b.cur
 	}
-	half := b.cur / 2
-	return half + rand.N(b.cur-half+1)
+	return Jitter(b.cur)
+}
+
+// Delay is the rule Next follows, as a function of the attempt: the delay
+// after failed attempt n (from 1) is lo·2^(n-1), capped at hi (n below 1
+// counts as 1). With jitter it is drawn from the upper half of that
+// (Jitter). The dispatcher's per-message retry backoff uses it, so that it
+// needs no state per message.
+func Delay(lo, hi time.Duration, n int, jitter bool) time.Duration {
+	d := lo
+	for i := 1; i < n && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	if jitter {
+		return Jitter(d)
+	}
+	return d
+}
+
+// Jitter returns a delay drawn uniformly from [d/2, d], so that peers that
+// failed together do not retry together.
+func Jitter(d time.Duration) time.Duration {
+	if d < 2 {
+		return d
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
 }
 
 // Reset makes the next delay Min again (after a success).

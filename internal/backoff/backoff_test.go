@@ -44,6 +44,28 @@ func TestNextJitterStaysInUpperHalf(t *testing.T) {
 	}
 }
 
+// Delay is Next's rule as a function of the attempt: a caller with many
+// independent retries (one per message) needs no Backoff per message.
+func TestDelayFollowsNext(t *testing.T) {
+	b := Backoff{Min: 100 * time.Millisecond, Max: time.Second}
+	for n := 1; n <= 8; n++ {
+		if want, got := b.Next(), Delay(b.Min, b.Max, n, false); got != want {
+			t.Fatalf("Delay(attempt %d) = %v, Next gave %v", n, got, want)
+		}
+	}
+	if got := Delay(time.Second, time.Minute, 0, false); got != time.Second {
+		t.Fatalf("Delay(attempt 0) = %v, want the minimum", got)
+	}
+	if got := Delay(time.Second, time.Minute, 1000, false); got != time.Minute {
+		t.Fatalf("Delay(attempt 1000) = %v, want the maximum (no overflow)", got)
+	}
+	for range 100 {
+		if got := Delay(time.Second, time.Minute, 3, true); got < 2*time.Second || got > 4*time.Second {
+			t.Fatalf("Delay(attempt 3, jitter) = %v, want within [2s, 4s]", got)
+		}
+	}
+}
+
 func TestRetry(t *testing.T) {
 	b := Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
 	calls := 0

@@ -111,20 +111,24 @@ class Header(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ["auth_token", "capabilities", "client_id", "max_frame_size", "max_in_flight", "protocol_version"]
+    __slots__ = ["auth_token", "capabilities", "client_id", "max_frame_size", "max_in_flight", "observer", "protocol_version", "weight"]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAME_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVER_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
     auth_token: str
     capabilities: _containers.RepeatedScalarFieldContainer[Capability]
     client_id: str
     max_frame_size: int
     max_in_flight: int
+    observer: bool
     protocol_version: int
-    def __init__(self, client_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., auth_token: _Optional[str] = ..., max_frame_size: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ...) -> None: ...
+    weight: int
+    def __init__(self, client_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., auth_token: _Optional[str] = ..., max_frame_size: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., weight: _Optional[int] = ..., observer: bool = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ["address"]
@@ -139,12 +143,16 @@ class Members(_message.Message):
     def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
 
 class Nack(_message.Message):
-    __slots__ = ["delivery_ids", "ranges"]
+    __slots__ = ["delay_ms", "delivery_ids", "ranges", "reason"]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_IDS_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    delay_ms: int
     delivery_ids: _containers.RepeatedScalarFieldContainer[int]
     ranges: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
+    reason: str
+    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ..., delay_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Ping(_message.Message):
     __slots__ = ["nonce"]
@@ -177,7 +185,7 @@ class Touch(_message.Message):
     def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ["ack_timeout_ms", "capabilities", "heartbeat_ms", "liveness_intervals", "max_frame_size", "max_in_flight", "members", "node_id", "protocol_version", "session_id", "topic"]
+    __slots__ = ["ack_timeout_ms", "capabilities", "heartbeat_ms", "liveness_intervals", "max_frame_size", "max_in_flight", "members", "node_id", "observer", "protocol_version", "session_id", "topic"]
     ACK_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +194,7 @@ class Welcome(_message.Message):
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    OBSERVER_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -197,10 +206,11 @@ class Welcome(_message.Message):
     max_in_flight: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     node_id: str
+    observer: bool
     protocol_version: int
     session_id: int
     topic: str
-    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., liveness_intervals: _Optional[int] = ..., max_frame_size: _Optional[int] = ..., topic: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., liveness_intervals: _Optional[int] = ..., max_frame_size: _Optional[int] = ..., topic: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., observer: bool = ...) -> None: ...
 
 class Capability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -1,0 +1,101 @@
+package dispatch
+
+import "time"
+
+// Retry timing. A failed delivery (ack timeout, nack, client gone) is
+// redelivered at once, unless a delay applies: the one its nack asked for
+// (NackInfo.Delay), else, with Config.RetryBackoffMin set, the backoff
+// RetryBackoffMin·2^(failures−1) capped at RetryBackoffMax, jittered into
+// its upper half (internal/backoff.Delay). Delayed messages wait in one
+// min-heap by due time, shared by all (no timer or goroutine per message):
+// the dispatcher's one timer is armed for the earliest of the ack deadlines
+// and the due times (state.nextDeadline). While they wait they are buffered
+// like any message: they count against MaxBuffered and MaxBufferedBytes, and
+// hold their partition's committed offset (they are not acked).
+
+// delayed is a redelivery waiting until due.
+type delayed struct {
+	msg  *Message
+	last uint64 // the client that had it, to prefer another one
+	due  time.Time
+}
+
+// delayHeap is a min-heap of delayed redeliveries by due time.
+type delayHeap []delayed
+
+func (h *delayHeap) push(d delayed) {
+	*h = append(*h, d)
+	h.up(len(*h) - 1)
+}
+
+// pop removes and returns the earliest; the heap must not be empty.
+func (h *delayHeap) pop() delayed {
+	old := *h
+	d := old[0]
+	last := len(old) - 1
+	old[0] = old[last]
+	old[last] = delayed{} // let the GC have it
+	*h = old[:last]
+	h.down(0)
+	return d
+}
+
+// filter keeps the entries for which keep returns true and returns how many
+// it removed.
+func (h *delayHeap) filter(keep func(delayed) bool) int {
+	n := len(*h)
+	kept := (*h)[:0]
+	for _, d := range *h {
+		if keep(d) {
+			kept = append(kept, d)
+		}
+	}
+	clear((*h)[len(kept):])
+	*h = kept
+	for i := len(kept)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+	return n - len(kept)
+}
+
+func (h delayHeap) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !h[j].due.Before(h[i].due) {
+			break
+		}
+		h[i], h[j] = h[j], h[i]
+		j = i
+	}
+}
+
+func (h delayHeap) down(i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		j := l
+		if r := l + 1; r < len(h) && h[r].due.Before(h[l].due) {
+			j = r
+		}
+		if !h[j].due.Before(h[i].due) {
+			return
+		}
+		h[i], h[j] = h[j], h[i]
+		i = j
+	}
+}
+
+// failed records one more failed delivery of m, for its attempt count, the
+// dead-letter record and the progress a commit stores.
+func (s *state) failed(m *Message, reason int, why string) {
+	if m.failed < 1<<32-1 {
+		m.failed++
+	}
+	m.failure = uint8(reason)
+	if why != "" {
+		m.reason = why
+	}
+	s.tracker.SetFailures(m.Partition, m.Offset, m.gen, m.failed)
+}

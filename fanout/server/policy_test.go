@@ -1,0 +1,102 @@
+package server
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/internal/testutil"
+	"github.com/nanoservice/core-fanout/protocol"
+)
+
+// A Hello's weight reaches the dispatcher through the sink (WeightedSink);
+// without one the sink has the default weight.
+func TestHelloWeight(t *testing.T) {
+	s := startServer(t)
+	c := dial(t, s)
+	w := c.hello(&protocol.Hello{ClientId: "canary", ProtocolVersion: protocol.Version, Weight: 5})
+	if w.GetObserver() {
+		t.Fatal("a worker was welcomed as an observer")
+	}
+	if ws, ok := s.b.sink(t, w.GetSessionId()).(dispatch.WeightedSink); !ok || ws.Weight() != 5 {
+		t.Fatalf("sink %T: want a WeightedSink of weight 5", s.b.sink(t, w.GetSessionId()))
+	}
+	_, id := connect(t, s)
+	if ws := s.b.sink(t, id).(dispatch.WeightedSink); ws.Weight() != protocol.DefaultWeight {
+		t.Fatalf("weight %d without one in the Hello, want %d", ws.Weight(), protocol.DefaultWeight)
+	}
+}
+
+// A Nack's delay and reason reach the dispatcher; a delay above the longest
+// is cut to it.
+func TestNackDelayAndReasonPassedOn(t *testing.T) {
+	s := startServer(t)
+	c, id := connect(t, s)
+	c.send(protocol.NackWithFrame([]uint64{7}, 1500*time.Millisecond, "db down"))
+	got := s.b.waitCall(t, "nack", id)
+	if got.nack.Delay != 1500*time.Millisecond || got.nack.Reason != "db down" {
+		t.Fatalf("nack %+v, want 1.5s and the reason", got.nack)
+	}
+	c.send(protocol.NackWithFrame([]uint64{8}, 0, ""))
+	c.send(&protocol.Frame{Body: &protocol.Frame_Nack{Nack: &protocol.Nack{DeliveryIds: []uint64{9}, DelayMs: 1 << 31}}})
+	testutil.WaitFor(t, testTimeout, "three nacks", func() bool { return len(s.b.find("nack", id)) == 3 })
+	nacks := s.b.find("nack", id)
+	if nacks[1].nack != (dispatch.NackInfo{}) || nacks[2].nack.Delay != protocol.MaxNackDelay {
+		t.Fatalf("nacks %+v: want a plain one, then one cut to %v", nacks[1:], protocol.MaxNackDelay)
+	}
+}
+
+// An observer is welcomed as one and joins the dispatcher by Observe; its
+// copies arrive as Deliver frames with delivery id 0.
+func TestObserverWelcomed(t *testing.T) {
+	s := startServer(t)
+	c := dial(t, s)
+	w := c.hello(&protocol.Hello{ClientId: "watch", ProtocolVersion: protocol.Version, Observer: true})
+	if !w.GetObserver() {
+		t.Fatal("Welcome.observer not set for an observer")
+	}
+	s.b.waitCall(t, "observe", w.GetSessionId())
+	if joins := s.b.find("join", w.GetSessionId()); len(joins) != 0 {
+		t.Fatal("an observer joined as a worker")
+	}
+	sink := s.b.observerSink(t, w.GetSessionId())
+	m := testMessage(0, 5, 10)
+	sink.Send([]dispatch.Delivery{{Attempt: 2, Msg: m}})
+	c.expectDeliver(dispatch.Delivery{Attempt: 2, Msg: m})
+}
+
+// An observer that does not read is dropped once its queued copies pass
+// MaxObserverBytes, without the sender ever blocking; counted and logged.
+func TestObserverBehindDropped(t *testing.T) {
+	s := startServer(t, func(c *Config) { c.MaxObserverBytes = 64 << 10; c.WriteTimeout = time.Minute })
+	c := dial(t, s)
+	w := c.hello(&protocol.Hello{ClientId: "slow", ProtocolVersion: protocol.Version, Observer: true})
+	sink := s.b.observerSink(t, w.GetSessionId())
+	// The client reads nothing: copies pile up in its socket, then in the
+	// outbox. Each Send returns at once (the dispatcher's goroutine).
+	m := testMessage(0, 1, 16<<10)
+	deadline := time.Now().Add(testTimeout)
+	for i := 0; s.b.find("leave", w.GetSessionId()) == nil; i++ {
+		start := time.Now()
+		sink.Send([]dispatch.Delivery{{Attempt: 1, Msg: m}})
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("Send blocked %v", took)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("observer not dropped after %d copies of 16 KiB", i)
+		}
+		runtime.Gosched()
+	}
+	leave := s.b.waitCall(t, "leave", w.GetSessionId())
+	if leave.reason != dispatch.LeaveSlow {
+		t.Fatalf("leave reason %v, want slow", leave.reason)
+	}
+	if n := s.Stats().Closed[closeObserverBehind]; n != 1 {
+		t.Fatalf("closed as observer behind: %d, want 1", n)
+	}
+	logs := s.closeLogs(w.GetSessionId())
+	if len(logs) != 1 || logs[0].Data["reason"] != "observer behind" {
+		t.Fatalf("close logs %v", logs)
+	}
+}

@@ -1,0 +1,494 @@
+//go:build integration
+
+package integration
+
+// Delivery policies (issue 12) against the real Kafka and ZooKeeper: a
+// poison message dead-lettered after --max-attempts with its attempts
+// counted across a leader's kill -9, a dead-letter topic the broker refuses
+// holding the offset until it takes the record, and the acked ranges that
+// spare most duplicates after a kill -9. Helpers here are prefixed pol.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+// polProgress reads the progress stored with the offsets of service id and
+// topic, from ZooKeeper or (kafkaStore) from the group's commit metadata.
+func polProgress(t testing.TB, kafkaStore bool, id, topic string) map[int32]offsets.Progress {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var store offsets.ProgressStore
+	if kafkaStore {
+		store = ksStore(t, id, topic)
+	} else {
+		conn, err := zkstore.Connect(ctx, zkAddrs(t), 10*time.Second, testLogger(t))
+		if err != nil {
+			t.Fatalf("zookeeper: %v", err)
+		}
+		defer conn.Close()
+		store = zkstore.New(conn, "", id, topic)
+	}
+	pr, err := store.LoadProgress(ctx)
+	if err != nil {
+		t.Fatalf("load progress of %s/%s: %v", id, topic, err)
+	}
+	return pr
+}
+
+// polReadTopic reads n records of partition 0 of topic from the oldest,
+// failing the test after 30 s.
+func polReadTopic(t testing.TB, topic string, n int) []*sarama.ConsumerMessage {
+	t.Helper()
+	consumer, err := sarama.NewConsumer(kafkaAddrs(t), kafka.NewConfig("fanout-integration-consumer"))
+	if err != nil {
+		t.Fatalf("sarama.NewConsumer: %v", err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition(topic, 0, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatalf("ConsumePartition(%q, 0): %v", topic, err)
+	}
+	defer pc.Close()
+	var out []*sarama.ConsumerMessage
+	timeout := time.After(30 * time.Second)
+	for len(out) < n {
+		select {
+		case m := <-pc.Messages():
+			out = append(out, m)
+		case err := <-pc.Errors():
+			t.Fatalf("read %s: %v", topic, err)
+		case <-timeout:
+			t.Fatalf("read %d of %d records of %s in 30 s", len(out), n, topic)
+		}
+	}
+	return out
+}
+
+// polHeaders returns a record's headers as a map.
+func polHeaders(m *sarama.ConsumerMessage) map[string]string {
+	out := map[string]string{}
+	for _, h := range m.Headers {
+		out[string(h.Key)] = string(h.Value)
+	}
+	return out
+}
+
+// polPoison produces to partition 0 of topic the poison record (key
+// "poison-key", a header trace=t1, value poison) and then ok-1 .. ok-<n>.
+func polPoison(t testing.TB, topic, poison string, n int) {
+	t.Helper()
+	msgs := []*sarama.ProducerMessage{{Key: sarama.StringEncoder("poison-key"), Value: sarama.StringEncoder(poison),
+		Headers: []sarama.RecordHeader{{Key: []byte("trace"), Value: []byte("t1")}}}}
+	for i := 1; i <= n; i++ {
+		msgs = append(msgs, &sarama.ProducerMessage{Value: sarama.StringEncoder(fmt.Sprintf("ok-%d", i))})
+	}
+	produce(t, topic, msgs...)
+}
+
+// A poison message with --max-attempts 3 lands in the dead-letter topic
+// with its key, value, headers and the fanout.dlq.* headers; the offset moves
+// past it, the other messages flow; and with a kill -9 of the leader between
+// attempts (a failover), its attempts total 3: the survivor resumes at the
+// second, and does not deliver again what was acked above it.
+func TestPoisonDeadLetteredAcrossFailover(t *testing.T) {
+	testPoisonDeadLetteredAcrossFailover(t, false)
+}
+
+// The same with the Kafka offset store: the attempts travel in the commit
+// metadata.
+func TestPoisonDeadLetteredAcrossFailoverKafkaStore(t *testing.T) {
+	testPoisonDeadLetteredAcrossFailover(t, true)
+}
+
+func testPoisonDeadLetteredAcrossFailover(t *testing.T, kafkaStore bool) {
+	const n = 9
+	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
+	createTopic(t, topic, 1)
+	createTopic(t, dlq, 1)
+	polPoison(t, topic, "poison", n)
+	var c *clCluster
+	if kafkaStore {
+		c = clNewKafkaCluster(t, topic, 2)
+	} else {
+		c = clNewCluster(t, topic, 2)
+	}
+	for _, nd := range c.nodes {
+		nd.args = []string{"--max-attempts", "3", "--dead-letter-topic", dlq}
+	}
+	c.startAll()
+	leader := clWaitLeader(t, c.nodes, 60*time.Second)
+	c1 := procDial(t, client.Config{MaxInFlight: 20}, leader.addr)
+
+	// First attempt: nacked with a long delay, so that it waits; the rest
+	// is acked.
+	for acked := 0; acked < n; {
+		m := recv(t, c1, 30*time.Second)
+		if string(m.Value) == "poison" {
+			if m.Attempt != 1 {
+				t.Fatalf("poison delivered with attempt %d first", m.Attempt)
+			}
+			if err := m.NackWith(10*time.Minute, "cannot parse"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+		acked++
+	}
+	testutil.WaitFor(t, 15*time.Second, "the failure and the acked range stored with offset 0", func() bool {
+		pr := polProgress(t, kafkaStore, c.id, topic)[0]
+		return pr.Base == 0 && pr.FailuresAt(0) == 1 && pr.AckedAt(1) && pr.AckedAt(n)
+	})
+	if offs := c.offsets(); offs[0] != 0 {
+		t.Fatalf("committed offset %d while the poison message is not done", offs[0])
+	}
+
+	leader.kill()
+	_ = c1.Close()
+	survivor := c.others(leader)[0]
+	clWaitLeader(t, []*clNode{survivor}, clFailoverBound+30*time.Second)
+	c2 := procDial(t, client.Config{MaxInFlight: 20}, survivor.addr)
+	for want := 2; want <= 3; want++ {
+		m := recv(t, c2, 30*time.Second)
+		if string(m.Value) != "poison" || m.Attempt != want {
+			t.Fatalf("after the failover: %q attempt %d, want the poison message's attempt %d (acked messages are not delivered again)",
+				m.Value, m.Attempt, want)
+		}
+		if err := m.NackWith(0, fmt.Sprintf("cannot parse, attempt %d", want)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	recs := polReadTopic(t, dlq, 1)
+	r := recs[0]
+	h := polHeaders(r)
+	want := map[string]string{
+		"trace":                            "t1",
+		fanout.HeaderDeadLetterTopic:       topic,
+		fanout.HeaderDeadLetterPartition:   "0",
+		fanout.HeaderDeadLetterOffset:      "0",
+		fanout.HeaderDeadLetterAttempts:    "3",
+		fanout.HeaderDeadLetterLastFailure: "nack",
+		fanout.HeaderDeadLetterNackReason:  "cannot parse, attempt 3",
+	}
+	for k, v := range want {
+		if h[k] != v {
+			t.Errorf("dead letter header %s = %q, want %q (headers %v)", k, h[k], v, h)
+		}
+	}
+	if string(r.Key) != "poison-key" || string(r.Value) != "poison" {
+		t.Errorf("dead letter key %q value %q", r.Key, r.Value)
+	}
+	testutil.WaitFor(t, 15*time.Second, "the offset committed past the poison message", func() bool {
+		return c.offsets()[0] == n+1
+	})
+	// Done: no fourth attempt, nothing else again.
+	noMessage(t, c2, 2*time.Second)
+	t.Logf("dead letter %s/%d@%d headers %v", dlq, r.Partition, r.Offset, h)
+}
+
+// A dead-letter topic the broker refuses (its max.message.bytes below the
+// record) loses nothing: the message is retried with backoff, the offset
+// stays below it while the messages behind it are acked, the failure shows
+// in the log; once the topic takes the record, the offset moves on.
+func TestDeadLetterTopicRefusedHoldsTheOffset(t *testing.T) {
+	setMax := func(t *testing.T, admin sarama.ClusterAdmin, dlq, v string) {
+		t.Helper()
+		if err := admin.AlterConfig(sarama.TopicResource, dlq, map[string]*string{"max.message.bytes": &v}, false); err != nil {
+			t.Fatalf("alter %s max.message.bytes=%s: %v", dlq, v, err)
+		}
+	}
+	testDeadLetterTopicOutOfReach(t,
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) { setMax(t, admin, dlq, "1024") },
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) { setMax(t, admin, dlq, "1048576") })
+}
+
+// The same with the dead-letter topic deleted after the daemon's start
+// check (the daemon's clients never create topics), then created again.
+func TestDeadLetterTopicDeletedHoldsTheOffset(t *testing.T) {
+	testDeadLetterTopicOutOfReach(t,
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) {
+			if err := admin.DeleteTopic(dlq); err != nil {
+				t.Fatalf("delete %s: %v", dlq, err)
+			}
+		},
+		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) {
+			// Kafka refuses the name while the deletion is under way.
+			testutil.WaitFor(t, 60*time.Second, "topic "+dlq+" created again", func() bool {
+				return admin.CreateTopic(dlq, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false) == nil
+			})
+		})
+}
+
+// A daemon whose --dead-letter-topic does not exist exits at start with an
+// error that names the topic and says how to fix it.
+func TestDeadLetterTopicMissingAtStart(t *testing.T) {
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, 1)
+	dlq := uniqueName(t, "dlq")
+	p := procStart(t, procDaemonArgs(t, uniqueName(t, "svc"), topic, procFreeAddr(t), "--max-attempts", "2", "--dead-letter-topic", dlq)...)
+	if code := p.wait(t, 60*time.Second); code == 0 {
+		t.Fatalf("exit code 0 with a missing dead-letter topic")
+	}
+	if line := p.logLine(dlq, "does not exist", "create it"); line == "" {
+		t.Fatalf("no line names the missing topic and the fix:\n%s", p.output())
+	}
+}
+
+// testDeadLetterTopicOutOfReach: a poison message with --max-attempts 1
+// while breakIt has made the dead-letter topic unusable is held (the
+// messages behind it acked and stored as progress, the committed offset
+// below it, the failures logged) until fix makes the topic usable again;
+// then the dead letter is stored with its headers and the offset moves on.
+func testDeadLetterTopicOutOfReach(t *testing.T, breakIt, fix func(*testing.T, sarama.ClusterAdmin, string)) {
+	const n = 5
+	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
+	createTopic(t, topic, 1)
+	createTopic(t, dlq, 1)
+	admin, err := sarama.NewClusterAdmin(kafkaAddrs(t), kafka.NewConfig("fanout-integration-admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	poison := strings.Repeat("p", 8000)
+	polPoison(t, topic, poison, n)
+
+	id := uniqueName(t, "svc")
+	addr := procFreeAddr(t)
+	p := procStart(t, procDaemonArgs(t, id, topic, addr, "--max-attempts", "1", "--dead-letter-topic", dlq)...)
+	c := procDial(t, client.Config{MaxInFlight: 20}, addr) // serving: the start check passed
+	breakIt(t, admin, dlq)
+	for acked := 0; acked < n; {
+		m := recv(t, c, 30*time.Second)
+		if string(m.Value) == poison {
+			if err := m.NackWith(0, "too big to handle"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+		acked++
+	}
+	testutil.WaitFor(t, 30*time.Second, "two failed attempts to produce the dead letter, logged", func() bool {
+		return strings.Count(p.output(), "dead-letter topic: producing failed") >= 2
+	})
+	if line := p.logLine("dead-letter topic: producing failed"); !strings.Contains(line, dlq) {
+		t.Errorf("the failure's log line does not name the topic: %s", line)
+	}
+	// The acks above it are stored as progress; the offset stays.
+	testutil.WaitFor(t, 15*time.Second, "the acks above the held message stored", func() bool {
+		return polProgress(t, false, id, topic)[0].AckedAt(n)
+	})
+	if o := zkOffsets(t, id, topic)[0]; o != 0 {
+		t.Fatalf("committed offset %d while the dead letter is not stored", o)
+	}
+	fix(t, admin, dlq)
+	recs := polReadTopic(t, dlq, 1)
+	if h := polHeaders(recs[0]); string(recs[0].Value) != poison || h[fanout.HeaderDeadLetterNackReason] != "too big to handle" ||
+		h[fanout.HeaderDeadLetterAttempts] != "1" {
+		t.Fatalf("dead letter of %d bytes, headers %v", len(recs[0].Value), h)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the offset committed past the dead letter", func() bool {
+		return zkOffsets(t, id, topic)[0] == n+1
+	})
+	if p.logLine("dead-letter topic: producing works again") == "" {
+		t.Error("no log line says producing works again")
+	}
+	noMessage(t, c, time.Second)
+}
+
+// After a kill -9 at a steady rate, with one message of a partition held
+// unacked (so that the contiguous acked prefix, the committed offset, stays
+// behind it), the duplicates are at most the messages in flight at the
+// crash plus one commit interval of acks (and a margin for the commit's
+// own write): the acked ranges above the committed offset are not delivered
+// again. The figure without ranges (every acked message above the
+// committed offset) is logged beside it.
+func TestAckedRangesSpareDuplicatesAfterKillNine(t *testing.T) {
+	const (
+		partitions = 2
+		n          = 4000
+		credit     = 50                     // the client's MaxInFlight: at most this many in flight at the crash
+		commit     = 200 * time.Millisecond // procDaemonArgs' --commit-interval
+		margin     = time.Second            // the commit's own write, on a loaded machine
+	)
+	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
+	createTopic(t, topic, partitions)
+	addr := procFreeAddr(t)
+	p1 := procStart(t, procDaemonArgs(t, id, topic, addr, "--ack-timeout", "60s")...)
+	c1 := procDial(t, client.Config{MaxInFlight: credit}, addr)
+	// 500 messages a second: 25 every 50 ms.
+	produced := procProducePaced(t, topic, n, partitions, 25, 50*time.Millisecond)
+
+	ackedAt := map[procPO]time.Time{}
+	var held *client.Message // partition 0's first message: never acked by c1
+	for len(ackedAt) < n/2 {
+		m := recv(t, c1, 30*time.Second)
+		po := procPO{m.Partition, m.Offset}
+		if held == nil && m.Partition == 0 {
+			held = m
+			continue
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+		ackedAt[po] = time.Now()
+	}
+	p1.signal(t, syscall.SIGKILL)
+	killedAt := time.Now()
+	p1.wait(t, 10*time.Second)
+	_ = c1.Close()
+	committed := zkOffsets(t, id, topic)
+	lastWindow, without := 0, 0
+	for po, at := range ackedAt {
+		if killedAt.Sub(at) <= commit+margin {
+			lastWindow++
+		}
+		if po.O >= committed[po.P] {
+			without++ // a daemon without ranges delivers it again
+		}
+	}
+
+	procStart(t, procDaemonArgs(t, id, topic, addr, "--ack-timeout", "60s")...)
+	c2 := procDial(t, client.Config{MaxInFlight: credit}, addr)
+	duplicates := 0
+	done := map[procPO]bool{}
+	for po := range ackedAt {
+		done[po] = true
+	}
+	for len(done) < n {
+		m := recv(t, c2, 30*time.Second)
+		po := procPO{m.Partition, m.Offset}
+		if _, ok := ackedAt[po]; ok {
+			duplicates++
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+		done[po] = true
+	}
+	if err := <-produced; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	t.Logf("kill -9 after %d acks at 500 msg/s, committed %v: %d duplicates with acked ranges; %d without them (every acked message above the committed offset); bound %d (%d in flight + %d acks in the last %v)",
+		len(ackedAt), committed, duplicates, without, credit+lastWindow, credit, lastWindow, commit+margin)
+	if duplicates > credit+lastWindow {
+		t.Fatalf("%d duplicates after the kill -9, above the bound of %d in flight + %d acks of the last %v",
+			duplicates, credit, lastWindow, commit+margin)
+	}
+	// The crash is one where ranges matter: partition 0's committed offset
+	// stayed at the held message, with many acked messages above it.
+	if without < n/8 {
+		t.Fatalf("only %d acked messages above the committed offsets at the kill: the held message did not hold", without)
+	}
+	testutil.WaitFor(t, 15*time.Second, "every partition committed to its end", func() bool {
+		offs := zkOffsets(t, id, topic)
+		return offs[0] == n/partitions && offs[1] == n/partitions
+	})
+}
+
+// Spread mode: a partition's stored progress moves with it at a handoff.
+// One member serves both partitions; each partition's poison message fails
+// once (nacked with a long delay) and the rest is acked. A second member
+// joins and takes one partition over (release-before-reserve, the old
+// owner's final commit carrying the progress): it does not deliver the acked
+// messages again and resumes the poison message at its second attempt, so
+// that --max-attempts 3 dead-letters it after three attempts in all.
+func TestSpreadProgressMovesWithThePartition(t *testing.T) {
+	const partitions, n = 2, 5
+	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
+	createTopic(t, topic, partitions)
+	createTopic(t, dlq, 1)
+	producer := manualProducer(t)
+	for p := range int32(partitions) {
+		msgs := []*sarama.ProducerMessage{{Topic: topic, Partition: p, Value: sarama.StringEncoder(fmt.Sprintf("poison-%d", p))}}
+		for i := 1; i <= n; i++ {
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Partition: p, Value: sarama.StringEncoder(fmt.Sprintf("ok-%d-%d", p, i))})
+		}
+		if err := producer.SendMessages(msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = producer.Close()
+
+	conn := spZK(t)
+	c := spNewCluster(t, topic, 1)
+	policy := []string{"--max-attempts", "3", "--dead-letter-topic", dlq}
+	c.nodes[0].args = append(c.nodes[0].args, policy...)
+	c.startAll()
+	spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	cl := procDial(t, client.Config{MaxInFlight: 20}, c.nodes[0].addr)
+	for acked := 0; acked < partitions*n; {
+		m := recv(t, cl, 30*time.Second)
+		if strings.HasPrefix(string(m.Value), "poison") {
+			if m.Attempt != 1 {
+				t.Fatalf("%s: attempt %d first", m.Value, m.Attempt)
+			}
+			if err := m.NackWith(10*time.Minute, "first"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+		acked++
+	}
+	testutil.WaitFor(t, 15*time.Second, "each partition's failure and acked range stored", func() bool {
+		pr := polProgress(t, false, c.id, topic)
+		for p := range int32(partitions) {
+			if pr[p].FailuresAt(0) != 1 || !pr[p].AckedAt(n) {
+				return false
+			}
+		}
+		return true
+	})
+
+	joiner := spAdd(t, c)
+	joiner.args = append(joiner.args, policy...)
+	c.start(joiner)
+	after := spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
+	moved := after[joiner.id][0]
+	t.Logf("partition %d moved to %s", moved, joiner.id)
+	for want := 2; want <= 3; want++ {
+		m := recv(t, cl, 60*time.Second)
+		if string(m.Value) != fmt.Sprintf("poison-%d", moved) || m.Attempt != want || m.Member() != joiner.addr {
+			t.Fatalf("after the handoff: %q attempt %d from %s, want poison-%d attempt %d from %s (acked messages are not delivered again)",
+				m.Value, m.Attempt, m.Member(), moved, want, joiner.addr)
+		}
+		if err := m.NackWith(0, "still bad"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := polReadTopic(t, dlq, 1)[0]
+	h := polHeaders(r)
+	if h[fanout.HeaderDeadLetterAttempts] != "3" || h[fanout.HeaderDeadLetterPartition] != strconv.Itoa(int(moved)) ||
+		h[fanout.HeaderDeadLetterOffset] != "0" || string(r.Value) != fmt.Sprintf("poison-%d", moved) {
+		t.Fatalf("dead letter %q headers %v", r.Value, h)
+	}
+	testutil.WaitFor(t, 15*time.Second, "the moved partition committed past its poison message", func() bool {
+		return zkOffsets(t, c.id, topic)[moved] == n+1
+	})
+	noMessage(t, cl, 2*time.Second)
+}

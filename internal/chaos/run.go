@@ -1,0 +1,638 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
+	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/backoff"
+)
+
+// Config configures one run in one assignment mode.
+type Config struct {
+	Services *Services
+	Out      string // this run's directory: logs, results
+	Fanout   string // the daemon binary
+	Self     string // the chaos binary, run as `chaos client` for the clients
+	// Python, when set, is the interpreter of one more acking client on the
+	// Python client (Root/clients/python), running Root/internal/chaos/pyclient.py.
+	Python     string
+	Root       string
+	Mode       string // leader or spread
+	Seed       uint64
+	Duration   time.Duration // of the fault phase
+	Interval   time.Duration // mean time between fault starts
+	Daemons    int
+	Clients    int // acking clients, beside the silent one and the nacking one
+	Partitions int
+	Rate       int // messages produced per second
+	AckTimeout time.Duration
+	Drain      time.Duration // most time to wait for every record to be acked
+}
+
+// run is the state of one run.
+type run struct {
+	cfg     Config
+	log     *logrus.Entry
+	g       actor.Group
+	id      string
+	topic   string
+	daemons []*proc
+	clients []*proc
+
+	kafkaProxy    *Proxy   // daemon 0's whole Kafka traffic
+	zkProxies     []*Proxy // per daemon
+	clientProxies []*Proxy // per daemon, the address it advertises
+
+	admin    sarama.ClusterAdmin
+	kclient  sarama.Client
+	refresh  atomic.Bool // the producer must refresh the topic's metadata
+	produced atomic.Int64
+
+	mu        sync.Mutex // guards the fields below
+	faults    []Fault
+	samples   []OffsetSample
+	committed map[int32]int64
+	owners    []OwnerSample
+	sent      []Record          // acknowledged by Kafka to the producer
+	members   map[string]string // a daemon's advertised address → its role
+	leader    string
+	svcBusy   bool
+	skipped   int
+}
+
+// Run runs cfg: the cluster, the clients, the producer, the faults, the drain
+// and the verification. It returns the summary, written to cfg.Out too.
+func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
+	r := &run{cfg: cfg, log: log, id: "chaos-" + cfg.Mode,
+		topic: fmt.Sprintf("chaos-%s-%d", cfg.Mode, cfg.Seed), committed: map[int32]int64{}, members: map[string]string{}}
+	// A fresh directory: the client logs are appended to, and verified whole.
+	if err := os.RemoveAll(cfg.Out); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"daemons", "clients"} {
+		if err := os.MkdirAll(filepath.Join(cfg.Out, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	defer r.g.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer r.stopAll()
+	if err := r.setup(ctx); err != nil {
+		return nil, err
+	}
+	defer r.kclient.Close()
+	defer r.admin.Close()
+
+	start := time.Now()
+	var prodWG, sampWG actor.Group
+	prodCtx, stopProducer := context.WithCancel(ctx)
+	defer stopProducer()
+	prodWG.Go(log, "producer", func() { r.produce(prodCtx) }, nil)
+	sampCtx, stopSampler := context.WithCancel(ctx)
+	defer stopSampler()
+	sampWG.Go(log, "sampler", func() { r.sample(sampCtx) }, nil)
+
+	// Warm up, then the faults, then a quiet spell with everything healed.
+	if !backoff.Sleep(ctx, 5*time.Second) {
+		return nil, ctx.Err()
+	}
+	plan := Schedule(cfg.Seed, cfg.Duration, cfg.Interval)
+	log.WithField("faults", len(plan)).Info("fault phase")
+	var faults actor.Group
+	t0 := time.Now()
+	for i, pl := range plan {
+		if !backoff.Sleep(ctx, time.Until(t0.Add(pl.At))) {
+			break
+		}
+		log.Infof("fault %d/%d: %s", i+1, len(plan), pl)
+		faults.Go(log, "fault "+pl.Kind, func() { r.inject(ctx, pl) }, nil)
+	}
+	faults.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, p := range slices.Concat(r.daemons, r.clients) {
+		if !p.running() {
+			log.Warnf("%s was not running after the faults: restarting it", p.role)
+			if err := p.start(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	backoff.Sleep(ctx, 5*time.Second)
+	stopProducer()
+	prodWG.Wait()
+	log.WithField("produced", r.produced.Load()).Info("producer stopped; draining")
+	drained := r.drain(ctx)
+	stopSampler()
+	sampWG.Wait()
+	end := time.Now()
+	for _, c := range r.clients {
+		c.stop(syscall.SIGTERM, 10*time.Second)
+	}
+	for _, d := range r.daemons {
+		d.stop(syscall.SIGTERM, 30*time.Second)
+	}
+
+	records, err := r.readTopic()
+	if err != nil {
+		return nil, err
+	}
+	events, err := readEvents(filepath.Join(cfg.Out, "clients"))
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	in := Input{Records: records, Events: events, Faults: slices.Clone(r.faults), Samples: slices.Clone(r.samples),
+		Owners: slices.Clone(r.owners), Members: r.members, Sent: slices.Clone(r.sent), AckTimeout: cfg.AckTimeout}
+	skipped := r.skipped
+	r.mu.Unlock()
+	if err := writeInput(filepath.Join(cfg.Out, "input.json"), in); err != nil {
+		return nil, err
+	}
+	res := Verify(in, cfg.Mode == "leader")
+	sum := summarize(cfg, in, res, start, end, drained, skipped)
+	if err := sum.Write(cfg.Out, in, start, end); err != nil {
+		return sum, err
+	}
+	return sum, nil
+}
+
+// setup creates the topic and starts the proxies, the daemons and the clients.
+func (r *run) setup(ctx context.Context) error {
+	cfg := r.cfg
+	kcfg, err := kafka.Security{}.Config("chaos")
+	if err != nil {
+		return err
+	}
+	kcfg.Producer.Return.Successes = true
+	kcfg.Producer.RequiredAcks = sarama.WaitForAll
+	kcfg.Producer.Retry.Max = 10
+	kcfg.Producer.Partitioner = sarama.NewHashPartitioner
+	if r.kclient, err = sarama.NewClient([]string{cfg.Services.Kafka()}, kcfg); err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	if r.admin, err = sarama.NewClusterAdminFromClient(r.kclient); err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	if err := r.admin.CreateTopic(r.topic, &sarama.TopicDetail{NumPartitions: int32(cfg.Partitions), ReplicationFactor: 1}, false); err != nil {
+		return fmt.Errorf("create topic %s: %w", r.topic, err)
+	}
+	base := cfg.Services.PortBase
+	if r.kafkaProxy, err = NewProxy(cfg.Services.KafkaAdvertised(), cfg.Services.KafkaProxied(), r.log); err != nil {
+		return err
+	}
+	var members []string
+	for i := range cfg.Daemons {
+		listen := fmt.Sprintf("127.0.0.1:%d", base+200+i)
+		cp, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", base+210+i), listen, r.log)
+		if err != nil {
+			return err
+		}
+		zp, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", base+220+i), cfg.Services.ZooKeeper(), r.log)
+		if err != nil {
+			return err
+		}
+		r.clientProxies, r.zkProxies = append(r.clientProxies, cp), append(r.zkProxies, zp)
+		members = append(members, cp.Addr())
+		kafkaAddr := cfg.Services.Kafka()
+		if i == 0 {
+			kafkaAddr = cfg.Services.KafkaAdvertised()
+		}
+		args := []string{"--id", r.id, "--topic", r.topic, "--kafka", kafkaAddr, "--zookeeper", zp.Addr(),
+			"--listen", listen, "--advertise", cp.Addr(), "--node-id", "d" + strconv.Itoa(i),
+			"--metrics-listen", "", "--ack-timeout", cfg.AckTimeout.String(), "--heartbeat", "1s",
+			"--initial-offset", "oldest", "--commit-interval", "500ms", "--zookeeper-session-timeout", "6s"}
+		args = append(args, "--assignment", cfg.Mode)
+		r.members[cp.Addr()] = "d" + strconv.Itoa(i)
+		r.daemons = append(r.daemons, &proc{role: "d" + strconv.Itoa(i), bin: cfg.Fanout, g: &r.g, lg: r.log,
+			args: func(int) []string { return args }, log: filepath.Join(cfg.Out, "daemons", fmt.Sprintf("d%d.log", i))})
+	}
+	addClient := func(role, mode string, inFlight, workers int) {
+		r.clients = append(r.clients, &proc{role: role, bin: cfg.Self, g: &r.g, lg: r.log,
+			log: filepath.Join(cfg.Out, "clients", role+".out"),
+			args: func(inc int) []string {
+				return []string{"client", "--addrs", strings.Join(members, ","), "--name", fmt.Sprintf("%s.%d", role, inc),
+					"--log", filepath.Join(cfg.Out, "clients", role+".log"), "--mode", mode,
+					"--seed", strconv.FormatUint(cfg.Seed+uint64(inc)*1000+uint64(len(role)), 10),
+					"--max-in-flight", strconv.Itoa(inFlight), "--workers", strconv.Itoa(workers)}
+			}})
+	}
+	for i := range cfg.Clients {
+		addClient("c"+strconv.Itoa(i), ModeAck, 16, 4)
+	}
+	if cfg.Python != "" {
+		r.clients = append(r.clients, &proc{role: "py0", bin: cfg.Python, g: &r.g, lg: r.log,
+			log: filepath.Join(cfg.Out, "clients", "py0.out"),
+			env: []string{"PYTHONPATH=" + filepath.Join(cfg.Root, "clients", "python", "src")},
+			args: func(inc int) []string {
+				return []string{filepath.Join(cfg.Root, "internal", "chaos", "pyclient.py"), "--addrs", strings.Join(members, ","),
+					"--name", fmt.Sprintf("py0.%d", inc), "--log", filepath.Join(cfg.Out, "clients", "py0.log"),
+					"--seed", strconv.FormatUint(cfg.Seed+uint64(inc), 10)}
+			}})
+	}
+	addClient("silent", ModeSilent, 4, 1)
+	addClient("nacker", ModeNack, 8, 2)
+	for _, p := range slices.Concat(r.daemons, r.clients) {
+		if err := p.start(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stopAll ends every process and proxy of the run (at its end or on failure).
+func (r *run) stopAll() {
+	for _, p := range slices.Concat(r.clients, r.daemons) {
+		p.stop(syscall.SIGKILL, time.Second)
+	}
+	for _, p := range slices.Concat([]*Proxy{r.kafkaProxy}, r.zkProxies, r.clientProxies) {
+		if p != nil {
+			p.Close()
+		}
+	}
+}
+
+// produce writes sequence-numbered records at cfg.Rate until ctx ends.
+func (r *run) produce(ctx context.Context) {
+	prod, err := sarama.NewSyncProducerFromClient(r.kclient)
+	if err != nil {
+		r.log.WithError(err).Error("producer")
+		return
+	}
+	defer prod.Close()
+	const tick = 20 * time.Millisecond
+	perTick := max(1, r.cfg.Rate*int(tick/time.Millisecond)/1000)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	var seq int64
+	var failed int
+	for {
+		select {
+		case <-ctx.Done():
+			r.log.WithField("failed_sends", failed).Info("producer done")
+			return
+		case <-t.C:
+		}
+		if r.refresh.Swap(false) {
+			_ = r.kclient.RefreshMetadata(r.topic)
+		}
+		batch := make([]*sarama.ProducerMessage, perTick)
+		for i := range batch {
+			seq++
+			s := strconv.FormatInt(seq, 10)
+			batch[i] = &sarama.ProducerMessage{Topic: r.topic, Key: sarama.StringEncoder(s), Value: sarama.StringEncoder(s)}
+		}
+		// Kafka is the truth: a failed send may still have landed, and the
+		// verification reads what the topic holds.
+		if err := prod.SendMessages(batch); err != nil {
+			failed++
+			continue
+		}
+		r.produced.Add(int64(len(batch)))
+		now := time.Now()
+		r.mu.Lock()
+		for _, m := range batch {
+			r.sent = append(r.sent, Record{Partition: m.Partition, Offset: m.Offset, At: now})
+		}
+		r.mu.Unlock()
+	}
+}
+
+// sample reads the committed offsets and the leader record every 250 ms.
+func (r *run) sample(ctx context.Context) {
+	quiet := logrus.New()
+	quiet.SetOutput(io.Discard)
+	conn, err := zkstore.Connect(ctx, []string{r.cfg.Services.ZooKeeper()}, 10*time.Second, logrus.NewEntry(quiet))
+	if err != nil {
+		r.log.WithError(err).Error("sampler: zookeeper")
+		return
+	}
+	defer conn.Close()
+	store := zkstore.New(conn, "", r.id, r.topic)
+	for backoff.Sleep(ctx, 250*time.Millisecond) {
+		offs, err := store.Load(ctx)
+		at := time.Now()
+		if err == nil {
+			r.mu.Lock()
+			for p, o := range offs {
+				r.samples = append(r.samples, OffsetSample{At: at, Partition: p, Offset: o})
+				r.committed[p] = o
+			}
+			r.mu.Unlock()
+		}
+		if r.cfg.Mode == "spread" {
+			owners, _, err := zkstore.ReadOwners(conn, "", r.id, r.topic)
+			at := time.Now()
+			if err == nil {
+				r.mu.Lock()
+				for p, o := range owners {
+					r.owners = append(r.owners, OwnerSample{At: at, Partition: p, Owner: o.Owner})
+				}
+				r.mu.Unlock()
+			}
+		}
+		if data, _, err := conn.Get(cluster.FencePath(r.id, r.topic)); err == nil {
+			var rec struct {
+				Node string `json:"node"`
+			}
+			if json.Unmarshal(data, &rec) == nil {
+				r.mu.Lock()
+				r.leader = rec.Node
+				r.mu.Unlock()
+			}
+		}
+	}
+}
+
+// drain waits until the committed offsets reach the high-water marks, which
+// means every record was acked; false after cfg.Drain.
+func (r *run) drain(ctx context.Context) bool {
+	deadline := time.Now().Add(r.cfg.Drain)
+	for time.Now().Before(deadline) {
+		if r.drained() {
+			return true
+		}
+		if !backoff.Sleep(ctx, 500*time.Millisecond) {
+			return false
+		}
+	}
+	r.log.Warnf("not drained after %s", r.cfg.Drain)
+	return false
+}
+
+func (r *run) drained() bool {
+	if err := r.kclient.RefreshMetadata(r.topic); err != nil {
+		return false
+	}
+	parts, err := r.kclient.Partitions(r.topic)
+	if err != nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range parts {
+		hw, err := r.kclient.GetOffset(r.topic, p, sarama.OffsetNewest)
+		if err != nil || r.committed[p] < hw {
+			return false
+		}
+	}
+	return true
+}
+
+// readTopic reads every record of the topic.
+func (r *run) readTopic() ([]Record, error) {
+	if err := r.kclient.RefreshMetadata(r.topic); err != nil {
+		return nil, fmt.Errorf("metadata of %s: %w", r.topic, err)
+	}
+	parts, err := r.kclient.Partitions(r.topic)
+	if err != nil {
+		return nil, fmt.Errorf("partitions of %s: %w", r.topic, err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(r.kclient)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	defer consumer.Close()
+	var out []Record
+	for _, p := range parts {
+		hw, err := r.kclient.GetOffset(r.topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return nil, fmt.Errorf("high-water mark of %s/%d: %w", r.topic, p, err)
+		}
+		oldest, err := r.kclient.GetOffset(r.topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, fmt.Errorf("oldest offset of %s/%d: %w", r.topic, p, err)
+		}
+		if hw <= oldest {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(r.topic, p, oldest)
+		if err != nil {
+			return nil, fmt.Errorf("read %s/%d: %w", r.topic, p, err)
+		}
+		timeout := time.After(time.Minute)
+	read:
+		for {
+			select {
+			case m := <-pc.Messages():
+				out = append(out, Record{Partition: p, Offset: m.Offset, At: m.Timestamp})
+				if m.Offset+1 >= hw {
+					break read
+				}
+			case <-timeout:
+				pc.Close()
+				return nil, fmt.Errorf("read %s/%d: timed out before offset %d", r.topic, p, hw)
+			}
+		}
+		pc.Close()
+	}
+	return out, nil
+}
+
+// writeInput keeps what the verification read from Kafka and the run
+// (records, faults, offset samples) beside the client logs, so that a run
+// can be verified again (chaos verify) after its servers are gone.
+func writeInput(name string, in Input) error {
+	saved := in
+	saved.Events = nil // in the client logs
+	b, err := json.Marshal(saved)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(name, b, 0o644)
+}
+
+// VerifyDir verifies again, with this code, the run whose results are in
+// dir, and rewrites its summary and timeline: a run of a long soak is not
+// lost to a fix of the verification.
+func VerifyDir(dir string) (*Summary, error) {
+	var in Input
+	var sum Summary
+	for name, v := range map[string]any{"input.json": &in, "summary.json": &sum} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(b, v); err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
+	}
+	var err error
+	if in.Events, err = readEvents(filepath.Join(dir, "clients")); err != nil {
+		return nil, err
+	}
+	start := sum.Started
+	end := start.Add(time.Duration(sum.Seconds * float64(time.Second)))
+	cfg := Config{Mode: sum.Mode, Seed: sum.Seed, Daemons: sum.Daemons, Clients: sum.Clients - 2, Rate: sum.Rate}
+	res := Verify(in, sum.Mode == "leader")
+	out := summarize(cfg, in, res, start, end, sum.Drained, sum.Skipped)
+	out.Command, out.Clients = sum.Command, sum.Clients
+	return out, out.Write(dir, in, start, end)
+}
+
+// readEvents reads every client log of dir.
+func readEvents(dir string) ([]Event, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Event
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		evs, err := ParseEvents(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out = append(out, evs...)
+	}
+	return out, nil
+}
+
+// record appends a fault that has ended.
+func (r *run) record(f Fault) {
+	f.End = time.Now()
+	r.mu.Lock()
+	r.faults = append(r.faults, f)
+	r.mu.Unlock()
+	r.log.Infof("healed: %s %s after %s", f.Kind, f.Target, f.End.Sub(f.Start).Round(time.Millisecond))
+}
+
+func (r *run) skip(pl Planned, why string) {
+	r.mu.Lock()
+	r.skipped++
+	r.mu.Unlock()
+	r.log.Infof("skipped %s: %s", pl, why)
+}
+
+// pick claims a process among ps: the leader for Pick -1 when free, else the
+// Pick-th free one.
+func (r *run) pick(ps []*proc, pick int) *proc {
+	r.mu.Lock()
+	leader := r.leader
+	r.mu.Unlock()
+	if pick < 0 {
+		for _, p := range ps {
+			if p.role == leader && p.claim() {
+				return p
+			}
+		}
+		pick = 0
+	}
+	for i := range ps {
+		p := ps[(pick+i)%len(ps)]
+		if p.claim() {
+			return p
+		}
+	}
+	return nil
+}
+
+// inject applies one planned fault and heals it.
+func (r *run) inject(ctx context.Context, pl Planned) {
+	f := Fault{Kind: pl.Kind, Start: time.Now()}
+	switch pl.Kind {
+	case FaultDaemonKill, FaultDaemonTerm, FaultDaemonStop, FaultClientKill, FaultClientTerm, FaultClientStop:
+		ps := r.daemons
+		if clientFault(pl.Kind) {
+			ps = r.clients
+		}
+		p := r.pick(ps, pl.Pick)
+		if p == nil {
+			r.skip(pl, "every target is held by another fault")
+			return
+		}
+		defer p.release()
+		r.mu.Lock()
+		f.Target, f.Leader = p.role, p.role == r.leader && daemonFault(pl.Kind)
+		r.mu.Unlock()
+		f.Start = time.Now()
+		switch pl.Kind {
+		case FaultDaemonStop, FaultClientStop:
+			p.signal(syscall.SIGSTOP)
+			backoff.Sleep(ctx, pl.Duration)
+			p.signal(syscall.SIGCONT)
+		default:
+			sig := syscall.SIGKILL
+			if pl.Kind == FaultDaemonTerm || pl.Kind == FaultClientTerm {
+				sig = syscall.SIGTERM
+			}
+			p.stop(sig, 30*time.Second)
+			backoff.Sleep(ctx, pl.Duration)
+			if err := p.start(); err != nil {
+				r.log.WithError(err).Error("restart")
+			}
+		}
+	case FaultKafkaRestart, FaultZKRestart:
+		name := "kafka"
+		if pl.Kind == FaultZKRestart {
+			name = "zookeeper"
+		}
+		r.mu.Lock()
+		busy := r.svcBusy
+		r.svcBusy = true
+		r.mu.Unlock()
+		if busy {
+			r.skip(pl, "a server restart is under way")
+			return
+		}
+		defer func() { r.mu.Lock(); r.svcBusy = false; r.mu.Unlock() }()
+		f.Target = name
+		if err := r.cfg.Services.Restart(ctx, name, pl.Pick%2 == 0); err != nil {
+			r.log.WithError(err).Error("server restart")
+		}
+	case FaultCutKafka, FaultCutZooKeeper, FaultCutClients:
+		px, i := r.kafkaProxy, 0
+		switch pl.Kind {
+		case FaultCutZooKeeper:
+			i = pl.Pick % len(r.zkProxies)
+			px = r.zkProxies[i]
+		case FaultCutClients:
+			i = pl.Pick % len(r.clientProxies)
+			px = r.clientProxies[i]
+		}
+		f.Target = "d" + strconv.Itoa(i)
+		r.mu.Lock()
+		f.Leader = f.Target == r.leader
+		r.mu.Unlock()
+		px.Cut()
+		backoff.Sleep(ctx, pl.Duration)
+		px.Heal()
+	case FaultAddPartitions:
+		f.Target = r.topic
+		parts, err := r.kclient.Partitions(r.topic)
+		if err == nil {
+			err = r.admin.CreatePartitions(r.topic, int32(len(parts)+2), nil, false)
+		}
+		if err != nil && !errors.Is(err, sarama.ErrInvalidPartitions) {
+			r.log.WithError(err).Error("add partitions")
+			return
+		}
+		r.refresh.Store(true)
+	}
+	r.record(f)
+}

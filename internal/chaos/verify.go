@@ -1,0 +1,430 @@
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Record is one message Kafka holds at the end of a run.
+type Record struct {
+	Partition int32
+	Offset    int64
+	At        time.Time // the record's timestamp: when it was produced
+}
+
+// Fault is one injected fault, from its start to the moment it was healed
+// (the process restarted, the link restored, the server answering again).
+type Fault struct {
+	Kind   string    `json:"kind"`
+	Target string    `json:"target"` // d0, c1, kafka, zookeeper, topic
+	Leader bool      `json:"leader,omitempty"`
+	Start  time.Time `json:"start"`
+	End    time.Time `json:"end"`
+}
+
+// Fault kinds.
+const (
+	FaultDaemonKill     = "daemon-kill9"
+	FaultDaemonTerm     = "daemon-term"
+	FaultDaemonStop     = "daemon-stop"
+	FaultClientKill     = "client-kill9"
+	FaultClientTerm     = "client-term"
+	FaultClientStop     = "client-stop"
+	FaultKafkaRestart   = "kafka-restart"
+	FaultZKRestart      = "zookeeper-restart"
+	FaultCutKafka       = "cut-kafka"
+	FaultCutZooKeeper   = "cut-zookeeper"
+	FaultCutClients     = "cut-clients"
+	FaultAddPartitions  = "add-partitions"
+	causeNack           = "nack"
+	causeTimeout        = "timeout"
+	causeFault          = "fault"
+	causeHandoff        = "handoff"
+	causeUnexplained    = "unexplained"
+	maxListed           = 20 // lost records, unexplained duplicates and violations listed in full
+	recoveryActiveSince = 5 * time.Second
+)
+
+// clientFault reports whether a fault of this kind hits one client (and so
+// explains only the redeliveries of what that client held).
+func clientFault(kind string) bool {
+	return kind == FaultClientKill || kind == FaultClientTerm || kind == FaultClientStop
+}
+
+// daemonFault reports whether a fault of this kind stops a daemon.
+func daemonFault(kind string) bool {
+	return kind == FaultDaemonKill || kind == FaultDaemonTerm || kind == FaultDaemonStop
+}
+
+// OffsetSample is a committed offset read from the offset store during the run.
+type OffsetSample struct {
+	At        time.Time // after the read returned
+	Partition int32
+	Offset    int64 // the next offset to deliver: every record below it was acked
+}
+
+// OwnerSample is a partition's ownership record (spread mode) read from
+// ZooKeeper during the run: Owner is a daemon's node id, "" when released.
+type OwnerSample struct {
+	At        time.Time // after the read returned
+	Partition int32
+	Owner     string
+}
+
+// Input is what a run leaves for verification.
+type Input struct {
+	Records    []Record
+	Events     []Event
+	Faults     []Fault
+	Samples    []OffsetSample
+	Owners     []OwnerSample     // spread mode
+	Members    map[string]string // a daemon's advertised address (Event.Member) → its node id
+	Sent       []Record          // the producer's sends Kafka acknowledged
+	AckTimeout time.Duration
+}
+
+// Result is the verdict of a run.
+type Result struct {
+	Messages   int `json:"messages"`   // records in Kafka
+	Deliveries int `json:"deliveries"` // D events
+	Acked      int `json:"acked"`      // records acked at least once
+	Lost       int `json:"lost"`       // records never acked
+	// Vanished counts sends Kafka acknowledged that it no longer holds at
+	// the end (a restart that lost data would hide records from Lost).
+	Vanished         int            `json:"vanished"`
+	LostRecords      []string       `json:"lost_records,omitempty"`
+	Duplicates       map[string]int `json:"duplicates"` // redeliveries by cause
+	Unexplained      []string       `json:"unexplained,omitempty"`
+	OffsetSamples    int            `json:"offset_samples"`
+	OffsetViolations int            `json:"offset_violations"`
+	Violations       []string       `json:"violations,omitempty"`
+	// Recovery is, per daemon fault that needed one (leader mode: the
+	// leader's; spread mode: any member's), the time from the fault until
+	// every partition that had been receiving records delivered again.
+	Recovery []time.Duration `json:"-"`
+	// NotRecovered counts such faults after which some partition never
+	// delivered again.
+	NotRecovered int `json:"not_recovered"`
+	// Unmeasured counts daemon faults that recovered but whose time is left
+	// out of Recovery: no partition was receiving records before them, or
+	// Kafka or ZooKeeper restarted meanwhile (then nothing can flow or move).
+	Unmeasured int `json:"recovery_unmeasured"`
+	// TwoOwners counts deliveries (spread mode) by a member while the
+	// ownership record had named another member throughout the
+	// ownerSlack before it: two owners of one partition at once.
+	OwnerSamples int      `json:"owner_samples"`
+	TwoOwners    int      `json:"two_owners"`
+	TwoOwnersAt  []string `json:"two_owners_at,omitempty"`
+}
+
+// Passed reports whether nothing was lost, every duplicate is explained and
+// no committed offset passed an unacked record.
+func (r *Result) Passed() bool {
+	return r.Lost == 0 && r.Vanished == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
+		r.TwoOwners == 0
+}
+
+type key struct {
+	p int32
+	o int64
+}
+
+// delivery is a D event with what its client did with it.
+type delivery struct {
+	Event
+	outcome byte      // EventAck, EventNack or 0 (nothing logged)
+	doneAt  time.Time // time of the ack or nack
+}
+
+// Verify checks a run: no record lost, every redelivery explained, every
+// committed offset sample behind acked records only, and recovery after
+// each daemon fault (leaderOnly: only faults of the leader count).
+func Verify(in Input, leaderOnly bool) *Result {
+	res := &Result{Messages: len(in.Records), Duplicates: map[string]int{causeNack: 0, causeTimeout: 0, causeFault: 0, causeHandoff: 0, causeUnexplained: 0}}
+	type ck struct {
+		client string
+		idx    uint64
+	}
+	byIdx := map[ck]*delivery{}
+	perRecord := map[key][]*delivery{}
+	firstAck := map[key]time.Time{}
+	events := slices.Clone(in.Events)
+	slices.SortStableFunc(events, func(a, b Event) int { return a.At.Compare(b.At) })
+	for _, e := range events {
+		k := key{e.Partition, e.Offset}
+		switch e.Kind {
+		case EventDeliver:
+			d := &delivery{Event: e}
+			byIdx[ck{e.Client, e.Index}] = d
+			perRecord[k] = append(perRecord[k], d)
+			res.Deliveries++
+		case EventAck, EventNack:
+			if d := byIdx[ck{e.Client, e.Index}]; d != nil && d.outcome == 0 {
+				d.outcome, d.doneAt = e.Kind, e.At
+			}
+			if t, ok := firstAck[k]; e.Kind == EventAck && (!ok || e.At.Before(t)) {
+				firstAck[k] = e.At
+			}
+		}
+	}
+	records := slices.Clone(in.Records)
+	slices.SortFunc(records, func(a, b Record) int {
+		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+	})
+	for _, r := range records {
+		if _, ok := firstAck[key{r.Partition, r.Offset}]; ok {
+			res.Acked++
+			continue
+		}
+		res.Lost++
+		if len(res.LostRecords) < maxListed {
+			res.LostRecords = append(res.LostRecords, fmt.Sprintf("%d/%d (produced %s)", r.Partition, r.Offset, r.At.Format(time.RFC3339Nano)))
+		}
+	}
+	held := make(map[key]bool, len(records))
+	for _, r := range records {
+		held[key{r.Partition, r.Offset}] = true
+	}
+	for _, s := range in.Sent {
+		if !held[key{s.Partition, s.Offset}] {
+			res.Vanished++
+		}
+	}
+	for k, ds := range perRecord {
+		for i := 1; i < len(ds); i++ {
+			cause := redeliveryCause(ds[i-1], ds[i], in.Faults, in.AckTimeout)
+			if cause == causeUnexplained && len(in.Owners) > 0 && ds[i-1].Member != ds[i].Member {
+				// Spread mode: the partition moved; its new owner resumed
+				// from the offset committed at the handoff, below records
+				// acked above an unacked one.
+				cause = causeHandoff
+			}
+			res.Duplicates[cause]++
+			if cause == causeUnexplained && len(res.Unexplained) < maxListed {
+				res.Unexplained = append(res.Unexplained, fmt.Sprintf("%d/%d: delivered to %s at %s (outcome %q at %s), again to %s at %s",
+					k.p, k.o, ds[i-1].Client, ds[i-1].At.Format(time.RFC3339Nano), ds[i-1].outcome,
+					ds[i-1].doneAt.Format(time.RFC3339Nano), ds[i].Client, ds[i].At.Format(time.RFC3339Nano)))
+			}
+		}
+	}
+	checkOffsets(res, records, firstAck, in.Samples)
+	recovery(res, records, perRecord, in.Faults, leaderOnly)
+	checkOwners(res, events, in)
+	return res
+}
+
+// serverDown reports whether a restart of Kafka (nothing flows) or of
+// ZooKeeper (no fence or ownership record can change hands) overlapped
+// [from, to].
+func serverDown(faults []Fault, from, to time.Time) bool {
+	for _, f := range faults {
+		if (f.Kind == FaultKafkaRestart || f.Kind == FaultZKRestart) && !f.Start.After(to) && !f.End.Before(from) {
+			return true
+		}
+	}
+	return false
+}
+
+// ownerSlack is how long the ownership record must have named another
+// member before a delivery for it to count as a second owner's: a delivery
+// is logged when the client reads it, a little after the daemon sent it.
+const ownerSlack = 2 * time.Second
+
+// checkOwners finds deliveries (spread mode) by a member while the ownership
+// record of their partition named another member, continuously from
+// ownerSlack before the delivery until after it. Deliveries to a client
+// while a fault held it, or within ownerSlack after, are not judged: a
+// stopped client logs late what it was sent long before.
+func checkOwners(res *Result, events []Event, in Input) {
+	res.OwnerSamples = len(in.Owners)
+	if len(in.Owners) == 0 {
+		return
+	}
+	type run struct {
+		owner      string
+		from, till time.Time // first and last sample of an unbroken run of one owner
+	}
+	runs := map[int32][]run{}
+	owners := slices.Clone(in.Owners)
+	slices.SortStableFunc(owners, func(a, b OwnerSample) int { return a.At.Compare(b.At) })
+	for _, o := range owners {
+		rs := runs[o.Partition]
+		if n := len(rs); n > 0 && rs[n-1].owner == o.Owner {
+			rs[n-1].till = o.At
+			continue
+		}
+		runs[o.Partition] = append(rs, run{owner: o.Owner, from: o.At, till: o.At})
+	}
+	held := func(e Event) bool {
+		for _, f := range in.Faults {
+			if clientFault(f.Kind) && f.Target == e.Role() && !e.At.Before(f.Start) && !e.At.After(f.End.Add(ownerSlack)) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, e := range events {
+		member, ok := in.Members[e.Member]
+		if e.Kind != EventDeliver || !ok {
+			continue
+		}
+		rs := runs[e.Partition]
+		// The run covering the delivery: started ownerSlack before it, lasted until after it.
+		i, _ := slices.BinarySearchFunc(rs, e.At, func(r run, t time.Time) int { return r.from.Compare(t) })
+		if i == 0 {
+			continue
+		}
+		r := rs[i-1]
+		if r.owner == "" || r.owner == member || r.from.After(e.At.Add(-ownerSlack)) || !r.till.After(e.At) || held(e) {
+			continue
+		}
+		res.TwoOwners++
+		if len(res.TwoOwnersAt) < maxListed {
+			res.TwoOwnersAt = append(res.TwoOwnersAt, fmt.Sprintf("partition %d offset %d delivered by %s to %s at %s; its record named %s from %s to %s",
+				e.Partition, e.Offset, member, e.Client, e.At.Format(time.RFC3339Nano), r.owner,
+				r.from.Format(time.RFC3339Nano), r.till.Format(time.RFC3339Nano)))
+		}
+	}
+}
+
+// redeliveryCause explains why cur delivered again what prev had delivered.
+func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout time.Duration) string {
+	if prev.outcome == EventNack {
+		return causeNack
+	}
+	unacked := prev.outcome == 0
+	// The daemon's ack deadline starts when it sends; the client logs the
+	// delivery when it reads it, up to a loaded machine's latency later.
+	if unacked && cur.At.Sub(prev.At) >= ackTimeout*9/10 {
+		return causeTimeout
+	}
+	for _, f := range faults {
+		// A fault's aftermath outlasts it by up to an ack timeout: a daemon
+		// resumed from SIGSTOP drops the clients whose pings it missed, and
+		// a deposed leader delivers until its next commit fails.
+		if f.Start.After(cur.At) || f.End.Add(ackTimeout).Before(prev.At) {
+			continue
+		}
+		// A client fault explains what that client held, and what it logs
+		// late: a stopped client reads after SIGCONT what it was sent before.
+		if clientFault(f.Kind) && f.Target != prev.Role() && f.Target != cur.Role() {
+			continue
+		}
+		return causeFault
+	}
+	if !unacked && prev.doneAt.Sub(prev.At) >= ackTimeout {
+		return causeTimeout // acked after the daemon had given up on it
+	}
+	return causeUnexplained
+}
+
+// checkOffsets compares every sampled committed offset with the first acks:
+// each record below it must have been acked before the sample was read.
+func checkOffsets(res *Result, records []Record, firstAck map[key]time.Time, samples []OffsetSample) {
+	// Per partition, the latest first-ack among the records up to each offset
+	// (an unacked record counts as acked never).
+	never := time.Unix(1<<40, 0)
+	type prefix struct {
+		offs   []int64
+		latest []time.Time
+	}
+	parts := map[int32]*prefix{}
+	for _, r := range records {
+		p := parts[r.Partition]
+		if p == nil {
+			p = &prefix{}
+			parts[r.Partition] = p
+		}
+		t, ok := firstAck[key{r.Partition, r.Offset}]
+		if !ok {
+			t = never
+		}
+		if n := len(p.latest); n > 0 && p.latest[n-1].After(t) {
+			t = p.latest[n-1]
+		}
+		p.offs, p.latest = append(p.offs, r.Offset), append(p.latest, t)
+	}
+	res.OffsetSamples = len(samples)
+	for _, s := range samples {
+		p := parts[s.Partition]
+		if p == nil {
+			continue
+		}
+		// The records below s.Offset: p.offs[:i].
+		i, _ := slices.BinarySearch(p.offs, s.Offset)
+		if i == 0 || p.latest[i-1].Before(s.At) {
+			continue
+		}
+		res.OffsetViolations++
+		if len(res.Violations) < maxListed {
+			what := "acked only at " + p.latest[i-1].Format(time.RFC3339Nano)
+			if p.latest[i-1].Equal(never) {
+				what = "never acked"
+			}
+			res.Violations = append(res.Violations, fmt.Sprintf("partition %d committed %d at %s, but a record below it was %s",
+				s.Partition, s.Offset, s.At.Format(time.RFC3339Nano), what))
+		}
+	}
+}
+
+// recovery measures, for each daemon fault that interrupts delivery, the
+// time until every partition that was receiving records delivers again a
+// record produced after the fault: only a live owner can have sent that one
+// (a client logs a delivery when it reads it, and may read late what a dead
+// daemon sent before the fault).
+func recovery(res *Result, records []Record, perRecord map[key][]*delivery, faults []Fault, leaderOnly bool) {
+	type rec struct{ at, first time.Time } // produced; first delivered (zero: never)
+	parts := map[int32][]rec{}
+	for _, r := range records {
+		var first time.Time
+		for _, d := range perRecord[key{r.Partition, r.Offset}] {
+			if first.IsZero() || d.At.Before(first) {
+				first = d.At
+			}
+		}
+		parts[r.Partition] = append(parts[r.Partition], rec{r.At, first})
+	}
+	for _, rs := range parts {
+		slices.SortFunc(rs, func(a, b rec) int { return a.at.Compare(b.at) })
+	}
+	byAt := func(r rec, t time.Time) int { return r.at.Compare(t) }
+	for _, f := range faults {
+		if !daemonFault(f.Kind) || (leaderOnly && !f.Leader) {
+			continue
+		}
+		var worst time.Duration
+		recovered, active := true, 0
+		for _, rs := range parts {
+			// Active: records were produced just before the fault.
+			i, _ := slices.BinarySearchFunc(rs, f.Start.Add(-recoveryActiveSince), byAt)
+			if i == len(rs) || rs[i].at.After(f.Start) {
+				continue
+			}
+			active++
+			j, _ := slices.BinarySearchFunc(rs, f.Start.Add(time.Nanosecond), byAt)
+			var best time.Time
+			for ; j < len(rs) && (best.IsZero() || rs[j].at.Before(best)); j++ {
+				if !rs[j].first.IsZero() && (best.IsZero() || rs[j].first.Before(best)) {
+					best = rs[j].first
+				}
+			}
+			if best.IsZero() {
+				recovered = false
+				continue
+			}
+			worst = max(worst, best.Sub(f.Start))
+		}
+		if !recovered {
+			res.NotRecovered++
+			continue
+		}
+		if active == 0 || serverDown(faults, f.Start, f.Start.Add(worst)) {
+			// Nothing flowed, or nothing could move: no failover time to measure.
+			res.Unmeasured++
+			continue
+		}
+		res.Recovery = append(res.Recovery, worst)
+	}
+}

@@ -1,0 +1,245 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+func ev(ms int, kind byte, client string, idx uint64, p int32, o int64) Event {
+	return Event{At: at(ms), Kind: kind, Client: client, Index: idx, Partition: p, Offset: o, Attempt: 1, Member: "m", Value: "1"}
+}
+
+func records(p int32, n int) []Record {
+	var out []Record
+	for o := range n {
+		out = append(out, Record{Partition: p, Offset: int64(o), At: at(o)})
+	}
+	return out
+}
+
+func TestVerifyCountsARecordNeverAckedAsLost(t *testing.T) {
+	in := Input{Records: records(0, 3), AckTimeout: 5 * time.Second, Events: []Event{
+		ev(10, EventDeliver, "c0.1", 1, 0, 0), ev(11, EventAck, "c0.1", 1, 0, 0),
+		ev(12, EventDeliver, "c0.1", 2, 0, 1), // delivered, never acked
+		ev(13, EventDeliver, "c0.1", 3, 0, 2), ev(14, EventAck, "c0.1", 3, 0, 2),
+	}}
+	in.Sent = append(records(0, 3), Record{Partition: 0, Offset: 3, At: at(20)}) // acknowledged, then gone from Kafka
+	res := Verify(in, true)
+	if res.Vanished != 1 {
+		t.Fatalf("vanished %d, want 1", res.Vanished)
+	}
+	if res.Lost != 1 || res.Acked != 2 || len(res.LostRecords) != 1 || !strings.HasPrefix(res.LostRecords[0], "0/1 ") {
+		t.Fatalf("lost %d acked %d %v, want 0/1 lost", res.Lost, res.Acked, res.LostRecords)
+	}
+	if res.Passed() {
+		t.Fatal("a run that lost a record passed")
+	}
+}
+
+func TestVerifyExplainsEachRedelivery(t *testing.T) {
+	faults := []Fault{
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(1000), End: at(2000)},
+		{Kind: FaultClientKill, Target: "c1", Start: at(20_000), End: at(21_000)},
+	}
+	in := Input{Records: records(0, 5), AckTimeout: 5 * time.Second, Faults: faults, Events: []Event{
+		// nacked, then delivered again
+		ev(10, EventDeliver, "nacker.1", 1, 0, 0), ev(210, EventNack, "nacker.1", 1, 0, 0),
+		ev(220, EventDeliver, "c0.1", 1, 0, 0), ev(230, EventAck, "c0.1", 1, 0, 0),
+		// acked before the leader's kill, replayed by the next leader
+		ev(500, EventDeliver, "c0.1", 2, 0, 1), ev(510, EventAck, "c0.1", 2, 0, 1),
+		ev(3000, EventDeliver, "c0.1", 3, 0, 1), ev(3010, EventAck, "c0.1", 3, 0, 1),
+		// held by the silent client past the ack timeout
+		ev(4000, EventDeliver, "silent.1", 1, 0, 2),
+		// (logged on receipt: the redelivery comes a little less than the timeout after the log line)
+		ev(8950, EventDeliver, "c0.1", 4, 0, 2), ev(8960, EventAck, "c0.1", 4, 0, 2),
+		// acked by c0, delivered again with no fault, nack or timeout in between
+		ev(10_000, EventDeliver, "c0.1", 5, 0, 3), ev(10_010, EventAck, "c0.1", 5, 0, 3),
+		ev(12_000, EventDeliver, "c2.1", 1, 0, 3), ev(12_010, EventAck, "c2.1", 1, 0, 3),
+		// c0 acked, c1 (not c0) was killed: the kill of another client explains nothing
+		ev(19_000, EventDeliver, "c0.1", 6, 0, 4), ev(19_500, EventAck, "c0.1", 6, 0, 4),
+		ev(21_500, EventDeliver, "c2.1", 2, 0, 4), ev(21_510, EventAck, "c2.1", 2, 0, 4),
+	}}
+	// A leader resumed from SIGSTOP at 30 s drops a client whose ack it had not read: acked, delivered again.
+	faults = append(faults, Fault{Kind: FaultDaemonStop, Target: "d1", Leader: true, Start: at(28_000), End: at(30_000)},
+		Fault{Kind: FaultClientStop, Target: "silent", Start: at(38_000), End: at(40_000)})
+	in.Faults = faults
+	in.Records = records(0, 7)
+	in.Events = append(in.Events,
+		ev(30_005, EventDeliver, "c0.1", 7, 0, 5), ev(30_006, EventAck, "c0.1", 7, 0, 5),
+		ev(30_020, EventDeliver, "c2.1", 3, 0, 5), ev(30_030, EventAck, "c2.1", 3, 0, 5),
+		// the silent client, stopped, logs at 40 s a delivery it was sent before
+		ev(39_500, EventDeliver, "c0.1", 8, 0, 6), ev(39_510, EventAck, "c0.1", 8, 0, 6),
+		ev(40_001, EventDeliver, "silent.1", 2, 0, 6))
+	res := Verify(in, true)
+	want := map[string]int{causeNack: 1, causeFault: 3, causeTimeout: 1, causeUnexplained: 2}
+	for c, n := range want {
+		if res.Duplicates[c] != n {
+			t.Errorf("duplicates %s: %d, want %d (all %v)", c, res.Duplicates[c], n, res.Duplicates)
+		}
+	}
+	if len(res.Unexplained) != 2 || res.Passed() {
+		t.Fatalf("unexplained %v, passed %v", res.Unexplained, res.Passed())
+	}
+}
+
+func TestVerifyFindsACommittedOffsetPastAnUnackedRecord(t *testing.T) {
+	in := Input{Records: records(0, 3), AckTimeout: 5 * time.Second, Events: []Event{
+		ev(10, EventDeliver, "c0.1", 1, 0, 0), ev(11, EventAck, "c0.1", 1, 0, 0),
+		ev(12, EventDeliver, "c0.1", 2, 0, 1), ev(500, EventAck, "c0.1", 2, 0, 1),
+		ev(13, EventDeliver, "c0.1", 3, 0, 2), ev(14, EventAck, "c0.1", 3, 0, 2),
+	}, Samples: []OffsetSample{
+		{At: at(100), Partition: 0, Offset: 1}, // fine: 0 acked at 11
+		{At: at(200), Partition: 0, Offset: 3}, // 1 acked only at 500
+		{At: at(600), Partition: 0, Offset: 3}, // fine
+		{At: at(700), Partition: 1, Offset: 9}, // a partition without records: nothing to check
+	}}
+	res := Verify(in, true)
+	if res.OffsetViolations != 1 || res.OffsetSamples != 4 || !strings.Contains(res.Violations[0], "committed 3") {
+		t.Fatalf("violations %d of %d: %v", res.OffsetViolations, res.OffsetSamples, res.Violations)
+	}
+	if res.Passed() {
+		t.Fatal("a run whose offsets passed an unacked record passed")
+	}
+}
+
+func TestVerifyMeasuresRecoveryAfterLeaderFaults(t *testing.T) {
+	var recs []Record
+	var evs []Event
+	idx := uint64(0)
+	for p := range int32(2) {
+		for ms := 0; ms < 10_000; ms += 100 {
+			o := int64(ms / 100)
+			recs = append(recs, Record{Partition: p, Offset: o, At: at(ms)})
+			d := ms + 5
+			if ms >= 3000 {
+				d = max(d, 5000+int(p)*700) // held up by the failover; partition 1 resumes at 5.7 s
+			}
+			idx++
+			evs = append(evs, ev(d, EventDeliver, "c0.1", idx, p, o), ev(d+1, EventAck, "c0.1", idx, p, o))
+		}
+	}
+	// A client reads late, after the kill, what the dead leader sent before it: not a recovery.
+	idx++
+	evs = append(evs, ev(3050, EventDeliver, "c1.1", idx, 1, 29), ev(3051, EventAck, "c1.1", idx, 1, 29))
+	faults := []Fault{
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(3000), End: at(4000)},
+		{Kind: FaultDaemonKill, Target: "d1", Start: at(7000), End: at(8000)}, // not the leader
+		{Kind: FaultCutZooKeeper, Target: "d2", Leader: true, Start: at(8000), End: at(8100)},
+	}
+	res := Verify(Input{Records: recs, Events: evs, Faults: faults, AckTimeout: 5 * time.Second}, true)
+	if len(res.Recovery) != 1 || res.Recovery[0] != 2700*time.Millisecond {
+		t.Fatalf("recovery %v, want [2.7s]", res.Recovery)
+	}
+	res = Verify(Input{Records: recs, Events: evs, Faults: faults, AckTimeout: 5 * time.Second}, false)
+	if len(res.Recovery) != 2 {
+		t.Fatalf("spread mode: recovery %v, want one per member fault", res.Recovery)
+	}
+	// Nothing delivered after the fault: not recovered.
+	res = Verify(Input{Records: recs, Events: evs[:60], Faults: faults[:1], AckTimeout: 5 * time.Second}, true)
+	if res.NotRecovered != 1 || res.Passed() {
+		t.Fatalf("not recovered %d, passed %v", res.NotRecovered, res.Passed())
+	}
+	// Only the stale delivery after the fault: not recovered either.
+	res = Verify(Input{Records: recs, Events: append(evs[:60:60], evs[len(evs)-2:]...), Faults: faults[:1], AckTimeout: 5 * time.Second}, true)
+	if res.NotRecovered != 1 || res.Passed() {
+		t.Fatalf("not recovered %d, passed %v", res.NotRecovered, res.Passed())
+	}
+}
+
+func TestParseEventsSkipsOnlyATruncatedLastLine(t *testing.T) {
+	good := "1700000000000000000 D c0.1 1 2 3 1 127.0.0.1:19210 42\n1700000000000000001 A c0.1 1 2 3 1 127.0.0.1:19210 42\n"
+	evs, err := ParseEvents(strings.NewReader(good + "1700000000000000002 D c0.1 2 2"))
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("events %v, err %v", evs, err)
+	}
+	e := evs[1]
+	if e.Kind != EventAck || e.Client != "c0.1" || e.Role() != "c0" || e.Partition != 2 || e.Offset != 3 || e.Value != "42" {
+		t.Fatalf("parsed %+v", e)
+	}
+	if _, err := ParseEvents(strings.NewReader("garbage\n" + good)); err == nil {
+		t.Fatal("a malformed line in the middle was accepted")
+	}
+}
+
+func TestVerifyFindsADeliveryByAMemberThatNoLongerOwnsThePartition(t *testing.T) {
+	members := map[string]string{"127.0.0.1:1": "d0", "127.0.0.1:2": "d1"}
+	var owners []OwnerSample
+	for ms := 0; ms <= 20_000; ms += 250 {
+		owner := "d0"
+		if ms >= 5000 {
+			owner = "d1" // handed over at 5 s
+		}
+		owners = append(owners, OwnerSample{At: at(ms), Partition: 0, Owner: owner})
+	}
+	d := func(ms int, member string, o int64) Event {
+		e := ev(ms, EventDeliver, "c0.1", uint64(o+1), 0, o)
+		e.Member = member
+		return e
+	}
+	in := Input{Records: records(0, 5), AckTimeout: 5 * time.Second, Owners: owners, Members: members,
+		Faults: []Fault{{Kind: FaultClientStop, Target: "c1", Start: at(9000), End: at(12_000)}},
+		Events: []Event{
+			d(1000, "127.0.0.1:1", 0), // d0 owns it
+			d(5500, "127.0.0.1:1", 1), // d0, just after the handoff: within the slack
+			d(6000, "127.0.0.1:2", 2), // d1 owns it
+			d(9000, "127.0.0.1:1", 3), // d0, 4 s after the handoff: a second owner
+		}}
+	late := d(12_500, "127.0.0.1:1", 4) // logged by a client just resumed from SIGSTOP: not judged
+	late.Client = "c1.1"
+	in.Events = append(in.Events, late)
+	res := Verify(in, false)
+	if res.TwoOwners != 1 || !strings.Contains(res.TwoOwnersAt[0], "offset 3 delivered by d0") || res.Passed() {
+		t.Fatalf("two owners %d: %v (passed %v)", res.TwoOwners, res.TwoOwnersAt, res.Passed())
+	}
+}
+
+func TestVerifyLeavesOutOfTheFiguresARecoveryDuringAServerRestart(t *testing.T) {
+	var recs []Record
+	var evs []Event
+	for ms := 0; ms < 20_000; ms += 100 {
+		if ms >= 3000 && ms < 9000 {
+			continue // the broker is down: nothing produced
+		}
+		o := int64(len(recs))
+		recs = append(recs, Record{Partition: 0, Offset: o, At: at(ms)})
+		evs = append(evs, ev(ms+5, EventDeliver, "c0.1", uint64(o+1), 0, o), ev(ms+6, EventAck, "c0.1", uint64(o+1), 0, o))
+	}
+	faults := []Fault{
+		{Kind: FaultKafkaRestart, Target: "kafka", Start: at(3000), End: at(9000)},
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(4000), End: at(5000)},   // during it
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(12000), End: at(13000)}, // after it
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(8500), End: at(8600)},   // no traffic before
+		{Kind: FaultZKRestart, Target: "zookeeper", Start: at(15000), End: at(16000)},
+		{Kind: FaultDaemonKill, Target: "d2", Leader: true, Start: at(15500), End: at(15600)}, // during a ZooKeeper restart
+	}
+	res := Verify(Input{Records: recs, Events: evs, Faults: faults, AckTimeout: 5 * time.Second}, true)
+	if len(res.Recovery) != 1 || res.Recovery[0] != 105*time.Millisecond || res.Unmeasured != 3 || res.NotRecovered != 0 {
+		t.Fatalf("recovery %v, unmeasured %d, not recovered %d", res.Recovery, res.Unmeasured, res.NotRecovered)
+	}
+}
+
+func TestVerifyExplainsARedeliveryByTheNextOwnerAsAHandoffInSpreadMode(t *testing.T) {
+	d := func(ms int, kind byte, client, member string, idx uint64) Event {
+		e := ev(ms, kind, client, idx, 0, 0)
+		e.Member = member
+		return e
+	}
+	in := Input{Records: records(0, 1), AckTimeout: 5 * time.Second, Events: []Event{
+		d(1000, EventDeliver, "c0.1", "127.0.0.1:1", 1), d(1010, EventAck, "c0.1", "127.0.0.1:1", 1),
+		d(3000, EventDeliver, "c0.1", "127.0.0.1:2", 2), d(3010, EventAck, "c0.1", "127.0.0.1:2", 2),
+		d(4000, EventDeliver, "c0.1", "127.0.0.1:2", 3), d(4010, EventAck, "c0.1", "127.0.0.1:2", 3),
+	}}
+	if res := Verify(in, false); res.Duplicates[causeUnexplained] != 2 {
+		t.Fatalf("leader mode (no ownership records): %v, want both unexplained", res.Duplicates)
+	}
+	in.Owners = []OwnerSample{{At: at(0), Partition: 0, Owner: "d0"}, {At: at(2000), Partition: 0, Owner: "d1"}}
+	res := Verify(in, false)
+	if res.Duplicates[causeHandoff] != 1 || res.Duplicates[causeUnexplained] != 1 {
+		t.Fatalf("spread mode: %v, want one handoff (another member) and one unexplained (the same member)", res.Duplicates)
+	}
+}
