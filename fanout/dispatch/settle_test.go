@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -175,5 +176,117 @@ func TestDeadlineListOrder(t *testing.T) {
 	s.dispatch(t0.Add(timeout))
 	if s.stats.Redelivered[RedeliverTimeout] != 2 {
 		t.Fatalf("%d expired at t0+timeout, want offsets 1 and 2", s.stats.Redelivered[RedeliverTimeout])
+	}
+}
+
+// rangeOf names deliveries of one round, consecutive ids, as one range.
+func rangeOf(t *testing.T, ds []Delivery) []Range {
+	t.Helper()
+	for i := 1; i < len(ds); i++ {
+		if ds[i].ID != ds[i-1].ID+1 {
+			t.Fatalf("ids %v are not consecutive", ids(ds))
+		}
+	}
+	return []Range{{First: ds[0].ID, Count: uint64(len(ds))}}
+}
+
+// Deliveries settled by ranges follow the delivery policies as those named
+// by ids do: a nack's delay and reason, max attempts and the dead-letter
+// record, key gates, observers' copies.
+func TestSettleRangesHonourPolicies(t *testing.T) {
+	s, sinks := setup(10)
+	dl := &recDeadLetter{}
+	s.maxAttempts, s.deadLetter = 2, dl
+	s.keys = map[uint64]keyGate{}
+	obs := &recSink{}
+	s.observe(9, "watch", obs)
+	b := Batch{Partition: 0, Start: -1}
+	for i, k := range []string{"a", "a", "b", ""} {
+		m := &Message{Partition: 0, Offset: int64(i), Value: []byte{1}}
+		if k != "" {
+			m.Key = []byte(k)
+		}
+		b.Messages = append(b.Messages, m)
+	}
+	s.addBatch(b)
+	s.dispatch(t0)
+	k := sinks[0]
+	if got := offsetsOf(k.got); !slices.Equal(got, []int64{0, 2, 3}) {
+		t.Fatalf("first round %v, want 0, 2, 3 (1 waits behind key a)", got)
+	}
+
+	// A nack by range with a delay: nothing comes back before it is over.
+	s.settle(1, OpNack, nil, rangeOf(t, k.got), NackInfo{Delay: 5 * time.Second, Reason: "busy"}, t0)
+	s.dispatch(t0)
+	if st := s.snapshot(); st.Delayed != 3 || len(k.got) != 3 {
+		t.Fatalf("after a delayed nack by range: %d delayed, %d deliveries; want 3, 3", st.Delayed, len(k.got))
+	}
+	s.expire(t0.Add(5*time.Second - time.Millisecond))
+	s.dispatch(t0.Add(5*time.Second - time.Millisecond))
+	if len(k.got) != 3 {
+		t.Fatal("redelivered before the nack's delay was over")
+	}
+	later := t0.Add(5 * time.Second)
+	s.expire(later)
+	s.dispatch(later)
+	second := k.got[3:]
+	if got := offsetsOf(second); len(got) != 3 || second[0].Attempt != 2 {
+		t.Fatalf("after the delay: %v (attempt %d), want 0, 2, 3 again, attempt 2", got, second[0].Attempt)
+	}
+
+	// Offset 0 (key a) acked by a range of one: the gate opens for offset 1.
+	s.settle(1, OpAck, nil, []Range{{First: second[0].ID, Count: 1}}, NackInfo{}, later)
+	s.dispatch(later)
+	if d := last(k); d.Msg.Offset != 1 || d.Attempt != 1 {
+		t.Fatalf("after the ack of key a's first message: got offset %d attempt %d, want 1, 1", d.Msg.Offset, d.Attempt)
+	}
+
+	// The second failure of 2 and 3, by range, is their last: dead letters
+	// with the range's reason.
+	s.settle(1, OpNack, nil, rangeOf(t, second[1:]), NackInfo{Reason: "cannot parse"}, later)
+	s.dispatch(later)
+	if len(dl.sent) != 2 {
+		t.Fatalf("%d dead letters, want 2", len(dl.sent))
+	}
+	for _, rec := range dl.sent {
+		if rec.Attempts != 2 || rec.Reason != "cannot parse" || rec.LastFailure != "nack" {
+			t.Fatalf("dead letter %+v, want 2 attempts, reason \"cannot parse\", last failure nack", rec)
+		}
+	}
+
+	var copies []string
+	for _, d := range obs.got {
+		if d.ID != 0 {
+			t.Fatalf("observer copy with delivery id %d, want 0", d.ID)
+		}
+		copies = append(copies, fmt.Sprintf("%d#%d", d.Msg.Offset, d.Attempt))
+	}
+	slices.Sort(copies) // delays ending at the same time end in no set order
+	if want := []string{"0#1", "0#2", "1#1", "2#1", "2#2", "3#1", "3#2"}; !slices.Equal(copies, want) {
+		t.Fatalf("observer got %v, want %v", copies, want)
+	}
+	if s.stats.Acked != 1 || s.clients[1].acked != 1 {
+		t.Fatalf("acked %d (client %d), want 1", s.stats.Acked, s.clients[1].acked)
+	}
+}
+
+// With weights, a client's deliveries of one round still have consecutive
+// ids, so one range per client and round settles them.
+func TestWeightedRoundsSettleByRange(t *testing.T) {
+	s := newState(timeout)
+	sinks := []*weightedSink{{w: 100}, {w: 50}}
+	for i, k := range sinks {
+		s.join(uint64(i+1), "c", 1<<20, k)
+	}
+	s.addBatch(batch(0, 0, 300))
+	s.dispatch(t0)
+	if a, b := len(sinks[0].got), len(sinks[1].got); a != 200 || b != 100 {
+		t.Fatalf("weights 100 and 50 got %d and %d of 300, want 200 and 100", a, b)
+	}
+	for i, k := range sinks {
+		s.settle(uint64(i+1), OpAck, nil, rangeOf(t, k.got), NackInfo{}, t0)
+	}
+	if st := s.snapshot(); st.InFlight != 0 || st.Acked != 300 || st.UnknownAcks != 0 {
+		t.Fatalf("after one range per client: %+v", st)
 	}
 }

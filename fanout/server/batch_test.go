@@ -172,14 +172,15 @@ func TestClientWithoutBatchSeesTodaysFrames(t *testing.T) {
 }
 
 // Ranges of Ack, Nack and Touch reach the backend's Settle, ids beside
-// them its Ack, Nack and Touch.
+// them its Ack, Nack and Touch; a Nack's delay and reason go with its
+// ranges.
 func TestRangesReachBackend(t *testing.T) {
 	s := startServer(t)
 	c := dial(t, s)
 	id := c.hello(batchHello()).GetSessionId()
 	c.send(
 		&protocol.Frame{Body: &protocol.Frame_Ack{Ack: &protocol.Ack{DeliveryIds: []uint64{7}, Ranges: []uint64{10, 5, 100, 2}}}},
-		&protocol.Frame{Body: &protocol.Frame_Nack{Nack: &protocol.Nack{Ranges: []uint64{20, 1}}}},
+		&protocol.Frame{Body: &protocol.Frame_Nack{Nack: &protocol.Nack{Ranges: []uint64{20, 1}, DelayMs: 250, Reason: "db down"}}},
 		&protocol.Frame{Body: &protocol.Frame_Touch{Touch: &protocol.Touch{Ranges: []uint64{30, 3}}}},
 	)
 	// The reader makes the calls in the order of the frames: once the last
@@ -190,7 +191,8 @@ func TestRangesReachBackend(t *testing.T) {
 		!slices.Equal(acks[1].ranges, []dispatch.Range{{First: 10, Count: 5}, {First: 100, Count: 2}}) {
 		t.Fatalf("ack calls %+v", acks)
 	}
-	if n := s.b.find("nack", id); len(n) != 1 || !slices.Equal(n[0].ranges, []dispatch.Range{{First: 20, Count: 1}}) {
+	if n := s.b.find("nack", id); len(n) != 1 || !slices.Equal(n[0].ranges, []dispatch.Range{{First: 20, Count: 1}}) ||
+		n[0].nack != (dispatch.NackInfo{Delay: 250 * time.Millisecond, Reason: "db down"}) {
 		t.Fatalf("nack calls %+v", n)
 	}
 	if n := s.b.find("touch", id); len(n) != 1 || !slices.Equal(n[0].ranges, []dispatch.Range{{First: 30, Count: 3}}) {
