@@ -200,15 +200,7 @@ func TestSettleRangesHonourPolicies(t *testing.T) {
 	s.keys = map[uint64]keyGate{}
 	obs := &recSink{}
 	s.observe(9, "watch", obs)
-	b := Batch{Partition: 0, Start: -1}
-	for i, k := range []string{"a", "a", "b", ""} {
-		m := &Message{Partition: 0, Offset: int64(i), Value: []byte{1}}
-		if k != "" {
-			m.Key = []byte(k)
-		}
-		b.Messages = append(b.Messages, m)
-	}
-	s.addBatch(b)
+	s.addBatch(keysBatch("a", "a", "b", ""))
 	s.dispatch(t0)
 	k := sinks[0]
 	if got := offsetsOf(k.got); !slices.Equal(got, []int64{0, 2, 3}) {
