@@ -233,6 +233,45 @@ func TestMessagesFromDeliverBatch(t *testing.T) {
 	}
 }
 
+// Batch.NackWith gives back the messages not yet settled with one delay
+// and reason: one Nack frame naming the batch's consecutive ids as a range,
+// by ids to a daemon without CAPABILITY_BATCH.
+func TestBatchNackWith(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		welcome *protocol.Welcome
+		ids     []uint64
+		ranges  []uint64
+	}{
+		{"ranges", batchWelcome(), nil, []uint64{2, 4}},
+		{"ids", testWelcome(), []uint64{2, 3, 4, 5}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := startFake(t)
+			c, fc := connectBatch(t, d, Config{Batches: true}, tc.welcome)
+			fc.deliverBatch(t, 1, 5)
+			b := receiveBatch(t, c)
+			if err := b.Messages[0].Ack(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.NackWith(1500*time.Millisecond, "db down"); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.NackWith(time.Second, ""); !errors.Is(err, ErrAlreadyAcked) {
+				t.Fatalf("second NackWith: %v, want ErrAlreadyAcked", err)
+			}
+			var n *protocol.Nack
+			for n == nil {
+				n = fc.next(t).GetNack()
+			}
+			if !slices.Equal(n.GetDeliveryIds(), tc.ids) || !slices.Equal(n.GetRanges(), tc.ranges) ||
+				n.GetDelayMs() != 1500 || n.GetReason() != "db down" {
+				t.Fatalf("nack %v, want ids %v, ranges %v, 1500 ms, \"db down\"", n, tc.ids, tc.ranges)
+			}
+		})
+	}
+}
+
 // A daemon whose Welcome does not list CAPABILITY_BATCH (one that predates
 // it) gets ids only, never ranges it would ignore.
 func TestNoRangesWithoutTheCapability(t *testing.T) {

@@ -63,7 +63,8 @@
 // message: Key, Value and header values are slices of a buffer allocated for
 // that frame alone and never reused. With Config.Batches the messages of
 // each frame arrive together as a Batch on Batches, and Batch.Ack (or Nack,
-// or Touch) settles the whole batch in one call, one range on the wire:
+// NackWith, or Touch) settles the whole batch in one call, one range on the
+// wire:
 //
 //	c, err := client.Dial(ctx, client.Config{Addrs: addrs, MaxInFlight: 1000, Batches: true})
 //	...

@@ -147,6 +147,19 @@ func (b *Batch) Ack() error { return b.finish(opAck) }
 // redelivery at once. It fails like Ack.
 func (b *Batch) Nack() error { return b.finish(opNack) }
 
+// NackWith gives back every message of the batch not yet acked or nacked,
+// as Message.NackWith does: for redelivery no earlier than d from now (0:
+// at once), with a reason. The batch's consecutive ids go as one range,
+// with one delay and reason. It fails like Ack.
+func (b *Batch) NackWith(d time.Duration, reason string) error {
+	if d <= 0 && reason == "" {
+		return b.Nack()
+	}
+	return b.settle(func(s *session, id uint64) {
+		s.later = append(s.later, laterNack{id: id, delay: d, reason: reason})
+	})
+}
+
 // Touch restarts the ack timeout of every message of the batch not yet
 // acked or nacked. It fails like Ack.
 func (b *Batch) Touch() error {
@@ -201,6 +214,12 @@ func (b *Batch) session() *session {
 // finish acks or nacks the messages not yet done, queueing their ids under
 // one lock.
 func (b *Batch) finish(o op) error {
+	return b.settle(func(s *session, id uint64) { s.queueLocked(o, id) })
+}
+
+// settle marks the messages not yet done done, and queues each one's id
+// with queue, under s.mu.
+func (b *Batch) settle(queue func(s *session, id uint64)) error {
 	if b.observed() {
 		return nil
 	}
@@ -217,7 +236,7 @@ func (b *Batch) finish(o op) error {
 	for _, m := range b.Messages {
 		if m.done.CompareAndSwap(false, true) {
 			if ended == nil {
-				s.queueLocked(o, m.DeliveryID)
+				queue(s, m.DeliveryID)
 			}
 			n++
 		}

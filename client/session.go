@@ -202,8 +202,8 @@ func (s *session) state() error {
 	return s.ended
 }
 
-// laterNack is a nack with a delay or a reason: each distinct pair is a
-// Nack frame of its own.
+// laterNack is a nack with a delay or a reason: each distinct pair goes in
+// Nack frames of its own.
 type laterNack struct {
 	id     uint64
 	delay  time.Duration
@@ -507,15 +507,21 @@ func (s *session) writeFrames(b *batch) error {
 			}
 		}
 	}
-	// Nacks with a delay or a reason: one frame per run of the same pair.
+	// Nacks with a delay or a reason: frames per run of the same pair, its
+	// consecutive ids as ranges (to a daemon that reads them).
 	for i := 0; i < len(b.later); {
-		j, ids := i, b.laterIDs[:0]
-		for ; j < len(b.later) && b.later[j].delay == b.later[i].delay && b.later[j].reason == b.later[i].reason && len(ids) < s.maxIDs; j++ {
-			ids = append(ids, b.later[j].id)
+		j, q := i, b.laterQ[:0]
+		for ; j < len(b.later) && b.later[j].delay == b.later[i].delay && b.later[j].reason == b.later[i].reason; j++ {
+			q = appendID(q, b.later[j].id)
 		}
-		b.laterIDs = ids
-		if err := s.w.WriteFrame(protocol.NackWithFrame(ids, b.later[i].delay, b.later[i].reason)); err != nil {
-			return err
+		b.laterQ = q
+		for len(q) > 0 {
+			q = b.cut(q, s.maxIDs, s.ranges)
+			f := protocol.NackWithFrame(b.ids, b.later[i].delay, b.later[i].reason)
+			f.GetNack().Ranges = b.ranges
+			if err := s.w.WriteFrame(f); err != nil {
+				return err
+			}
 		}
 		i = j
 	}
@@ -574,7 +580,7 @@ type batch struct {
 	pongs                []uint64
 	ids, ranges          []uint64 // the fields of the frame being written
 	later                []laterNack
-	laterIDs             []uint64
+	laterQ               []idRange // a run of later's of the same delay and reason
 
 	ack        *protocol.Frame_Ack
 	nack       *protocol.Frame_Nack
