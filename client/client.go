@@ -94,6 +94,10 @@ type Config struct {
 	// Consume); nil logs nothing. A *slog.Logger is any handler's: the
 	// application's own logger, whatever it writes to.
 	Logger *slog.Logger
+	// Batches makes deliveries arrive on Batches, the messages of each
+	// frame the daemon sent together as one Batch, instead of one by one on
+	// Messages (which then only closes when the client stops).
+	Batches bool
 }
 
 // withDefaults returns cfg with zero values replaced, or an error for a
@@ -140,9 +144,10 @@ func (cfg Config) withDefaults() (Config, error) {
 // the leader, in leader mode; over one connection per member in spread
 // mode. It reconnects by itself. Its methods are safe for concurrent use.
 type Client struct {
-	cfg  Config
-	log  *slog.Logger
-	msgs chan *Message
+	cfg     Config
+	log     *slog.Logger
+	msgs    chan *Message
+	batches chan *Batch // nil unless Config.Batches
 
 	ctx    context.Context // canceled by Close (or a failed Dial)
 	cancel context.CancelFunc
@@ -178,6 +183,10 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		msgs:   make(chan *Message, cfg.MaxInFlight),
 		done:   make(chan struct{}),
 		events: make(chan event, 16),
+	}
+	if cfg.Batches {
+		c.msgs = make(chan *Message)
+		c.batches = make(chan *Batch, cfg.MaxInFlight)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	ready := make(chan error, 1)
@@ -217,6 +226,13 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 // again); those already received return ErrStale from Ack, as do messages
 // of a member's session that ended while others go on.
 func (c *Client) Messages() <-chan *Message { return c.msgs }
+
+// Batches returns the channel of deliveries of a client with Config.Batches:
+// the messages of each frame the daemon sent together, as one Batch, of
+// every session merged. It is closed when the client stops for good, as
+// Messages is, and behaves as Messages does when a connection is replaced.
+// Without Config.Batches it is nil.
+func (c *Client) Batches() <-chan *Batch { return c.batches }
 
 // Close sends the acks queued so far and a Goodbye on every session, waits
 // for the daemons to close the connections (at most a couple of seconds),
@@ -350,7 +366,7 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 		MaxFrameSize:    uint32(c.cfg.MaxFrameSize),
 		Weight:          uint32(c.cfg.Weight),
 		Observer:        c.cfg.Observe,
-		Capabilities:    []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS},
+		Capabilities:    []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS, protocol.Capability_CAPABILITY_BATCH},
 	})
 	if err := w.WriteFrame(hello); err != nil {
 		return nil, "", fmt.Errorf("hello to %s: %w", addr, err)

@@ -31,7 +31,7 @@ func TestHelloFields(t *testing.T) {
 			if h.GetClientId() != tt.want.ClientId || h.GetProtocolVersion() != tt.want.ProtocolVersion ||
 				h.GetMaxInFlight() != tt.want.MaxInFlight || h.GetAuthToken() != tt.want.AuthToken ||
 				h.GetMaxFrameSize() != tt.want.MaxFrameSize ||
-				!slices.Equal(h.GetCapabilities(), []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS}) {
+				!slices.Equal(h.GetCapabilities(), []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS, protocol.Capability_CAPABILITY_BATCH}) {
 				t.Errorf("hello = %v, want %v", h, tt.want)
 			}
 			if got := cap(c.Messages()); got != int(tt.want.MaxInFlight) {

@@ -56,6 +56,27 @@
 // id queued by then in one frame. An idle client sends an ack at once; a busy
 // one sends many in one frame and one system call.
 //
+// The client announces CAPABILITY_BATCH: a daemon that takes it up sends
+// deliveries many to a frame (DeliverBatch, what is ready at that moment),
+// and reads ids named by ranges, which the client sends for runs of
+// consecutive ids. The client decodes a frame without an allocation per
+// message: Key, Value and header values are slices of a buffer allocated for
+// that frame alone and never reused. With Config.Batches the messages of
+// each frame arrive together as a Batch on Batches, and Batch.Ack (or Nack,
+// NackWith, or Touch) settles the whole batch in one call, one range on the
+// wire:
+//
+//	c, err := client.Dial(ctx, client.Config{Addrs: addrs, MaxInFlight: 1000, Batches: true})
+//	...
+//	for b := range c.Batches() {
+//		for _, m := range b.Messages {
+//			process(m.Value)
+//		}
+//		if err := b.Ack(); err != nil {
+//			log.Print(err)
+//		}
+//	}
+//
 // Delivery policies (the daemon's README): a worker that should retry later
 // gives the message back with a delay, and may say why (the reason reaches
 // the daemon's log and, once the message has failed the daemon's

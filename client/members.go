@@ -103,6 +103,9 @@ func (c *Client) run(ready chan<- error) {
 	}
 	c.linkWG.Wait()
 	close(c.msgs) // after the last reader has ended
+	if c.batches != nil {
+		close(c.batches)
+	}
 }
 
 // followMembers applies a member list that from's session received: an
@@ -198,7 +201,7 @@ func (c *Client) Members() []string {
 	return slices.Clone(c.members)
 }
 
-// dropStale empties msgs of messages of ended sessions, which could no
+// dropStale empties msgs (or batches) of messages of ended sessions, which could no
 // longer be acked, to make room for the next session's deliveries. It does
 // so only when l is the client's one link (leader mode): messages of other
 // sessions may wait in msgs otherwise, and stay (a stale one returns
@@ -213,6 +216,10 @@ func (c *Client) dropStale(l *link) {
 		select {
 		case m := <-c.msgs:
 			m.done.Store(true)
+		case b := <-c.batches: // a nil channel without Config.Batches
+			for _, m := range b.Messages {
+				m.done.Store(true)
+			}
 		default:
 			return
 		}

@@ -3,6 +3,7 @@ package fanout
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -206,5 +207,40 @@ func TestLeadTermEndsItsAuthorityWhenFenced(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the fenced term did not end in its authority")
+	}
+}
+
+// A client with the batch API acks a whole batch in one call, by one range:
+// the daemon settles it (the serving term's dispatcher, through the
+// server's backend) and commits past it.
+func TestDaemonSettlesTheRangesOfABatch(t *testing.T) {
+	store := offsets.NewMemoryStore()
+	d, brokers, _ := soloDaemon(t, store)
+	for i := range 5 {
+		produceTo(t, brokers, fmt.Sprint("m", i))
+	}
+	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10, Batches: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for got := 0; got < 5; {
+		select {
+		case b := <-c.Batches():
+			got += len(b.Messages)
+			if err := b.Ack(); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of 5 messages within 30s", got)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "every offset committed", func() bool {
+		got, _ := store.Load(context.Background())
+		return got[0] == 5
+	})
+	st, _ := d.Stats(context.Background())
+	if st.Acked != 5 || st.UnknownAcks != 0 {
+		t.Fatalf("acked %d, unknown %d", st.Acked, st.UnknownAcks)
 	}
 }

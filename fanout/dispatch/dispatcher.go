@@ -113,6 +113,7 @@ const (
 	reqAck
 	reqNack
 	reqTouch
+	reqSettle
 	reqStats
 	reqClients
 	reqObserve
@@ -126,6 +127,8 @@ type request struct {
 	kind   reqKind
 	id     uint64
 	ids    []uint64
+	op     Op      // reqSettle
+	ranges []Range // reqSettle
 	name   string
 	max    int
 	sink   ClientSink
@@ -211,9 +214,19 @@ func (d *Dispatcher) Observe(id uint64, name string, sink ClientSink) {
 // Touch implements Backend.
 func (d *Dispatcher) Touch(id uint64, ids []uint64) { d.sendIDs(reqTouch, id, ids) }
 
+// Settle implements Backend.
+func (d *Dispatcher) Settle(id uint64, op Op, ranges []Range, how NackInfo) {
+	for len(ranges) > 0 {
+		n := min(len(ranges), maxRequestIDs)
+		d.send(request{kind: reqSettle, id: id, op: op, ranges: ranges[:n:n], nack: how})
+		ranges = ranges[n:]
+	}
+}
+
 // Bounds of the request queue: at most reqQueue requests wait, each naming
-// at most maxRequestIDs delivery ids, so the ids waiting in the queue take
-// at most 8 MiB whatever the clients' in-flight limits.
+// at most maxRequestIDs delivery ids or ranges, so the ids and ranges
+// waiting in the queue take at most 16 MiB whatever the clients' in-flight
+// limits.
 const (
 	reqQueue      = 1024
 	maxRequestIDs = 1024
@@ -597,6 +610,8 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 		s.nack(r.id, r.ids, r.nack, now)
 	case reqTouch:
 		s.touch(r.id, r.ids, now)
+	case reqSettle:
+		s.settle(r.id, r.op, nil, r.ranges, r.nack, now)
 	case reqStats:
 		st := s.snapshot()
 		cm.report(&st)
