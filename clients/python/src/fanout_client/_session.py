@@ -306,7 +306,10 @@ class Session:
             self.client._follow_members(
                 self.link, [m.address for m in f.members.members], _wire.members_version(f.members, "version")
             )
-        elif kind is None and self.client.batch:
+        elif kind == "deliver_batch":  # in the schema since issue 13
+            for d in f.deliver_batch.deliveries:
+                self._deliver(d)
+        elif kind is None and self.client.batch:  # generated code of the draft schema
             batch = _wire.deliver_batch(body)
             if batch is None:
                 self.log.warning("ignoring a frame of a type this client does not know")
