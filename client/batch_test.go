@@ -347,7 +347,7 @@ func TestRetiringSessionWaitsForItsBatch(t *testing.T) {
 	bc.deliverBatch(t, 50, 3)
 	held := receiveBatch(t, c)
 
-	ac.send(t, protocol.MembersFrame([]string{a.addr()}))
+	ac.send(t, protocol.MembersFrame([]string{a.addr()}, nil))
 	ac.expectGoodbye(t)
 	a.join(t, 30, a.addr())
 	bc.sync(t) // the retiring session answers, and has not said goodbye

@@ -154,6 +154,9 @@ type Client struct {
 	done   chan struct{} // closed when run has returned
 	events chan event    // links → run
 	linkWG sync.WaitGroup
+	// version is the version of the member list followed (nil: none); only
+	// the run loop uses it.
+	version *protocol.MembersVersion
 	// shuttingDown is set by Shutdown: a session's failure to send its
 	// final acks is then Shutdown's error.
 	shuttingDown atomic.Bool

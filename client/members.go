@@ -1,6 +1,7 @@
 package client
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/nanoservice/core-fanout/protocol"
@@ -22,8 +23,9 @@ type event struct {
 	kind    eventKind
 	link    *link
 	sess    *session
-	members []string // evMembers: the list
-	err     error    // evGaveUp: why
+	members []string                 // evMembers: the list
+	version *protocol.MembersVersion // evMembers: its version
+	err     error                    // evGaveUp: why
 }
 
 // event hands ev to the run loop, which receives until every link has
@@ -72,9 +74,9 @@ func (c *Client) run(ready chan<- error) {
 				connected = true
 				ready <- nil
 			}
-			c.followMembers(ev.link, protocol.Addresses(ev.sess.welcome.GetMembers()), startLink)
+			c.followMembers(ev.link, protocol.Addresses(ev.sess.welcome.GetMembers()), ev.sess.welcome.GetMembersVersion(), true, startLink)
 		case evMembers:
-			c.followMembers(ev.link, ev.members, startLink)
+			c.followMembers(ev.link, ev.members, ev.version, false, startLink)
 		case evGaveUp:
 			c.mu.Lock()
 			if c.err == nil {
@@ -108,17 +110,32 @@ func (c *Client) run(ready chan<- error) {
 	}
 }
 
-// followMembers applies a member list that from's session received: an
-// empty list means leader mode (from becomes the one link, with all the
-// credit); otherwise one link per member, each with its share, links of
-// members no longer listed are stopped (after the messages they delivered
-// are acked), and the cluster link becomes the link of the member it is
-// connected to, or stops. It never stops every link, so the run loop ends
-// only after Close or a link gave up.
-func (c *Client) followMembers(from *link, list []string, startLink func(member string, credit int)) {
+// followMembers applies a member list of version v that from's session
+// received (in its Welcome when welcome): an empty list means leader mode
+// (from becomes the one link, with all the credit); otherwise one link per
+// member, each with its share, links of members no longer listed are
+// stopped (after the messages they delivered are acked), and the cluster
+// link becomes the link of the member it is connected to, or stops. It
+// never stops every link, so the run loop ends only after Close or a link
+// gave up.
+//
+// Members may disagree for a moment while an assignment spreads: a list
+// older than the one followed (a lower version, or none from a Members
+// frame while the client holds one) is ignored, so that the client does not
+// open and retire sessions at the pace of whichever member spoke last. A
+// Welcome without a version is leader mode, or an older daemon: followed.
+func (c *Client) followMembers(from *link, list []string, v *protocol.MembersVersion, welcome bool,
+	startLink func(member string, credit int)) {
 	if _, _, stopping := from.state(); stopping {
 		return // its member left: its view is not the one to follow
 	}
+	if v.Compare(c.version) < 0 && (v != nil || !welcome) {
+		c.log.Debug("ignoring an older member list", "from", from.addr(), "members", list,
+			"version", fmt.Sprintf("%d/%d", v.GetEpoch(), v.GetGeneration()),
+			"following", fmt.Sprintf("%d/%d", c.version.GetEpoch(), c.version.GetGeneration()))
+		return
+	}
+	c.version = v
 	list = slices.Compact(slices.Sorted(slices.Values(slices.DeleteFunc(slices.Clone(list),
 		func(a string) bool { return a == "" }))))
 	c.mu.Lock()

@@ -128,7 +128,7 @@ func TestSpreadMemberLeavesAndJoins(t *testing.T) {
 	conns[cm.addr()].deliver(t, 5, "held")
 	held := receive(t, c)
 
-	conns[a.addr()].send(t, protocol.MembersFrame(ab))
+	conns[a.addr()].send(t, protocol.MembersFrame(ab, nil))
 	for _, d := range []*fakeDaemon{a, b} {
 		if acked := conns[d.addr()].expectGoodbye(t); len(acked) != 0 {
 			t.Errorf("%s acked %v", d.addr(), acked)
@@ -140,7 +140,7 @@ func TestSpreadMemberLeavesAndJoins(t *testing.T) {
 	// delivery on (the daemon delivers it again after the Goodbye). The
 	// list it sends, not yet updated, is not followed.
 	conns[cm.addr()].deliver(t, 6, "after leaving")
-	conns[cm.addr()].send(t, protocol.MembersFrame(all))
+	conns[cm.addr()].send(t, protocol.MembersFrame(all, nil))
 	conns[cm.addr()].sync(t) // both frames were read
 	expectNoMessage(t, c)
 	conns[a.addr()].deliver(t, 1, "from a")
@@ -161,7 +161,7 @@ func TestSpreadMemberLeavesAndJoins(t *testing.T) {
 		t.Errorf("Members() = %q, want %q", got, ab)
 	}
 
-	conns[b.addr()].send(t, protocol.MembersFrame(all))
+	conns[b.addr()].send(t, protocol.MembersFrame(all, nil))
 	for _, d := range []*fakeDaemon{a, b} {
 		conns[d.addr()].expectGoodbye(t) // a's acked message no longer holds it
 	}
@@ -195,7 +195,7 @@ func TestRetiringSessionWaitsAtMostTheAckTimeout(t *testing.T) {
 	m := receive(t, c)
 
 	start := time.Now() // before the trigger: the client may act before send returns
-	ac.send(t, protocol.MembersFrame([]string{a.addr()}))
+	ac.send(t, protocol.MembersFrame([]string{a.addr()}, nil))
 	ac.expectGoodbye(t)
 	a.join(t, 30, a.addr())
 	if acked := bc.expectGoodbye(t); len(acked) != 0 {
@@ -242,7 +242,7 @@ func TestSpreadMemberDisappears(t *testing.T) {
 	// Gone for good: nothing listens any more, and the others drop it.
 	_ = cm.ln.Close()
 	_ = conns[cm.addr()].nc.Close()
-	conns[a.addr()].send(t, protocol.MembersFrame(ab))
+	conns[a.addr()].send(t, protocol.MembersFrame(ab, nil))
 	for _, d := range []*fakeDaemon{a, b} {
 		conns[d.addr()].expectGoodbye(t)
 		conns[d.addr()] = d.join(t, 15, ab...)
@@ -258,7 +258,7 @@ func TestLeaderModeOneSession(t *testing.T) {
 	fc := d.join(t, 30)
 	c := connected(t, ch)
 	t.Cleanup(func() { _ = fc.nc.Close() }) // before c.Close, which then need not linger
-	fc.send(t, protocol.MembersFrame(nil))
+	fc.send(t, protocol.MembersFrame(nil, nil))
 	fc.deliver(t, 3, "x")
 	m := receive(t, c)
 	if m.Member() != d.addr() {
@@ -280,7 +280,7 @@ func TestLeaderModeOneSession(t *testing.T) {
 func TestSpreadBackToLeaderMode(t *testing.T) {
 	a, b := startFake(t), startFake(t)
 	c, conns := spread(t, 30, a, b)
-	conns[b.addr()].send(t, protocol.MembersFrame(nil))
+	conns[b.addr()].send(t, protocol.MembersFrame(nil, nil))
 	conns[a.addr()].expectGoodbye(t)
 	conns[b.addr()].expectGoodbye(t)
 	bc := b.join(t, 30)
@@ -332,7 +332,7 @@ func TestSpreadShareChangedDuringHandshake(t *testing.T) {
 	if h := pending.expectHello(t); h.GetMaxInFlight() != 10 {
 		t.Fatalf("Hello asks %d, want 10", h.GetMaxInFlight())
 	}
-	ac.send(t, protocol.MembersFrame(four))
+	ac.send(t, protocol.MembersFrame(four, nil))
 	d.join(t, 7, four...) // started after the shares were set
 	pending.send(t, protocol.WelcomeFrame(welcomeMembers(four...)))
 	pending.expectGoodbye(t)
@@ -342,4 +342,61 @@ func TestSpreadShareChangedDuringHandshake(t *testing.T) {
 	}
 	a.join(t, 7, four...)
 	b.join(t, 7, four...)
+}
+
+// Members may disagree for a moment while an assignment spreads: a list
+// older than the one followed (a lower epoch and generation, or none from a
+// Members frame) changes nothing, in a Members frame or a Welcome; the
+// client does not open and retire sessions at the pace of whichever member
+// spoke last.
+func TestSpreadOlderMemberListChangesNothing(t *testing.T) {
+	a, b, cm := startFake(t), startFake(t), startFake(t)
+	c, conns := spread(t, 30, a, b, cm)
+	all, ab := memberAddrs(a, b, cm), memberAddrs(a, b)
+	v := func(epoch, generation uint64) *protocol.MembersVersion {
+		return &protocol.MembersVersion{Epoch: epoch, Generation: generation}
+	}
+	conns[a.addr()].send(t, protocol.MembersFrame(all, v(2, 5)))
+	conns[a.addr()].sync(t)                                                      // the client took it in before the next lists
+	conns[cm.addr()].send(t, protocol.MembersFrame([]string{a.addr()}, v(2, 4))) // older
+	conns[b.addr()].send(t, protocol.MembersFrame([]string{a.addr()}, nil))      // none, while the client holds one
+	for _, d := range []*fakeDaemon{a, b, cm} {
+		conns[d.addr()].sync(t) // no Goodbye: every session stays
+	}
+	// A newer list is followed: cm leaves, a and b take its share. Had an
+	// older list been followed, a would have come back with all the credit.
+	conns[b.addr()].send(t, protocol.MembersFrame(ab, v(3, 1)))
+	for _, d := range []*fakeDaemon{a, b, cm} {
+		conns[d.addr()].expectGoodbye(t)
+	}
+	waitFor(t, testTimeout, "the leaving member's link to exit", func() bool { return links(c) == 2 })
+	wa := welcomeMembers(ab...)
+	wa.MembersVersion = v(3, 1)
+	conns[a.addr()] = a.joinWith(t, 15, wa)
+	conns[a.addr()].sync(t) // the client took it in before b's
+	// A Welcome of an older version (b's, still on generation 5) is not
+	// followed either: no session with cm again.
+	w := welcomeMembers(all...)
+	w.MembersVersion = v(2, 5)
+	conns[b.addr()] = b.joinWith(t, 15, w)
+	conns[b.addr()].sync(t)
+	// b's session goes on: had its list been followed, the new share (10)
+	// would have retired it, and it would pass no delivery on.
+	conns[b.addr()].deliver(t, 2, "from b")
+	if m := receive(t, c); string(m.Value) != "from b" {
+		t.Fatalf("got %q from %s, want b's", m.Value, m.Member())
+	} else if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	conns[a.addr()].send(t, protocol.MembersFrame([]string{a.addr()}, v(3, 2)))
+	conns[b.addr()].expectGoodbye(t)
+	conns[a.addr()].expectGoodbye(t)
+	conns[a.addr()] = a.join(t, 30, a.addr()) // had b's Welcome been followed, a would have come back with 10
+	conns[a.addr()].deliver(t, 1, "from a")
+	if m := receive(t, c); string(m.Value) != "from a" {
+		t.Fatalf("got %q from %s", m.Value, m.Member())
+	}
+	if got := c.Members(); !slices.Equal(got, []string{a.addr()}) {
+		t.Errorf("Members() = %q, want only a", got)
+	}
 }

@@ -310,7 +310,8 @@ func (s *session) readLoop(ctx context.Context) error {
 		case *protocol.Frame_Redirect:
 			return &redirectError{addr: b.Redirect.GetLeaderAddress()}
 		case *protocol.Frame_Members:
-			s.c.event(event{kind: evMembers, link: s.link, sess: s, members: protocol.Addresses(b.Members.GetMembers())})
+			s.c.event(event{kind: evMembers, link: s.link, sess: s, members: protocol.Addresses(b.Members.GetMembers()),
+				version: b.Members.GetVersion()})
 		default:
 			s.log.Warn("ignoring an unexpected frame", "type", fmt.Sprintf("%T", b))
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
+	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // spreadDeps are what a term of spread mode needs beyond a leader's: where
@@ -148,14 +149,17 @@ func (d *Daemon) spreadLeadership() server.Leadership {
 }
 
 // members lists the advertised addresses of the members that own
-// partitions (spread mode), sorted; nil in leader mode or without an
-// assignment in force. It is the server's Config.Members: it reads the
+// partitions (spread mode), sorted, with the assignment's epoch and
+// generation as the list's version; nil and nil in leader mode or without
+// an assignment in force. It is the server's Config.Members: it reads the
 // elector's snapshot, never blocks.
-func (d *Daemon) members() []string {
+func (d *Daemon) members() ([]string, *protocol.MembersVersion) {
 	if el := d.elector.Load(); el != nil {
-		return el.Assignment().Addrs()
+		if a := el.Assignment(); a != nil {
+			return a.Addrs(), &protocol.MembersVersion{Epoch: a.Epoch, Generation: a.Generation}
+		}
 	}
-	return nil
+	return nil, nil
 }
 
 // membersChanged is the one place the daemon tells the server that the

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -419,7 +420,9 @@ func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
 	var st struct {
 		Mode       string `json:"mode"`
 		Assignment *struct {
-			Members []struct {
+			Epoch      uint64 `json:"epoch"`
+			Generation uint64 `json:"generation"`
+			Members    []struct {
 				NodeID     string  `json:"node_id"`
 				Partitions []int32 `json:"partitions"`
 				Owned      []int32 `json:"owned"`
@@ -445,6 +448,48 @@ func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
 		t.Fatalf("fanout status: %v\n%s", err, text)
 	}
 	t.Logf("fanout status:\n%s", text)
+
+	// Each member's Welcome to a client with CAPABILITY_MEMBERS carries the
+	// list's version: the assignment's epoch and generation.
+	want := &protocol.MembersVersion{Epoch: st.Assignment.Epoch, Generation: st.Assignment.Generation}
+	for _, nd := range c.nodes {
+		var w *protocol.Welcome
+		testutil.WaitFor(t, 30*time.Second, nd.id+"'s Welcome to list the members of the assignment's version", func() bool {
+			w = spCapableWelcome(nd.addr)
+			return len(w.GetMembers()) == 3 && w.GetMembersVersion().Compare(want) == 0
+		})
+	}
+}
+
+// spCapableWelcome says Hello with CAPABILITY_MEMBERS to addr and returns
+// the Welcome, or nil.
+func spCapableWelcome(addr string) *protocol.Welcome {
+	nc, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(3 * time.Second))
+	w := protocol.NewWriter(nc, 0)
+	if w.WriteFrame(protocol.HelloFrame(&protocol.Hello{ClientId: "members-probe", ProtocolVersion: protocol.Version, MaxInFlight: 1,
+		Capabilities: []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS}})) != nil || w.Flush() != nil {
+		return nil
+	}
+	r := protocol.NewReader(nc, 0)
+	var f protocol.Frame
+	for {
+		if err := r.ReadFrame(&f); err != nil {
+			return nil
+		}
+		if wel := f.GetWelcome(); wel != nil {
+			_ = w.WriteFrame(protocol.GoodbyeFrame("members probe"))
+			_ = w.Flush()
+			return wel
+		}
+		if f.GetPing() == nil {
+			return nil
+		}
+	}
 }
 
 // spOwnerAt returns the owner of each partition in owned.

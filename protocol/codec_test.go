@@ -36,8 +36,8 @@ func sampleFrames() []struct {
 		})},
 		{"welcome members", WelcomeFrame(&Welcome{NodeId: "node-a", ProtocolVersion: Version,
 			Members: MemberList([]string{"10.0.0.1:4987", "10.0.0.2:4987"})})},
-		{"members", MembersFrame([]string{"10.0.0.1:4987", "10.0.0.2:4987", "[::1]:4987"})},
-		{"members empty", MembersFrame(nil)},
+		{"members", MembersFrame([]string{"10.0.0.1:4987", "10.0.0.2:4987", "[::1]:4987"}, nil)},
+		{"members empty", MembersFrame(nil, nil)},
 		{"redirect", RedirectFrame("10.0.0.2:4987", "node-b", 7)},
 		{"deliver", DeliverFrame(&Deliver{
 			DeliveryId: 1 << 40, Partition: 3, Offset: 1 << 33, Key: []byte("k"),

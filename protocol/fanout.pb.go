@@ -583,9 +583,11 @@ type Welcome struct {
 	// True when the daemon treats this session as an observer (Hello.observer):
 	// a client that asked to observe and does not see it set talks to a daemon
 	// that does not know observers, and would be handed work to ack.
-	Observer      bool `protobuf:"varint,12,opt,name=observer,proto3" json:"observer,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Observer bool `protobuf:"varint,12,opt,name=observer,proto3" json:"observer,omitempty"`
+	// The version of members: absent in leader mode and from older daemons.
+	MembersVersion *MembersVersion `protobuf:"bytes,13,opt,name=members_version,json=membersVersion,proto3" json:"members_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -702,6 +704,13 @@ func (x *Welcome) GetObserver() bool {
 	return false
 }
 
+func (x *Welcome) GetMembersVersion() *MembersVersion {
+	if x != nil {
+		return x.MembersVersion
+	}
+	return nil
+}
+
 // Member is one member of the cluster that serves clients.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -752,8 +761,11 @@ func (x *Member) GetAddress() string {
 // the list changes. Only the latest list matters. Sent only to clients that
 // announced CAPABILITY_MEMBERS.
 type Members struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Members []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	// The version of members; absent from older daemons, and when the member
+	// no longer serves under an assignment (its list is then empty).
+	Version       *MembersVersion `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -795,6 +807,71 @@ func (x *Members) GetMembers() []*Member {
 	return nil
 }
 
+func (x *Members) GetVersion() *MembersVersion {
+	if x != nil {
+		return x.Version
+	}
+	return nil
+}
+
+// MembersVersion orders member lists (spread mode): the epoch of the leader
+// that computed the assignment the list comes from, and the assignment's
+// generation. Members may briefly disagree while an assignment spreads;
+// a client keeps the list of the highest (epoch, generation) it was sent,
+// and ignores a list with a lower one, or without one while it holds one
+// (but a Welcome without one is leader mode: it is followed).
+type MembersVersion struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersVersion) Reset() {
+	*x = MembersVersion{}
+	mi := &file_fanout_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersVersion) ProtoMessage() {}
+
+func (x *MembersVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_fanout_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersVersion.ProtoReflect.Descriptor instead.
+func (*MembersVersion) Descriptor() ([]byte, []int) {
+	return file_fanout_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MembersVersion) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MembersVersion) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // Redirect tells the client to connect to the cluster's leader instead.
 // The daemon closes the connection after sending it.
 type Redirect struct {
@@ -810,7 +887,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_fanout_proto_msgTypes[5]
+	mi := &file_fanout_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +899,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[5]
+	mi := &file_fanout_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +912,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{5}
+	return file_fanout_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Redirect) GetLeaderAddress() string {
@@ -870,7 +947,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_fanout_proto_msgTypes[6]
+	mi := &file_fanout_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +959,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[6]
+	mi := &file_fanout_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +972,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{6}
+	return file_fanout_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Header) GetKey() string {
@@ -934,7 +1011,7 @@ type Deliver struct {
 
 func (x *Deliver) Reset() {
 	*x = Deliver{}
-	mi := &file_fanout_proto_msgTypes[7]
+	mi := &file_fanout_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1023,7 @@ func (x *Deliver) String() string {
 func (*Deliver) ProtoMessage() {}
 
 func (x *Deliver) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[7]
+	mi := &file_fanout_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1036,7 @@ func (x *Deliver) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deliver.ProtoReflect.Descriptor instead.
 func (*Deliver) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{7}
+	return file_fanout_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Deliver) GetDeliveryId() uint64 {
@@ -1030,7 +1107,7 @@ type DeliverBatch struct {
 
 func (x *DeliverBatch) Reset() {
 	*x = DeliverBatch{}
-	mi := &file_fanout_proto_msgTypes[8]
+	mi := &file_fanout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1119,7 @@ func (x *DeliverBatch) String() string {
 func (*DeliverBatch) ProtoMessage() {}
 
 func (x *DeliverBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[8]
+	mi := &file_fanout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1132,7 @@ func (x *DeliverBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverBatch.ProtoReflect.Descriptor instead.
 func (*DeliverBatch) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{8}
+	return file_fanout_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeliverBatch) GetDeliveries() []*Deliver {
@@ -1079,7 +1156,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_fanout_proto_msgTypes[9]
+	mi := &file_fanout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1168,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[9]
+	mi := &file_fanout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1181,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{9}
+	return file_fanout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Ack) GetDeliveryIds() []uint64 {
@@ -1141,7 +1218,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_fanout_proto_msgTypes[10]
+	mi := &file_fanout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1230,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[10]
+	mi := &file_fanout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1243,7 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{10}
+	return file_fanout_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Nack) GetDeliveryIds() []uint64 {
@@ -1209,7 +1286,7 @@ type Touch struct {
 
 func (x *Touch) Reset() {
 	*x = Touch{}
-	mi := &file_fanout_proto_msgTypes[11]
+	mi := &file_fanout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1298,7 @@ func (x *Touch) String() string {
 func (*Touch) ProtoMessage() {}
 
 func (x *Touch) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[11]
+	mi := &file_fanout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1311,7 @@ func (x *Touch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Touch.ProtoReflect.Descriptor instead.
 func (*Touch) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{11}
+	return file_fanout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Touch) GetDeliveryIds() []uint64 {
@@ -1261,7 +1338,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_fanout_proto_msgTypes[12]
+	mi := &file_fanout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1350,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[12]
+	mi := &file_fanout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1363,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{12}
+	return file_fanout_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Ping) GetNonce() uint64 {
@@ -1306,7 +1383,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_fanout_proto_msgTypes[13]
+	mi := &file_fanout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1395,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[13]
+	mi := &file_fanout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1408,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{13}
+	return file_fanout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Pong) GetNonce() uint64 {
@@ -1355,7 +1432,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_fanout_proto_msgTypes[14]
+	mi := &file_fanout_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1444,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[14]
+	mi := &file_fanout_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1457,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{14}
+	return file_fanout_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Error) GetCode() ErrorCode {
@@ -1424,7 +1501,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_fanout_proto_msgTypes[15]
+	mi := &file_fanout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1513,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[15]
+	mi := &file_fanout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1526,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{15}
+	return file_fanout_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1489,7 +1566,7 @@ const file_fanout_proto_rawDesc = "" +
 	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\x129\n" +
 	"\fcapabilities\x18\x06 \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\x12\x16\n" +
 	"\x06weight\x18\a \x01(\rR\x06weight\x12\x1a\n" +
-	"\bobserver\x18\b \x01(\bR\bobserver\"\xc8\x03\n" +
+	"\bobserver\x18\b \x01(\bR\bobserver\"\x8c\x04\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1504,11 +1581,18 @@ const file_fanout_proto_rawDesc = "" +
 	"\amembers\x18\n" +
 	" \x03(\v2\x11.fanout.v1.MemberR\amembers\x129\n" +
 	"\fcapabilities\x18\v \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\x12\x1a\n" +
-	"\bobserver\x18\f \x01(\bR\bobserver\"\"\n" +
+	"\bobserver\x18\f \x01(\bR\bobserver\x12B\n" +
+	"\x0fmembers_version\x18\r \x01(\v2\x19.fanout.v1.MembersVersionR\x0emembersVersion\"\"\n" +
 	"\x06Member\x12\x18\n" +
-	"\aaddress\x18\x01 \x01(\tR\aaddress\"6\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\"k\n" +
 	"\aMembers\x12+\n" +
-	"\amembers\x18\x01 \x03(\v2\x11.fanout.v1.MemberR\amembers\"m\n" +
+	"\amembers\x18\x01 \x03(\v2\x11.fanout.v1.MemberR\amembers\x123\n" +
+	"\aversion\x18\x02 \x01(\v2\x19.fanout.v1.MembersVersionR\aversion\"F\n" +
+	"\x0eMembersVersion\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\"m\n" +
 	"\bRedirect\x12%\n" +
 	"\x0eleader_address\x18\x01 \x01(\tR\rleaderAddress\x12$\n" +
 	"\x0eleader_node_id\x18\x02 \x01(\tR\fleaderNodeId\x12\x14\n" +
@@ -1584,53 +1668,56 @@ func file_fanout_proto_rawDescGZIP() []byte {
 }
 
 var file_fanout_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fanout_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_fanout_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_fanout_proto_goTypes = []any{
-	(Capability)(0),      // 0: fanout.v1.Capability
-	(ErrorCode)(0),       // 1: fanout.v1.ErrorCode
-	(*Frame)(nil),        // 2: fanout.v1.Frame
-	(*Hello)(nil),        // 3: fanout.v1.Hello
-	(*Welcome)(nil),      // 4: fanout.v1.Welcome
-	(*Member)(nil),       // 5: fanout.v1.Member
-	(*Members)(nil),      // 6: fanout.v1.Members
-	(*Redirect)(nil),     // 7: fanout.v1.Redirect
-	(*Header)(nil),       // 8: fanout.v1.Header
-	(*Deliver)(nil),      // 9: fanout.v1.Deliver
-	(*DeliverBatch)(nil), // 10: fanout.v1.DeliverBatch
-	(*Ack)(nil),          // 11: fanout.v1.Ack
-	(*Nack)(nil),         // 12: fanout.v1.Nack
-	(*Touch)(nil),        // 13: fanout.v1.Touch
-	(*Ping)(nil),         // 14: fanout.v1.Ping
-	(*Pong)(nil),         // 15: fanout.v1.Pong
-	(*Error)(nil),        // 16: fanout.v1.Error
-	(*Goodbye)(nil),      // 17: fanout.v1.Goodbye
+	(Capability)(0),        // 0: fanout.v1.Capability
+	(ErrorCode)(0),         // 1: fanout.v1.ErrorCode
+	(*Frame)(nil),          // 2: fanout.v1.Frame
+	(*Hello)(nil),          // 3: fanout.v1.Hello
+	(*Welcome)(nil),        // 4: fanout.v1.Welcome
+	(*Member)(nil),         // 5: fanout.v1.Member
+	(*Members)(nil),        // 6: fanout.v1.Members
+	(*MembersVersion)(nil), // 7: fanout.v1.MembersVersion
+	(*Redirect)(nil),       // 8: fanout.v1.Redirect
+	(*Header)(nil),         // 9: fanout.v1.Header
+	(*Deliver)(nil),        // 10: fanout.v1.Deliver
+	(*DeliverBatch)(nil),   // 11: fanout.v1.DeliverBatch
+	(*Ack)(nil),            // 12: fanout.v1.Ack
+	(*Nack)(nil),           // 13: fanout.v1.Nack
+	(*Touch)(nil),          // 14: fanout.v1.Touch
+	(*Ping)(nil),           // 15: fanout.v1.Ping
+	(*Pong)(nil),           // 16: fanout.v1.Pong
+	(*Error)(nil),          // 17: fanout.v1.Error
+	(*Goodbye)(nil),        // 18: fanout.v1.Goodbye
 }
 var file_fanout_proto_depIdxs = []int32{
 	3,  // 0: fanout.v1.Frame.hello:type_name -> fanout.v1.Hello
 	4,  // 1: fanout.v1.Frame.welcome:type_name -> fanout.v1.Welcome
-	7,  // 2: fanout.v1.Frame.redirect:type_name -> fanout.v1.Redirect
-	9,  // 3: fanout.v1.Frame.deliver:type_name -> fanout.v1.Deliver
-	11, // 4: fanout.v1.Frame.ack:type_name -> fanout.v1.Ack
-	12, // 5: fanout.v1.Frame.nack:type_name -> fanout.v1.Nack
-	13, // 6: fanout.v1.Frame.touch:type_name -> fanout.v1.Touch
-	14, // 7: fanout.v1.Frame.ping:type_name -> fanout.v1.Ping
-	15, // 8: fanout.v1.Frame.pong:type_name -> fanout.v1.Pong
-	16, // 9: fanout.v1.Frame.error:type_name -> fanout.v1.Error
-	17, // 10: fanout.v1.Frame.goodbye:type_name -> fanout.v1.Goodbye
+	8,  // 2: fanout.v1.Frame.redirect:type_name -> fanout.v1.Redirect
+	10, // 3: fanout.v1.Frame.deliver:type_name -> fanout.v1.Deliver
+	12, // 4: fanout.v1.Frame.ack:type_name -> fanout.v1.Ack
+	13, // 5: fanout.v1.Frame.nack:type_name -> fanout.v1.Nack
+	14, // 6: fanout.v1.Frame.touch:type_name -> fanout.v1.Touch
+	15, // 7: fanout.v1.Frame.ping:type_name -> fanout.v1.Ping
+	16, // 8: fanout.v1.Frame.pong:type_name -> fanout.v1.Pong
+	17, // 9: fanout.v1.Frame.error:type_name -> fanout.v1.Error
+	18, // 10: fanout.v1.Frame.goodbye:type_name -> fanout.v1.Goodbye
 	6,  // 11: fanout.v1.Frame.members:type_name -> fanout.v1.Members
-	10, // 12: fanout.v1.Frame.deliver_batch:type_name -> fanout.v1.DeliverBatch
+	11, // 12: fanout.v1.Frame.deliver_batch:type_name -> fanout.v1.DeliverBatch
 	0,  // 13: fanout.v1.Hello.capabilities:type_name -> fanout.v1.Capability
 	5,  // 14: fanout.v1.Welcome.members:type_name -> fanout.v1.Member
 	0,  // 15: fanout.v1.Welcome.capabilities:type_name -> fanout.v1.Capability
-	5,  // 16: fanout.v1.Members.members:type_name -> fanout.v1.Member
-	8,  // 17: fanout.v1.Deliver.headers:type_name -> fanout.v1.Header
-	9,  // 18: fanout.v1.DeliverBatch.deliveries:type_name -> fanout.v1.Deliver
-	1,  // 19: fanout.v1.Error.code:type_name -> fanout.v1.ErrorCode
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	7,  // 16: fanout.v1.Welcome.members_version:type_name -> fanout.v1.MembersVersion
+	5,  // 17: fanout.v1.Members.members:type_name -> fanout.v1.Member
+	7,  // 18: fanout.v1.Members.version:type_name -> fanout.v1.MembersVersion
+	9,  // 19: fanout.v1.Deliver.headers:type_name -> fanout.v1.Header
+	10, // 20: fanout.v1.DeliverBatch.deliveries:type_name -> fanout.v1.Deliver
+	1,  // 21: fanout.v1.Error.code:type_name -> fanout.v1.ErrorCode
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_fanout_proto_init() }
@@ -1659,7 +1746,7 @@ func file_fanout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fanout_proto_rawDesc), len(file_fanout_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

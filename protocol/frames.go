@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -68,9 +69,29 @@ func GoodbyeFrame(reason string) *Frame {
 }
 
 // MembersFrame returns a Members frame listing the members at addrs
-// (host:port), in the order given.
-func MembersFrame(addrs []string) *Frame {
-	return &Frame{Body: &Frame_Members{Members: &Members{Members: MemberList(addrs)}}}
+// (host:port), in the order given, of version v (nil: none).
+func MembersFrame(addrs []string, v *MembersVersion) *Frame {
+	return &Frame{Body: &Frame_Members{Members: &Members{Members: MemberList(addrs), Version: v}}}
+}
+
+// Compare orders member-list versions: by epoch, then generation; -1 when
+// v is older than w, 0 when equal, +1 when newer. A nil version (none) is
+// older than any other.
+func (v *MembersVersion) Compare(w *MembersVersion) int {
+	switch {
+	case v == nil || w == nil:
+		return cmp.Compare(btoi(v != nil), btoi(w != nil))
+	case v.GetEpoch() != w.GetEpoch():
+		return cmp.Compare(v.GetEpoch(), w.GetEpoch())
+	}
+	return cmp.Compare(v.GetGeneration(), w.GetGeneration())
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // MemberList returns the Member messages of addrs, in order, for

@@ -259,7 +259,7 @@ func framesFrom(kinds, payload []byte, n uint64) []*Frame {
 		case 10:
 			f = GoodbyeFrame(string(cut(i)))
 		case 11:
-			f = MembersFrame(addrs(i))
+			f = MembersFrame(addrs(i), nil)
 		case 12:
 			var ds []*Deliver
 			for j := range int(k % 5) {

@@ -17,11 +17,11 @@ func TestMembersWireBytes(t *testing.T) {
 	}{
 		{"hello with capabilities", HelloFrame(&Hello{ProtocolVersion: 1, Capabilities: []Capability{Capability_CAPABILITY_MEMBERS}}),
 			"00000007" + "0a05" + "1001" + "320101"},
-		{"members", MembersFrame([]string{"10.0.0.1:4987", "10.0.0.2:4987"}),
+		{"members", MembersFrame([]string{"10.0.0.1:4987", "10.0.0.2:4987"}, nil),
 			"00000024" + "6222" +
 				"0a0f" + "0a0d" + hex.EncodeToString([]byte("10.0.0.1:4987")) +
 				"0a0f" + "0a0d" + hex.EncodeToString([]byte("10.0.0.2:4987"))},
-		{"members empty", MembersFrame(nil), "00000002" + "6200"},
+		{"members empty", MembersFrame(nil, nil), "00000002" + "6200"},
 		{"welcome with one member", WelcomeFrame(&Welcome{ProtocolVersion: 1, Members: MemberList([]string{"a:1"})}),
 			"0000000b" + "1209" + "1801" + "5205" + "0a03" + hex.EncodeToString([]byte("a:1"))},
 	}
@@ -65,7 +65,7 @@ func TestMemberList(t *testing.T) {
 		t.Errorf("Addresses(MemberList(%q)) = %q, want %q (order kept, UTF-8 repaired)", addrs, got, want)
 	}
 	// The repaired list encodes; an invalid address would not.
-	if _, err := encodeFrame(MembersFrame(addrs)); err != nil {
+	if _, err := encodeFrame(MembersFrame(addrs, nil)); err != nil {
 		t.Errorf("MembersFrame with an invalid UTF-8 address: %v", err)
 	}
 	if _, err := encodeFrame(&Frame{Body: &Frame_Members{Members: &Members{Members: []*Member{{Address: "\xff"}}}}}); err == nil ||
@@ -83,4 +83,23 @@ func encodeFrame(f *Frame) ([]byte, error) {
 	}
 	err := w.Flush()
 	return buf.Bytes(), err
+}
+
+func TestMembersVersionCompare(t *testing.T) {
+	v := func(e, g uint64) *MembersVersion { return &MembersVersion{Epoch: e, Generation: g} }
+	for _, c := range []struct {
+		a, b *MembersVersion
+		want int
+	}{
+		{v(2, 5), v(2, 5), 0},
+		{v(2, 5), v(2, 6), -1},
+		{v(3, 1), v(2, 9), 1}, // a new leader's epoch wins over an older generation
+		{nil, v(1, 1), -1},
+		{v(1, 1), nil, 1},
+		{nil, nil, 0},
+	} {
+		if got := c.a.Compare(c.b); got != c.want {
+			t.Errorf("%v.Compare(%v) = %d, want %d", c.a, c.b, got, c.want)
+		}
+	}
 }

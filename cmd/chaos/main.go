@@ -61,6 +61,9 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	rate := fs.Int("rate", 200, "messages produced per second")
 	portBase := fs.Int("port-base", 19000, "Kafka on BASE+92, ZooKeeper on BASE+181, daemons from BASE+200")
 	ackTimeout := fs.Duration("ack-timeout", 5*time.Second, "the daemons' --ack-timeout")
+	maxAttempts := fs.Int("max-attempts", 5, "the daemons' --max-attempts, with a dead-letter topic of the run's own (0: none)")
+	poison := fs.Float64("poison-share", 0.01, "share of the records produced as poison: every client nacks them, so they are dead-lettered")
+	nackRedeliver := fs.Duration("nack-redeliver", time.Second, "the delay the nacking client asks for in its nacks")
 	python := fs.String("python", "", "a Python 3 with the Python client's dependencies: one more acking client on it")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -111,7 +114,8 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	for _, m := range modes {
 		cfg := chaos.Config{Services: svc, Out: filepath.Join(absOut, m), Fanout: *fanoutBin, Self: self, Mode: m,
 			Python: *python, Root: absRoot, Seed: *seed, Duration: *duration, Interval: *interval, Daemons: *daemons, Clients: *clients,
-			Partitions: *partitions, Rate: *rate, AckTimeout: *ackTimeout, Drain: 2 * time.Minute}
+			Partitions: *partitions, Rate: *rate, AckTimeout: *ackTimeout, Drain: 2 * time.Minute,
+			MaxAttempts: *maxAttempts, PoisonShare: *poison, NackRedeliver: *nackRedeliver}
 		log.Infof("===== %s mode: %s of faults, one every %s", m, *duration, *interval)
 		sum, err := chaos.Run(ctx, cfg, log.WithField("mode", m))
 		if err != nil {
@@ -160,6 +164,7 @@ func client(ctx context.Context, args []string, log *logrus.Entry) error {
 	fs.DurationVar(&cfg.MaxProcess, "max-process", 20*time.Millisecond, "processing time is uniform below this")
 	fs.Float64Var(&cfg.NackShare, "nack-share", 0.3, "nack mode: share of messages nacked")
 	fs.DurationVar(&cfg.NackDelay, "nack-delay", 200*time.Millisecond, "nack mode: time a message is held before its nack")
+	fs.DurationVar(&cfg.NackRedeliver, "nack-redeliver", 0, "nack mode: the delay of its nacks (NackWithDelay): no redelivery before it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

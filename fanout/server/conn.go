@@ -524,11 +524,12 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 	c.mu.Lock()
 	if h.HasCapability(protocol.Capability_CAPABILITY_MEMBERS) {
 		c.wantMembers = true
-		w.Members = protocol.MemberList(c.s.members())
+		addrs, v := c.s.members()
+		w.Members, w.MembersVersion = protocol.MemberList(addrs), v
 		if size := proto.Size(protocol.WelcomeFrame(w)); size > c.maxFrame {
 			c.log.Warnf("the member list does not fit the client's max_frame_size %d in a Welcome of %d bytes: not sent",
 				c.maxFrame, size)
-			w.Members = nil
+			w.Members, w.MembersVersion = nil, nil
 		}
 	}
 	wake := c.queueLocked(protocol.WelcomeFrame(w))

@@ -20,7 +20,7 @@ func FuzzConnInput(f *testing.F) {
 		protocol.GoodbyeFrame("bye"),
 		protocol.HelloFrame(&protocol.Hello{ProtocolVersion: 1}),
 		protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 1, Value: []byte("v")}),
-		protocol.MembersFrame([]string{"a:1"}), // daemon -> client only
+		protocol.MembersFrame([]string{"a:1"}, nil), // daemon -> client only
 	} {
 		b, err := proto.Marshal(fr)
 		if err != nil {

@@ -18,22 +18,35 @@ import (
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
-// memberList is what a test's Config.Members returns; set changes it.
+// memberList is what a test's Config.Members returns; set and version
+// change it.
 type memberList struct {
 	mu    sync.Mutex
 	addrs []string
+	v     *protocol.MembersVersion
 }
 
-func (l *memberList) get() []string {
+func (l *memberList) get() ([]string, *protocol.MembersVersion) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.addrs
+	return l.addrs, l.v
+}
+
+func (l *memberList) list() []string {
+	addrs, _ := l.get()
+	return addrs
 }
 
 func (l *memberList) set(addrs ...string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.addrs = addrs
+}
+
+func (l *memberList) version(epoch, generation uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.v = &protocol.MembersVersion{Epoch: epoch, Generation: generation}
 }
 
 // startMembersServer starts a server whose Config.Members returns what l
@@ -84,8 +97,9 @@ func wire(t testing.TB, f *protocol.Frame) []byte {
 	return buf.Bytes()
 }
 
-// expectMembers reads the next frame, which must be a Members frame listing want.
-func (c *client) expectMembers(want ...string) {
+// expectMembers reads the next frame, which must be a Members frame listing
+// want; it returns the frame's version.
+func (c *client) expectMembers(want ...string) *protocol.MembersVersion {
 	c.t.Helper()
 	f := c.expect()
 	if f.GetMembers() == nil {
@@ -94,6 +108,7 @@ func (c *client) expectMembers(want ...string) {
 	if got := protocol.Addresses(f.GetMembers().GetMembers()); !slices.Equal(got, want) {
 		c.t.Fatalf("Members %q, want %q", got, want)
 	}
+	return f.GetMembers().GetVersion()
 }
 
 // expectPong pings and expects the Pong as the next frame: nothing was
@@ -113,8 +128,8 @@ func TestWelcomeListsMembersToCapableClients(t *testing.T) {
 
 	c := dial(t, s)
 	w := c.hello(capableHello())
-	if got := protocol.Addresses(w.GetMembers()); !slices.Equal(got, l.get()) {
-		t.Errorf("Welcome.members = %q, want %q", got, l.get())
+	if got := protocol.Addresses(w.GetMembers()); !slices.Equal(got, l.list()) {
+		t.Errorf("Welcome.members = %q, want %q", got, l.list())
 	}
 
 	// Leader mode: no members, the Welcome of a capable client is today's.
@@ -122,6 +137,27 @@ func TestWelcomeListsMembersToCapableClients(t *testing.T) {
 	c = dial(t, s)
 	if w := c.hello(capableHello()); len(w.GetMembers()) != 0 {
 		t.Errorf("Welcome.members = %v in leader mode, want none", w.GetMembers())
+	}
+}
+
+// The Welcome and the Members frames carry the list's version, the
+// assignment's epoch and generation, so that a client keeps the newest list
+// when members disagree for a moment.
+func TestMembersListsCarryTheirVersion(t *testing.T) {
+	l := &memberList{}
+	l.set("a:1", "b:2")
+	l.version(3, 7)
+	s := startMembersServer(t, l)
+	c := dial(t, s)
+	w := c.hello(capableHello())
+	if v := w.GetMembersVersion(); v.GetEpoch() != 3 || v.GetGeneration() != 7 {
+		t.Fatalf("Welcome.members_version = %v, want epoch 3 generation 7", v)
+	}
+	l.set("a:1", "b:2", "c:3")
+	l.version(4, 8)
+	s.MembersChanged()
+	if v := c.expectMembers("a:1", "b:2", "c:3"); v.GetEpoch() != 4 || v.GetGeneration() != 8 {
+		t.Fatalf("Members.version = %v, want epoch 4 generation 8", v)
 	}
 }
 

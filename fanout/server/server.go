@@ -101,11 +101,13 @@ type Config struct {
 	Logger     *logrus.Entry // nil means the logrus standard logger
 
 	// Members lists the advertised addresses (host:port) of the members
-	// that own partitions, sorted; nil or empty in leader mode. It is asked
-	// for the Welcome of each client that announces CAPABILITY_MEMBERS, with
-	// the connection's lock held, and by MembersChanged: it must not block
-	// (read a snapshot) and must not call the Server. Nil means no members.
-	Members func() []string
+	// that own partitions, sorted, and the list's version (the spread-mode
+	// assignment's epoch and generation); nil and nil in leader mode. It is
+	// asked for the Welcome of each client that announces
+	// CAPABILITY_MEMBERS, with the connection's lock held, and by
+	// MembersChanged: it must not block (read a snapshot) and must not call
+	// the Server. Nil means no members.
+	Members func() ([]string, *protocol.MembersVersion)
 }
 
 // Leadership is this node's view of the cluster leader.
@@ -457,10 +459,10 @@ func (s *Server) MembersChanged() {
 	}
 }
 
-// members returns Config.Members' list, or nil without one.
-func (s *Server) members() []string {
+// members returns Config.Members' list and version, or nil without one.
+func (s *Server) members() ([]string, *protocol.MembersVersion) {
 	if s.cfg.Members == nil {
-		return nil
+		return nil, nil
 	}
 	return s.cfg.Members()
 }

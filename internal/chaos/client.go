@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -36,7 +37,14 @@ type ClientConfig struct {
 	MaxProcess  time.Duration // processing time is uniform in [0, MaxProcess)
 	NackShare   float64       // ModeNack: the share of messages nacked
 	NackDelay   time.Duration // ModeNack: how long a nacked message is held first
+	// NackRedeliver is ModeNack's NackWithDelay: the daemon redelivers what
+	// this client nacks no earlier than this after the nack (0: at once).
+	NackRedeliver time.Duration
 }
+
+// PoisonPrefix starts the value of a poison record: every client nacks it
+// (the silent one lets it time out), so it ends in the dead-letter topic.
+const PoisonPrefix = "poison-"
 
 // RunClient receives messages until ctx ends, writing one event line per
 // delivery, ack and nack to cfg.Log (see EventLog) before it acts, so that a
@@ -80,10 +88,14 @@ func RunClient(ctx context.Context, cfg ClientConfig, log *logrus.Entry) error {
 				switch {
 				case cfg.Mode == ModeSilent:
 					continue
-				case cfg.Mode == ModeNack && rng.Float64() < cfg.NackShare:
+				case cfg.Mode == ModeNack && (rng.Float64() < cfg.NackShare || strings.HasPrefix(string(m.Value), PoisonPrefix)):
 					if !backoff.Sleep(ctx, cfg.NackDelay) {
 						return
 					}
+					write(EventNack, idx, m)
+					_ = m.NackWithDelay(cfg.NackRedeliver)
+					continue
+				case strings.HasPrefix(string(m.Value), PoisonPrefix):
 					write(EventNack, idx, m)
 					_ = m.Nack()
 					continue

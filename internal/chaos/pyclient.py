@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A chaos client process on the Python client (clients/python): acks every
-message after a random processing time, and logs one event line per delivery
-and ack in the format of internal/chaos/events.go, each with one write(2)
-before it acts, like the Go chaos client.
+message after a random processing time (nacks a poison one at once), and
+logs one event line per delivery, ack and nack in the format of
+internal/chaos/events.go, each with one write(2) before it acts, like the
+Go chaos client.
 
     PYTHONPATH=clients/python/src python3 pyclient.py --addrs A,B --name py0.1 --log py0.log --seed 1
 """
@@ -17,6 +18,8 @@ import sys
 import time
 
 import fanout_client
+
+POISON_PREFIX = b"poison-"  # chaos.PoisonPrefix: every client nacks it
 
 
 def main(argv=None) -> int:
@@ -43,6 +46,10 @@ def main(argv=None) -> int:
             for m in client:
                 idx += 1
                 write("D", idx, m)
+                if m.value.startswith(POISON_PREFIX):
+                    write("N", idx, m)
+                    m.nack()
+                    continue
                 time.sleep(rng.uniform(0, args.max_process))
                 write("A", idx, m)
                 m.ack()

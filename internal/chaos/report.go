@@ -73,6 +73,10 @@ func (s *Summary) Markdown() string {
 	fmt.Fprintf(&b, "| acknowledged sends missing from Kafka at the end | %d |\n", s.Vanished)
 	fmt.Fprintf(&b, "| messages in Kafka | %d |\n| deliveries | %d |\n| acked at least once | %d |\n| **lost** | **%d** |\n",
 		s.Messages, s.Deliveries, s.Acked, s.Lost)
+	if s.DeadLetters > 0 || s.Poison > 0 {
+		fmt.Fprintf(&b, "| poison records (nacked by every client) | %d |\n| records dead-lettered (not lost) | %d |\n| dead-letter records | %d |\n| **dead letters wrong** | **%d** |\n",
+			s.Poison, s.DeadLettered, s.DeadLetters, s.DeadLetterWrong)
+	}
 	for _, c := range []string{causeFault, causeHandoff, causeTimeout, causeNack, causeUnexplained} {
 		fmt.Fprintf(&b, "| duplicates: %s | %d |\n", c, s.Duplicates[c])
 	}
@@ -100,7 +104,8 @@ func (s *Summary) Markdown() string {
 	for _, l := range []struct {
 		name string
 		xs   []string
-	}{{"Lost records", s.LostRecords}, {"Unexplained duplicates", s.Unexplained}, {"Offset violations", s.Violations}, {"Two owners", s.TwoOwnersAt}} {
+	}{{"Lost records", s.LostRecords}, {"Unexplained duplicates", s.Unexplained}, {"Offset violations", s.Violations}, {"Two owners", s.TwoOwnersAt},
+		{"Wrong dead letters", s.DeadLetterWrongAt}} {
 		if len(l.xs) > 0 {
 			fmt.Fprintf(&b, "\n%s (first %d):\n\n", l.name, len(l.xs))
 			for _, x := range l.xs {
@@ -110,10 +115,10 @@ func (s *Summary) Markdown() string {
 	}
 	b.WriteString("\nDuplicates by cause: *fault*, the previous delivery was in flight (or acked, not yet committed) " +
 		"when a daemon, a server, a link or its client failed; *timeout*, not acked within --ack-timeout; *nack*, " +
-		"given back by the nacking client; *handoff* (spread mode), the partition moved to another member, which " +
+		"given back by a client (after the delay it asked for); *handoff* (spread mode), the partition moved to another member, which " +
 		"resumed from the offset committed at the handoff (below records acked above an unacked one).\n\n")
-	b.WriteString("Timeline (timeline.png): green, records acked per second (first acks); red, lag (records produced " +
-		"and not yet acked); bands, faults: red daemon kill/term, orange daemon stop, blue client faults, purple server " +
+	b.WriteString("Timeline (timeline.png): green, records done per second (first acks, dead letters); red, lag (records produced " +
+		"and not yet done); bands, faults: red daemon kill/term, orange daemon stop, blue client faults, purple server " +
 		"restarts, grey cuts, black partition additions.\n")
 	return b.String()
 }
@@ -188,6 +193,12 @@ func Timeline(in Input, start, end time.Time) image.Image {
 		k := key{e.Partition, e.Offset}
 		if t, ok := first[k]; e.Kind == EventAck && (!ok || e.At.Before(t)) {
 			first[k] = e.At
+		}
+	}
+	for _, dl := range in.DeadLetters { // a dead-lettered record is done too
+		k := key{dl.Partition, dl.Offset}
+		if t, ok := first[k]; !ok || dl.At.Before(t) {
+			first[k] = dl.At
 		}
 	}
 	// lag holds the changes per second first, then their running sum.

@@ -19,6 +19,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
@@ -46,6 +47,13 @@ type Config struct {
 	Rate       int // messages produced per second
 	AckTimeout time.Duration
 	Drain      time.Duration // most time to wait for every record to be acked
+	// MaxAttempts is the daemons' --max-attempts, with a dead-letter topic
+	// of the run's own (0: none). PoisonShare is the share of the records
+	// produced as poison (PoisonPrefix), which every client nacks.
+	MaxAttempts int
+	PoisonShare float64
+	// NackRedeliver is the delay the nacking client asks for in its nacks.
+	NackRedeliver time.Duration
 }
 
 // run is the state of one run.
@@ -55,6 +63,7 @@ type run struct {
 	g       actor.Group
 	id      string
 	topic   string
+	dlq     string // the dead-letter topic, "" without one
 	daemons []*proc
 	clients []*proc
 
@@ -84,6 +93,9 @@ type run struct {
 func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	r := &run{cfg: cfg, log: log, id: "chaos-" + cfg.Mode,
 		topic: fmt.Sprintf("chaos-%s-%d", cfg.Mode, cfg.Seed), committed: map[int32]int64{}, members: map[string]string{}}
+	if cfg.MaxAttempts > 0 {
+		r.dlq = r.topic + ".dlq"
+	}
 	// A fresh directory: the client logs are appended to, and verified whole.
 	if err := os.RemoveAll(cfg.Out); err != nil {
 		return nil, err
@@ -154,9 +166,23 @@ func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 		d.stop(syscall.SIGTERM, 30*time.Second)
 	}
 
-	records, err := r.readTopic()
+	msgs, err := r.readTopic(r.topic)
 	if err != nil {
 		return nil, err
+	}
+	records := make([]Record, len(msgs))
+	for i, m := range msgs {
+		records[i] = Record{Partition: m.Partition, Offset: m.Offset, At: m.Timestamp, Value: string(m.Value)}
+	}
+	var deadLetters []DeadLetter
+	if r.dlq != "" {
+		msgs, err := r.readTopic(r.dlq)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			deadLetters = append(deadLetters, deadLetterOf(m))
+		}
 	}
 	events, err := readEvents(filepath.Join(cfg.Out, "clients"))
 	if err != nil {
@@ -164,7 +190,8 @@ func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	}
 	r.mu.Lock()
 	in := Input{Records: records, Events: events, Faults: slices.Clone(r.faults), Samples: slices.Clone(r.samples),
-		Owners: slices.Clone(r.owners), Members: r.members, Sent: slices.Clone(r.sent), AckTimeout: cfg.AckTimeout}
+		Owners: slices.Clone(r.owners), Members: r.members, Sent: slices.Clone(r.sent), AckTimeout: cfg.AckTimeout,
+		Topic: r.topic, DeadLetters: deadLetters, MaxAttempts: cfg.MaxAttempts, NackDelays: map[string]time.Duration{"nacker": cfg.NackRedeliver}}
 	skipped := r.skipped
 	r.mu.Unlock()
 	if err := writeInput(filepath.Join(cfg.Out, "input.json"), in); err != nil {
@@ -198,6 +225,15 @@ func (r *run) setup(ctx context.Context) error {
 	if err := r.admin.CreateTopic(r.topic, &sarama.TopicDetail{NumPartitions: int32(cfg.Partitions), ReplicationFactor: 1}, false); err != nil {
 		return fmt.Errorf("create topic %s: %w", r.topic, err)
 	}
+	if r.dlq != "" {
+		// LogAppendTime: a dead letter's timestamp is when it was stored (the
+		// daemon gives it the original's), which the verification needs.
+		appendTime := "LogAppendTime"
+		if err := r.admin.CreateTopic(r.dlq, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
+			ConfigEntries: map[string]*string{"message.timestamp.type": &appendTime}}, false); err != nil {
+			return fmt.Errorf("create topic %s: %w", r.dlq, err)
+		}
+	}
 	base := cfg.Services.PortBase
 	if r.kafkaProxy, err = NewProxy(cfg.Services.KafkaAdvertised(), cfg.Services.KafkaProxied(), r.log); err != nil {
 		return err
@@ -224,18 +260,22 @@ func (r *run) setup(ctx context.Context) error {
 			"--metrics-listen", "", "--ack-timeout", cfg.AckTimeout.String(), "--heartbeat", "1s",
 			"--initial-offset", "oldest", "--commit-interval", "500ms", "--zookeeper-session-timeout", "6s"}
 		args = append(args, "--assignment", cfg.Mode)
+		if r.dlq != "" {
+			args = append(args, "--max-attempts", strconv.Itoa(cfg.MaxAttempts), "--dead-letter-topic", r.dlq)
+		}
 		r.members[cp.Addr()] = "d" + strconv.Itoa(i)
 		r.daemons = append(r.daemons, &proc{role: "d" + strconv.Itoa(i), bin: cfg.Fanout, g: &r.g, lg: r.log,
 			args: func(int) []string { return args }, log: filepath.Join(cfg.Out, "daemons", fmt.Sprintf("d%d.log", i))})
 	}
-	addClient := func(role, mode string, inFlight, workers int) {
+	addClient := func(role, mode string, inFlight, workers int, extra ...string) {
 		r.clients = append(r.clients, &proc{role: role, bin: cfg.Self, g: &r.g, lg: r.log,
 			log: filepath.Join(cfg.Out, "clients", role+".out"),
 			args: func(inc int) []string {
-				return []string{"client", "--addrs", strings.Join(members, ","), "--name", fmt.Sprintf("%s.%d", role, inc),
+				args := []string{"client", "--addrs", strings.Join(members, ","), "--name", fmt.Sprintf("%s.%d", role, inc),
 					"--log", filepath.Join(cfg.Out, "clients", role+".log"), "--mode", mode,
 					"--seed", strconv.FormatUint(cfg.Seed+uint64(inc)*1000+uint64(len(role)), 10),
 					"--max-in-flight", strconv.Itoa(inFlight), "--workers", strconv.Itoa(workers)}
+				return append(args, extra...)
 			}})
 	}
 	for i := range cfg.Clients {
@@ -252,7 +292,7 @@ func (r *run) setup(ctx context.Context) error {
 			}})
 	}
 	addClient("silent", ModeSilent, 4, 1)
-	addClient("nacker", ModeNack, 8, 2)
+	addClient("nacker", ModeNack, 8, 2, "--nack-redeliver", cfg.NackRedeliver.String())
 	for _, p := range slices.Concat(r.daemons, r.clients) {
 		if err := p.start(); err != nil {
 			return err
@@ -287,6 +327,10 @@ func (r *run) produce(ctx context.Context) {
 	defer t.Stop()
 	var seq int64
 	var failed int
+	poisonEvery := int64(0) // every n-th record is poison
+	if r.cfg.PoisonShare > 0 && r.dlq != "" {
+		poisonEvery = max(1, int64(1/r.cfg.PoisonShare))
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -301,7 +345,11 @@ func (r *run) produce(ctx context.Context) {
 		for i := range batch {
 			seq++
 			s := strconv.FormatInt(seq, 10)
-			batch[i] = &sarama.ProducerMessage{Topic: r.topic, Key: sarama.StringEncoder(s), Value: sarama.StringEncoder(s)}
+			v := s
+			if poisonEvery > 0 && seq%poisonEvery == 0 {
+				v = PoisonPrefix + s
+			}
+			batch[i] = &sarama.ProducerMessage{Topic: r.topic, Key: sarama.StringEncoder(s), Value: sarama.StringEncoder(v)}
 		}
 		// Kafka is the truth: a failed send may still have landed, and the
 		// verification reads what the topic holds.
@@ -400,49 +448,74 @@ func (r *run) drained() bool {
 	return true
 }
 
-// readTopic reads every record of the topic.
-func (r *run) readTopic() ([]Record, error) {
-	if err := r.kclient.RefreshMetadata(r.topic); err != nil {
-		return nil, fmt.Errorf("metadata of %s: %w", r.topic, err)
+// deadLetterOf reads a record of the dead-letter topic.
+func deadLetterOf(m *sarama.ConsumerMessage) DeadLetter {
+	dl := DeadLetter{At: m.Timestamp, Offset: -1, Value: string(m.Value)}
+	var p, o int64 = -1, -1
+	for _, h := range m.Headers {
+		var err error
+		switch string(h.Key) {
+		case fanout.HeaderDeadLetterTopic:
+			dl.Topic = string(h.Value)
+		case fanout.HeaderDeadLetterPartition:
+			if p, err = strconv.ParseInt(string(h.Value), 10, 32); err != nil {
+				p = -1
+			}
+		case fanout.HeaderDeadLetterOffset:
+			if o, err = strconv.ParseInt(string(h.Value), 10, 64); err != nil {
+				o = -1
+			}
+		}
 	}
-	parts, err := r.kclient.Partitions(r.topic)
+	if p >= 0 && o >= 0 {
+		dl.Partition, dl.Offset = int32(p), o
+	}
+	return dl
+}
+
+// readTopic reads every record of a topic.
+func (r *run) readTopic(topic string) ([]*sarama.ConsumerMessage, error) {
+	if err := r.kclient.RefreshMetadata(topic); err != nil {
+		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	parts, err := r.kclient.Partitions(topic)
 	if err != nil {
-		return nil, fmt.Errorf("partitions of %s: %w", r.topic, err)
+		return nil, fmt.Errorf("partitions of %s: %w", topic, err)
 	}
 	consumer, err := sarama.NewConsumerFromClient(r.kclient)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	defer consumer.Close()
-	var out []Record
+	var out []*sarama.ConsumerMessage
 	for _, p := range parts {
-		hw, err := r.kclient.GetOffset(r.topic, p, sarama.OffsetNewest)
+		hw, err := r.kclient.GetOffset(topic, p, sarama.OffsetNewest)
 		if err != nil {
-			return nil, fmt.Errorf("high-water mark of %s/%d: %w", r.topic, p, err)
+			return nil, fmt.Errorf("high-water mark of %s/%d: %w", topic, p, err)
 		}
-		oldest, err := r.kclient.GetOffset(r.topic, p, sarama.OffsetOldest)
+		oldest, err := r.kclient.GetOffset(topic, p, sarama.OffsetOldest)
 		if err != nil {
-			return nil, fmt.Errorf("oldest offset of %s/%d: %w", r.topic, p, err)
+			return nil, fmt.Errorf("oldest offset of %s/%d: %w", topic, p, err)
 		}
 		if hw <= oldest {
 			continue
 		}
-		pc, err := consumer.ConsumePartition(r.topic, p, oldest)
+		pc, err := consumer.ConsumePartition(topic, p, oldest)
 		if err != nil {
-			return nil, fmt.Errorf("read %s/%d: %w", r.topic, p, err)
+			return nil, fmt.Errorf("read %s/%d: %w", topic, p, err)
 		}
 		timeout := time.After(time.Minute)
 	read:
 		for {
 			select {
 			case m := <-pc.Messages():
-				out = append(out, Record{Partition: p, Offset: m.Offset, At: m.Timestamp})
+				out = append(out, m)
 				if m.Offset+1 >= hw {
 					break read
 				}
 			case <-timeout:
 				pc.Close()
-				return nil, fmt.Errorf("read %s/%d: timed out before offset %d", r.topic, p, hw)
+				return nil, fmt.Errorf("read %s/%d: timed out before offset %d", topic, p, hw)
 			}
 		}
 		pc.Close()

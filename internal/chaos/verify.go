@@ -3,7 +3,9 @@ package chaos
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -12,6 +14,22 @@ type Record struct {
 	Partition int32
 	Offset    int64
 	At        time.Time // the record's timestamp: when it was produced
+	Value     string    `json:",omitempty"`
+}
+
+// Poison reports whether the record is a poison record (PoisonPrefix):
+// every client nacks it, so it must end in the dead-letter topic.
+func (r Record) Poison() bool { return strings.HasPrefix(r.Value, PoisonPrefix) }
+
+// DeadLetter is one record of the dead-letter topic at the end of a run.
+type DeadLetter struct {
+	At time.Time // when Kafka appended it (the topic keeps LogAppendTime)
+	// Topic, Partition and Offset are what its fanout.dlq.* headers name
+	// (Offset -1 when the headers are missing or malformed).
+	Topic     string
+	Partition int32
+	Offset    int64
+	Value     string
 }
 
 // Fault is one injected fault, from its start to the moment it was healed
@@ -83,6 +101,15 @@ type Input struct {
 	Members    map[string]string // a daemon's advertised address (Event.Member) → its node id
 	Sent       []Record          // the producer's sends Kafka acknowledged
 	AckTimeout time.Duration
+	// Topic is the topic the daemons consume; DeadLetters is what their
+	// dead-letter topic holds at the end, MaxAttempts their --max-attempts
+	// (0: no dead-letter topic).
+	Topic       string       `json:",omitempty"`
+	DeadLetters []DeadLetter `json:",omitempty"`
+	MaxAttempts int          `json:",omitempty"`
+	// NackDelays is, by client role, the delay its nacks ask for: no
+	// redelivery may come sooner after its nack.
+	NackDelays map[string]time.Duration `json:",omitempty"`
 }
 
 // Result is the verdict of a run.
@@ -90,7 +117,19 @@ type Result struct {
 	Messages   int `json:"messages"`   // records in Kafka
 	Deliveries int `json:"deliveries"` // D events
 	Acked      int `json:"acked"`      // records acked at least once
-	Lost       int `json:"lost"`       // records never acked
+	Lost       int `json:"lost"`       // records neither acked nor dead-lettered
+	// Poison counts the poison records; DeadLettered the records the
+	// dead-letter topic holds (poison or not), DeadLetters its records (a
+	// record may be dead-lettered more than once).
+	Poison       int `json:"poison"`
+	DeadLettered int `json:"dead_lettered"`
+	DeadLetters  int `json:"dead_letters"`
+	// DeadLetterWrong counts dead-letter records that are not what they
+	// should be: headers naming no record of the topic or another value,
+	// or a record that is not poison and did not fail MaxAttempts logged
+	// deliveries before it was dead-lettered.
+	DeadLetterWrong   int      `json:"dead_letter_wrong"`
+	DeadLetterWrongAt []string `json:"dead_letter_wrong_at,omitempty"`
 	// Vanished counts sends Kafka acknowledged that it no longer holds at
 	// the end (a restart that lost data would hide records from Lost).
 	Vanished         int            `json:"vanished"`
@@ -122,7 +161,7 @@ type Result struct {
 // Passed reports whether nothing was lost, every duplicate is explained and
 // no committed offset passed an unacked record.
 func (r *Result) Passed() bool {
-	return r.Lost == 0 && r.Vanished == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
+	return r.Lost == 0 && r.Vanished == 0 && r.DeadLetterWrong == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
 		r.TwoOwners == 0
 }
 
@@ -173,10 +212,17 @@ func Verify(in Input, leaderOnly bool) *Result {
 	slices.SortFunc(records, func(a, b Record) int {
 		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 	})
+	done := deadLetters(res, in, records, perRecord, firstAck)
 	for _, r := range records {
+		if r.Poison() {
+			res.Poison++
+		}
 		if _, ok := firstAck[key{r.Partition, r.Offset}]; ok {
 			res.Acked++
 			continue
+		}
+		if _, ok := done[key{r.Partition, r.Offset}]; ok {
+			continue // dead-lettered
 		}
 		res.Lost++
 		if len(res.LostRecords) < maxListed {
@@ -194,7 +240,7 @@ func Verify(in Input, leaderOnly bool) *Result {
 	}
 	for k, ds := range perRecord {
 		for i := 1; i < len(ds); i++ {
-			cause := redeliveryCause(ds[i-1], ds[i], in.Faults, in.AckTimeout)
+			cause := redeliveryCause(ds[i-1], ds[i], in.Faults, in.AckTimeout, in.NackDelays[ds[i-1].Role()])
 			if cause == causeUnexplained && len(in.Owners) > 0 && ds[i-1].Member != ds[i].Member {
 				// Spread mode: the partition moved; its new owner resumed
 				// from the offset committed at the handoff, below records
@@ -209,7 +255,7 @@ func Verify(in Input, leaderOnly bool) *Result {
 			}
 		}
 	}
-	checkOffsets(res, records, firstAck, in.Samples)
+	checkOffsets(res, records, done, in.Samples)
 	recovery(res, records, perRecord, in.Faults, leaderOnly)
 	checkOwners(res, events, in)
 	return res
@@ -289,12 +335,17 @@ func checkOwners(res *Result, events []Event, in Input) {
 	}
 }
 
-// redeliveryCause explains why cur delivered again what prev had delivered.
-func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout time.Duration) string {
-	if prev.outcome == EventNack {
+// redeliveryCause explains why cur delivered again what prev had delivered;
+// nackDelay is the delay prev's client asks for in its nacks.
+func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout, nackDelay time.Duration) string {
+	// The daemon starts the delay when it reads the nack, after the client
+	// logged it, and the next client logs the delivery after it was sent:
+	// sooner, the nack does not explain it (a fault or a handoff may: the
+	// delay is not stored).
+	if prev.outcome == EventNack && cur.At.Sub(prev.doneAt) >= nackDelay {
 		return causeNack
 	}
-	unacked := prev.outcome == 0
+	unacked := prev.outcome != EventAck
 	// The daemon's ack deadline starts when it sends; the client logs the
 	// delivery when it reads it, up to a loaded machine's latency later.
 	if unacked && cur.At.Sub(prev.At) >= ackTimeout*9/10 {
@@ -320,8 +371,60 @@ func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout time.Durati
 	return causeUnexplained
 }
 
-// checkOffsets compares every sampled committed offset with the first acks:
-// each record below it must have been acked before the sample was read.
+// deadLetters checks the dead-letter records and returns when each record
+// was first done: acked, or appended to the dead-letter topic.
+func deadLetters(res *Result, in Input, records []Record, perRecord map[key][]*delivery, firstAck map[key]time.Time) map[key]time.Time {
+	done := maps.Clone(firstAck)
+	byKey := make(map[key]Record, len(records))
+	for _, r := range records {
+		byKey[key{r.Partition, r.Offset}] = r
+	}
+	res.DeadLetters = len(in.DeadLetters)
+	dead := map[key]bool{}
+	wrong := func(format string, args ...any) {
+		res.DeadLetterWrong++
+		if len(res.DeadLetterWrongAt) < maxListed {
+			res.DeadLetterWrongAt = append(res.DeadLetterWrongAt, fmt.Sprintf(format, args...))
+		}
+	}
+	for _, dl := range in.DeadLetters {
+		k := key{dl.Partition, dl.Offset}
+		r, ok := byKey[k]
+		switch {
+		case dl.Topic != in.Topic || !ok:
+			wrong("a dead letter at %s names %s/%d/%d: no such record", dl.At.Format(time.RFC3339Nano), dl.Topic, dl.Partition, dl.Offset)
+			continue
+		case dl.Value != r.Value:
+			wrong("the dead letter of %d/%d holds %q, the record %q", dl.Partition, dl.Offset, dl.Value, r.Value)
+			continue
+		}
+		if !r.Poison() {
+			// A record that is not poison may fail MaxAttempts times too
+			// (nacks, timeouts, clients killed): its log must show them.
+			failed := 0
+			for _, d := range perRecord[k] {
+				if d.At.Before(dl.At) && (d.outcome != EventAck || d.doneAt.Sub(d.At) >= in.AckTimeout) {
+					failed++
+				}
+			}
+			if failed < in.MaxAttempts {
+				wrong("%d/%d (not poison) was dead-lettered at %s after %d failed deliveries, fewer than %d",
+					dl.Partition, dl.Offset, dl.At.Format(time.RFC3339Nano), failed, in.MaxAttempts)
+				continue
+			}
+		}
+		dead[k] = true
+		if t, ok := done[k]; !ok || dl.At.Before(t) {
+			done[k] = dl.At
+		}
+	}
+	res.DeadLettered = len(dead)
+	return done
+}
+
+// checkOffsets compares every sampled committed offset with when each
+// record was first done (acked or dead-lettered): each record below it
+// must have been done before the sample was read.
 func checkOffsets(res *Result, records []Record, firstAck map[key]time.Time, samples []OffsetSample) {
 	// Per partition, the latest first-ack among the records up to each offset
 	// (an unacked record counts as acked never).
@@ -359,9 +462,9 @@ func checkOffsets(res *Result, records []Record, firstAck map[key]time.Time, sam
 		}
 		res.OffsetViolations++
 		if len(res.Violations) < maxListed {
-			what := "acked only at " + p.latest[i-1].Format(time.RFC3339Nano)
+			what := "done only at " + p.latest[i-1].Format(time.RFC3339Nano)
 			if p.latest[i-1].Equal(never) {
-				what = "never acked"
+				what = "never acked nor dead-lettered"
 			}
 			res.Violations = append(res.Violations, fmt.Sprintf("partition %d committed %d at %s, but a record below it was %s",
 				s.Partition, s.Offset, s.At.Format(time.RFC3339Nano), what))

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -241,5 +242,98 @@ func TestVerifyExplainsARedeliveryByTheNextOwnerAsAHandoffInSpreadMode(t *testin
 	res := Verify(in, false)
 	if res.Duplicates[causeHandoff] != 1 || res.Duplicates[causeUnexplained] != 1 {
 		t.Fatalf("spread mode: %v, want one handoff (another member) and one unexplained (the same member)", res.Duplicates)
+	}
+}
+
+func TestVerifyExplainsARedeliveryByANackOnlyAfterItsDelay(t *testing.T) {
+	in := Input{Records: records(0, 2), AckTimeout: 5 * time.Second, NackDelays: map[string]time.Duration{"nacker": time.Second},
+		Events: []Event{
+			// nacked with a delay of 1 s, delivered again 1.2 s after the nack
+			ev(10, EventDeliver, "nacker.1", 1, 0, 0), ev(210, EventNack, "nacker.1", 1, 0, 0),
+			ev(1410, EventDeliver, "c0.1", 1, 0, 0), ev(1420, EventAck, "c0.1", 1, 0, 0),
+			// nacked with a delay of 1 s, delivered again 0.5 s after the nack: the delay was not honoured
+			ev(2000, EventDeliver, "nacker.1", 2, 0, 1), ev(2200, EventNack, "nacker.1", 2, 0, 1),
+			ev(2700, EventDeliver, "c0.1", 2, 0, 1), ev(2710, EventAck, "c0.1", 2, 0, 1),
+		}}
+	res := Verify(in, true)
+	if res.Duplicates[causeNack] != 1 || res.Duplicates[causeUnexplained] != 1 || res.Passed() {
+		t.Fatalf("duplicates %v (passed %v), want one nack and one unexplained", res.Duplicates, res.Passed())
+	}
+	// A fault between the nack and the early redelivery explains it: the delay is not stored.
+	in.Faults = []Fault{{Kind: FaultDaemonKill, Target: "d0", Leader: true, Start: at(2300), End: at(2400)}}
+	if res := Verify(in, true); res.Duplicates[causeFault] != 1 || res.Duplicates[causeUnexplained] != 0 {
+		t.Fatalf("with a fault: duplicates %v, want the early one explained by it", res.Duplicates)
+	}
+}
+
+// deadLetterRun is a partition of 4 records, 1 and 3 poison, nacked by
+// every client; 1 is dead-lettered at 3 s.
+func deadLetterRun() Input {
+	recs := records(0, 4)
+	for _, i := range []int{1, 3} {
+		recs[i].Value = PoisonPrefix + "1"
+	}
+	recs[0].Value, recs[2].Value = "1", "1"
+	in := Input{Records: recs, AckTimeout: 5 * time.Second, Topic: "t", MaxAttempts: 2, Events: []Event{
+		ev(10, EventDeliver, "c0.1", 1, 0, 0), ev(11, EventAck, "c0.1", 1, 0, 0),
+		ev(20, EventDeliver, "c0.1", 2, 0, 1), ev(21, EventNack, "c0.1", 2, 0, 1),
+		ev(30, EventDeliver, "c1.1", 1, 0, 1), ev(31, EventNack, "c1.1", 1, 0, 1),
+		ev(40, EventDeliver, "c0.1", 3, 0, 2), ev(41, EventAck, "c0.1", 3, 0, 2),
+		ev(50, EventDeliver, "c0.1", 4, 0, 3), ev(51, EventNack, "c0.1", 4, 0, 3),
+		ev(60, EventDeliver, "c1.1", 2, 0, 3), ev(61, EventNack, "c1.1", 2, 0, 3),
+	}}
+	in.DeadLetters = []DeadLetter{{At: at(3000), Topic: "t", Partition: 0, Offset: 1, Value: recs[1].Value}}
+	return in
+}
+
+func TestVerifyCountsAPoisonRecordAsDoneOnceDeadLettered(t *testing.T) {
+	in := deadLetterRun()
+	// 3 is poison and was never dead-lettered: lost.
+	res := Verify(in, true)
+	if res.Poison != 2 || res.DeadLettered != 1 || res.Lost != 1 || !strings.HasPrefix(res.LostRecords[0], "0/3 ") || res.Passed() {
+		t.Fatalf("poison %d dead-lettered %d lost %d %v (passed %v), want 0/3 lost", res.Poison, res.DeadLettered, res.Lost, res.LostRecords, res.Passed())
+	}
+	// Dead-lettered twice (a failover produced it again): done at the first.
+	in.DeadLetters = append(in.DeadLetters, DeadLetter{At: at(4000), Topic: "t", Partition: 0, Offset: 3, Value: in.Records[3].Value},
+		DeadLetter{At: at(6000), Topic: "t", Partition: 0, Offset: 3, Value: in.Records[3].Value})
+	in.Samples = []OffsetSample{
+		{At: at(2000), Partition: 0, Offset: 1}, // fine: 0 acked
+		{At: at(2500), Partition: 0, Offset: 2}, // 1 dead-lettered only at 3 s
+		{At: at(5000), Partition: 0, Offset: 4}, // fine: 3 dead-lettered at 4 s
+	}
+	res = Verify(in, true)
+	if res.Lost != 0 || res.DeadLettered != 2 || res.DeadLetters != 3 || res.DeadLetterWrong != 0 {
+		t.Fatalf("lost %d dead-lettered %d of %d, wrong %v", res.Lost, res.DeadLettered, res.DeadLetters, res.DeadLetterWrongAt)
+	}
+	if res.OffsetViolations != 1 || !strings.Contains(res.Violations[0], "committed 2") || res.Passed() {
+		t.Fatalf("offset violations %v (passed %v), want the commit of 2 before the dead letter of 1", res.Violations, res.Passed())
+	}
+}
+
+func TestVerifyFindsADeadLetterThatShouldNotBeThere(t *testing.T) {
+	base := deadLetterRun()
+	base.DeadLetters = append(base.DeadLetters, DeadLetter{At: at(4000), Topic: "t", Partition: 0, Offset: 3, Value: base.Records[3].Value})
+	for name, dl := range map[string]DeadLetter{
+		"a record acked, not poison":   {At: at(5000), Topic: "t", Partition: 0, Offset: 2, Value: "1"},
+		"headers naming another topic": {At: at(5000), Topic: "u", Partition: 0, Offset: 1, Value: base.Records[1].Value},
+		"headers naming no record":     {At: at(5000), Topic: "t", Partition: 0, Offset: 9, Value: base.Records[1].Value},
+		"headers missing":              {At: at(5000), Offset: -1, Value: base.Records[1].Value},
+		"the value of another record":  {At: at(5000), Topic: "t", Partition: 0, Offset: 1, Value: "2"},
+	} {
+		in := base
+		in.DeadLetters = append(slices.Clone(base.DeadLetters), dl)
+		if res := Verify(in, true); res.DeadLetterWrong != 1 || res.Passed() {
+			t.Errorf("%s: wrong %d %v (passed %v), want 1", name, res.DeadLetterWrong, res.DeadLetterWrongAt, res.Passed())
+		}
+	}
+	// A record that is not poison but failed MaxAttempts logged deliveries
+	// (a nack, and an ack after the ack timeout) may be dead-lettered.
+	in := base
+	in.Events = slices.DeleteFunc(slices.Clone(base.Events), func(e Event) bool { return e.Offset == 2 })
+	in.Events = append(in.Events, ev(100, EventDeliver, "nacker.1", 1, 0, 2), ev(101, EventNack, "nacker.1", 1, 0, 2),
+		ev(200, EventDeliver, "c2.1", 1, 0, 2), ev(5300, EventAck, "c2.1", 1, 0, 2))
+	in.DeadLetters = append(slices.Clone(base.DeadLetters), DeadLetter{At: at(5400), Topic: "t", Partition: 0, Offset: 2, Value: "1"})
+	if res := Verify(in, true); res.DeadLetterWrong != 0 || !res.Passed() {
+		t.Fatalf("wrong %v (passed %v, %+v), want none", res.DeadLetterWrongAt, res.Passed(), res)
 	}
 }

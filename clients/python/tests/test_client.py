@@ -397,6 +397,42 @@ def test_members_one_session_each_with_split_credit(daemon, daemon2):
         c.close()
 
 
+def test_older_member_list_changes_nothing(daemon, daemon2):
+    """Members may disagree for a moment while an assignment spreads: a list
+    of a lower (epoch, generation), or without one in a Members frame, is
+    ignored; a newer one is followed."""
+    both = [pb.Member(address=daemon.addr), pb.Member(address=daemon2.addr)]
+    one = [pb.Member(address=daemon.addr)]
+    v = pb.MembersVersion
+    c, conn, _ = open_session(daemon, max_in_flight=10, welcome=dict(members=both, members_version=v(epoch=2, generation=5)))
+    try:
+        conn2 = daemon2.accept()
+        conn2.welcome(members=both, members_version=v(epoch=2, generation=5))
+        assert conn.expect("goodbye").goodbye.reason == "session retired"
+        conn.close()
+        conn1 = daemon.accept()
+        conn1.welcome(members=both, members_version=v(epoch=2, generation=5))
+
+        def synced(cn, nonce):
+            # The session's reader follows a list before it reads the next frame.
+            cn.send(pb.Frame(ping=pb.Ping(nonce=nonce)))
+            assert cn.expect("pong", skip=()).pong.nonce == nonce
+
+        conn2.send(pb.Frame(members=pb.Members(members=one, version=v(epoch=2, generation=4))))
+        synced(conn2, 1)
+        conn1.send(pb.Frame(members=pb.Members(members=one)))
+        synced(conn1, 2)
+        assert c.members == sorted([daemon.addr, daemon2.addr])
+        conn2.deliver(1, b"still here")
+        assert c.get(TIMEOUT).value == b"still here"
+
+        conn2.send(pb.Frame(members=pb.Members(members=one, version=v(epoch=3, generation=1))))
+        synced(conn2, 3)
+        assert c.members == [daemon.addr]
+    finally:
+        c.close()
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError):
         fanout_client.Client([])

@@ -303,7 +303,9 @@ class Session:
         elif kind == "redirect":
             raise RedirectError(f.redirect.leader_address)
         elif kind == "members":
-            self.client._follow_members(self.link, [m.address for m in f.members.members])
+            self.client._follow_members(
+                self.link, [m.address for m in f.members.members], _wire.members_version(f.members, "version")
+            )
         elif kind == "deliver_batch":  # in the schema since issue 13
             for d in f.deliver_batch.deliveries:
                 self._deliver(d)

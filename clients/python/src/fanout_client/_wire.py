@@ -296,3 +296,12 @@ def split_ids(
                 cur_ids, cur_ranges, room = [], [], max_ids
     if cur_ids or cur_ranges:
         yield cur_ids, cur_ranges
+
+
+def members_version(msg: object, field: str) -> Optional[Tuple[int, int]]:
+    """The (epoch, generation) of a Welcome's or Members frame's member
+    list (MembersVersion), or None when the frame has none."""
+    if not msg.HasField(field):  # type: ignore[attr-defined]
+        return None
+    v = getattr(msg, field)
+    return (v.epoch, v.generation)

@@ -121,6 +121,8 @@ class Client:
         self._queue: Deque[Message] = collections.deque()
         self._links: List[_Link] = []
         self._members: List[str] = []
+        # The (epoch, generation) of the member list followed; None: none.
+        self._version: Optional[Tuple[int, int]] = None
         self._started = False
         self._welcomed = False
         self._error: Optional[BaseException] = None  # why the client stopped on its own
@@ -283,7 +285,9 @@ class Client:
         with self._cond:
             self._welcomed = True
             self._cond.notify_all()
-        self._follow_members(link, [m.address for m in s.welcome.members])
+        self._follow_members(
+            link, [m.address for m in s.welcome.members], _wire.members_version(s.welcome, "members_version"), welcome=True
+        )
 
     def _gave_up(self, err: BaseException) -> None:
         with self._cond:
@@ -302,16 +306,29 @@ class Client:
                 self._links.remove(link)
             self._cond.notify_all()
 
-    def _follow_members(self, src: "_Link", addrs: List[str]) -> None:
-        """Applies a member list that src's session received: an empty list
-        means leader mode (src becomes the one link, with all the credit);
-        otherwise one link per member, each with its share, links of members
-        no longer listed are retired, and the cluster link becomes the link
-        of the member it is connected to, or retires."""
+    def _follow_members(
+        self, src: "_Link", addrs: List[str], version: Optional[Tuple[int, int]] = None, welcome: bool = False
+    ) -> None:
+        """Applies a member list of the given (epoch, generation) version
+        that src's session received (in its Welcome when welcome): an empty
+        list means leader mode (src becomes the one link, with all the
+        credit); otherwise one link per member, each with its share, links of
+        members no longer listed are retired, and the cluster link becomes
+        the link of the member it is connected to, or retires.
+
+        A list older than the one followed (a lower version, or none in a
+        Members frame while the client holds one) is ignored: members may
+        disagree for a moment while an assignment spreads. A Welcome without
+        a version is leader mode, or an older daemon: followed."""
         if src.stopping:
             return  # its member left: its view is not the one to follow
         new = sorted(set(a for a in addrs if a))
         with self._cond:
+            held = self._version
+            if held is not None and ((version is None and not welcome) or (version is not None and version < held)):
+                self.log.debug("ignoring member list %s of version %s from %s: following %s", new, version, src.member, held)
+                return
+            self._version = version
             if new == self._members or self._closing.is_set():
                 return
             self._members = new

@@ -137,10 +137,20 @@ class Member(_message.Message):
     def __init__(self, address: _Optional[str] = ...) -> None: ...
 
 class Members(_message.Message):
-    __slots__ = ["members"]
+    __slots__ = ["members", "version"]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    version: MembersVersion
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., version: _Optional[_Union[MembersVersion, _Mapping]] = ...) -> None: ...
+
+class MembersVersion(_message.Message):
+    __slots__ = ["epoch", "generation"]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    generation: int
+    def __init__(self, epoch: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Nack(_message.Message):
     __slots__ = ["delay_ms", "delivery_ids", "ranges", "reason"]
@@ -185,7 +195,7 @@ class Touch(_message.Message):
     def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ["ack_timeout_ms", "capabilities", "heartbeat_ms", "liveness_intervals", "max_frame_size", "max_in_flight", "members", "node_id", "observer", "protocol_version", "session_id", "topic"]
+    __slots__ = ["ack_timeout_ms", "capabilities", "heartbeat_ms", "liveness_intervals", "max_frame_size", "max_in_flight", "members", "members_version", "node_id", "observer", "protocol_version", "session_id", "topic"]
     ACK_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +203,7 @@ class Welcome(_message.Message):
     MAX_FRAME_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVER_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -205,12 +216,13 @@ class Welcome(_message.Message):
     max_frame_size: int
     max_in_flight: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
+    members_version: MembersVersion
     node_id: str
     observer: bool
     protocol_version: int
     session_id: int
     topic: str
-    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., liveness_intervals: _Optional[int] = ..., max_frame_size: _Optional[int] = ..., topic: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., observer: bool = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., liveness_intervals: _Optional[int] = ..., max_frame_size: _Optional[int] = ..., topic: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., observer: bool = ..., members_version: _Optional[_Union[MembersVersion, _Mapping]] = ...) -> None: ...
 
 class Capability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
