@@ -306,15 +306,15 @@ func (s *session) readLoop(ctx context.Context) error {
 
 // deliver hands one delivery to Messages. The channel holds the in-flight
 // limit, so this blocks only if the daemon overruns it, the session ends, or
-// other sessions' messages fill it. A retiring session drops deliveries: the
-// daemon delivers them again after its Goodbye.
+// other sessions' messages fill it. A retiring session passes no delivery
+// on: it gives each back (giveBack).
 func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
 	// Counted before draining is read, and retire sets draining before the
-	// writer reads held: either this delivery is dropped, or the writer
+	// writer reads held: either this delivery is given back, or the writer
 	// waits for it to be acked.
 	s.held.Add(1)
 	if s.draining.Load() {
-		s.release()
+		s.giveBack(d)
 		return nil
 	}
 	m := &Message{
@@ -345,9 +345,28 @@ func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
 	case <-ctx.Done(): // Close: the daemon redelivers it
 	case <-s.quit:
 	case <-s.drain:
-		s.release()
+		s.giveBack(d)
 	}
 	return nil
+}
+
+// retiringReason is the reason of the nacks of giveBack.
+const retiringReason = "client session retiring: not processed"
+
+// giveBack returns a delivery that this retiring session does not pass on:
+// the daemon, which does not know the session retires, goes on delivering
+// up to its credit. A nack at once has it delivered to another client now;
+// dropped silently, it would stay in flight until the daemon's ack timeout
+// or this session's Goodbye, which waits for the messages passed on (up to
+// that timeout), and hold its partition's commit meanwhile. Like the
+// timeout, the nack counts as a failed attempt at the daemon. An observer's
+// copy needs nothing; a session that ended cannot nack (the daemon
+// redelivers what it had in flight anyway).
+func (s *session) giveBack(d *protocol.Deliver) {
+	if !s.welcome.GetObserver() {
+		_ = s.enqueueNack(d.GetDeliveryId(), 0, retiringReason)
+	}
+	s.release() // after the nack is queued: it is sent before the Goodbye
 }
 
 // writeLoop is the only writer of the socket. Each time it wakes it takes
