@@ -390,7 +390,7 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 		}
 		took := time.Since(ev.begin)
 		fields := logrus.Fields{"took": took.Round(time.Millisecond), "offset": ev.rev.Offset,
-			"unacked_dropped": ev.rev.Unacked, "buffered_dropped": ev.rev.Dropped}
+			"unacked_dropped": ev.rev.Unacked, "buffered_dropped": ev.rev.Dropped, "returned_dropped": ev.rev.Returned}
 		if ev.err != nil {
 			log.WithError(ev.err).WithFields(fields).Warn("partition handed over with trouble")
 		} else {

@@ -646,7 +646,7 @@ func (d *Dispatcher) dirty(s *state, progress bool) (map[int32]int64, map[int32]
 // to the committer as its final commit, and the caller of Revoke is told.
 func (d *Dispatcher) endRevoke(s *state, cm *committer, p int32) {
 	o, offset, tracked, unacked, prog := s.revokeEnd(p)
-	r := revokeReply{Revoked: Revoked{Offset: offset, Unacked: unacked, Dropped: o.revoke.dropped}}
+	r := revokeReply{Revoked: Revoked{Offset: offset, Unacked: unacked, Dropped: o.revoke.dropped, Returned: o.revoke.returned}}
 	if tracked {
 		r.final = cm.finish(p, offset, map[int32]offsets.Progress{p: prog})
 	} else {

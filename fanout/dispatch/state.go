@@ -442,6 +442,7 @@ func (s *state) own(id, did uint64) *flight {
 func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	c, m := f.client, f.msg
 	if s.revoking > 0 && s.revoked(m.Partition) {
+		s.parts[m.Partition].revoke.returned++
 		s.unlink(f)
 		s.recycle(f)
 		if m.keyHash != 0 {
