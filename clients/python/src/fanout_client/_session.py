@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
 LINGER_TIMEOUT = 2.0
 # Used when a Welcome gives a heartbeat but no liveness_intervals.
 _DEFAULT_LIVENESS_INTERVALS = 3
+# The reason of the nacks of deliveries a retiring session gives back.
+RETIRING_REASON = "client session retiring: not processed"
+
 # Bounds a retiring session's wait for its messages when the Welcome gives no ack timeout.
 _DEFAULT_DRAIN_TIMEOUT = 30.0
 _READ_SIZE = 256 * 1024
@@ -140,12 +143,25 @@ class Session:
 
     def release(self, msg: Message) -> None:
         """Counts msg, passed on but dropped before the user took it (its
-        session retired or ended), as done: the daemon delivers it again."""
+        session retired or ended), as done, and gives it back (see
+        _give_back) while the session can still send: the daemon delivers it
+        again at once rather than after its ack timeout or the Goodbye."""
         with self._lock:
             if not msg._done:
                 msg._done = True
                 self.held -= 1
+                self._give_back(msg.delivery_id)
         self.signal()
+
+    def _give_back(self, delivery_id: int) -> None:
+        """Queues a nack of a delivery the session does not pass on (it
+        retires: the daemon, which does not know, goes on delivering up to
+        its credit). Left in flight, it would wait for the daemon's ack
+        timeout or the Goodbye, holding its partition's commit. Like the
+        timeout, the nack counts as a failed attempt. self._lock is held;
+        an ended session cannot nack (the daemon redelivers anyway)."""
+        if self.ended is None:
+            self._nacks.setdefault((0, RETIRING_REASON), []).append(delivery_id)
 
     def usable(self) -> bool:
         """Whether a message of this session is worth handing to the user."""
@@ -317,8 +333,14 @@ class Session:
     def _deliver(self, d: pb.Deliver) -> None:
         with self._lock:
             if self.draining:
-                return  # the daemon delivers it again after the Goodbye
-            self.held += 1
+                self._give_back(d.delivery_id)
+                give_back = True
+            else:
+                self.held += 1
+                give_back = False
+        if give_back:
+            self.signal()
+            return
         m = Message(
             d.partition,
             d.offset,
