@@ -18,11 +18,11 @@ type Config struct {
 	MaxBufferedBytes int           // payload bytes waiting for a client before fetching pauses; default 64 MiB
 	MaxOutstanding   int           // offsets the tracker may hold per partition before fetching it pauses (until half); default 50000
 	CommitInterval   time.Duration // how often changed offsets are committed; default 1s
+	DrainTimeout     time.Duration // how long shutdown waits for outstanding acks; default 10s
 	// StallAfter is how long a partition's committable offset may stay put
 	// while offsets of it are held before it is logged as stalled (see
 	// stall.go); default 3 × AckTimeout, at least 30s.
-	StallAfter   time.Duration
-	DrainTimeout time.Duration // how long shutdown waits for outstanding acks; default 10s
+	StallAfter time.Duration
 	// MaxCommitFailure is how long commits may keep failing (or one may
 	// hang) before Run gives up with ErrCommitsFailing; 0 means never.
 	MaxCommitFailure time.Duration
