@@ -242,6 +242,13 @@ func TestRetiringSessionGivesBackLateDeliveries(t *testing.T) {
 	if nack.GetDelayMs() != 0 || nack.GetReason() == "" {
 		t.Errorf("nack delay %d ms, reason %q: want at once, with a reason", nack.GetDelayMs(), nack.GetReason())
 	}
+	// The same record again (no other client had room): not bounced back
+	// again; held until the Goodbye. Another record is given back.
+	bc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 7, Partition: 1, Offset: 6, Value: []byte("late"), Attempt: 2}))
+	bc.deliver(t, 8, "later")
+	if ids, _ := bc.expectIDs(t, 1, nackIDs); !slices.Equal(ids, []uint64{8}) {
+		t.Errorf("nacked %v, want [8] alone: 7 is record 6 again", ids)
+	}
 	expectNoMessage(t, c)
 	if err := held.Ack(); err != nil {
 		t.Fatal(err)

@@ -85,6 +85,8 @@ type session struct {
 	touches []uint64
 	pongs   []uint64
 	later   []laterNack // nacks with a delay or a reason
+	// givenBack holds the records a retiring session gave back (giveBack).
+	givenBack map[record]bool
 
 	failOnce sync.Once
 	err      error // why the session ended; set once, read after both loops exit
@@ -353,18 +355,41 @@ func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
 // retiringReason is the reason of the nacks of giveBack.
 const retiringReason = "client session retiring: not processed"
 
+// record names a Kafka record: a partition and an offset.
+type record struct {
+	partition int32
+	offset    int64
+}
+
 // giveBack returns a delivery that this retiring session does not pass on:
 // the daemon, which does not know the session retires, goes on delivering
 // up to its credit. A nack at once has it delivered to another client now;
 // dropped silently, it would stay in flight until the daemon's ack timeout
 // or this session's Goodbye, which waits for the messages passed on (up to
 // that timeout), and hold its partition's commit meanwhile. Like the
-// timeout, the nack counts as a failed attempt at the daemon. An observer's
-// copy needs nothing; a session that ended cannot nack (the daemon
-// redelivers what it had in flight anyway).
+// timeout, the nack counts as a failed attempt at the daemon. A record is
+// given back once per session: when it comes back to this session, no
+// other client of the daemon had room, and a nack would only bounce it
+// between the two (a failed attempt each time) until the session ends; it
+// is dropped then, as before, and comes again after the Goodbye. An
+// observer's copy needs nothing; a session that ended cannot nack (the
+// daemon redelivers what it had in flight anyway).
 func (s *session) giveBack(d *protocol.Deliver) {
 	if !s.welcome.GetObserver() {
-		_ = s.enqueueNack(d.GetDeliveryId(), 0, retiringReason)
+		r := record{d.GetPartition(), d.GetOffset()}
+		s.mu.Lock()
+		nack := s.ended == nil && !s.givenBack[r]
+		if nack {
+			if s.givenBack == nil {
+				s.givenBack = map[record]bool{}
+			}
+			s.givenBack[r] = true
+			s.later = append(s.later, laterNack{id: d.GetDeliveryId(), reason: retiringReason})
+		}
+		s.mu.Unlock()
+		if nack {
+			s.signal()
+		}
 	}
 	s.release() // after the nack is queued: it is sent before the Goodbye
 }
