@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 from . import _wire
 from ._proto import fanout_pb2 as pb
@@ -101,6 +101,8 @@ class Session:
         self.ended: Optional[BaseException] = None
         self._acks: List[int] = []
         self._nacks: Dict[Tuple[int, str], List[int]] = {}
+        # Records (partition, offset) a retiring session gave back: once each.
+        self._given_back: Set[Tuple[int, int]] = set()
         self._touches: List[int] = []
         self._pongs: List[int] = []
         # Messages passed on to the client and not yet acked or nacked.
@@ -150,17 +152,21 @@ class Session:
             if not msg._done:
                 msg._done = True
                 self.held -= 1
-                self._give_back(msg.delivery_id)
+                self._give_back(msg.delivery_id, msg.partition, msg.offset)
         self.signal()
 
-    def _give_back(self, delivery_id: int) -> None:
+    def _give_back(self, delivery_id: int, partition: int, offset: int) -> None:
         """Queues a nack of a delivery the session does not pass on (it
         retires: the daemon, which does not know, goes on delivering up to
         its credit). Left in flight, it would wait for the daemon's ack
         timeout or the Goodbye, holding its partition's commit. Like the
-        timeout, the nack counts as a failed attempt. self._lock is held;
-        an ended session cannot nack (the daemon redelivers anyway)."""
-        if self.ended is None:
+        timeout, the nack counts as a failed attempt. A record is given back
+        once per session: back again, no other client had room, and a nack
+        would bounce it (a failed attempt each time) until the session ends.
+        self._lock is held; an ended session cannot nack (the daemon
+        redelivers anyway)."""
+        if self.ended is None and (partition, offset) not in self._given_back:
+            self._given_back.add((partition, offset))
             self._nacks.setdefault((0, RETIRING_REASON), []).append(delivery_id)
 
     def usable(self) -> bool:
@@ -333,7 +339,7 @@ class Session:
     def _deliver(self, d: pb.Deliver) -> None:
         with self._lock:
             if self.draining:
-                self._give_back(d.delivery_id)
+                self._give_back(d.delivery_id, d.partition, d.offset)
                 give_back = True
             else:
                 self.held += 1
