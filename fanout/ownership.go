@@ -278,7 +278,7 @@ func (o *ownership) reconcile(ctx context.Context) {
 			if a != nil {
 				gen = a.Generation
 			}
-			o.handOff(p, op, gen)
+			o.handOff(ctx, p, op, gen)
 		}
 	}
 }
@@ -405,13 +405,15 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 
 // handOff hands partition p over in a helper: stop fetching, let the
 // dispatcher await its in-flight messages (up to the handoff timeout) and
-// commit its final offset, then release its record under generation gen.
-func (o *ownership) handOff(p int32, op *ownedPart, gen uint64) {
+// commit its final offset, then release its record under generation gen
+// (retried until done, see release; ctx is the loop's).
+func (o *ownership) handOff(ctx context.Context, p int32, op *ownedPart, gen uint64) {
 	op.cancel() // its watcher
 	op.state, op.since = releasing, time.Now()
-	cond, begin := op.cond, op.since
+	cond, begin, session := op.cond, op.since, o.session
 	log := o.log.WithField("partition", p)
 	log.WithField("generation", gen).Info("partition assigned elsewhere: handing it over")
+	loop := ctx
 	o.helpers.Go(log, "hand over partition", func() {
 		o.src.Remove(p)
 		// A bound for the final commit too: a ZooKeeper out of reach must
@@ -420,11 +422,38 @@ func (o *ownership) handOff(p int32, op *ownedPart, gen uint64) {
 		ctx, cancel := context.WithTimeout(context.Background(), o.opts.HandoffTimeout+o.opts.ZooKeeperSessionTimeout)
 		defer cancel()
 		rev, err := o.disp.Revoke(ctx, p, o.opts.HandoffTimeout)
-		if rerr := o.records.Release(p, cond, gen); rerr != nil {
+		if rerr := o.release(loop, log, p, cond, gen, session); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 		o.send(ownEvent{p: p, kind: evReleased, cond: cond, err: err, rev: rev, begin: begin})
 	}, nil)
+}
+
+// release writes partition p's released record, retrying while ZooKeeper
+// cannot be reached. A record left naming this member's session keeps the
+// next owner waiting until that session ends, and a ZooKeeper restart does
+// not end it (sessions survive one): a --quick chaos run (spread, seed 8)
+// had a partition unserved for minutes after a release failed during one.
+// It stops when the release is done, when the record changed (another
+// member took it over, or this member reserved it again: ErrNotOwner),
+// when this member's session is no longer session (expired: the record is
+// free), or when ctx (the loop's) ends: on shutdown the daemon closes its
+// session, which frees the record too. The loop waits for its helpers when
+// it stops, so a dispatcher stopped by failing commits restarts only once
+// this is done; the new one could not join ZooKeeper before anyway.
+func (o *ownership) release(ctx context.Context, log *logrus.Entry, p int32, cond zkstore.Version, gen uint64, session int64) error {
+	var last error
+	err := retry(ctx, log, "release of the partition's ownership record", o.opts.ConnectBackoffMax, func(context.Context) error {
+		last = o.records.Release(p, cond, gen)
+		if last == nil || errors.Is(last, zkstore.ErrNotOwner) || o.records.Session() != session {
+			return nil
+		}
+		return last
+	})
+	if err != nil {
+		return errors.Join(last, err)
+	}
+	return last
 }
 
 // dropAll drops every partition at once (the session expired, or the
