@@ -201,8 +201,8 @@ func (o *ownership) run(ctx context.Context, dispDone <-chan struct{}, stop func
 			o.shutdown(stop, dispDone)
 			return
 		case <-dispDone:
-			o.log.Warn("the dispatcher stopped: dropping every partition")
-			o.dropAll(false)
+			o.log.Warn("the dispatcher stopped: dropping every partition, releasing their records")
+			o.dropAll(ctx, true)
 			o.finish()
 			return
 		case <-o.assign.AssignmentChanged():
@@ -214,7 +214,7 @@ func (o *ownership) run(ctx context.Context, dispDone <-chan struct{}, stop func
 			if s := o.records.Session(); s != o.session {
 				o.log.WithFields(logrus.Fields{"session": sessionHex(o.session), "now": sessionHex(s)}).
 					Warn("zookeeper session expired: every partition may be taken over now; dropping them all")
-				o.dropAll(false)
+				o.dropAll(ctx, false)
 				if o.session, err = o.join(ctx); err != nil {
 					continue // ctx ended
 				}
@@ -458,8 +458,12 @@ func (o *ownership) release(ctx context.Context, log *logrus.Entry, p int32, con
 
 // dropAll drops every partition at once (the session expired, or the
 // dispatcher stopped): nothing more is fetched, delivered or committed of
-// them. With release, their records are released too.
-func (o *ownership) dropAll(release bool) {
+// them. With release, their records are released too, by helpers that
+// retry (release): the next loop reserves again those still assigned to
+// this member, and nobody else could take the others while the records
+// name its live session.
+func (o *ownership) dropAll(ctx context.Context, release bool) {
+	gen, session := o.generation(), o.session
 	for p, op := range o.parts {
 		switch op.state {
 		case acquiring:
@@ -471,9 +475,12 @@ func (o *ownership) dropAll(release bool) {
 			o.src.Remove(p)
 			o.disp.Drop(p)
 			if release {
-				if err := o.records.Release(p, op.cond, o.generation()); err != nil {
-					o.log.WithError(err).WithField("partition", p).Debug("release after drop")
-				}
+				log, cond := o.log.WithField("partition", p), op.cond
+				o.helpers.Go(log, "release dropped partition", func() {
+					if err := o.release(ctx, log, p, cond, gen, session); err != nil {
+						log.WithError(err).Debug("release after drop")
+					}
+				}, nil)
 			}
 		}
 	}

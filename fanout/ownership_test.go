@@ -314,6 +314,7 @@ type testMember struct {
 	done     chan struct{}
 	stopped  atomic.Bool // stop was called
 	stopping atomic.Bool // onStop was called
+	stop     func()      // stops the member's dispatcher
 }
 
 func startMember(t *testing.T, zk *fakeZK, assign *fakeAssign, node string, loader fakeLoader) *testMember {
@@ -341,6 +342,7 @@ func startMember(t *testing.T, zk *fakeZK, assign *fakeAssign, node string, load
 			close(dispDone)
 		})
 	}
+	m.stop = stop
 	go func() {
 		defer close(m.done)
 		own.run(ctx, dispDone, stop)
@@ -435,6 +437,22 @@ func TestOwnershipRetriesAFailedRelease(t *testing.T) {
 	if i, j := indexOf(events, "release 1 node-a failed"), indexOf(events, "release 1 node-a v"); i < 0 || j < i {
 		t.Errorf("events %v: want a failed release of 1, then one done", events)
 	}
+}
+
+// When the dispatcher stops (commits failing: ZooKeeper out of reach, the
+// session alive), the partitions dropped have their records released, with
+// retries: another member assigned one meanwhile reserves it.
+func TestOwnershipReleasesWhenTheDispatcherStops(t *testing.T) {
+	zk, assign := newFakeZK(), newFakeAssign()
+	a := startMember(t, zk, assign, "node-a", fakeLoader{})
+	b := startMember(t, zk, assign, "node-b", fakeLoader{})
+	assign.set(1, 2, map[string][]int32{"node-a": {0, 1}, "node-b": {}})
+	testutil.WaitFor(t, 5*time.Second, "node-a to serve 0 and 1", func() bool { return slices.Equal(a.owned(), []int32{0, 1}) })
+	a.rec.failReleases.Store(1)
+	a.stop()
+	<-a.done
+	assign.set(2, 2, map[string][]int32{"node-a": {}, "node-b": {0, 1}})
+	testutil.WaitFor(t, 5*time.Second, "node-b to serve 0 and 1", func() bool { return slices.Equal(b.owned(), []int32{0, 1}) })
 }
 
 // A partition whose record another member took over is dropped at once
