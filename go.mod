@@ -33,6 +33,8 @@ require (
 	github.com/jcmturner/gokrb5/v8 v8.4.4 // indirect
 	github.com/jcmturner/rpc/v2 v2.0.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/nanoservice/core-fanout/client v0.0.0
+	github.com/nanoservice/core-fanout/protocol v0.0.0
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/rcrowley/go-metrics v0.0.0-20250401214520-65e299d6c5c9
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
@@ -44,7 +46,11 @@ require (
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/crypto v0.57.0 // indirect
-	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/net v0.59.0
 	golang.org/x/sys v0.48.0 // indirect
 	google.golang.org/protobuf v1.36.12
 )
+
+replace github.com/nanoservice/core-fanout/client => ./client
+
+replace github.com/nanoservice/core-fanout/protocol => ./protocol

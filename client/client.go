@@ -5,17 +5,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // Defaults for the zero values of Config.
@@ -89,8 +89,15 @@ type Config struct {
 	// daemon that does not confirm it stops the client with ErrNoObservers.
 	// An observer that falls behind is dropped by the daemon and reconnects.
 	Observe bool
-	// Logger receives connection events; nil logs nothing.
-	Logger *logrus.Entry
+	// Logger receives connection events (connected, redirected,
+	// disconnected, members changed) and the worker pool's panics (see
+	// Consume); nil logs nothing. A *slog.Logger is any handler's: the
+	// application's own logger, whatever it writes to.
+	Logger *slog.Logger
+	// Batches makes deliveries arrive on Batches, the messages of each
+	// frame the daemon sent together as one Batch, instead of one by one on
+	// Messages (which then only closes when the client stops).
+	Batches bool
 }
 
 // withDefaults returns cfg with zero values replaced, or an error for a
@@ -128,10 +135,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.MaxBackoff = max(DefaultMaxBackoff, cfg.MinBackoff)
 	}
 	if cfg.Logger == nil {
-		l := logrus.New()
-		l.Out = io.Discard
-		l.Level = logrus.PanicLevel
-		cfg.Logger = logrus.NewEntry(l)
+		cfg.Logger = slog.New(discardHandler{})
 	}
 	return cfg, nil
 }
@@ -140,15 +144,19 @@ func (cfg Config) withDefaults() (Config, error) {
 // the leader, in leader mode; over one connection per member in spread
 // mode. It reconnects by itself. Its methods are safe for concurrent use.
 type Client struct {
-	cfg  Config
-	log  *logrus.Entry
-	msgs chan *Message
+	cfg     Config
+	log     *slog.Logger
+	msgs    chan *Message
+	batches chan *Batch // nil unless Config.Batches
 
 	ctx    context.Context // canceled by Close (or a failed Dial)
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run has returned
 	events chan event    // links → run
 	linkWG sync.WaitGroup
+	// shuttingDown is set by Shutdown: a session's failure to send its
+	// final acks is then Shutdown's error.
+	shuttingDown atomic.Bool
 
 	mu       sync.Mutex // guards the fields below
 	err      error      // why the client stopped on its own
@@ -171,10 +179,14 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg:    cfg,
-		log:    cfg.Logger.WithField("client_id", cfg.ClientID),
+		log:    cfg.Logger.With("client_id", cfg.ClientID),
 		msgs:   make(chan *Message, cfg.MaxInFlight),
 		done:   make(chan struct{}),
 		events: make(chan event, 16),
+	}
+	if cfg.Batches {
+		c.msgs = make(chan *Message)
+		c.batches = make(chan *Batch, cfg.MaxInFlight)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	ready := make(chan error, 1)
@@ -214,6 +226,13 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 // again); those already received return ErrStale from Ack, as do messages
 // of a member's session that ended while others go on.
 func (c *Client) Messages() <-chan *Message { return c.msgs }
+
+// Batches returns the channel of deliveries of a client with Config.Batches:
+// the messages of each frame the daemon sent together, as one Batch, of
+// every session merged. It is closed when the client stops for good, as
+// Messages is, and behaves as Messages does when a connection is replaced.
+// Without Config.Batches it is nil.
+func (c *Client) Batches() <-chan *Batch { return c.batches }
 
 // Close sends the acks queued so far and a Goodbye on every session, waits
 // for the daemons to close the connections (at most a couple of seconds),
@@ -265,7 +284,7 @@ func (c *Client) connect(l *link, addr string, credit int) (*session, error) {
 		if hop == maxRedirects {
 			return nil, fmt.Errorf("more than %d redirects, last to %s", maxRedirects, redirect)
 		}
-		c.log.WithFields(logrus.Fields{"from": addr, "to": redirect}).Info("redirected to the leader")
+		c.log.Info("redirected to the leader", "from", addr, "to", redirect)
 		addr = redirect
 	}
 }
@@ -347,7 +366,7 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 		MaxFrameSize:    uint32(c.cfg.MaxFrameSize),
 		Weight:          uint32(c.cfg.Weight),
 		Observer:        c.cfg.Observe,
-		Capabilities:    []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS},
+		Capabilities:    []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS, protocol.Capability_CAPABILITY_BATCH},
 	})
 	if err := w.WriteFrame(hello); err != nil {
 		return nil, "", fmt.Errorf("hello to %s: %w", addr, err)

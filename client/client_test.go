@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-
-	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 func TestHelloFields(t *testing.T) {
@@ -33,7 +31,7 @@ func TestHelloFields(t *testing.T) {
 			if h.GetClientId() != tt.want.ClientId || h.GetProtocolVersion() != tt.want.ProtocolVersion ||
 				h.GetMaxInFlight() != tt.want.MaxInFlight || h.GetAuthToken() != tt.want.AuthToken ||
 				h.GetMaxFrameSize() != tt.want.MaxFrameSize ||
-				!slices.Equal(h.GetCapabilities(), []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS}) {
+				!slices.Equal(h.GetCapabilities(), []protocol.Capability{protocol.Capability_CAPABILITY_MEMBERS, protocol.Capability_CAPABILITY_BATCH}) {
 				t.Errorf("hello = %v, want %v", h, tt.want)
 			}
 			if got := cap(c.Messages()); got != int(tt.want.MaxInFlight) {
@@ -520,7 +518,7 @@ func TestDialUnreachable(t *testing.T) {
 		t.Errorf("Dial took %v after its context ended", took)
 	}
 	t.Log(err)
-	testutil.WaitFor(t, testTimeout, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+	waitFor(t, testTimeout, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 func TestDialAllRefusedNoReconnect(t *testing.T) {

@@ -19,6 +19,26 @@
 //	}
 //	return c.Err() // nil after Close; the reason when the client gave up
 //
+// Consume runs a handler on the messages in a fixed pool of workers: the
+// handler's nil acks, its error nacks (with a delay for RetryAfter's), its
+// panic nacks and is logged.
+// Shutdown stops gracefully: no new messages, the running handlers finish
+// and their acks are sent, then goodbye; Close stops at once, and acks not
+// yet sent then return ErrClosed.
+//
+//	go func() {
+//		<-ctx.Done() // SIGTERM, say
+//		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//		defer cancel()
+//		c.Shutdown(sctx) // finish the work in hand within 10 s
+//	}()
+//	return c.Consume(context.Background(), 8, func(ctx context.Context, m *client.Message) error {
+//		return process(ctx, m.Value) // an error: the message comes again
+//	})
+//
+// Config.Logger is a *slog.Logger: the client logs connection events
+// through the application's own handler, or nowhere.
+//
 // Delivery is at least once. A message that is not acked within the daemon's
 // ack timeout, or whose connection breaks before its ack is sent, is
 // delivered again, possibly to another client; process messages
@@ -35,6 +55,27 @@
 // queues its delivery id and wakes the connection's writer, which sends every
 // id queued by then in one frame. An idle client sends an ack at once; a busy
 // one sends many in one frame and one system call.
+//
+// The client announces CAPABILITY_BATCH: a daemon that takes it up sends
+// deliveries many to a frame (DeliverBatch, what is ready at that moment),
+// and reads ids named by ranges, which the client sends for runs of
+// consecutive ids. The client decodes a frame without an allocation per
+// message: Key, Value and header values are slices of a buffer allocated for
+// that frame alone and never reused. With Config.Batches the messages of
+// each frame arrive together as a Batch on Batches, and Batch.Ack (or Nack,
+// NackWith, or Touch) settles the whole batch in one call, one range on the
+// wire:
+//
+//	c, err := client.Dial(ctx, client.Config{Addrs: addrs, MaxInFlight: 1000, Batches: true})
+//	...
+//	for b := range c.Batches() {
+//		for _, m := range b.Messages {
+//			process(m.Value)
+//		}
+//		if err := b.Ack(); err != nil {
+//			log.Print(err)
+//		}
+//	}
 //
 // Delivery policies (the daemon's README): a worker that should retry later
 // gives the message back with a delay, and may say why (the reason reaches

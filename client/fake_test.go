@@ -342,3 +342,18 @@ func (fc *fakeConn) sync(tb testing.TB) {
 		}
 	}
 }
+
+// waitFor polls cond every 10 ms until it returns true, and fails the test
+// once timeout has passed. It is internal/testutil.WaitFor's rule, copied:
+// the client is a module of its own (see go.mod), which cannot import the
+// daemon's module.
+func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/sirupsen/logrus"
 )
 
 // link keeps one session open: with one member in spread mode, or with the
@@ -153,7 +151,7 @@ func (l *link) run() {
 			c.mu.Lock()
 			c.lastErr = err
 			c.mu.Unlock()
-			c.log.WithError(err).Warn("connection attempt failed")
+			c.log.Warn("connection attempt failed", "error", err)
 			failures++
 			if permanent(err) || (c.cfg.NoReconnect && (connected || failures >= len(addrs))) {
 				c.event(event{kind: evGaveUp, link: l, err: err})
@@ -166,12 +164,11 @@ func (l *link) run() {
 			continue
 		}
 		connected = true
-		s.log.WithFields(logrus.Fields{
-			"max_in_flight": s.welcome.GetMaxInFlight(),
-			"heartbeat_ms":  s.welcome.GetHeartbeatMs(),
-			"topic":         s.welcome.GetTopic(),
-			"members":       len(s.welcome.GetMembers()),
-		}).Info("connected")
+		s.log.Info("connected",
+			"max_in_flight", s.welcome.GetMaxInFlight(),
+			"heartbeat_ms", s.welcome.GetHeartbeatMs(),
+			"topic", s.welcome.GetTopic(),
+			"members", len(s.welcome.GetMembers()))
 		// Attached first: the run loop, told of the Welcome, may retire it.
 		attached := l.attach(s)
 		c.event(event{kind: evWelcomed, link: l, sess: s})
@@ -192,11 +189,11 @@ func (l *link) run() {
 		if s.retired() {
 			// A new share of the client's credit: open the session again
 			// with it, at once.
-			s.log.WithFields(logrus.Fields{"from": credit, "to": newCredit}).Info("reconnecting with a new share of the credit")
+			s.log.Info("reconnecting with a new share of the credit", "from", credit, "to", newCredit)
 			prefer, failures, wait = s.addr, 0, 0
 			continue
 		}
-		s.log.WithError(err).Warn("disconnected")
+		s.log.Warn("disconnected", "error", err)
 		prefer = s.addr
 		if retryAfter(err) > 0 && len(addrs) > 1 {
 			// That daemon stopped leading (NO_LEADER, shutting down):

@@ -4,7 +4,6 @@ import (
 	"slices"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // eventKind says what a link tells the client's run loop.
@@ -15,6 +14,7 @@ const (
 	evMembers                   // a session of the link received a Members frame
 	evGaveUp                    // the link gave up: the client stops with err
 	evExited                    // the link's goroutine returned
+	evShutdown                  // Shutdown: stop every link, start none
 )
 
 // event is one report of a link to the client's run loop.
@@ -49,9 +49,13 @@ func share(maxInFlight, n int) int {
 // when a link gives up, and closes msgs once every link has exited.
 func (c *Client) run(ready chan<- error) {
 	defer close(c.done)
-	connected := false // ready has been told
-	live := 0          // links whose goroutine has not exited
+	connected := false    // ready has been told
+	live := 0             // links whose goroutine has not exited
+	shuttingDown := false // Shutdown was called: no link starts
 	startLink := func(member string, credit int) {
+		if shuttingDown {
+			return
+		}
 		l := newLink(c, member, credit)
 		c.mu.Lock()
 		c.links = append(c.links, l)
@@ -82,6 +86,14 @@ func (c *Client) run(ready chan<- error) {
 				ready <- ev.err
 			}
 			c.cancel() // the other links say goodbye and exit
+		case evShutdown:
+			shuttingDown = true
+			c.mu.Lock()
+			links := slices.Clone(c.links)
+			c.mu.Unlock()
+			for _, l := range links {
+				l.stop()
+			}
 		case evExited:
 			live--
 			c.mu.Lock()
@@ -91,6 +103,9 @@ func (c *Client) run(ready chan<- error) {
 	}
 	c.linkWG.Wait()
 	close(c.msgs) // after the last reader has ended
+	if c.batches != nil {
+		close(c.batches)
+	}
 }
 
 // followMembers applies a member list that from's session received: an
@@ -116,7 +131,7 @@ func (c *Client) followMembers(from *link, list []string, startLink func(member 
 	// Members reports the list once the links follow it.
 	defer c.setMembers(list)
 	if len(list) == 0 {
-		c.log.WithField("from", from.addr()).Info("no members listed: one session, to the leader")
+		c.log.Info("no members listed: one session, to the leader", "from", from.addr())
 		from.setMember("")
 		from.setCredit(c.cfg.MaxInFlight)
 		for _, l := range links {
@@ -127,8 +142,7 @@ func (c *Client) followMembers(from *link, list []string, startLink func(member 
 		return
 	}
 	credit := share(c.cfg.MaxInFlight, len(list))
-	c.log.WithFields(logrus.Fields{"from": from.addr(), "members": list, "max_in_flight": credit}).
-		Info("members changed: one session per member")
+	c.log.Info("members changed: one session per member", "from", from.addr(), "members", list, "max_in_flight", credit)
 	// Which links stay: one per listed member. The cluster link becomes
 	// the link of the member it is connected to, when that member is
 	// listed under the address it used.
@@ -187,7 +201,7 @@ func (c *Client) Members() []string {
 	return slices.Clone(c.members)
 }
 
-// dropStale empties msgs of messages of ended sessions, which could no
+// dropStale empties msgs (or batches) of messages of ended sessions, which could no
 // longer be acked, to make room for the next session's deliveries. It does
 // so only when l is the client's one link (leader mode): messages of other
 // sessions may wait in msgs otherwise, and stay (a stale one returns
@@ -202,6 +216,10 @@ func (c *Client) dropStale(l *link) {
 		select {
 		case m := <-c.msgs:
 			m.done.Store(true)
+		case b := <-c.batches: // a nil channel without Config.Batches
+			for _, m := range b.Messages {
+				m.done.Store(true)
+			}
 		default:
 			return
 		}

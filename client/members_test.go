@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nanoservice/core-fanout/internal/testutil"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
@@ -33,7 +32,7 @@ func spread(t *testing.T, credit int, ds ...*fakeDaemon) (*Client, map[string]*f
 	for _, fc := range conns {
 		fc.sync(t)
 	}
-	testutil.WaitFor(t, testTimeout, "Members() to list every member", func() bool { return slices.Equal(c.Members(), members) })
+	waitFor(t, testTimeout, "Members() to list every member", func() bool { return slices.Equal(c.Members(), members) })
 	return c, conns
 }
 
@@ -108,7 +107,7 @@ func TestSpreadBootstrapFromAnotherDaemon(t *testing.T) {
 	c := connected(t, ch)
 	bc.expectGoodbye(t)
 	ac, bbc := a.join(t, 15, members...), b.join(t, 15, members...)
-	testutil.WaitFor(t, testTimeout, "the bootstrap link to exit", func() bool { return links(c) == 2 })
+	waitFor(t, testTimeout, "the bootstrap link to exit", func() bool { return links(c) == 2 })
 	ac.deliver(t, 1, "a")
 	bbc.deliver(t, 1, "b")
 	for range 2 {
@@ -156,7 +155,7 @@ func TestSpreadMemberLeavesAndJoins(t *testing.T) {
 	if acked := conns[cm.addr()].expectGoodbye(t); !slices.Equal(acked, []uint64{5}) {
 		t.Errorf("the leaving member got acks %v before the Goodbye, want [5]", acked)
 	}
-	testutil.WaitFor(t, testTimeout, "the leaving member's link to exit", func() bool { return links(c) == 2 })
+	waitFor(t, testTimeout, "the leaving member's link to exit", func() bool { return links(c) == 2 })
 	expectNoMessage(t, c)
 	if got := c.Members(); !slices.Equal(got, ab) {
 		t.Errorf("Members() = %q, want %q", got, ab)
@@ -268,7 +267,7 @@ func TestSpreadMemberDisappears(t *testing.T) {
 	conns[cm.addr()].deliver(t, 5, "lost")
 	lost := receive(t, c)
 	conns[a.addr()].deliver(t, 5, "kept")
-	testutil.WaitFor(t, testTimeout, "a's message to wait in Messages", func() bool { return len(c.Messages()) == 1 })
+	waitFor(t, testTimeout, "a's message to wait in Messages", func() bool { return len(c.Messages()) == 1 })
 
 	_ = conns[cm.addr()].nc.Close() // no Goodbye
 	conns[cm.addr()] = cm.join(t, 10, all...)
@@ -296,7 +295,7 @@ func TestSpreadMemberDisappears(t *testing.T) {
 		conns[d.addr()].expectGoodbye(t)
 		conns[d.addr()] = d.join(t, 15, ab...)
 	}
-	testutil.WaitFor(t, testTimeout, "the link to the gone member to exit", func() bool { return links(c) == 2 })
+	waitFor(t, testTimeout, "the link to the gone member to exit", func() bool { return links(c) == 2 })
 }
 
 // With no members listed (leader mode) the client keeps today's one
@@ -333,7 +332,7 @@ func TestSpreadBackToLeaderMode(t *testing.T) {
 	conns[a.addr()].expectGoodbye(t)
 	conns[b.addr()].expectGoodbye(t)
 	bc := b.join(t, 30)
-	testutil.WaitFor(t, testTimeout, "one link", func() bool { return links(c) == 1 })
+	waitFor(t, testTimeout, "one link", func() bool { return links(c) == 1 })
 	if got := c.Members(); len(got) != 0 {
 		t.Errorf("Members() = %q, want none", got)
 	}
@@ -351,7 +350,7 @@ func TestSpreadSingleMemberKeepsSession(t *testing.T) {
 	fc := a.join(t, 30, a.addr())
 	c := connected(t, ch)
 	t.Cleanup(func() { _ = fc.nc.Close() })
-	testutil.WaitFor(t, testTimeout, "the list to be followed", func() bool { return len(c.Members()) == 1 })
+	waitFor(t, testTimeout, "the list to be followed", func() bool { return len(c.Members()) == 1 })
 	fc.sync(t) // no Goodbye
 	fc.deliver(t, 1, "x")
 	if err := receive(t, c).Ack(); err != nil {

@@ -68,7 +68,9 @@ func (m *Message) NackWith(d time.Duration, reason string) error {
 	if !m.done.CompareAndSwap(false, true) {
 		return ErrAlreadyAcked
 	}
-	return m.sess.enqueueNack(m.DeliveryID, d, reason)
+	err := m.sess.enqueueNack(m.DeliveryID, d, reason)
+	m.sess.release(1) // as in finish: a retiring session waits for no nacked message
+	return err
 }
 
 // Touch restarts the message's ack timeout on the daemon, for work that
@@ -97,7 +99,7 @@ func (m *Message) finish(op op) error {
 		return ErrAlreadyAcked
 	}
 	err := m.sess.enqueue(op, m.DeliveryID)
-	m.sess.release() // after the id is queued: a retiring session then sends it before its Goodbye
+	m.sess.release(1) // after the id is queued: a retiring session then sends it before its Goodbye
 	return err
 }
 
@@ -118,4 +120,134 @@ func (m *Message) usable() error {
 		return ErrStale
 	}
 	return m.sess.state()
+}
+
+// Batch is the messages of one delivery frame, in the order the daemon sent
+// them, for a client with Config.Batches. Each message can be acked, nacked
+// and touched on its own, or the whole batch at once: Ack, Nack and Touch of
+// a Batch cost one lock and, as the daemon gave the batch consecutive
+// delivery ids, one range on the wire.
+//
+// The messages' Key, Value and header values are slices of one buffer that
+// holds the frame's bytes, allocated for that frame alone and never reused:
+// they stay valid as long as they are referenced (and keep the whole buffer
+// alive meanwhile: copy what you keep long after the batch is settled).
+type Batch struct {
+	Messages []*Message
+	sess     *session
+}
+
+// Ack acks every message of the batch not yet acked or nacked, in one call.
+// It returns ErrAlreadyAcked when there was none, and fails like
+// Message.Ack otherwise: ErrStale when the batch's connection has ended,
+// ErrClosed after Close; nothing is sent then.
+func (b *Batch) Ack() error { return b.finish(opAck) }
+
+// Nack gives back every message of the batch not yet acked or nacked, for
+// redelivery at once. It fails like Ack.
+func (b *Batch) Nack() error { return b.finish(opNack) }
+
+// NackWith gives back every message of the batch not yet acked or nacked,
+// as Message.NackWith does: for redelivery no earlier than d from now (0:
+// at once), with a reason. The batch's consecutive ids go as one range,
+// with one delay and reason. It fails like Ack.
+func (b *Batch) NackWith(d time.Duration, reason string) error {
+	if d <= 0 && reason == "" {
+		return b.Nack()
+	}
+	return b.settle(func(s *session, id uint64) {
+		s.later = append(s.later, laterNack{id: id, delay: d, reason: reason})
+	})
+}
+
+// Touch restarts the ack timeout of every message of the batch not yet
+// acked or nacked. It fails like Ack.
+func (b *Batch) Touch() error {
+	if b.observed() {
+		return nil
+	}
+	s := b.session()
+	if s == nil {
+		return ErrStale
+	}
+	s.mu.Lock()
+	if s.ended != nil {
+		err := s.ended
+		s.mu.Unlock()
+		return err
+	}
+	n := 0
+	for _, m := range b.Messages {
+		if !m.done.Load() {
+			s.queueLocked(opTouch, m.DeliveryID)
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if n == 0 {
+		return ErrAlreadyAcked
+	}
+	s.signal()
+	return nil
+}
+
+// Member returns the address (host:port) of the daemon whose session
+// delivered the batch, as Message.Member does.
+func (b *Batch) Member() string {
+	if s := b.session(); s != nil {
+		return s.addr
+	}
+	return ""
+}
+
+// observed reports whether the batch holds an observer's copies, which
+// Ack, Nack and Touch leave alone, as on a Message.
+func (b *Batch) observed() bool { return b != nil && len(b.Messages) > 0 && b.Messages[0].Observed }
+
+func (b *Batch) session() *session {
+	if b == nil {
+		return nil
+	}
+	return b.sess
+}
+
+// finish acks or nacks the messages not yet done, queueing their ids under
+// one lock.
+func (b *Batch) finish(o op) error {
+	return b.settle(func(s *session, id uint64) { s.queueLocked(o, id) })
+}
+
+// settle marks the messages not yet done done, and queues each one's id
+// with queue, under s.mu.
+func (b *Batch) settle(queue func(s *session, id uint64)) error {
+	if b.observed() {
+		return nil
+	}
+	s := b.session()
+	if s == nil {
+		return ErrStale
+	}
+	if err := s.state(); err != nil {
+		return err
+	}
+	n := 0
+	s.mu.Lock()
+	ended := s.ended
+	for _, m := range b.Messages {
+		if m.done.CompareAndSwap(false, true) {
+			if ended == nil {
+				queue(s, m.DeliveryID)
+			}
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if n == 0 {
+		return ErrAlreadyAcked
+	}
+	if ended == nil {
+		s.signal()
+	}
+	s.release(n) // after the ids are queued: a retiring session then sends them before its Goodbye
+	return ended
 }

@@ -108,6 +108,44 @@ func TestObserver(t *testing.T) {
 }
 
 // A daemon that does not confirm observers (an older one) stops the client
+// An observer's batches are copies too: Ack, Nack and Touch of a Batch
+// send nothing.
+func TestObserverBatches(t *testing.T) {
+	d := startFake(t)
+	ch := dialAsync(t, Config{Addrs: []string{d.addr()}, Observe: true, Batches: true})
+	fc := d.accept(t)
+	fc.expectHello(t)
+	w := testWelcome()
+	w.Observer = true
+	w.Capabilities = []protocol.Capability{protocol.Capability_CAPABILITY_BATCH}
+	fc.send(t, protocol.WelcomeFrame(w))
+	c := connected(t, ch)
+	fc.send(t, protocol.DeliverBatchFrame([]*protocol.Deliver{
+		{Partition: 1, Offset: 9, Value: []byte("v"), Attempt: 1},
+		{Partition: 1, Offset: 10, Value: []byte("w"), Attempt: 1},
+	}))
+	var b *Batch
+	select {
+	case b = <-c.Batches():
+	case <-time.After(testTimeout):
+		t.Fatal("no batch")
+	}
+	for _, m := range b.Messages {
+		if !m.Observed {
+			t.Fatalf("message %+v of an observer's batch: want an observed copy", m)
+		}
+	}
+	for _, call := range []func() error{b.Ack, b.Nack, b.Touch} {
+		if err := call(); err != nil {
+			t.Fatalf("on an observed batch: %v, want nil", err)
+		}
+	}
+	fc.send(t, protocol.PingFrame(5)) // the next frame the client sends is the Pong: nothing before it
+	if f := fc.next(t); f.GetPong() == nil {
+		t.Fatalf("the client sent %v for an observed batch", f)
+	}
+}
+
 // at once: it would hand the observer work to ack.
 func TestObserverRefusesADaemonWithout(t *testing.T) {
 	d := startFake(t)

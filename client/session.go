@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
-	"github.com/sirupsen/logrus"
 )
 
 // op is the kind of a queued delivery id.
@@ -55,7 +56,10 @@ type session struct {
 	r       *protocol.Reader
 	w       *protocol.Writer
 	maxIDs  int // ids per Ack/Nack/Touch frame that fit the frame limit
-	log     *logrus.Entry
+	// ranges is set when the Welcome lists CAPABILITY_BATCH: the daemon
+	// reads id ranges, so runs of consecutive ids go as one range.
+	ranges bool
+	log    *slog.Logger
 
 	// held counts the messages handed to Messages and not yet acked or
 	// nacked. draining is set, and drain closed, by retire: the reader
@@ -80,9 +84,9 @@ type session struct {
 	// ended is nil while Ack and friends may queue ids; then ErrStale (the
 	// connection broke) or ErrClosed (Close sent Goodbye).
 	ended   error
-	acks    []uint64
-	nacks   []uint64
-	touches []uint64
+	acks    []idRange // runs of consecutive ids, in the order queued
+	nacks   []idRange
+	touches []idRange
 	pongs   []uint64
 	later   []laterNack // nacks with a delay or a reason
 	// givenBack holds the records a retiring session gave back (giveBack).
@@ -101,7 +105,7 @@ func newSession(c *Client, l *link, nc net.Conn, addr string, r *protocol.Reader
 		welcome:      w,
 		credit:       credit,
 		r:            r,
-		log:          c.log.WithFields(logrus.Fields{"addr": addr, "node": w.GetNodeId(), "session": w.GetSessionId()}),
+		log:          c.log.With("addr", addr, "node", w.GetNodeId(), "session", w.GetSessionId()),
 		writeTimeout: c.cfg.DialTimeout,
 		wake:         make(chan struct{}, 1),
 		quit:         make(chan struct{}),
@@ -113,6 +117,7 @@ func newSession(c *Client, l *link, nc net.Conn, addr string, r *protocol.Reader
 	}
 	s.w = protocol.NewWriter(nc, maxFrame)
 	s.maxIDs = idsPerFrame(maxFrame, int(w.GetMaxInFlight()))
+	s.ranges = slices.Contains(w.GetCapabilities(), protocol.Capability_CAPABILITY_BATCH)
 	if hb := time.Duration(w.GetHeartbeatMs()) * time.Millisecond; hb > 0 {
 		n := time.Duration(w.GetLivenessIntervals())
 		if n == 0 {
@@ -175,10 +180,10 @@ func (s *session) retire() {
 // retired reports whether retire was called.
 func (s *session) retired() bool { return s.draining.Load() }
 
-// release counts one message handed to Messages as done, waking a draining
-// writer when it was the last.
-func (s *session) release() {
-	if s.held.Add(-1) == 0 && s.draining.Load() {
+// release counts n messages handed to Messages or Batches as done, waking
+// a draining writer when they were the last.
+func (s *session) release(n int) {
+	if s.held.Add(-int64(n)) == 0 && s.draining.Load() {
 		s.signal()
 	}
 }
@@ -199,8 +204,8 @@ func (s *session) state() error {
 	return s.ended
 }
 
-// laterNack is a nack with a delay or a reason: each distinct pair is a
-// Nack frame of its own.
+// laterNack is a nack with a delay or a reason: each distinct pair goes in
+// Nack frames of its own.
 type laterNack struct {
 	id     uint64
 	delay  time.Duration
@@ -229,17 +234,23 @@ func (s *session) enqueue(o op, id uint64) error {
 		s.mu.Unlock()
 		return err
 	}
-	switch o {
-	case opAck:
-		s.acks = append(s.acks, id)
-	case opNack:
-		s.nacks = append(s.nacks, id)
-	case opTouch:
-		s.touches = append(s.touches, id)
-	}
+	s.queueLocked(o, id)
 	s.mu.Unlock()
 	s.signal()
 	return nil
+}
+
+// queueLocked queues id for the writer, extending the last run when it
+// follows it. s.mu must be held.
+func (s *session) queueLocked(o op, id uint64) {
+	q := &s.acks
+	switch o {
+	case opNack:
+		q = &s.nacks
+	case opTouch:
+		q = &s.touches
+	}
+	*q = appendID(*q, id)
 }
 
 func (s *session) signal() {
@@ -253,6 +264,7 @@ func (s *session) signal() {
 // silent or ends the session, or Close has been handled.
 func (s *session) readLoop(ctx context.Context) error {
 	var f protocol.Frame
+	var b protocol.Batch
 	for {
 		if s.closing.Load() {
 			_ = s.nc.SetReadDeadline(time.Unix(0, s.lingerUntil.Load()))
@@ -262,7 +274,8 @@ func (s *session) readLoop(ctx context.Context) error {
 				_ = s.nc.SetReadDeadline(time.Unix(0, s.lingerUntil.Load()))
 			}
 		}
-		if err := s.r.ReadFrame(&f); err != nil {
+		deliveries, err := s.r.ReadBatch(&f, &b)
+		if err != nil {
 			if s.closing.Load() {
 				return ErrClosed
 			}
@@ -275,11 +288,11 @@ func (s *session) readLoop(ctx context.Context) error {
 		if s.closing.Load() {
 			continue // Goodbye sent: drain until the daemon closes
 		}
+		if deliveries {
+			s.deliver(ctx, &b)
+			continue
+		}
 		switch b := f.Body.(type) {
-		case *protocol.Frame_Deliver:
-			if err := s.deliver(ctx, b.Deliver); err != nil {
-				return err
-			}
 		case *protocol.Frame_Ping:
 			s.mu.Lock()
 			s.pongs = append(s.pongs, b.Ping.GetNonce())
@@ -289,67 +302,109 @@ func (s *session) readLoop(ctx context.Context) error {
 			// Any frame counts as a sign of life.
 		case *protocol.Frame_Goodbye:
 			// The daemon sends nothing more but takes acks until it closes.
-			s.log.WithField("reason", b.Goodbye.GetReason()).Info("daemon said goodbye")
+			s.log.Info("daemon said goodbye", "reason", b.Goodbye.GetReason())
 		case *protocol.Frame_Error:
 			rerr := protocol.NewRemoteError(b.Error)
 			if rerr.Fatal {
 				return fmt.Errorf("daemon %s: %w", s.addr, rerr)
 			}
-			s.log.WithError(rerr).Warn("daemon reported an error")
+			s.log.Warn("daemon reported an error", "error", rerr)
 		case *protocol.Frame_Redirect:
 			return &redirectError{addr: b.Redirect.GetLeaderAddress()}
 		case *protocol.Frame_Members:
 			s.c.event(event{kind: evMembers, link: s.link, sess: s, members: protocol.Addresses(b.Members.GetMembers())})
 		default:
-			s.log.Warnf("ignoring unexpected %T frame", b)
+			s.log.Warn("ignoring an unexpected frame", "type", fmt.Sprintf("%T", b))
 		}
 	}
 }
 
-// deliver hands one delivery to Messages. The channel holds the in-flight
-// limit, so this blocks only if the daemon overruns it, the session ends, or
-// other sessions' messages fill it. A retiring session passes no delivery
-// on: it gives each back (giveBack).
-func (s *session) deliver(ctx context.Context, d *protocol.Deliver) error {
+// deliver hands the deliveries of one frame to Messages, or to Batches as
+// one Batch. The channel holds the in-flight limit, so this blocks only if
+// the daemon overruns it, the session ends, or other sessions' messages
+// fill it. A retiring session passes no delivery on: it gives them back
+// (giveBack).
+func (s *session) deliver(ctx context.Context, pb *protocol.Batch) {
+	n := len(pb.Deliveries)
+	if n == 0 {
+		return
+	}
 	// Counted before draining is read, and retire sets draining before the
-	// writer reads held: either this delivery is given back, or the writer
-	// waits for it to be acked.
-	s.held.Add(1)
+	// writer reads held: either these deliveries are given back, or the
+	// writer waits for them to be acked.
+	s.held.Add(int64(n))
 	if s.draining.Load() {
-		s.giveBack(d)
-		return nil
+		s.giveBack(pb.Deliveries)
+		return
 	}
-	m := &Message{
-		Partition:  d.GetPartition(),
-		Offset:     d.GetOffset(),
-		Key:        d.GetKey(),
-		Value:      d.GetValue(),
-		Timestamp:  time.UnixMilli(d.GetTimestampMs()),
-		Attempt:    int(d.GetAttempt()),
-		DeliveryID: d.GetDeliveryId(),
-		Observed:   s.welcome.GetObserver(),
-		sess:       s,
+	b := s.newBatch(pb)
+	if s.c.batches != nil {
+		if !handOver(ctx, s, s.c.batches, b) {
+			s.giveBack(pb.Deliveries) // the session retires
+		}
+		return
 	}
-	if hs := d.GetHeaders(); len(hs) > 0 {
-		m.Headers = make([]Header, len(hs))
-		for i, h := range hs {
-			m.Headers[i] = Header{Key: h.GetKey(), Value: h.GetValue()}
+	for i, m := range b.Messages {
+		if !handOver(ctx, s, s.c.msgs, m) {
+			s.giveBack(pb.Deliveries[i:]) // the session retires
+			return
 		}
 	}
+}
+
+// handOver sends v on ch. It reports false when the session retires first
+// (the caller releases what was not handed over); it gives up without
+// releasing when the client closes or the session ends, since nothing will
+// wait for those messages then.
+func handOver[T any](ctx context.Context, s *session, ch chan<- T, v T) bool {
 	select {
-	case s.c.msgs <- m:
-		return nil
+	case ch <- v:
+		return true
 	default:
 	}
-	s.log.Debug("Messages is full; waiting for the consumer")
+	s.log.Debug("the consumer is behind; waiting for it")
 	select {
-	case s.c.msgs <- m:
+	case ch <- v:
 	case <-ctx.Done(): // Close: the daemon redelivers it
 	case <-s.quit:
 	case <-s.drain:
-		s.giveBack(d)
+		return false
 	}
-	return nil
+	return true
+}
+
+// newBatch turns the deliveries of one frame into Messages: one allocation
+// for the messages, one for the pointers and one for all their headers.
+// Key, Value and header values are the frame's bytes, not copied.
+func (s *session) newBatch(pb *protocol.Batch) *Batch {
+	n := len(pb.Deliveries)
+	ms := make([]Message, n)
+	b := &Batch{Messages: make([]*Message, n), sess: s}
+	observed := s.welcome.GetObserver()
+	nh := 0
+	for i := range pb.Deliveries {
+		nh += len(pb.Deliveries[i].Headers)
+	}
+	var hs []Header
+	if nh > 0 {
+		hs = make([]Header, 0, nh)
+	}
+	for i := range pb.Deliveries {
+		d := &pb.Deliveries[i]
+		m := &ms[i]
+		m.Partition, m.Offset, m.Key, m.Value = d.Partition, d.Offset, d.Key, d.Value
+		m.Timestamp = time.UnixMilli(d.TimestampMs)
+		m.Attempt, m.DeliveryID, m.Observed, m.sess = int(d.Attempt), d.ID, observed, s
+		if len(d.Headers) > 0 {
+			first := len(hs)
+			for _, h := range d.Headers {
+				hs = append(hs, Header(h))
+			}
+			m.Headers = hs[first:len(hs):len(hs)]
+		}
+		b.Messages[i] = m
+	}
+	return b
 }
 
 // retiringReason is the reason of the nacks of giveBack.
@@ -374,24 +429,28 @@ type record struct {
 // is dropped then, as before, and comes again after the Goodbye. An
 // observer's copy needs nothing; a session that ended cannot nack (the
 // daemon redelivers what it had in flight anyway).
-func (s *session) giveBack(d *protocol.Deliver) {
+func (s *session) giveBack(ds []protocol.Delivery) {
 	if !s.welcome.GetObserver() {
-		r := record{d.GetPartition(), d.GetOffset()}
 		s.mu.Lock()
-		nack := s.ended == nil && !s.givenBack[r]
-		if nack {
+		nacked := false
+		for i := range ds {
+			r := record{ds[i].Partition, ds[i].Offset}
+			if s.ended != nil || s.givenBack[r] {
+				continue
+			}
 			if s.givenBack == nil {
 				s.givenBack = map[record]bool{}
 			}
 			s.givenBack[r] = true
-			s.later = append(s.later, laterNack{id: d.GetDeliveryId(), reason: retiringReason})
+			s.later = append(s.later, laterNack{id: ds[i].ID, reason: retiringReason})
+			nacked = true
 		}
 		s.mu.Unlock()
-		if nack {
+		if nacked {
 			s.signal()
 		}
 	}
-	s.release() // after the nack is queued: it is sent before the Goodbye
+	s.release(len(ds)) // after the nacks are queued: they are sent before the Goodbye
 }
 
 // writeLoop is the only writer of the socket. Each time it wakes it takes
@@ -415,7 +474,7 @@ func (s *session) writeLoop(ctx context.Context) error {
 			defer t.Stop()
 			drained = t.C
 		case <-drained:
-			s.log.WithField("held", s.held.Load()).Warn("retired session: messages not acked within the ack timeout; they come again")
+			s.log.Warn("retired session: messages not acked within the ack timeout; they come again", "held", s.held.Load())
 			return s.goodbye(b, ErrStale, "session retired")
 		}
 		s.mu.Lock()
@@ -448,7 +507,7 @@ func (s *session) goodbye(b *batch, ended error, reason string) error {
 		err = s.flush()
 	}
 	if err != nil {
-		if ended == ErrClosed {
+		if ended == ErrClosed || s.c.shuttingDown.Load() {
 			s.c.setCloseErr(err)
 		}
 		return err
@@ -480,33 +539,37 @@ func (s *session) writeFrames(b *batch) error {
 		}
 	}
 	for _, part := range []struct {
-		ids *[]uint64
-		set func([]uint64)
+		q   []idRange
+		set func(ids, ranges []uint64)
 		f   *protocol.Frame
 	}{
-		{&b.acks, func(ids []uint64) { b.ack.Ack.DeliveryIds = ids }, b.ackFrame},
-		{&b.nacks, func(ids []uint64) { b.nack.Nack.DeliveryIds = ids }, b.nackFrame},
-		{&b.touches, func(ids []uint64) { b.touch.Touch.DeliveryIds = ids }, b.touchFrame},
+		{b.acks, func(ids, ranges []uint64) { b.ack.Ack.DeliveryIds, b.ack.Ack.Ranges = ids, ranges }, b.ackFrame},
+		{b.nacks, func(ids, ranges []uint64) { b.nack.Nack.DeliveryIds, b.nack.Nack.Ranges = ids, ranges }, b.nackFrame},
+		{b.touches, func(ids, ranges []uint64) { b.touch.Touch.DeliveryIds, b.touch.Touch.Ranges = ids, ranges }, b.touchFrame},
 	} {
-		ids := *part.ids
-		for len(ids) > 0 {
-			n := min(len(ids), s.maxIDs)
-			part.set(ids[:n])
+		for q := part.q; len(q) > 0; {
+			q = b.cut(q, s.maxIDs, s.ranges)
+			part.set(b.ids, b.ranges)
 			if err := s.w.WriteFrame(part.f); err != nil {
 				return err
 			}
-			ids = ids[n:]
 		}
 	}
-	// Nacks with a delay or a reason: one frame per run of the same pair.
+	// Nacks with a delay or a reason: frames per run of the same pair, its
+	// consecutive ids as ranges (to a daemon that reads them).
 	for i := 0; i < len(b.later); {
-		j, ids := i, b.laterIDs[:0]
-		for ; j < len(b.later) && b.later[j].delay == b.later[i].delay && b.later[j].reason == b.later[i].reason && len(ids) < s.maxIDs; j++ {
-			ids = append(ids, b.later[j].id)
+		j, q := i, b.laterQ[:0]
+		for ; j < len(b.later) && b.later[j].delay == b.later[i].delay && b.later[j].reason == b.later[i].reason; j++ {
+			q = appendID(q, b.later[j].id)
 		}
-		b.laterIDs = ids
-		if err := s.w.WriteFrame(protocol.NackWithFrame(ids, b.later[i].delay, b.later[i].reason)); err != nil {
-			return err
+		b.laterQ = q
+		for len(q) > 0 {
+			q = b.cut(q, s.maxIDs, s.ranges)
+			f := protocol.NackWithFrame(b.ids, b.later[i].delay, b.later[i].reason)
+			f.GetNack().Ranges = b.ranges
+			if err := s.w.WriteFrame(f); err != nil {
+				return err
+			}
 		}
 		i = j
 	}
@@ -544,12 +607,28 @@ func idsPerFrame(maxFrame, maxInFlight int) int {
 	return max(1, n)
 }
 
+// idRange is a run of count consecutive delivery ids from first.
+type idRange struct{ first, count uint64 }
+
+// appendID appends id to q, extending q's last run when id follows it.
+func appendID(q []idRange, id uint64) []idRange {
+	if n := len(q); n > 0 {
+		if end := q[n-1].first + q[n-1].count; end == id && end != 0 {
+			q[n-1].count++
+			return q
+		}
+	}
+	return append(q, idRange{id, 1})
+}
+
 // batch is the writer's side of the queues, plus frames reused for every
 // write so that a batch allocates nothing.
 type batch struct {
-	acks, nacks, touches, pongs []uint64
-	later                       []laterNack
-	laterIDs                    []uint64
+	acks, nacks, touches []idRange
+	pongs                []uint64
+	ids, ranges          []uint64 // the fields of the frame being written
+	later                []laterNack
+	laterQ               []idRange // a run of later's of the same delay and reason
 
 	ack        *protocol.Frame_Ack
 	nack       *protocol.Frame_Nack
@@ -573,6 +652,35 @@ func newBatch() *batch {
 	b.touchFrame = &protocol.Frame{Body: b.touch}
 	b.pongFrame = &protocol.Frame{Body: b.pong}
 	return b
+}
+
+// cut fills b.ids and b.ranges with the ids of one frame from the front of
+// q, naming at most max ids, and returns the rest of q. With ranges, runs
+// of two ids or more go as ranges (a pair of values: the first id, the
+// count) and single ids in the list; without, every id goes in the list.
+// Either way a frame takes at most 10 bytes per id named.
+func (b *batch) cut(q []idRange, max int, ranges bool) []idRange {
+	b.ids, b.ranges = b.ids[:0], b.ranges[:0]
+	room := uint64(max)
+	for len(q) > 0 && room > 0 {
+		r := q[0]
+		take := min(r.count, room)
+		switch {
+		case ranges && take >= 2:
+			b.ranges = append(b.ranges, r.first, take)
+		default:
+			for k := range take {
+				b.ids = append(b.ids, r.first+k)
+			}
+		}
+		room -= take
+		if take < r.count {
+			q[0] = idRange{r.first + take, r.count - take}
+			break
+		}
+		q = q[1:]
+	}
+	return q
 }
 
 // take swaps the session's queues with the batch's emptied slices, so the

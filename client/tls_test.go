@@ -8,20 +8,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nanoservice/core-fanout/internal/testutil"
-	"github.com/nanoservice/core-fanout/internal/tlsconf"
 	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // startFakeTLS serves TLS with f's server certificate and records the
 // server name each client asked for.
-func startFakeTLS(tb testing.TB, f testutil.TLSFiles, names chan<- string) *fakeDaemon {
+func startFakeTLS(tb testing.TB, f testCA, names chan<- string) *fakeDaemon {
 	tb.Helper()
-	pair, err := tls.LoadX509KeyPair(f.ServerCert, f.ServerKey)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12,
+	cfg := &tls.Config{Certificates: []tls.Certificate{f.server}, MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			names <- h.ServerName
 			return nil, nil
@@ -33,17 +27,14 @@ func startFakeTLS(tb testing.TB, f testutil.TLSFiles, names chan<- string) *fake
 	return startFakeOn(tb, ln)
 }
 
-func clientTLS(tb testing.TB, f testutil.TLSFiles) *tls.Config {
+// clientTLS is a client's TLS configuration that trusts f's CA.
+func clientTLS(tb testing.TB, f testCA) *tls.Config {
 	tb.Helper()
-	cfg, err := tlsconf.Files{CA: f.CA}.Config()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return cfg
+	return &tls.Config{RootCAs: f.pool, MinVersion: tls.VersionTLS12}
 }
 
 func TestTLSServerNameTakenFromEachAddress(t *testing.T) {
-	f := testutil.NewTLSFiles(t)
+	f := newTestCA(t)
 	names := make(chan string, 4)
 	follower, leader := startFakeTLS(t, f, names), startFakeTLS(t, f, names)
 	_, port, _ := net.SplitHostPort(leader.addr())
@@ -68,8 +59,8 @@ func TestTLSServerNameTakenFromEachAddress(t *testing.T) {
 }
 
 func TestTLSRefusalsStopDialAtOnce(t *testing.T) {
-	f := testutil.NewTLSFiles(t)
-	other := testutil.NewTLSFiles(t)
+	f := newTestCA(t)
+	other := newTestCA(t)
 	names := make(chan string, 4)
 	tlsDaemon := startFakeTLS(t, f, names)
 	plain := startFake(t)
@@ -106,7 +97,7 @@ func TestTLSRefusalsStopDialAtOnce(t *testing.T) {
 // In spread mode the client connects to each member at the address listed,
 // over TLS, with the server name taken from that address.
 func TestTLSSpreadServerNameTakenFromEachMember(t *testing.T) {
-	f := testutil.NewTLSFiles(t)
+	f := newTestCA(t)
 	names := make(chan string, 8)
 	first, second := startFakeTLS(t, f, names), startFakeTLS(t, f, names)
 	_, port, _ := net.SplitHostPort(second.addr())

@@ -3,7 +3,6 @@ package fanout
 import (
 	"bytes"
 	"context"
-	"io"
 	"testing"
 	"time"
 
@@ -82,9 +81,7 @@ func dialClient(t *testing.T, d *Daemon, maxFrame int) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
-	quiet := logrus.New()
-	quiet.Out = io.Discard
-	c, err := client.Dial(ctx, client.Config{Addrs: []string{d.Addr().String()}, MaxFrameSize: maxFrame, Logger: logrus.NewEntry(quiet)})
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{d.Addr().String()}, MaxFrameSize: maxFrame})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
@@ -43,8 +44,11 @@ type Daemon struct {
 
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
+	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
 	tls       *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
 	tokens    *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
+
+	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
 
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
@@ -64,6 +68,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		ready:     make(chan struct{}),
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
+	d.rates = console.NewRates(console.SampleInterval)
 	var tlsCfg *tls.Config
 	if opts.ClientTLS.Set() {
 		if d.tls, err = tlsconf.NewServer(opts.ClientTLS, d.tlsReloaded); err != nil {
@@ -322,6 +327,10 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		}
 		owners := zkstore.NewOwners(authority.ZK, authority.Chroot, d.opts.ID, d.opts.Topic, d.opts.NodeID,
 			d.opts.advertised(d.srv.Addr()), authority.ACL)
+		d.clusterView.Store(newClusterView(func(ctx context.Context) (clusterRead, error) {
+			return readCluster(ctx, client, zs, authority.ZK, authority.Chroot, d.opts)
+		}, console.SampleInterval))
+		defer d.clusterView.Store(nil)
 		return d.runSpread(ctx, client, zs, spreadDeps{assign: el, records: owners, loader: zs, resign: resign})
 	}
 
@@ -528,8 +537,8 @@ func (d *Daemon) connectZooKeeper(ctx context.Context, servers []string) (*zk.Co
 	return conn, err
 }
 
-// MetricsAddr returns the address of /metrics, /healthz and /readyz once
-// Listening is closed, or nil when Options.MetricsListen is "".
+// MetricsAddr returns the address of /metrics, /healthz, /readyz and the
+// console once Listening is closed, or nil when Options.MetricsListen is "".
 func (d *Daemon) MetricsAddr() net.Addr {
 	if d.metrics == nil {
 		return nil
@@ -537,8 +546,9 @@ func (d *Daemon) MetricsAddr() net.Addr {
 	return d.metrics.Addr()
 }
 
-// startMetrics binds Options.MetricsListen, if set, and serves metrics and
-// health checks on it until stop is called.
+// startMetrics binds Options.MetricsListen, if set, and serves metrics,
+// health checks and the console on it, and samples the console's rates,
+// until stop is called.
 func (d *Daemon) startMetrics() (stop func(), err error) {
 	if d.opts.MetricsListen == "" {
 		return func() {}, nil
@@ -546,8 +556,9 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 	ms, err := metrics.Listen(d.opts.MetricsListen, metrics.Handler(metrics.HandlerConfig{
 		Collector:        d.collector,
 		Snapshot:         d.metricsSnapshot,
-		MaxCommitFailing: max(3*d.opts.CommitInterval, 10*time.Second),
+		MaxCommitFailing: d.maxCommitFailing(),
 		Token:            d.opts.MetricsToken,
+		Console:          console.Handler(console.Config{Status: d.Status}),
 	}))
 	if err != nil {
 		return nil, err
@@ -560,8 +571,13 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 			d.log.WithError(err).Error("metrics server stopped")
 		}
 	}()
-	d.log.WithField("metrics", ms.Addr().String()).Info("serving /metrics, /healthz and /readyz")
+	sampleCtx, stopSampling := context.WithCancel(context.Background())
+	var sampler actor.Group
+	sampler.Go(d.log, "rate sampler", func() { d.sampleRates(sampleCtx) }, nil)
+	d.log.WithField("metrics", ms.Addr().String()).Info("serving /metrics, /healthz, /readyz and the console at /")
 	return func() {
+		stopSampling()
+		sampler.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := ms.Shutdown(ctx); err != nil {
@@ -569,6 +585,12 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 		}
 		<-served
 	}, nil
+}
+
+// maxCommitFailing is how long a leader's commits may fail before /readyz
+// (and the console) report it unready.
+func (d *Daemon) maxCommitFailing() time.Duration {
+	return max(3*d.opts.CommitInterval, 10*time.Second)
 }
 
 // metricsSnapshot gathers the daemon's state for metrics and /readyz.

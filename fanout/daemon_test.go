@@ -3,6 +3,7 @@ package fanout
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -19,8 +20,9 @@ import (
 
 // soloDaemon runs a daemon that leads alone on store, against an in-process
 // Kafka with topic "jobs" of one partition, until the test ends. It returns
-// the daemon, the broker's addresses and Run's result.
-func soloDaemon(t *testing.T, store *offsets.MemoryStore) (*Daemon, []string, <-chan error) {
+// the daemon, the broker's addresses and Run's result. tune, when given,
+// adjusts the options.
+func soloDaemon(t *testing.T, store *offsets.MemoryStore, tune ...func(*Options)) (*Daemon, []string, <-chan error) {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
 	if err != nil {
@@ -29,11 +31,15 @@ func soloDaemon(t *testing.T, store *offsets.MemoryStore) (*Daemon, []string, <-
 	t.Cleanup(c.Close)
 	log := logrus.New()
 	log.SetOutput(io.Discard)
-	d, err := New(Options{
+	opts := Options{
 		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: store,
 		Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 10 * time.Millisecond,
 		Logger: logrus.NewEntry(log),
-	})
+	}
+	for _, f := range tune {
+		f(&opts)
+	}
+	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,5 +207,40 @@ func TestLeadTermEndsItsAuthorityWhenFenced(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the fenced term did not end in its authority")
+	}
+}
+
+// A client with the batch API acks a whole batch in one call, by one range:
+// the daemon settles it (the serving term's dispatcher, through the
+// server's backend) and commits past it.
+func TestDaemonSettlesTheRangesOfABatch(t *testing.T) {
+	store := offsets.NewMemoryStore()
+	d, brokers, _ := soloDaemon(t, store)
+	for i := range 5 {
+		produceTo(t, brokers, fmt.Sprint("m", i))
+	}
+	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10, Batches: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for got := 0; got < 5; {
+		select {
+		case b := <-c.Batches():
+			got += len(b.Messages)
+			if err := b.Ack(); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of 5 messages within 30s", got)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "every offset committed", func() bool {
+		got, _ := store.Load(context.Background())
+		return got[0] == 5
+	})
+	st, _ := d.Stats(context.Background())
+	if st.Acked != 5 || st.UnknownAcks != 0 {
+		t.Fatalf("acked %d, unknown %d", st.Acked, st.UnknownAcks)
 	}
 }

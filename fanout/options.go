@@ -54,11 +54,13 @@ type Options struct {
 	Advertise string // the address clients are told (redirects); default derived from Listen
 	NodeID    string // unique within the cluster; default hostname-<random>
 
-	// MetricsListen is the address of /metrics, /healthz and /readyz;
-	// "" disables them (the command line's default is DefaultMetricsListen).
+	// MetricsListen is the address of /metrics, /healthz, /readyz and the
+	// web console; "" disables them (the command line's default is
+	// DefaultMetricsListen).
 	MetricsListen string
-	// MetricsToken, when set, is the bearer token /metrics requires;
-	// /healthz and /readyz stay open. A secret: never logged.
+	// MetricsToken, when set, is the bearer token /metrics and the console's
+	// /api/status require; /healthz, /readyz and the console's page stay
+	// open. A secret: never logged.
 	MetricsToken string
 
 	AckTimeout       time.Duration // redeliver without an ack after this; default 30s

@@ -270,6 +270,13 @@ func (b *termBackend) Touch(id uint64, ids []uint64) {
 	}
 }
 
+// Settle implements dispatch.Backend.
+func (b *termBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range, how dispatch.NackInfo) {
+	if d := b.dispatcher(); d != nil {
+		d.Settle(id, op, ranges, how)
+	}
+}
+
 // Leave implements dispatch.Backend.
 func (b *termBackend) Leave(id uint64, reason dispatch.LeaveReason) {
 	if d := b.dispatcher(); d != nil {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -542,26 +543,24 @@ type clEvent struct {
 	what string
 }
 
-func (h *clHook) Levels() []logrus.Level { return logrus.AllLevels }
-
-func (h *clHook) Fire(e *logrus.Entry) error {
+// record notes one event of the client's log: its message and attrs.
+func (h *clHook) record(at time.Time, msg string, attrs map[string]any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	what := e.Message
+	what := msg
 	for _, k := range []string{"addr", "node", "from", "to", "error"} {
-		if v, ok := e.Data[k]; ok {
+		if v, ok := attrs[k]; ok {
 			what += fmt.Sprintf(" %s=%v", k, v)
 		}
 	}
-	h.events = append(h.events, clEvent{e.Time, what})
-	switch e.Message {
+	h.events = append(h.events, clEvent{at, what})
+	switch msg {
 	case "connected":
-		h.node = fmt.Sprint(e.Data["node"])
+		h.node = fmt.Sprint(attrs["node"])
 		h.connects = append(h.connects, h.node)
 	case "redirected to the leader":
-		h.redirects = append(h.redirects, fmt.Sprintf("%v -> %v", e.Data["from"], e.Data["to"]))
+		h.redirects = append(h.redirects, fmt.Sprintf("%v -> %v", attrs["from"], attrs["to"]))
 	}
-	return nil
 }
 
 func (h *clHook) current() string {
@@ -583,13 +582,35 @@ func (h *clHook) eventsAfter(t0 time.Time) []string {
 	return out
 }
 
-func (h *clHook) logger() *logrus.Entry {
-	l := logrus.New()
-	l.SetOutput(io.Discard)
-	l.SetLevel(logrus.InfoLevel)
-	l.AddHook(h)
-	return logrus.NewEntry(l)
+func (h *clHook) logger() *slog.Logger { return slog.New(clHandler{hook: h}) }
+
+// clHandler is the slog.Handler of a Go client's logger: it hands each
+// record at Info or above, with the attrs of its logger, to the hook.
+type clHandler struct {
+	hook  *clHook
+	attrs []slog.Attr
 }
+
+func (h clHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+
+func (h clHandler) Handle(_ context.Context, r slog.Record) error {
+	attrs := make(map[string]any, len(h.attrs)+r.NumAttrs())
+	for _, a := range h.attrs {
+		attrs[a.Key] = a.Value.Any()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		attrs[a.Key] = a.Value.Any()
+		return true
+	})
+	h.hook.record(r.Time, r.Message, attrs)
+	return nil
+}
+
+func (h clHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return clHandler{hook: h.hook, attrs: append(slices.Clip(h.attrs), as...)}
+}
+
+func (h clHandler) WithGroup(string) slog.Handler { return h }
 
 // clClientConfig is a Go client that retries quickly, as the tests measure
 // failovers through it.

@@ -149,11 +149,22 @@ func addPartitions(t testing.TB, topic string, partitions int32) {
 	})
 }
 
+// producerConfig is the tests' producer: idempotent, so a send retried on a
+// loaded machine (a request timed out, yet written) is not written twice,
+// and a test sees in Kafka exactly what it produced.
+func producerConfig() *sarama.Config {
+	cfg := kafka.NewConfig("fanout-integration-producer")
+	cfg.Producer.Idempotent = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Net.MaxOpenRequests = 1
+	return cfg
+}
+
 // manualProducer returns a synchronous producer (acks=all) that sends each
 // message to the partition it names. The caller closes it.
 func manualProducer(t testing.TB) sarama.SyncProducer {
 	t.Helper()
-	cfg := kafka.NewConfig("fanout-integration-producer")
+	cfg := producerConfig()
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
 	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), cfg)
 	if err != nil {
@@ -166,7 +177,7 @@ func manualProducer(t testing.TB) sarama.SyncProducer {
 // fails the test on any error. A message's Topic is set to topic.
 func produce(t testing.TB, topic string, msgs ...*sarama.ProducerMessage) {
 	t.Helper()
-	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), kafka.NewConfig("fanout-integration-producer"))
+	producer, err := sarama.NewSyncProducer(kafkaAddrs(t), producerConfig())
 	if err != nil {
 		t.Fatalf("sarama.NewSyncProducer: %v", err)
 	}

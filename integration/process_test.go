@@ -78,8 +78,8 @@ func procFreeAddr(t testing.TB) string {
 	return addr
 }
 
-// procProcess is a fanout process; its stdout and stderr go to a file that
-// is printed if the test fails.
+// procProcess is a process the test runs (fanout, or an example); its
+// stdout and stderr go to a file that is printed if the test fails.
 type procProcess struct {
 	cmd     *exec.Cmd
 	logPath string
@@ -97,15 +97,23 @@ func procStart(t testing.TB, args ...string) *procProcess {
 // procStartEnv is procStart with the environment env (nil: the test's).
 func procStartEnv(t testing.TB, env []string, args ...string) *procProcess {
 	t.Helper()
-	logFile, err := os.CreateTemp(t.TempDir(), "fanout-*.log")
+	return procRun(t, procBinary(t), env, args...)
+}
+
+// procRun runs the program bin (fanout, or another one the test built) with
+// the environment env (nil: the test's) and args until the test ends.
+func procRun(t testing.TB, bin string, env []string, args ...string) *procProcess {
+	t.Helper()
+	name := filepath.Base(bin)
+	logFile, err := os.CreateTemp(t.TempDir(), name+"-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &procProcess{cmd: exec.Command(procBinary(t), args...), logPath: logFile.Name(), done: make(chan struct{})}
+	p := &procProcess{cmd: exec.Command(bin, args...), logPath: logFile.Name(), done: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start fanout: %v", err)
+		t.Fatalf("start %s: %v", name, err)
 	}
 	p.started = time.Now()
 	go func() {
@@ -119,7 +127,7 @@ func procStartEnv(t testing.TB, env []string, args ...string) *procProcess {
 			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("fanout %v output:\n%s", args, p.output())
+			t.Logf("%s %v output:\n%s", name, args, p.output())
 		}
 	})
 	return p

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"testing"
 )
@@ -32,7 +33,8 @@ func benchWrite(b *testing.B, f *Frame) {
 	n := encodedSize(b, f)
 	b.SetBytes(int64(n))
 	b.ReportAllocs()
-	for b.Loop() {
+	b.ResetTimer()
+	for range b.N {
 		if err := w.WriteFrame(f); err != nil {
 			b.Fatal(err)
 		}
@@ -61,8 +63,9 @@ func benchRead(b *testing.B, f *Frame) {
 	var got Frame
 	b.SetBytes(int64(stream.Len() / frames))
 	b.ReportAllocs()
+	b.ResetTimer()
 	i := 0
-	for b.Loop() {
+	for range b.N {
 		if i == frames {
 			src.Reset(stream.Bytes())
 			i = 0
@@ -81,7 +84,8 @@ func BenchmarkWriteDeliver(b *testing.B) {
 	w := NewWriter(io.Discard, 0)
 	b.SetBytes(int64(encodedSize(b, DeliverFrame(d))))
 	b.ReportAllocs()
-	for b.Loop() {
+	b.ResetTimer()
+	for range b.N {
 		if err := w.WriteDeliver(d); err != nil {
 			b.Fatal(err)
 		}
@@ -95,3 +99,86 @@ func BenchmarkWriteFrameDeliver(b *testing.B) { benchWrite(b, benchDeliver()) }
 func BenchmarkReadDeliver(b *testing.B)       { benchRead(b, benchDeliver()) }
 func BenchmarkWriteAck64(b *testing.B)        { benchWrite(b, benchAck64()) }
 func BenchmarkReadAck64(b *testing.B)         { benchRead(b, benchAck64()) }
+
+// benchBatch returns n copies of benchDeliver's message with value size
+// bytes and consecutive ids.
+func benchBatch(n, size int) []*Deliver {
+	ds := make([]*Deliver, n)
+	for i := range ds {
+		d := benchDeliver().GetDeliver()
+		d.DeliveryId += uint64(i)
+		d.Offset += int64(i)
+		d.Value = d.Value[:size]
+		ds[i] = d
+	}
+	return ds
+}
+
+// batchSizes are the message sizes and counts of the batch benchmarks:
+// 100 B and 1 KiB values, 250 per frame (about a 256 KiB frame of 1 KiB).
+var batchSizes = []struct{ n, size int }{{250, 100}, {250, 1024}}
+
+// BenchmarkWriteDeliverBatch measures WriteDeliverBatch, the daemon's path
+// for batch clients; ns/msg is per delivery, beside BenchmarkWriteDeliver.
+func BenchmarkWriteDeliverBatch(b *testing.B) {
+	for _, bs := range batchSizes {
+		b.Run(fmt.Sprintf("n=%d/value=%d", bs.n, bs.size), func(b *testing.B) {
+			ds := benchBatch(bs.n, bs.size)
+			w := NewWriter(io.Discard, 0)
+			b.SetBytes(int64(encodedSize(b, DeliverBatchFrame(ds))))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if n, err := w.WriteDeliverBatch(ds, 0); err != nil || n != len(ds) {
+					b.Fatal(n, err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ds)), "ns/msg")
+		})
+	}
+}
+
+// BenchmarkReadBatch measures ReadBatch, the Go client's decoding of a
+// DeliverBatch: one buffer per frame, no allocation per message.
+func BenchmarkReadBatch(b *testing.B) {
+	for _, bs := range batchSizes {
+		b.Run(fmt.Sprintf("n=%d/value=%d", bs.n, bs.size), func(b *testing.B) {
+			ds := benchBatch(bs.n, bs.size)
+			var stream bytes.Buffer
+			w := NewWriter(&stream, 0)
+			if _, err := w.WriteDeliverBatch(ds, 0); err != nil {
+				b.Fatal(err)
+			}
+			if err := w.Flush(); err != nil {
+				b.Fatal(err)
+			}
+			src := bytes.NewReader(stream.Bytes())
+			r := NewReader(src, 0)
+			var f Frame
+			var batch Batch
+			b.SetBytes(int64(stream.Len()))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				src.Reset(stream.Bytes())
+				if ok, err := r.ReadBatch(&f, &batch); !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ds)), "ns/msg")
+		})
+	}
+}
+
+// benchAckRanges is an Ack of 1000 ids in 4 ranges, as a client acks 4
+// batches at once.
+func benchAckRanges() *Frame {
+	ranges := make([]uint64, 0, 8)
+	for i := range 4 {
+		ranges = append(ranges, 1<<40+uint64(i)*1000, 250)
+	}
+	return &Frame{Body: &Frame_Ack{Ack: &Ack{Ranges: ranges}}}
+}
+
+func BenchmarkWriteAckRanges(b *testing.B) { benchWrite(b, benchAckRanges()) }
+func BenchmarkReadAckRanges(b *testing.B)  { benchRead(b, benchAckRanges()) }

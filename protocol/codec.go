@@ -43,9 +43,11 @@ func (e *FrameTooLargeError) Error() string {
 }
 
 // TooManyIDsError reports an Ack, Nack or Touch frame naming more delivery
-// ids than a Reader's limit (SetMaxIDs). The Reader returns it after reading
-// the frame's bytes and before decoding them, so the ids are never allocated
-// and the stream stays in step.
+// ids than a Reader's limit (SetMaxIDs), counting the ids listed and those
+// of the ranges. The Reader returns it after reading the frame's bytes:
+// before decoding them when the ids listed and the ranges (each names at
+// least one id) already pass the limit, so they are never allocated; else
+// after decoding, when the ranges' counts do. The stream stays in step.
 type TooManyIDsError struct {
 	Count int // the ids the frame names
 	Max   int // the limit in force
@@ -107,17 +109,17 @@ func NewReaderSize(r io.Reader, maxFrameSize, bufSize int) *Reader {
 // Hello under a small limit and raises it once the session is open.
 func (r *Reader) SetMaxFrameSize(maxFrameSize int) { r.max = limit(maxFrameSize) }
 
-// SetMaxIDs limits the delivery ids one Ack, Nack or Touch frame may name;
-// 0 (the default) means no limit. A frame naming more is refused with a
-// *TooManyIDsError before its ids are decoded.
+// SetMaxIDs limits the delivery ids one Ack, Nack or Touch frame may name,
+// in its list and its ranges together; 0 (the default) means no limit. A
+// frame naming more is refused with a *TooManyIDsError.
 func (r *Reader) SetMaxIDs(n int) { r.maxIDs = max(n, 0) }
 
 // ReadFrame reads the next frame into f, replacing its contents. It returns
 // io.EOF at a clean end between frames, io.ErrUnexpectedEOF for a frame cut
 // short, a *FrameTooLargeError for a declared length above the maximum, a
 // *TooManyIDsError for an Ack, Nack or Touch above the SetMaxIDs limit, an
-// error wrapping ErrBadFrame for bytes that do not decode, or the underlying
-// read error.
+// error wrapping ErrBadFrame for bytes that do not decode (or ranges that
+// CheckRanges refuses), or the underlying read error.
 func (r *Reader) ReadFrame(f *Frame) error {
 	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
 		return err
@@ -128,11 +130,13 @@ func (r *Reader) ReadFrame(f *Frame) error {
 	}
 	body, err := r.readBody(int(size))
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return io.ErrUnexpectedEOF
-		}
-		return err
+		return unexpected(err)
 	}
+	return r.decode(body, f)
+}
+
+// decode decodes body, the bytes of one frame, into f (ReadFrame).
+func (r *Reader) decode(body []byte, f *Frame) error {
 	if cap(r.buf) > keepBuffer {
 		// Decoded messages never alias the buffer: the next frame starts
 		// from a small one again.
@@ -157,7 +161,7 @@ func (r *Reader) ReadFrame(f *Frame) error {
 	if f.Body == nil {
 		return fmt.Errorf("%w: frame has no body", ErrBadFrame)
 	}
-	return nil
+	return r.checkIDs(f)
 }
 
 // Field numbers of the Frame bodies that carry delivery ids.
@@ -167,11 +171,14 @@ const (
 	fieldTouch = 7
 )
 
-// countIDs returns how many delivery ids the Ack, Nack and Touch bodies of
-// an encoded Frame hold, without decoding them: one per varint of field 1,
-// packed or not, in every occurrence of those bodies (protobuf merges
-// repeated occurrences). It stops at the first malformed field; Unmarshal
-// then reports the frame as bad.
+// countIDs counts, without decoding them, the delivery ids listed (field 1,
+// one per varint, packed or not) and the ranges (field 2, one per pair of
+// varints: a range names at least one id) of the Ack, Nack and Touch bodies
+// of an encoded Frame, in every occurrence of those bodies. Protobuf merges
+// repeated occurrences of a body and drops them for another body of the
+// oneof, so what decodes never holds more than it counts: it bounds what
+// decoding allocates (checkIDs counts the ids of the ranges after). It stops
+// at the first malformed field; Unmarshal then reports the frame as bad.
 func countIDs(b []byte) int {
 	n := 0
 	for len(b) > 0 {
@@ -185,7 +192,8 @@ func countIDs(b []byte) int {
 			if mn < 0 {
 				return n
 			}
-			n += countVarints(msg)
+			ids, rangeValues := countVarints(msg)
+			n += ids + (rangeValues+1)/2
 			b = b[mn:]
 			continue
 		}
@@ -198,37 +206,95 @@ func countIDs(b []byte) int {
 	return n
 }
 
-// countVarints counts the values of field 1 in an encoded Ack, Nack or
-// Touch: the varints of a packed run end in bytes below 0x80.
-func countVarints(b []byte) int {
-	n := 0
+// countVarints counts the values of fields 1 and 2 in an encoded Ack, Nack
+// or Touch: the varints of a packed run end in bytes below 0x80.
+func countVarints(b []byte) (ids, ranges int) {
 	for len(b) > 0 {
 		num, typ, tn := protowire.ConsumeTag(b)
 		if tn < 0 {
-			return n
+			return ids, ranges
 		}
 		b = b[tn:]
+		var n *int
+		switch num {
+		case 1:
+			n = &ids
+		case 2:
+			n = &ranges
+		}
 		switch {
-		case num == 1 && typ == protowire.VarintType:
-			n++
-		case num == 1 && typ == protowire.BytesType:
+		case n != nil && typ == protowire.VarintType:
+			*n++
+		case n != nil && typ == protowire.BytesType:
 			packed, pn := protowire.ConsumeBytes(b)
 			if pn < 0 {
-				return n
+				return ids, ranges
 			}
 			for _, c := range packed {
 				if c < 0x80 {
-					n++
+					*n++
 				}
 			}
 		}
 		fn := protowire.ConsumeFieldValue(num, typ, b)
 		if fn < 0 {
-			return n
+			return ids, ranges
 		}
 		b = b[fn:]
 	}
-	return n
+	return ids, ranges
+}
+
+// idsOf returns the delivery ids and ranges of an Ack, Nack or Touch body;
+// ok is false for any other frame.
+func idsOf(f *Frame) (ids, ranges []uint64, ok bool) {
+	switch b := f.Body.(type) {
+	case *Frame_Ack:
+		return b.Ack.GetDeliveryIds(), b.Ack.GetRanges(), true
+	case *Frame_Nack:
+		return b.Nack.GetDeliveryIds(), b.Nack.GetRanges(), true
+	case *Frame_Touch:
+		return b.Touch.GetDeliveryIds(), b.Touch.GetRanges(), true
+	}
+	return nil, nil, false
+}
+
+// CheckRanges reports whether ranges is a valid list of delivery id ranges
+// (Ack.ranges): pairs of a first id and a count of at least 1, the last id
+// of each (first + count - 1) not past 2^64-1. It returns how many ids they
+// name, or an error wrapping ErrBadFrame.
+func CheckRanges(ranges []uint64) (uint64, error) {
+	if len(ranges)%2 != 0 {
+		return 0, fmt.Errorf("%w: %d range values, not pairs of a first id and a count", ErrBadFrame, len(ranges))
+	}
+	var n uint64
+	for i := 0; i < len(ranges); i += 2 {
+		first, count := ranges[i], ranges[i+1]
+		if count == 0 || first+(count-1) < first {
+			return 0, fmt.Errorf("%w: range of %d ids from %d", ErrBadFrame, count, first)
+		}
+		if n += count; n < count {
+			n = math.MaxUint64 // saturate: more than any limit
+		}
+	}
+	return n, nil
+}
+
+// checkIDs checks the ranges of a decoded Ack, Nack or Touch and, with a
+// limit, the number of ids it names: the list's and the ranges'.
+func (r *Reader) checkIDs(f *Frame) error {
+	ids, ranges, ok := idsOf(f)
+	if !ok {
+		return nil
+	}
+	n, err := CheckRanges(ranges)
+	if err != nil {
+		return err
+	}
+	if n += uint64(len(ids)); r.maxIDs > 0 && n > uint64(r.maxIDs) {
+		return &TooManyIDsError{Count: int(min(n, math.MaxInt)), Max: r.maxIDs}
+	}
+	return nil
 }
 
 // readBody reads the next n bytes into the reused buffer. A body larger than
@@ -266,10 +332,11 @@ func (r *Reader) Buffered() int { return r.r.Buffered() }
 // underlying writer until the buffer fills or Flush is called, so many frames
 // can share one system call. A Writer is not safe for concurrent use.
 type Writer struct {
-	w   *bufio.Writer
-	max int
-	buf []byte
-	opt proto.MarshalOptions
+	w     *bufio.Writer
+	max   int
+	buf   []byte
+	sizes []int // WriteDeliverBatch: the size of each Deliver of the frame
+	opt   proto.MarshalOptions
 }
 
 // NewWriter returns a Writer that refuses to encode frames larger than

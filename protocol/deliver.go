@@ -125,6 +125,20 @@ func (w *Writer) WriteDeliver(d *Deliver) error {
 	b := binary.BigEndian.AppendUint32(w.buf[:0], uint32(size))
 	b = append(b, tagFrameDeliver)
 	b = protowire.AppendVarint(b, uint64(dsize))
+	b = w.appendDeliver(b, d)
+	w.buf = b
+	if _, err := w.w.Write(b); err != nil {
+		return fmt.Errorf("write frame: %w", err)
+	}
+	return nil
+}
+
+// appendDeliver encodes the fields of d after the bytes pending in b: each
+// payload (key, value, header key and value) is written to the buffer
+// together with the pending bytes before it, and the bytes after the last
+// one are returned, still pending. Errors of the bufio.Writer are sticky:
+// the caller's last Write reports them.
+func (w *Writer) appendDeliver(b []byte, d *Deliver) []byte {
 	b = appendVarintField(b, tagDeliveryID, d.DeliveryId)
 	b = appendVarintField(b, tagPartition, uint64(int64(d.Partition)))
 	b = appendVarintField(b, tagOffset, uint64(d.Offset))
@@ -157,12 +171,7 @@ func (w *Writer) WriteDeliver(d *Deliver) error {
 	}
 	b = appendVarintField(b, tagTimestamp, uint64(d.TimestampMs))
 	b = appendVarintField(b, tagAttempt, uint64(d.Attempt))
-	b = append(b, d.unknownFields...)
-	w.buf = b
-	if _, err := w.w.Write(b); err != nil {
-		return fmt.Errorf("write frame: %w", err)
-	}
-	return nil
+	return append(b, d.unknownFields...)
 }
 
 // deliverAlloc holds a decoded Deliver and its oneof wrapper in one

@@ -35,6 +35,10 @@ const (
 	// The client reads Welcome.members and Members frames: it is told the
 	// members that own partitions, and holds one session per member.
 	Capability_CAPABILITY_MEMBERS Capability = 1
+	// The client reads DeliverBatch frames (besides Deliver frames), and
+	// names delivery ids by ranges in its Ack, Nack and Touch frames once the
+	// Welcome lists this capability.
+	Capability_CAPABILITY_BATCH Capability = 2
 )
 
 // Enum value maps for Capability.
@@ -42,10 +46,12 @@ var (
 	Capability_name = map[int32]string{
 		0: "CAPABILITY_UNSPECIFIED",
 		1: "CAPABILITY_MEMBERS",
+		2: "CAPABILITY_BATCH",
 	}
 	Capability_value = map[string]int32{
 		"CAPABILITY_UNSPECIFIED": 0,
 		"CAPABILITY_MEMBERS":     1,
+		"CAPABILITY_BATCH":       2,
 	}
 )
 
@@ -178,6 +184,7 @@ type Frame struct {
 	//	*Frame_Error
 	//	*Frame_Goodbye
 	//	*Frame_Members
+	//	*Frame_DeliverBatch
 	Body          isFrame_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -328,6 +335,15 @@ func (x *Frame) GetMembers() *Members {
 	return nil
 }
 
+func (x *Frame) GetDeliverBatch() *DeliverBatch {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_DeliverBatch); ok {
+			return x.DeliverBatch
+		}
+	}
+	return nil
+}
+
 type isFrame_Body interface {
 	isFrame_Body()
 }
@@ -380,6 +396,10 @@ type Frame_Members struct {
 	Members *Members `protobuf:"bytes,12,opt,name=members,proto3,oneof"` // daemon -> client, only to clients with CAPABILITY_MEMBERS
 }
 
+type Frame_DeliverBatch struct {
+	DeliverBatch *DeliverBatch `protobuf:"bytes,13,opt,name=deliver_batch,json=deliverBatch,proto3,oneof"` // daemon -> client, only to clients with CAPABILITY_BATCH
+}
+
 func (*Frame_Hello) isFrame_Body() {}
 
 func (*Frame_Welcome) isFrame_Body() {}
@@ -403,6 +423,8 @@ func (*Frame_Error) isFrame_Body() {}
 func (*Frame_Goodbye) isFrame_Body() {}
 
 func (*Frame_Members) isFrame_Body() {}
+
+func (*Frame_DeliverBatch) isFrame_Body() {}
 
 // Hello opens a session.
 type Hello struct {
@@ -552,7 +574,12 @@ type Welcome struct {
 	// so a client needs a session with each. Empty in leader mode, and for a
 	// client that did not announce CAPABILITY_MEMBERS.
 	Members []*Member `protobuf:"bytes,10,rep,name=members,proto3" json:"members,omitempty"`
-	// Field 11 is kept for the daemon's capabilities (issue 13).
+	// The capabilities of the Hello that this daemon takes up and that a
+	// client must know it takes up before using them: CAPABILITY_BATCH, whose
+	// id ranges only such a daemon reads. Capabilities whose use shows by
+	// itself (CAPABILITY_MEMBERS) are not listed. Empty for a client that
+	// announced none of them.
+	Capabilities []Capability `protobuf:"varint,11,rep,packed,name=capabilities,proto3,enum=fanout.v1.Capability" json:"capabilities,omitempty"`
 	// True when the daemon treats this session as an observer (Hello.observer):
 	// a client that asked to observe and does not see it set talks to a daemon
 	// that does not know observers, and would be handed work to ack.
@@ -657,6 +684,13 @@ func (x *Welcome) GetTopic() string {
 func (x *Welcome) GetMembers() []*Member {
 	if x != nil {
 		return x.Members
+	}
+	return nil
+}
+
+func (x *Welcome) GetCapabilities() []Capability {
+	if x != nil {
+		return x.Capabilities
 	}
 	return nil
 }
@@ -984,17 +1018,68 @@ func (x *Deliver) GetAttempt() uint32 {
 	return 0
 }
 
+// DeliverBatch hands the client several messages in one frame, each as a
+// Deliver frame would. Sent only to clients that announced
+// CAPABILITY_BATCH.
+type DeliverBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deliveries    []*Deliver             `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliverBatch) Reset() {
+	*x = DeliverBatch{}
+	mi := &file_fanout_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliverBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliverBatch) ProtoMessage() {}
+
+func (x *DeliverBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_fanout_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliverBatch.ProtoReflect.Descriptor instead.
+func (*DeliverBatch) Descriptor() ([]byte, []int) {
+	return file_fanout_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeliverBatch) GetDeliveries() []*Deliver {
+	if x != nil {
+		return x.Deliveries
+	}
+	return nil
+}
+
 // Ack confirms that the client has processed the named deliveries.
 type Ack struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DeliveryIds   []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DeliveryIds []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
+	// More deliveries, as ranges of consecutive ids: pairs of the first id
+	// and the number of ids. Only for a daemon whose Welcome lists
+	// CAPABILITY_BATCH (an older one ignores them).
+	Ranges        []uint64 `protobuf:"varint,2,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_fanout_proto_msgTypes[8]
+	mi := &file_fanout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1091,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[8]
+	mi := &file_fanout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1019,7 +1104,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{8}
+	return file_fanout_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Ack) GetDeliveryIds() []uint64 {
@@ -1029,12 +1114,20 @@ func (x *Ack) GetDeliveryIds() []uint64 {
 	return nil
 }
 
+func (x *Ack) GetRanges() []uint64 {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
 // Nack gives the named deliveries back for another client: at once, or
 // after delay_ms.
 type Nack struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	DeliveryIds []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
-	// Field 2 is kept for id ranges (issue 13, batched delivery).
+	// As Ack.ranges; delay_ms and reason apply to these too.
+	Ranges []uint64 `protobuf:"varint,2,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
 	// Redeliver no earlier than this many milliseconds from now (at most
 	// 900000, 15 minutes; longer is cut to that). 0 (absent): at once, or
 	// after the daemon's --retry-backoff.
@@ -1048,7 +1141,7 @@ type Nack struct {
 
 func (x *Nack) Reset() {
 	*x = Nack{}
-	mi := &file_fanout_proto_msgTypes[9]
+	mi := &file_fanout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1153,7 @@ func (x *Nack) String() string {
 func (*Nack) ProtoMessage() {}
 
 func (x *Nack) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[9]
+	mi := &file_fanout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,12 +1166,19 @@ func (x *Nack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Nack.ProtoReflect.Descriptor instead.
 func (*Nack) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{9}
+	return file_fanout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Nack) GetDeliveryIds() []uint64 {
 	if x != nil {
 		return x.DeliveryIds
+	}
+	return nil
+}
+
+func (x *Nack) GetRanges() []uint64 {
+	if x != nil {
+		return x.Ranges
 	}
 	return nil
 }
@@ -1099,15 +1199,17 @@ func (x *Nack) GetReason() string {
 
 // Touch restarts the ack timeout of the named deliveries (work in progress).
 type Touch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DeliveryIds   []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DeliveryIds []uint64               `protobuf:"varint,1,rep,packed,name=delivery_ids,json=deliveryIds,proto3" json:"delivery_ids,omitempty"`
+	// As Ack.ranges.
+	Ranges        []uint64 `protobuf:"varint,2,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Touch) Reset() {
 	*x = Touch{}
-	mi := &file_fanout_proto_msgTypes[10]
+	mi := &file_fanout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1221,7 @@ func (x *Touch) String() string {
 func (*Touch) ProtoMessage() {}
 
 func (x *Touch) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[10]
+	mi := &file_fanout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,12 +1234,19 @@ func (x *Touch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Touch.ProtoReflect.Descriptor instead.
 func (*Touch) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{10}
+	return file_fanout_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Touch) GetDeliveryIds() []uint64 {
 	if x != nil {
 		return x.DeliveryIds
+	}
+	return nil
+}
+
+func (x *Touch) GetRanges() []uint64 {
+	if x != nil {
+		return x.Ranges
 	}
 	return nil
 }
@@ -1152,7 +1261,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_fanout_proto_msgTypes[11]
+	mi := &file_fanout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1273,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[11]
+	mi := &file_fanout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1286,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{11}
+	return file_fanout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Ping) GetNonce() uint64 {
@@ -1197,7 +1306,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_fanout_proto_msgTypes[12]
+	mi := &file_fanout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1318,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[12]
+	mi := &file_fanout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1331,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{12}
+	return file_fanout_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Pong) GetNonce() uint64 {
@@ -1246,7 +1355,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_fanout_proto_msgTypes[13]
+	mi := &file_fanout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1367,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[13]
+	mi := &file_fanout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1380,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{13}
+	return file_fanout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Error) GetCode() ErrorCode {
@@ -1315,7 +1424,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_fanout_proto_msgTypes[14]
+	mi := &file_fanout_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1436,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_fanout_proto_msgTypes[14]
+	mi := &file_fanout_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1449,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_fanout_proto_rawDescGZIP(), []int{14}
+	return file_fanout_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1354,7 +1463,7 @@ var File_fanout_proto protoreflect.FileDescriptor
 
 const file_fanout_proto_rawDesc = "" +
 	"\n" +
-	"\ffanout.proto\x12\tfanout.v1\"\x99\x04\n" +
+	"\ffanout.proto\x12\tfanout.v1\"\xd9\x04\n" +
 	"\x05Frame\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.fanout.v1.HelloH\x00R\x05hello\x12.\n" +
 	"\awelcome\x18\x02 \x01(\v2\x12.fanout.v1.WelcomeH\x00R\awelcome\x121\n" +
@@ -1368,7 +1477,8 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05error\x18\n" +
 	" \x01(\v2\x10.fanout.v1.ErrorH\x00R\x05error\x12.\n" +
 	"\agoodbye\x18\v \x01(\v2\x12.fanout.v1.GoodbyeH\x00R\agoodbye\x12.\n" +
-	"\amembers\x18\f \x01(\v2\x12.fanout.v1.MembersH\x00R\amembersB\x06\n" +
+	"\amembers\x18\f \x01(\v2\x12.fanout.v1.MembersH\x00R\amembers\x12>\n" +
+	"\rdeliver_batch\x18\r \x01(\v2\x17.fanout.v1.DeliverBatchH\x00R\fdeliverBatchB\x06\n" +
 	"\x04body\"\xa7\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
@@ -1379,7 +1489,7 @@ const file_fanout_proto_rawDesc = "" +
 	"\x0emax_frame_size\x18\x05 \x01(\rR\fmaxFrameSize\x129\n" +
 	"\fcapabilities\x18\x06 \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\x12\x16\n" +
 	"\x06weight\x18\a \x01(\rR\x06weight\x12\x1a\n" +
-	"\bobserver\x18\b \x01(\bR\bobserver\"\x8d\x03\n" +
+	"\bobserver\x18\b \x01(\bR\bobserver\"\xc8\x03\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -1392,7 +1502,8 @@ const file_fanout_proto_rawDesc = "" +
 	"\x0emax_frame_size\x18\b \x01(\rR\fmaxFrameSize\x12\x14\n" +
 	"\x05topic\x18\t \x01(\tR\x05topic\x12+\n" +
 	"\amembers\x18\n" +
-	" \x03(\v2\x11.fanout.v1.MemberR\amembers\x12\x1a\n" +
+	" \x03(\v2\x11.fanout.v1.MemberR\amembers\x129\n" +
+	"\fcapabilities\x18\v \x03(\x0e2\x15.fanout.v1.CapabilityR\fcapabilities\x12\x1a\n" +
 	"\bobserver\x18\f \x01(\bR\bobserver\"\"\n" +
 	"\x06Member\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\"6\n" +
@@ -1414,15 +1525,22 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05value\x18\x05 \x01(\fR\x05value\x12+\n" +
 	"\aheaders\x18\x06 \x03(\v2\x11.fanout.v1.HeaderR\aheaders\x12!\n" +
 	"\ftimestamp_ms\x18\a \x01(\x03R\vtimestampMs\x12\x18\n" +
-	"\aattempt\x18\b \x01(\rR\aattempt\",\n" +
+	"\aattempt\x18\b \x01(\rR\aattempt\"B\n" +
+	"\fDeliverBatch\x122\n" +
+	"\n" +
+	"deliveries\x18\x01 \x03(\v2\x12.fanout.v1.DeliverR\n" +
+	"deliveries\"H\n" +
 	"\x03Ack\x12%\n" +
-	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\"`\n" +
+	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
+	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"|\n" +
 	"\x04Nack\x12%\n" +
-	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x19\n" +
+	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
+	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\x12\x19\n" +
 	"\bdelay_ms\x18\x03 \x01(\rR\adelayMs\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\".\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"J\n" +
 	"\x05Touch\x12%\n" +
-	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\"\x1c\n" +
+	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
+	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"\x1c\n" +
 	"\x04Ping\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\x04R\x05nonce\"\x1c\n" +
 	"\x04Pong\x12\x14\n" +
@@ -1433,11 +1551,12 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05fatal\x18\x03 \x01(\bR\x05fatal\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"!\n" +
 	"\aGoodbye\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason*@\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason*V\n" +
 	"\n" +
 	"Capability\x12\x1a\n" +
 	"\x16CAPABILITY_UNSPECIFIED\x10\x00\x12\x16\n" +
-	"\x12CAPABILITY_MEMBERS\x10\x01*\xd2\x02\n" +
+	"\x12CAPABILITY_MEMBERS\x10\x01\x12\x14\n" +
+	"\x10CAPABILITY_BATCH\x10\x02*\xd2\x02\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ERROR_CODE_BAD_FRAME\x10\x01\x12\x1e\n" +
@@ -1465,49 +1584,53 @@ func file_fanout_proto_rawDescGZIP() []byte {
 }
 
 var file_fanout_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_fanout_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_fanout_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_fanout_proto_goTypes = []any{
-	(Capability)(0),  // 0: fanout.v1.Capability
-	(ErrorCode)(0),   // 1: fanout.v1.ErrorCode
-	(*Frame)(nil),    // 2: fanout.v1.Frame
-	(*Hello)(nil),    // 3: fanout.v1.Hello
-	(*Welcome)(nil),  // 4: fanout.v1.Welcome
-	(*Member)(nil),   // 5: fanout.v1.Member
-	(*Members)(nil),  // 6: fanout.v1.Members
-	(*Redirect)(nil), // 7: fanout.v1.Redirect
-	(*Header)(nil),   // 8: fanout.v1.Header
-	(*Deliver)(nil),  // 9: fanout.v1.Deliver
-	(*Ack)(nil),      // 10: fanout.v1.Ack
-	(*Nack)(nil),     // 11: fanout.v1.Nack
-	(*Touch)(nil),    // 12: fanout.v1.Touch
-	(*Ping)(nil),     // 13: fanout.v1.Ping
-	(*Pong)(nil),     // 14: fanout.v1.Pong
-	(*Error)(nil),    // 15: fanout.v1.Error
-	(*Goodbye)(nil),  // 16: fanout.v1.Goodbye
+	(Capability)(0),      // 0: fanout.v1.Capability
+	(ErrorCode)(0),       // 1: fanout.v1.ErrorCode
+	(*Frame)(nil),        // 2: fanout.v1.Frame
+	(*Hello)(nil),        // 3: fanout.v1.Hello
+	(*Welcome)(nil),      // 4: fanout.v1.Welcome
+	(*Member)(nil),       // 5: fanout.v1.Member
+	(*Members)(nil),      // 6: fanout.v1.Members
+	(*Redirect)(nil),     // 7: fanout.v1.Redirect
+	(*Header)(nil),       // 8: fanout.v1.Header
+	(*Deliver)(nil),      // 9: fanout.v1.Deliver
+	(*DeliverBatch)(nil), // 10: fanout.v1.DeliverBatch
+	(*Ack)(nil),          // 11: fanout.v1.Ack
+	(*Nack)(nil),         // 12: fanout.v1.Nack
+	(*Touch)(nil),        // 13: fanout.v1.Touch
+	(*Ping)(nil),         // 14: fanout.v1.Ping
+	(*Pong)(nil),         // 15: fanout.v1.Pong
+	(*Error)(nil),        // 16: fanout.v1.Error
+	(*Goodbye)(nil),      // 17: fanout.v1.Goodbye
 }
 var file_fanout_proto_depIdxs = []int32{
 	3,  // 0: fanout.v1.Frame.hello:type_name -> fanout.v1.Hello
 	4,  // 1: fanout.v1.Frame.welcome:type_name -> fanout.v1.Welcome
 	7,  // 2: fanout.v1.Frame.redirect:type_name -> fanout.v1.Redirect
 	9,  // 3: fanout.v1.Frame.deliver:type_name -> fanout.v1.Deliver
-	10, // 4: fanout.v1.Frame.ack:type_name -> fanout.v1.Ack
-	11, // 5: fanout.v1.Frame.nack:type_name -> fanout.v1.Nack
-	12, // 6: fanout.v1.Frame.touch:type_name -> fanout.v1.Touch
-	13, // 7: fanout.v1.Frame.ping:type_name -> fanout.v1.Ping
-	14, // 8: fanout.v1.Frame.pong:type_name -> fanout.v1.Pong
-	15, // 9: fanout.v1.Frame.error:type_name -> fanout.v1.Error
-	16, // 10: fanout.v1.Frame.goodbye:type_name -> fanout.v1.Goodbye
+	11, // 4: fanout.v1.Frame.ack:type_name -> fanout.v1.Ack
+	12, // 5: fanout.v1.Frame.nack:type_name -> fanout.v1.Nack
+	13, // 6: fanout.v1.Frame.touch:type_name -> fanout.v1.Touch
+	14, // 7: fanout.v1.Frame.ping:type_name -> fanout.v1.Ping
+	15, // 8: fanout.v1.Frame.pong:type_name -> fanout.v1.Pong
+	16, // 9: fanout.v1.Frame.error:type_name -> fanout.v1.Error
+	17, // 10: fanout.v1.Frame.goodbye:type_name -> fanout.v1.Goodbye
 	6,  // 11: fanout.v1.Frame.members:type_name -> fanout.v1.Members
-	0,  // 12: fanout.v1.Hello.capabilities:type_name -> fanout.v1.Capability
-	5,  // 13: fanout.v1.Welcome.members:type_name -> fanout.v1.Member
-	5,  // 14: fanout.v1.Members.members:type_name -> fanout.v1.Member
-	8,  // 15: fanout.v1.Deliver.headers:type_name -> fanout.v1.Header
-	1,  // 16: fanout.v1.Error.code:type_name -> fanout.v1.ErrorCode
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	10, // 12: fanout.v1.Frame.deliver_batch:type_name -> fanout.v1.DeliverBatch
+	0,  // 13: fanout.v1.Hello.capabilities:type_name -> fanout.v1.Capability
+	5,  // 14: fanout.v1.Welcome.members:type_name -> fanout.v1.Member
+	0,  // 15: fanout.v1.Welcome.capabilities:type_name -> fanout.v1.Capability
+	5,  // 16: fanout.v1.Members.members:type_name -> fanout.v1.Member
+	8,  // 17: fanout.v1.Deliver.headers:type_name -> fanout.v1.Header
+	9,  // 18: fanout.v1.DeliverBatch.deliveries:type_name -> fanout.v1.Deliver
+	1,  // 19: fanout.v1.Error.code:type_name -> fanout.v1.ErrorCode
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fanout_proto_init() }
@@ -1528,6 +1651,7 @@ func file_fanout_proto_init() {
 		(*Frame_Error)(nil),
 		(*Frame_Goodbye)(nil),
 		(*Frame_Members)(nil),
+		(*Frame_DeliverBatch)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1535,7 +1659,7 @@ func file_fanout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fanout_proto_rawDesc), len(file_fanout_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

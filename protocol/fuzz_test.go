@@ -61,6 +61,19 @@ func readFrameSeeds(tb testing.TB) [][]byte {
 	for _, tc := range rawDeliverCases() {
 		seeds = append(seeds, rawFrame(uint32(len(tc.body)), tc.body))
 	}
+	// DeliverBatch frames and id ranges.
+	for _, tc := range rawBatchCases() {
+		seeds = append(seeds, rawFrame(uint32(len(tc.body)), tc.body))
+	}
+	for _, body := range [][]byte{
+		rangesFrame(fieldAck, []uint64{1, 2}, []uint64{10, 5}),
+		rangesFrame(fieldNack, nil, []uint64{1 << 40, 1000}),
+		rangesFrame(fieldTouch, nil, []uint64{7}),
+		rangesFrame(fieldAck, nil, []uint64{5, 0}),
+		rangesFrame(fieldAck, nil, []uint64{math.MaxUint64, 2}),
+	} {
+		seeds = append(seeds, rawFrame(uint32(len(body)), body))
+	}
 	return seeds
 }
 
@@ -124,10 +137,34 @@ func referenceFrame(data []byte) (*Frame, int, error) {
 	if err := proto.Unmarshal(data[HeaderSize:HeaderSize+int(size)], &f); err != nil {
 		return nil, int(size), ErrBadFrame
 	}
-	if f.Body == nil {
+	if f.Body == nil || !rangesValid(&f) {
 		return nil, int(size), ErrBadFrame
 	}
 	return &f, int(size), nil
+}
+
+// rangesValid is the reference rule for the ranges of an Ack, Nack or
+// Touch: pairs of a first id and a count of at least one, ending at or
+// before the largest id.
+func rangesValid(f *Frame) bool {
+	var ranges []uint64
+	switch {
+	case f.GetAck() != nil:
+		ranges = f.GetAck().GetRanges()
+	case f.GetNack() != nil:
+		ranges = f.GetNack().GetRanges()
+	case f.GetTouch() != nil:
+		ranges = f.GetTouch().GetRanges()
+	}
+	if len(ranges)%2 == 1 {
+		return false
+	}
+	for i := 0; i < len(ranges); i += 2 {
+		if ranges[i+1] == 0 || ranges[i+1]-1 > math.MaxUint64-ranges[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func sameError(got, want error) bool {
@@ -194,7 +231,7 @@ func framesFrom(kinds, payload []byte, n uint64) []*Frame {
 	for i, k := range kinds {
 		v := n + uint64(i)
 		var f *Frame
-		switch k % 12 {
+		switch k % 14 {
 		case 0:
 			f = HelloFrame(&Hello{ClientId: text(i), ProtocolVersion: uint32(v), MaxInFlight: uint32(k), AuthToken: text(i + 1),
 				Capabilities: capabilities(cut(i + 2))})
@@ -223,6 +260,19 @@ func framesFrom(kinds, payload []byte, n uint64) []*Frame {
 			f = GoodbyeFrame(string(cut(i)))
 		case 11:
 			f = MembersFrame(addrs(i))
+		case 12:
+			var ds []*Deliver
+			for j := range int(k % 5) {
+				ds = append(ds, &Deliver{DeliveryId: v + uint64(j), Partition: int32(j), Offset: int64(v), Key: cut(i + j), Value: cut(i + j + 1),
+					Headers: []*Header{{Key: text(i + j + 2), Value: cut(i + j + 3)}}, TimestampMs: int64(v), Attempt: uint32(j)})
+			}
+			f = DeliverBatchFrame(ds)
+		case 13:
+			var ranges []uint64
+			for _, id := range ids(i) {
+				ranges = append(ranges, id>>2, 1+id%1000) // never past the largest id
+			}
+			f = &Frame{Body: &Frame_Ack{Ack: &Ack{DeliveryIds: ids(i + 1), Ranges: ranges}}}
 		}
 		frames = append(frames, f)
 	}
@@ -372,5 +422,130 @@ func FuzzWriteDeliver(f *testing.F) {
 			t.Fatalf("read back %v, want %v", fr.GetDeliver(), d)
 		}
 		checkSameAsUnmarshal(t, got[HeaderSize:], &fr)
+	})
+}
+
+// FuzzReadBatch reads an arbitrary stream with ReadBatch: every frame must
+// come out as ReadFrame (the reference parse) gives it, deliveries in the
+// Batch exactly as proto.Unmarshal decodes them, the rest in the Frame.
+func FuzzReadBatch(f *testing.F) {
+	for _, seed := range readFrameSeeds(f) {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := NewReader(bytes.NewReader(data), fuzzMax)
+		rest := data
+		var b Batch
+		for {
+			var got Frame
+			ok, err := r.ReadBatch(&got, &b)
+			want, size, wantErr := referenceFrame(rest)
+			if wantErr != nil {
+				if ok || !sameError(err, wantErr) {
+					t.Fatalf("ReadBatch: %v, %v; reference says %v", ok, err, wantErr)
+				}
+				if errors.Is(err, ErrBadFrame) {
+					rest = rest[HeaderSize+size:]
+					continue
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ReadBatch: %v, reference decoded %v", err, want)
+			}
+			body := rest[HeaderSize : HeaderSize+size]
+			rest = rest[HeaderSize+size:]
+			isDeliveries := want.GetDeliver() != nil || want.GetDeliverBatch() != nil
+			if ok != isDeliveries {
+				t.Fatalf("ReadBatch says deliveries %v for %v", ok, want)
+			}
+			if ok {
+				checkDeliveries(t, &b, want)
+				if b.Buf != nil && !bytes.Equal(b.Buf, body) {
+					t.Fatalf("Buf holds other bytes than the frame's")
+				}
+				continue
+			}
+			if !proto.Equal(&got, want) {
+				t.Fatalf("ReadBatch = %v, reference decoded %v", &got, want)
+			}
+		}
+	})
+}
+
+// FuzzWriteDeliverBatch builds a batch from fuzzed deliveries and a budget:
+// WriteDeliverBatch must write exactly what proto.Marshal encodes for the
+// longest prefix that fits (or fail when it fails), and ReadBatch must read
+// it back as proto.Unmarshal does.
+func FuzzWriteDeliverBatch(f *testing.F) {
+	f.Add([]byte{3, 0, 7}, []byte("order-42 value \xff"), "trace-id", uint64(1<<40), uint16(0))
+	f.Add([]byte{}, []byte{}, "", uint64(0), uint16(0))
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9}, bytes.Repeat([]byte{'x'}, 300), "a\xffb", uint64(math.MaxUint64), uint16(200))
+	f.Add([]byte{255, 128, 0}, []byte("v"), "k", uint64(127), uint16(40))
+	f.Fuzz(func(t *testing.T, shape, payload []byte, hkey string, id uint64, budget uint16) {
+		var ds []*Deliver
+		for i, c := range shape {
+			d := &Deliver{DeliveryId: id + uint64(i), Partition: int32(c) - 100, Offset: int64(id) - int64(i),
+				TimestampMs: int64(c) << 30, Attempt: uint32(c % 4)}
+			if len(payload) > 0 {
+				a := int(c) % len(payload)
+				d.Value = payload[a : a+(len(payload)-a)*int(c%3)/2]
+				d.Key = payload[:int(c)%(len(payload)+1)]
+			}
+			for j := range int(c % 3) {
+				d.Headers = append(d.Headers, &Header{Key: hkey[:j%(len(hkey)+1)], Value: d.Key})
+			}
+			ds = append(ds, d)
+		}
+		got, n, err := writeBatch(t, ds, fuzzMax, int(budget))
+		// The reference: the longest prefix proto.Marshal encodes within the limit.
+		limit := fuzzMax
+		if budget > 0 {
+			limit = min(limit, int(budget))
+		}
+		wantN, wantErr := 0, error(nil)
+		for k := 1; k <= len(ds); k++ {
+			b, err := marshalBatch(t, ds[:k])
+			if err != nil {
+				wantErr = err
+				break
+			}
+			if len(b)-HeaderSize > limit {
+				break
+			}
+			wantN = k
+		}
+		switch {
+		case wantErr != nil:
+			// It sizes the delivery proto.Marshal refuses before it knows
+			// whether it fits, and writes nothing.
+			if err == nil || n != 0 {
+				t.Fatalf("WriteDeliverBatch took %d (%v); proto.Marshal refuses %d: %v", n, err, wantN+1, wantErr)
+			}
+			return
+		case len(ds) > 0 && wantN == 0:
+			var tooLarge *FrameTooLargeError
+			if n != 0 || !errors.As(err, &tooLarge) {
+				t.Fatalf("WriteDeliverBatch of a first delivery above %d bytes: %d, %v", limit, n, err)
+			}
+			return
+		case err != nil || n != wantN:
+			t.Fatalf("WriteDeliverBatch took %d (%v), want %d", n, err, wantN)
+		case n == 0:
+			return
+		}
+		want, _ := marshalBatch(t, ds[:n])
+		if !bytes.Equal(got, want) {
+			t.Fatalf("WriteDeliverBatch wrote\n%x\nproto.Marshal gives\n%x", got, want)
+		}
+		var b Batch
+		if ok, err := NewReader(bytes.NewReader(got), fuzzMax).ReadBatch(new(Frame), &b); !ok || err != nil {
+			t.Fatalf("ReadBatch: %v, %v", ok, err)
+		}
+		var wantFrame Frame
+		if err := proto.Unmarshal(got[HeaderSize:], &wantFrame); err != nil {
+			t.Fatal(err)
+		}
+		checkDeliveries(t, &b, &wantFrame)
 	})
 }

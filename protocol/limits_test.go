@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"testing"
 
@@ -158,10 +159,13 @@ func TestSetMaxFrameSize(t *testing.T) {
 	}
 }
 
-// Whatever the bytes, countIDs never counts fewer ids than Unmarshal
-// decodes, so that a frame under the limit cannot decode to more.
+// Whatever the bytes, countIDs never counts fewer ids and ranges than
+// Unmarshal decodes, so that a frame under the limit cannot allocate more.
 func FuzzCountIDs(f *testing.F) {
 	f.Add(idsFrame(fieldAck, 3))
+	f.Add([]byte{0x2a, 0x06, 0x08, 0x01, 0x12, 0x02, 0x05, 0x03})                     // ack: id 1, range 5..7
+	f.Add([]byte{0x32, 0x07, 0x10, 0x05, 0x10, 0x02, 0x12, 0x01, 0x09})               // nack: ranges unpacked, then packed
+	f.Add(append([]byte{0x2a, 0x02, 0x10, 0x05}, 0x3a, 0x04, 0x12, 0x02, 0x07, 0x01)) // ack replaced by touch
 	f.Add(append(idsFrame(fieldNack, 2), idsFrame(fieldNack, 2)...))
 	f.Add([]byte{0x2a, 0x04, 0x08, 0x01, 0x08, 0x02})
 	f.Add([]byte{0x3a, 0x03, 0x0a, 0x01, 0x80})
@@ -171,9 +175,9 @@ func FuzzCountIDs(f *testing.F) {
 		if proto.Unmarshal(body, &fr) != nil {
 			return
 		}
-		ids := len(fr.GetAck().GetDeliveryIds()) + len(fr.GetNack().GetDeliveryIds()) + len(fr.GetTouch().GetDeliveryIds())
-		if ids > n {
-			t.Fatalf("countIDs = %d, Unmarshal decoded %d ids", n, ids)
+		ids, ranges, _ := idsOf(&fr)
+		if len(ids)+len(ranges)/2 > n {
+			t.Fatalf("countIDs = %d, Unmarshal decoded %d ids and %d range values", n, len(ids), len(ranges))
 		}
 	})
 }
@@ -185,4 +189,121 @@ func mustMarshal(tb testing.TB, f *Frame) []byte {
 		tb.Fatal(err)
 	}
 	return b
+}
+
+// rangesFrame returns an encoded Frame body of the body field holding the
+// ids listed and the ranges.
+func rangesFrame(field protowire.Number, ids, ranges []uint64) []byte {
+	var inner []byte
+	if len(ids) > 0 {
+		inner = protowire.AppendTag(inner, 1, protowire.BytesType)
+		var packed []byte
+		for _, id := range ids {
+			packed = protowire.AppendVarint(packed, id)
+		}
+		inner = append(protowire.AppendVarint(inner, uint64(len(packed))), packed...)
+	}
+	if len(ranges) > 0 {
+		inner = protowire.AppendTag(inner, 2, protowire.BytesType)
+		var packed []byte
+		for _, v := range ranges {
+			packed = protowire.AppendVarint(packed, v)
+		}
+		inner = append(protowire.AppendVarint(inner, uint64(len(packed))), packed...)
+	}
+	b := protowire.AppendTag(nil, field, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(len(inner)))
+	return append(b, inner...)
+}
+
+func TestCheckRanges(t *testing.T) {
+	tests := []struct {
+		ranges []uint64
+		n      uint64
+		bad    bool
+	}{
+		{nil, 0, false},
+		{[]uint64{10, 1}, 1, false},
+		{[]uint64{10, 5, 1, 2, 100, 1000}, 1007, false},
+		{[]uint64{math.MaxUint64, 1}, 1, false},
+		{[]uint64{math.MaxUint64 - 9, 10}, 10, false},
+		{[]uint64{0, math.MaxUint64}, math.MaxUint64, false},
+		{[]uint64{0, math.MaxUint64, 5, 5}, math.MaxUint64, false}, // saturated
+		{[]uint64{10}, 0, true},                                    // no count
+		{[]uint64{10, 0}, 0, true},                                 // names nothing
+		{[]uint64{math.MaxUint64 - 9, 11}, 0, true},                // past the largest id
+		{[]uint64{1, 1, math.MaxUint64, 2}, 0, true},               // the second runs past it
+	}
+	for _, tc := range tests {
+		n, err := CheckRanges(tc.ranges)
+		if tc.bad != (err != nil) || (err != nil && !errors.Is(err, ErrBadFrame)) || n != tc.n {
+			t.Errorf("CheckRanges(%v) = %d, %v; want %d, bad %v", tc.ranges, n, err, tc.n, tc.bad)
+		}
+	}
+}
+
+func TestReadFrameRanges(t *testing.T) {
+	for _, field := range []protowire.Number{fieldAck, fieldNack, fieldTouch} {
+		t.Run(fmt.Sprint("field ", field), func(t *testing.T) {
+			ping := mustMarshal(t, PingFrame(9))
+			read := func(body []byte, maxIDs int) (*Frame, error) {
+				t.Helper()
+				stream := append(rawFrame(uint32(len(body)), body), rawFrame(uint32(len(ping)), ping)...)
+				r := NewReader(bytes.NewReader(stream), 0)
+				r.SetMaxIDs(maxIDs)
+				var f Frame
+				err := r.ReadFrame(&f)
+				// Whatever the outcome, the stream is in step.
+				var next Frame
+				if err := r.ReadFrame(&next); err != nil || next.GetPing().GetNonce() != 9 {
+					t.Fatalf("frame after %x: %v, %v", body, &next, err)
+				}
+				return &f, err
+			}
+			f, err := read(rangesFrame(field, []uint64{1, 2}, []uint64{10, 5}), 7)
+			ids, ranges, ok := idsOf(f)
+			if err != nil || !ok || fmt.Sprint(ids, ranges) != "[1 2] [10 5]" {
+				t.Fatalf("ReadFrame: %v, %v", f, err)
+			}
+			var tooMany *TooManyIDsError
+			if _, err := read(rangesFrame(field, []uint64{1, 2}, []uint64{10, 5}), 6); !errors.As(err, &tooMany) || *tooMany != (TooManyIDsError{Count: 7, Max: 6}) {
+				t.Fatalf("7 ids under a limit of 6: %v", err)
+			}
+			// A range of 2^64-1 ids is refused, not overflowed.
+			if _, err := read(rangesFrame(field, nil, []uint64{0, math.MaxUint64, 7, 2}), 100); !errors.As(err, &tooMany) || tooMany.Max != 100 {
+				t.Fatalf("a huge range: %v", err)
+			}
+			for _, bad := range [][]uint64{{10}, {10, 0}, {math.MaxUint64, 2}} {
+				if _, err := read(rangesFrame(field, nil, bad), 0); !errors.Is(err, ErrBadFrame) {
+					t.Fatalf("ranges %v: %v, want ErrBadFrame", bad, err)
+				}
+			}
+		})
+	}
+}
+
+// An Ack of many one-byte ranges is refused before any is decoded, as one
+// of ids is.
+func TestTooManyRangesAllocatesNone(t *testing.T) {
+	pairs := make([]uint64, 2*(1<<20))
+	for i := range pairs {
+		pairs[i] = 1
+	}
+	body := rangesFrame(fieldAck, nil, pairs)
+	stream := rawFrame(uint32(len(body)), body)
+	r := NewReader(bytes.NewReader(stream), 0)
+	r.SetMaxIDs(1000)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	err := r.ReadFrame(new(Frame))
+	runtime.ReadMemStats(&after)
+	var tooMany *TooManyIDsError
+	if !errors.As(err, &tooMany) || tooMany.Count != 1<<20 {
+		t.Fatalf("ReadFrame: %v, want *TooManyIDsError of %d", err, 1<<20)
+	}
+	// The read buffer: about 2 x 2 MiB. Decoding would allocate 16 MiB more.
+	if got := after.TotalAlloc - before.TotalAlloc; got > 8<<20 {
+		t.Errorf("reading a refused 2 MiB ack allocated %d MiB, want < 8 MiB", got>>20)
+	}
 }

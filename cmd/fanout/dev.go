@@ -48,7 +48,7 @@ func devCommand() *cli.Command {
 			&cli.DurationFlag{Name: "ack-timeout", Value: fanout.DefaultAckTimeout, Usage: "redeliver a message not acked within this time", EnvVars: env("ACK_TIMEOUT")},
 			&cli.DurationFlag{Name: "heartbeat", Value: fanout.DefaultHeartbeat, Usage: "ping clients this often", EnvVars: env("HEARTBEAT")},
 			&cli.IntFlag{Name: "max-in-flight", Value: fanout.DefaultMaxInFlight, Usage: "most unacked messages per client", EnvVars: env("MAX_IN_FLIGHT")},
-			&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz and /readyz (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
+			&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz, /readyz and the web console (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
 		},
 		Action:       devAction,
 		OnUsageError: commandUsageError,
@@ -64,8 +64,8 @@ type devConfig struct {
 	AckTimeout  time.Duration
 	Heartbeat   time.Duration
 	MaxInFlight int
-	// MetricsListen is the address of /metrics, /healthz and /readyz; ""
-	// disables them.
+	// MetricsListen is the address of /metrics, /healthz, /readyz and the
+	// console; "" disables them.
 	MetricsListen string
 	Log           *logrus.Entry
 }

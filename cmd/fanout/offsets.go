@@ -19,6 +19,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
@@ -188,7 +189,7 @@ func (t *offsetsTarget) store() offsets.Store {
 
 // read returns the leader record (nil: nobody leads) and the committed
 // offsets of the cluster's store.
-func (t *offsetsTarget) read(ctx context.Context) (*leaderStatus, map[int32]int64, error) {
+func (t *offsetsTarget) read(ctx context.Context) (*status.Leader, map[int32]int64, error) {
 	if t.kafkaStore() {
 		return readKafkaStore(ctx, t.opts, t.client)
 	}
@@ -225,7 +226,7 @@ func (t *offsetsTarget) checkStopped(ctx context.Context, window time.Duration) 
 // heard within the window.
 type clusterRunning struct {
 	window  time.Duration
-	members []memberStatus
+	members []status.Member
 	now     time.Time
 }
 
@@ -241,7 +242,7 @@ func (e *clusterRunning) Error() string {
 // member fences its own partitions: taking the leader record over does not
 // stop their commits.
 func (e *clusterRunning) spread() bool {
-	return slices.ContainsFunc(e.members, func(m memberStatus) bool {
+	return slices.ContainsFunc(e.members, func(m status.Member) bool {
 		return m.Mode == cluster.ModeName(cluster.Mode_MODE_SPREAD)
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/status"
 )
 
 func TestParseResetTarget(t *testing.T) {
@@ -215,10 +217,10 @@ func TestTimestampMillis(t *testing.T) {
 // leader committed since), which is noted.
 func TestVerifyReset(t *testing.T) {
 	written := map[int32]int64{0: 3, 1: 4}
-	read := func(leader *leaderStatus, offs map[int32]int64) func(context.Context) (*leaderStatus, map[int32]int64, error) {
-		return func(context.Context) (*leaderStatus, map[int32]int64, error) { return leader, offs, nil }
+	read := func(leader *status.Leader, offs map[int32]int64) func(context.Context) (*status.Leader, map[int32]int64, error) {
+		return func(context.Context) (*status.Leader, map[int32]int64, error) { return leader, offs, nil }
 	}
-	tool := &leaderStatus{Node: "fanout-offsets-tool", Epoch: 5}
+	tool := &status.Leader{Node: "fanout-offsets-tool", Epoch: 5}
 	if note, err := verifyReset(t.Context(), read(tool, map[int32]int64{0: 3, 1: 4, 2: 9}), "store", 5, written); err != nil || note != "" {
 		t.Errorf("as written: %q, %v; want no note, no error", note, err)
 	}
@@ -230,12 +232,12 @@ func TestVerifyReset(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "partition 1 holds 2, want 4") {
 		t.Errorf("a partition with another offset: %v, want an error naming it", err)
 	}
-	next := &leaderStatus{Node: "node-b", Epoch: 6}
+	next := &status.Leader{Node: "node-b", Epoch: 6}
 	note, err := verifyReset(t.Context(), read(next, map[int32]int64{0: 3, 1: 6}), "store", 5, written)
 	if err != nil || !strings.Contains(note, "the next leader, node-b at epoch 6, has committed since") {
 		t.Errorf("moved on by the next leader: %q, %v; want a note", note, err)
 	}
-	if _, err := verifyReset(t.Context(), func(context.Context) (*leaderStatus, map[int32]int64, error) {
+	if _, err := verifyReset(t.Context(), func(context.Context) (*status.Leader, map[int32]int64, error) {
 		return nil, nil, errors.New("connection lost")
 	}, "store", 5, written); err == nil || !strings.Contains(err.Error(), "reading it back failed") {
 		t.Errorf("a failed read: %v", err)

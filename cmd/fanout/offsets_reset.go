@@ -18,6 +18,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
@@ -149,7 +150,7 @@ func offsetsResetAction(c *cli.Context) error {
 
 // planTarget reads the cluster's leader record, committed offsets and logs,
 // and plans the reset of limit (empty: every partition) to target.
-func planTarget(ctx context.Context, t *offsetsTarget, target resetTarget, limit []int32, allowOutOfRange bool) (*leaderStatus, []change, error) {
+func planTarget(ctx context.Context, t *offsetsTarget, target resetTarget, limit []int32, allowOutOfRange bool) (*status.Leader, []change, error) {
 	leader, committed, err := t.read(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -238,7 +239,7 @@ func writeError(t *offsetsTarget, err error) error {
 // leader record and offsets) and compares them with offs, written at epoch.
 // A difference is no error when a leader elected after the reset (an epoch
 // above the tool's) has committed already; the note says so.
-func verifyReset(ctx context.Context, read func(context.Context) (*leaderStatus, map[int32]int64, error), name string,
+func verifyReset(ctx context.Context, read func(context.Context) (*status.Leader, map[int32]int64, error), name string,
 	epoch uint64, offs map[int32]int64) (string, error) {
 	leader, after, err := read(ctx)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
+	"github.com/nanoservice/core-fanout/fanout/status"
 )
 
 func offsetsShowCommand() *cli.Command {
@@ -38,7 +39,7 @@ type offsetsReport struct {
 	Topic      string             `json:"topic"`
 	Store      string             `json:"store"`    // zookeeper or kafka
 	Location   string             `json:"location"` // the offsets znode, or the group
-	Leader     *leaderStatus      `json:"leader"`   // nil: no leader recorded
+	Leader     *status.Leader     `json:"leader"`   // nil: no leader recorded
 	Partitions []partitionOffsets `json:"partitions"`
 	TotalLag   int64              `json:"total_lag"` // over the partitions with a committed offset
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/status"
 )
 
 // memoryEnd is a copy end on a MemoryStore, fenced by a term of its own.
@@ -169,7 +170,7 @@ func TestOffsetsShowKafkaStore(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}
-	want := offsetsReport{ID: "svc", Topic: "jobs", Store: "kafka", Location: "fanout_svc", Leader: &leaderStatus{Node: "node-b", Addr: "b:4987", Epoch: 3},
+	want := offsetsReport{ID: "svc", Topic: "jobs", Store: "kafka", Location: "fanout_svc", Leader: &status.Leader{Node: "node-b", Addr: "b:4987", Epoch: 3},
 		Partitions: []partitionOffsets{{Partition: 0, Committed: i64(2), LogStart: 0, LogEnd: 5, Lag: i64(3)}, {Partition: 1, LogStart: 0, LogEnd: 3}}, TotalLag: 3}
 	if !reflect.DeepEqual(r, want) {
 		t.Errorf("offsets show --json:\n%s\nwant %+v", out, want)

@@ -165,7 +165,7 @@ func clientTLS(f flagValues) (*tls.Config, error) {
 
 // metricsTokenFlag is serve's --metrics-token-file.
 func metricsTokenFlag() cli.Flag {
-	return &cli.StringFlag{Name: secretFlag(secretMetricsToken), Usage: "file holding the bearer token /metrics requires (or set FANOUT_" + secretMetricsToken + "); /healthz and /readyz stay open", EnvVars: []string{"FANOUT_" + secretMetricsToken + "_FILE"}}
+	return &cli.StringFlag{Name: secretFlag(secretMetricsToken), Usage: "file holding the bearer token /metrics and the console's /api/status require (or set FANOUT_" + secretMetricsToken + "); /healthz, /readyz and the console's page stay open", EnvVars: []string{"FANOUT_" + secretMetricsToken + "_FILE"}}
 }
 
 // clusterSecretFlag is serve's --cluster-secret-file.

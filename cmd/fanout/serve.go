@@ -28,7 +28,7 @@ func serveFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker link variables ZK_*_PORT_2181_TCP_*, else localhost:2181; not with --offset-store kafka)", EnvVars: env("ZOOKEEPER")},
 		&cli.StringFlag{Name: "offset-store", Value: fanout.OffsetStoreZooKeeper, Usage: "where offsets and the leader record are kept: zookeeper, or kafka (the consumer group fanout_<id>; no ZooKeeper needed)", EnvVars: env("OFFSET_STORE")},
 		&cli.StringFlag{Name: "listen", Value: fanout.DefaultListen, Usage: "address for client connections", EnvVars: env("LISTEN")},
-		&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz and /readyz (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
+		&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz, /readyz and the web console (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
 		&cli.StringFlag{Name: "advertise", Usage: "host:port clients are told to use for this daemon (default: hostname and the listen port)", EnvVars: env("ADVERTISE")},
 		&cli.StringFlag{Name: "node-id", Usage: "this daemon's id in the cluster; the highest id is elected first (default: hostname-RANDOM)", EnvVars: env("NODE_ID")},
 		&cli.DurationFlag{Name: "ack-timeout", Value: fanout.DefaultAckTimeout, Usage: "redeliver a message not acked within this time", EnvVars: env("ACK_TIMEOUT")},

@@ -22,7 +22,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
-	"github.com/nanoservice/core-fanout/fanout/metrics"
+	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
@@ -58,81 +58,6 @@ func statusCommand() *cli.Command {
 		Action:       statusAction,
 		OnUsageError: commandUsageError,
 	}
-}
-
-// clusterStatus is what fanout status reports.
-type clusterStatus struct {
-	ID             string            `json:"id"`
-	Topic          string            `json:"topic"`
-	HeartbeatTopic string            `json:"heartbeat_topic"`
-	Mode           string            `json:"mode,omitempty"` // the leader's --assignment; "" when unknown
-	Leader         *leaderStatus     `json:"leader"`         // nil: no leader recorded
-	Members        []memberStatus    `json:"members"`
-	Partitions     []partitionStatus `json:"partitions"`
-	TotalLag       int64             `json:"total_lag"` // over the partitions with a committed offset
-
-	// Spread mode: the leader's assignment (nil when none was heard) and
-	// the partitions whose ownership record does not name, live, the
-	// member the assignment gives them.
-	Assignment *assignmentStatus `json:"assignment,omitempty"`
-	Handoffs   []handoffStatus   `json:"handoffs,omitempty"`
-	// Unauthenticated counts the heartbeat records of the window ignored
-	// for want of a valid MAC (with --cluster-secret-file only).
-	Unauthenticated int `json:"unauthenticated_heartbeats,omitempty"`
-}
-
-// assignmentStatus is the assignment the leader last published.
-type assignmentStatus struct {
-	Epoch      uint64             `json:"epoch"`
-	Generation uint64             `json:"generation"`
-	Members    []assignedToMember `json:"members"`
-}
-
-// assignedToMember is one member of the assignment: the partitions it is
-// assigned, those its live ownership records give it, and the lag of the
-// partitions assigned to it (those with a committed offset).
-type assignedToMember struct {
-	NodeID     string  `json:"node_id"`
-	Addr       string  `json:"addr"`
-	Partitions []int32 `json:"partitions"`
-	Owned      []int32 `json:"owned"`
-	Lag        int64   `json:"lag"`
-}
-
-// handoffStatus is a partition on its way to the member assigned it.
-type handoffStatus struct {
-	Partition int32  `json:"partition"`
-	From      string `json:"from"` // the member its record names; "" when released or never reserved
-	To        string `json:"to"`   // the member the assignment gives it
-	State     string `json:"state"`
-}
-
-// leaderStatus is the leader record of the offset store.
-type leaderStatus struct {
-	Node  string `json:"node"`
-	Addr  string `json:"addr"`
-	Epoch uint64 `json:"epoch"`
-}
-
-// memberStatus is a member's last heartbeat within the window.
-type memberStatus struct {
-	NodeID   string    `json:"node_id"`
-	Addr     string    `json:"addr"`
-	Role     string    `json:"role"`
-	Epoch    uint64    `json:"epoch"`
-	LastSeen time.Time `json:"last_seen"`
-	Mode     string    `json:"mode"`
-}
-
-// partitionStatus is one partition's offsets; Committed and Lag are nil
-// when the offset store holds no offset for it. Owner is, in spread mode,
-// the live owner its ownership record names ("" when none).
-type partitionStatus struct {
-	Partition     int32  `json:"partition"`
-	Committed     *int64 `json:"committed"`
-	HighWatermark int64  `json:"high_watermark"`
-	Lag           *int64 `json:"lag"`
-	Owner         string `json:"owner,omitempty"`
 }
 
 func statusAction(c *cli.Context) error {
@@ -177,20 +102,15 @@ func statusAction(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
-			return fmt.Errorf("write status: %w", err)
-		}
-		return nil
+		return status.Encode(c.App.Writer, st)
 	}
 	return writeStatus(c.App.Writer, st, time.Now())
 }
 
 // readStatus gathers the status of the cluster opts names. Data the store
 // or Kafka does not hold yet is left empty; unreachable servers are errors.
-func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, now time.Time) (*clusterStatus, error) {
-	st := &clusterStatus{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic)}
+func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, now time.Time) (*status.Status, error) {
+	st := &status.Status{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic)}
 
 	// ZooKeeper first: its client gives up when ctx ends; sarama's retries
 	// are bounded by its configuration.
@@ -225,16 +145,11 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		if err != nil {
 			return nil, fmt.Errorf("high watermark of %s/%d: %w", opts.Topic, p, err)
 		}
-		ps := partitionStatus{Partition: p, HighWatermark: hw}
-		if o := owners[p]; o.Live {
-			ps.Owner = o.Owner
+		var off *int64
+		if o, ok := committed[p]; ok {
+			off = &o
 		}
-		if off, ok := committed[p]; ok {
-			lag := metrics.Lag(hw, off)
-			ps.Committed, ps.Lag = &off, &lag
-			st.TotalLag += lag
-		}
-		st.Partitions = append(st.Partitions, ps)
+		st.AddPartition(p, hw, off, "")
 	}
 	var assignment *cluster.Assignment
 	st.Members, assignment, st.Unauthenticated, err = readMembersMAC(ctx, client, st.HeartbeatTopic, now.Add(-window), st.Leader,
@@ -247,49 +162,8 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 			st.Mode = m.Mode
 		}
 	}
-	if assignment != nil {
-		st.Mode = cluster.ModeName(cluster.Mode_MODE_SPREAD)
-		st.Assignment, st.Handoffs = spreadStatus(assignment, owners, st.Partitions)
-	}
+	st.AddSpread(assignment, owners)
 	return st, nil
-}
-
-// spreadStatus returns the assignment with each member's owned partitions
-// and lag, and the partitions whose live owner is not the one assigned.
-func spreadStatus(a *cluster.Assignment, owners map[int32]zkstore.OwnerState, parts []partitionStatus) (*assignmentStatus, []handoffStatus) {
-	lag := map[int32]int64{}
-	for _, p := range parts {
-		if p.Lag != nil {
-			lag[p.Partition] = *p.Lag
-		}
-	}
-	as := &assignmentStatus{Epoch: a.Epoch, Generation: a.Generation}
-	var handoffs []handoffStatus
-	for _, o := range a.Owners {
-		m := assignedToMember{NodeID: o.NodeID, Addr: o.Addr, Partitions: o.Partitions, Owned: []int32{}}
-		for _, p := range o.Partitions {
-			m.Lag += lag[p]
-			rec, ok := owners[p]
-			switch {
-			case ok && rec.Live && rec.Owner == o.NodeID:
-				m.Owned = append(m.Owned, p)
-				continue
-			case !ok:
-				handoffs = append(handoffs, handoffStatus{Partition: p, To: o.NodeID, State: "never reserved: waiting for " + o.NodeID})
-			case rec.Owner == "":
-				handoffs = append(handoffs, handoffStatus{Partition: p, To: o.NodeID, State: "released: waiting for " + o.NodeID})
-			case rec.Live:
-				handoffs = append(handoffs, handoffStatus{Partition: p, From: rec.Owner, To: o.NodeID,
-					State: "held by " + rec.Owner + ": handing over"})
-			default:
-				handoffs = append(handoffs, handoffStatus{Partition: p, From: rec.Owner, To: o.NodeID,
-					State: rec.Owner + "'s session is gone: waiting for " + o.NodeID})
-			}
-		}
-		as.Members = append(as.Members, m)
-	}
-	slices.SortFunc(handoffs, func(a, b handoffStatus) int { return int(a.Partition - b.Partition) })
-	return as, handoffs
 }
 
 // statusClient returns a Kafka client for the tools (status, offsets): the
@@ -310,7 +184,7 @@ func statusClient(opts fanout.Options) (sarama.Client, error) {
 
 // readZooKeeperStore reads the leader record, the committed offsets and
 // the ownership records (spread mode) in ZooKeeper.
-func readZooKeeperStore(ctx context.Context, opts fanout.Options) (*leaderStatus, map[int32]int64, map[int32]zkstore.OwnerState, error) {
+func readZooKeeperStore(ctx context.Context, opts fanout.Options) (*status.Leader, map[int32]int64, map[int32]zkstore.OwnerState, error) {
 	conn, chroot, err := toolZooKeeper(ctx, opts)
 	if err != nil {
 		return nil, nil, nil, err
@@ -349,19 +223,19 @@ func toolZooKeeper(ctx context.Context, opts fanout.Options) (*zk.Conn, string, 
 
 // readKafkaStore reads the leader record (the group's member) and the
 // committed offsets of the consumer group fanout_<id>.
-func readKafkaStore(ctx context.Context, opts fanout.Options, client sarama.Client) (*leaderStatus, map[int32]int64, error) {
+func readKafkaStore(ctx context.Context, opts fanout.Options, client sarama.Client) (*status.Leader, map[int32]int64, error) {
 	store := kafkastore.New(client, opts.ID, opts.Topic, 0)
 	d, err := store.Describe(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("leader record: %w", err)
 	}
-	var leader *leaderStatus
+	var leader *status.Leader
 	h, ok, err := d.Holder()
 	if err != nil {
 		return nil, nil, fmt.Errorf("leader record: group %s: %w", store.Group(), err)
 	}
 	if ok {
-		leader = &leaderStatus{Node: h.Leader.Node, Addr: h.Leader.Addr, Epoch: h.Leader.Epoch}
+		leader = &status.Leader{Node: h.Leader.Node, Addr: h.Leader.Addr, Epoch: h.Leader.Epoch}
 	}
 	committed, err := store.Load(ctx)
 	if err != nil {
@@ -372,7 +246,7 @@ func readKafkaStore(ctx context.Context, opts fanout.Options, client sarama.Clie
 
 // readLeader returns the leader record at path, or nil when there is none
 // (no znode, or epoch 0: created, never won).
-func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
+func readLeader(conn *zk.Conn, path string) (*status.Leader, error) {
 	data, _, err := conn.Get(path)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
@@ -380,7 +254,7 @@ func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("leader record %s: %w", path, err)
 	}
-	var rec leaderStatus
+	var rec status.Leader
 	if len(data) > 0 {
 		if err := json.Unmarshal(data, &rec); err != nil {
 			return nil, fmt.Errorf("leader record %s holds %q: %w", path, data, err)
@@ -398,7 +272,7 @@ func readLeader(conn *zk.Conn, path string) (*leaderStatus, error) {
 // heartbeats are not authenticated, the leader record says who leads). A
 // missing topic means no members.
 func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time,
-	leader *leaderStatus) ([]memberStatus, *cluster.Assignment, error) {
+	leader *status.Leader) ([]status.Member, *cluster.Assignment, error) {
 	members, assignment, _, err := readMembersMAC(ctx, client, topic, from, leader, nil)
 	return members, assignment, err
 }
@@ -407,7 +281,7 @@ func readMembers(ctx context.Context, client sarama.Client, topic string, from t
 // with secret (all of them without one, as readMembers); it also returns
 // how many it ignored.
 func readMembersMAC(ctx context.Context, client sarama.Client, topic string, from time.Time,
-	leader *leaderStatus, secret []byte) (_ []memberStatus, _ *cluster.Assignment, ignored int, _ error) {
+	leader *status.Leader, secret []byte) (_ []status.Member, _ *cluster.Assignment, ignored int, _ error) {
 	if _, err := client.Partitions(topic); errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 		return nil, nil, 0, nil
 	} else if err != nil {
@@ -435,7 +309,7 @@ func readMembersMAC(ctx context.Context, client sarama.Client, topic string, fro
 	}
 	defer pc.AsyncClose()
 
-	last := map[string]memberStatus{}
+	last := map[string]status.Member{}
 	var assignment *cluster.Assignment
 	for next := start; next < end; {
 		select {
@@ -457,8 +331,8 @@ func readMembersMAC(ctx context.Context, client sarama.Client, topic string, fro
 				delete(last, hb.GetNodeId())
 				continue
 			}
-			last[hb.GetNodeId()] = memberStatus{
-				NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: roleName(hb.GetRole()),
+			last[hb.GetNodeId()] = status.Member{
+				NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: status.RoleName(hb.GetRole()),
 				Epoch: hb.GetEpoch(), LastSeen: m.Timestamp, Mode: cluster.ModeName(hb.GetMode()),
 			}
 			if leader != nil && hb.GetNodeId() == leader.Node && hb.GetEpoch() == leader.Epoch &&
@@ -469,21 +343,16 @@ func readMembersMAC(ctx context.Context, client sarama.Client, topic string, fro
 			}
 		}
 	}
-	out := make([]memberStatus, 0, len(last))
+	out := make([]status.Member, 0, len(last))
 	for _, m := range last {
 		out = append(out, m)
 	}
-	slices.SortFunc(out, func(a, b memberStatus) int { return strings.Compare(a.NodeID, b.NodeID) })
+	slices.SortFunc(out, func(a, b status.Member) int { return strings.Compare(a.NodeID, b.NodeID) })
 	return out, assignment, ignored, nil
 }
 
-// roleName is a Role in lower case without its prefix: "leader".
-func roleName(r cluster.Role) string {
-	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
-}
-
 // writeStatus prints st as aligned tables; ages are relative to now.
-func writeStatus(w io.Writer, st *clusterStatus, now time.Time) error {
+func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "cluster\t%s (id %s, topic %s)\n", st.HeartbeatTopic, st.ID, st.Topic)
 	fmt.Fprintf(tw, "mode\t%s\n", orUnknown(st.Mode))

@@ -15,6 +15,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
@@ -23,19 +24,19 @@ func TestWriteStatus(t *testing.T) {
 	i64 := func(v int64) *int64 { return &v }
 	tests := []struct {
 		name string
-		st   clusterStatus
+		st   status.Status
 		want string
 	}{
 		{
 			name: "leader, two members, one partition without offset",
-			st: clusterStatus{
+			st: status.Status{
 				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "leader",
-				Leader: &leaderStatus{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
-				Members: []memberStatus{
+				Leader: &status.Leader{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
+				Members: []status.Member{
 					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-400 * time.Millisecond)},
 					{NodeID: "node-b", Addr: "10.0.0.2:4987", Role: "leader", Epoch: 3, LastSeen: now.Add(-1200 * time.Millisecond)},
 				},
-				Partitions: []partitionStatus{
+				Partitions: []status.Partition{
 					{Partition: 0, Committed: i64(1200), HighWatermark: 1250, Lag: i64(50)},
 					{Partition: 1, HighWatermark: 7},
 				},
@@ -57,9 +58,9 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG
 		},
 		{
 			name: "nothing in ZooKeeper, no heartbeats",
-			st: clusterStatus{
+			st: status.Status{
 				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-				Partitions: []partitionStatus{{Partition: 0, HighWatermark: 0}},
+				Partitions: []status.Partition{{Partition: 0, HighWatermark: 0}},
 			},
 			want: `cluster  fanout_svc_t (id svc, topic t)
 mode     unknown
@@ -82,34 +83,6 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG
 			}
 			if got := buf.String(); got != tt.want {
 				t.Errorf("writeStatus:\n%s\nwant:\n%s", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestStatusJSON(t *testing.T) {
-	tests := []struct {
-		name string
-		st   clusterStatus
-		want string
-	}{
-		{"none is null", clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-			Partitions: []partitionStatus{{Partition: 0, HighWatermark: 5}}},
-			`{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":null,"members":null,` +
-				`"partitions":[{"partition":0,"committed":null,"high_watermark":5,"lag":null}],"total_lag":0}`},
-		{"leader", clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
-			Leader: &leaderStatus{Node: "a", Addr: "h:1", Epoch: 2}},
-			`{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":{"node":"a","addr":"h:1","epoch":2},` +
-				`"members":null,"partitions":null,"total_lag":0}`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			b, err := json.Marshal(tt.st)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := string(b); got != tt.want {
-				t.Errorf("JSON:\n%s\nwant:\n%s", got, tt.want)
 			}
 		})
 	}
@@ -153,18 +126,15 @@ func TestSpreadStatus(t *testing.T) {
 		4: {OwnerRecord: zkstore.OwnerRecord{Owner: ""}},       // released
 		5: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-c"}}, // crashed
 	}
-	parts := []partitionStatus{
-		{Partition: 0, Committed: i64(10), HighWatermark: 12, Lag: i64(2), Owner: "node-a"},
-		{Partition: 1, Committed: i64(10), HighWatermark: 10, Lag: i64(0), Owner: "node-a"},
-		{Partition: 2, Committed: i64(5), HighWatermark: 10, Lag: i64(5), Owner: "node-b"},
-		{Partition: 3, Committed: i64(1), HighWatermark: 4, Lag: i64(3), Owner: "node-b"},
-		{Partition: 4, HighWatermark: 7},
-		{Partition: 5, Committed: i64(0), HighWatermark: 1, Lag: i64(1)},
-	}
-	as, handoffs := spreadStatus(a, owners, parts)
-	st := clusterStatus{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "spread",
-		Leader: &leaderStatus{Node: "node-b", Addr: "h:2", Epoch: 4}, Partitions: parts, TotalLag: 11,
-		Assignment: as, Handoffs: handoffs}
+	st := status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
+		Leader: &status.Leader{Node: "node-b", Addr: "h:2", Epoch: 4}}
+	st.AddPartition(0, 12, i64(10), "")
+	st.AddPartition(1, 10, i64(10), "")
+	st.AddPartition(2, 10, i64(5), "")
+	st.AddPartition(3, 4, i64(1), "")
+	st.AddPartition(4, 7, nil, "")
+	st.AddPartition(5, 1, i64(0), "")
+	st.AddSpread(a, owners)
 	var buf bytes.Buffer
 	if err := writeStatus(&buf, &st, time.Now()); err != nil {
 		t.Fatal(err)
@@ -246,11 +216,11 @@ func TestStatusKafkaOffsetStore(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit code %d:\n%s", code, errOut)
 	}
-	var st clusterStatus
+	var st status.Status
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}
-	if st.Leader == nil || *st.Leader != (leaderStatus{Node: "node-b", Addr: "b:4987", Epoch: 3}) {
+	if st.Leader == nil || *st.Leader != (status.Leader{Node: "node-b", Addr: "b:4987", Epoch: 3}) {
 		t.Errorf("leader %+v, want node-b at b:4987 in epoch 3", st.Leader)
 	}
 	if len(st.Partitions) != 2 || st.Partitions[0].Committed != nil || st.Partitions[1].Committed == nil || *st.Partitions[1].Committed != 0 {
@@ -300,7 +270,7 @@ func TestStatusIgnoresHeartbeatsWithoutAValidMAC(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit code %d:\n%s", code, errOut)
 	}
-	var st clusterStatus
+	var st status.Status
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}

@@ -353,7 +353,12 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 		t.Errorf("a: Failovers() = %d, want 1", a.e.Failovers())
 	}
 
-	// b resigns: a takes over well before the timeout.
+	// b resigns: a takes over well before the timeout. b's term reaches
+	// its Terms channel after its Leadership says so: wait for it.
+	testutil.WaitFor(t, 10*time.Second, "b's term of epoch 2", func() bool {
+		term := b.lastTerm()
+		return term != nil && term.Epoch == 2
+	})
 	bTerm := b.lastTerm()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

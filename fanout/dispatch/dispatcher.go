@@ -120,7 +120,9 @@ const (
 	reqAck
 	reqNack
 	reqTouch
+	reqSettle
 	reqStats
+	reqClients
 	reqObserve
 	reqAssign
 	reqRevoke
@@ -132,12 +134,15 @@ type request struct {
 	kind   reqKind
 	id     uint64
 	ids    []uint64
+	op     Op      // reqSettle
+	ranges []Range // reqSettle
 	name   string
 	max    int
 	sink   ClientSink
 	reason LeaveReason
 	reply  chan Stats
-	nack   NackInfo // reqNack
+	list   chan []ClientStats // the answer to reqClients
+	nack   NackInfo           // reqNack
 
 	part    int32             // reqAssign, reqRevoke, reqDrop
 	cond    offsets.Condition // reqAssign
@@ -216,9 +221,19 @@ func (d *Dispatcher) Observe(id uint64, name string, sink ClientSink) {
 // Touch implements Backend.
 func (d *Dispatcher) Touch(id uint64, ids []uint64) { d.sendIDs(reqTouch, id, ids) }
 
+// Settle implements Backend.
+func (d *Dispatcher) Settle(id uint64, op Op, ranges []Range, how NackInfo) {
+	for len(ranges) > 0 {
+		n := min(len(ranges), maxRequestIDs)
+		d.send(request{kind: reqSettle, id: id, op: op, ranges: ranges[:n:n], nack: how})
+		ranges = ranges[n:]
+	}
+}
+
 // Bounds of the request queue: at most reqQueue requests wait, each naming
-// at most maxRequestIDs delivery ids, so the ids waiting in the queue take
-// at most 8 MiB whatever the clients' in-flight limits.
+// at most maxRequestIDs delivery ids or ranges, so the ids and ranges
+// waiting in the queue take at most 16 MiB whatever the clients' in-flight
+// limits.
 const (
 	reqQueue      = 1024
 	maxRequestIDs = 1024
@@ -320,20 +335,36 @@ func errDropped(p int32) error {
 // or ctx ends first.
 func (d *Dispatcher) Stats(ctx context.Context) (Stats, bool) {
 	reply := make(chan Stats, 1)
+	return call(ctx, d, request{kind: reqStats, reply: reply}, reply)
+}
+
+// Clients returns a snapshot of every joined client and observer, in no
+// particular order, or false once Run has returned or ctx ends first. Like
+// Stats it is one request, answered between deliveries; the per-client
+// counters it reads are added to once per ack request, not per message.
+func (d *Dispatcher) Clients(ctx context.Context) ([]ClientStats, bool) {
+	reply := make(chan []ClientStats, 1)
+	return call(ctx, d, request{kind: reqClients, list: reply}, reply)
+}
+
+// call queues r and waits for its answer on reply (capacity 1), or returns
+// false once Run has returned or ctx ends first.
+func call[T any](ctx context.Context, d *Dispatcher, r request, reply <-chan T) (T, bool) {
+	var zero T
 	select {
-	case d.reqs <- request{kind: reqStats, reply: reply}:
+	case d.reqs <- r:
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 	select {
-	case st := <-reply:
-		return st, true
+	case v := <-reply:
+		return v, true
 	case <-d.done:
-		return Stats{}, false
+		return zero, false
 	case <-ctx.Done():
-		return Stats{}, false
+		return zero, false
 	}
 }
 
@@ -601,10 +632,14 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 		s.nack(r.id, r.ids, r.nack, now)
 	case reqTouch:
 		s.touch(r.id, r.ids, now)
+	case reqSettle:
+		s.settle(r.id, r.op, nil, r.ranges, r.nack, now)
 	case reqStats:
 		st := s.snapshot()
 		cm.report(&st)
 		r.reply <- st
+	case reqClients:
+		r.list <- s.clientStats()
 	case reqAssign:
 		if s.parts == nil {
 			d.log.WithField("partition", r.part).Error("Assign on a dispatcher that serves every partition: ignored")

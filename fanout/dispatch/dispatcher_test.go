@@ -186,6 +186,33 @@ func TestRunDeliversAcksAndCommits(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "commit of 8", func() bool { return h.store.get()[0] == 8 })
 }
 
+// Settle takes ranges of ids through the request queue: acks of a whole
+// batch in one call commit it.
+func TestRunSettlesRanges(t *testing.T) {
+	h := start(t, Config{})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 0, Start: 5}
+	h.src.ch <- batch(0, 5, 10)
+	var got []Delivery
+	for range 5 {
+		got = append(got, k.next(t))
+	}
+	h.d.Settle(1, OpTouch, []Range{{got[0].ID, 5}}, NackInfo{})
+	h.d.Settle(1, OpAck, []Range{{got[0].ID, 2}, {got[3].ID, 2}}, NackInfo{})
+	testutil.WaitFor(t, 5*time.Second, "commit of 7", func() bool { return h.store.get()[0] == 7 })
+	h.d.Settle(1, OpNack, []Range{{got[2].ID, 1}}, NackInfo{})
+	again := k.next(t)
+	if again.Msg.Offset != 7 || again.Attempt != 2 {
+		t.Fatalf("after a nack by range: offset %d attempt %d", again.Msg.Offset, again.Attempt)
+	}
+	h.d.Settle(1, OpAck, []Range{{again.ID, 1}}, NackInfo{})
+	testutil.WaitFor(t, 5*time.Second, "commit of 10", func() bool { return h.store.get()[0] == 10 })
+	if st := h.stats(t); st.Acked != 5 || st.Nacked != 1 || st.UnknownAcks != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestRunRedeliversAfterAckTimeout(t *testing.T) {
 	h := start(t, Config{AckTimeout: 50 * time.Millisecond})
 	a, b := newChanSink(), newChanSink()
@@ -502,6 +529,27 @@ func TestIDRequestsBounded(t *testing.T) {
 	if r := <-d.reqs; cap(r.ids) != len(r.ids) {
 		t.Errorf("request ids of len %d have cap %d", len(r.ids), cap(r.ids))
 	}
+	<-d.reqs
+	// Ranges likewise, at most maxRequestIDs a request.
+	ranges := make([]Range, 2*maxRequestIDs+1)
+	for i := range ranges {
+		ranges[i] = Range{First: uint64(i) << 20, Count: 1 << 19}
+	}
+	d.Settle(7, OpTouch, ranges, NackInfo{})
+	if got := len(d.reqs); got != 3 {
+		t.Fatalf("%d requests queued for %d ranges, want 3", got, len(ranges))
+	}
+	var all []Range
+	for range 3 {
+		r := <-d.reqs
+		if r.kind != reqSettle || r.op != OpTouch || len(r.ranges) > maxRequestIDs || cap(r.ranges) != len(r.ranges) {
+			t.Fatalf("request %v with %d ranges (cap %d)", r.kind, len(r.ranges), cap(r.ranges))
+		}
+		all = append(all, r.ranges...)
+	}
+	if !slices.Equal(all, ranges) {
+		t.Fatal("ranges reordered or lost")
+	}
 }
 
 // The committer of an abandoned term whose commit was hanging cannot write
@@ -595,6 +643,34 @@ func TestRunStopsWhenACommitHangs(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run went on while a commit hung")
+	}
+}
+
+// Clients is a request answered by the running dispatcher, and false once
+// Run has returned.
+func TestRunClients(t *testing.T) {
+	h := start(t, Config{})
+	k := newChanSink()
+	h.d.Join(7, "worker", 5, k)
+	h.src.ch <- batch(0, 0, 2)
+	d0, d1 := k.next(t), k.next(t)
+	h.d.Ack(7, []uint64{d0.ID})
+	var got []ClientStats
+	testutil.WaitFor(t, 5*time.Second, "one ack counted for the client", func() bool {
+		var ok bool
+		got, ok = h.d.Clients(context.Background())
+		return ok && len(got) == 1 && got[0].Acked == 1
+	})
+	if want := (ClientStats{ID: 7, Name: "worker", InFlight: 1, MaxInFlight: 5, Acked: 1, Weight: 100}); got[0] != want {
+		t.Errorf("Clients() = %+v, want %+v", got[0], want)
+	}
+	h.d.Ack(7, []uint64{d1.ID})
+	h.cancel()
+	if err := <-h.done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, ok := h.d.Clients(context.Background()); ok {
+		t.Error("Clients answered after Run returned")
 	}
 }
 

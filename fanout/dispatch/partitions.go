@@ -91,7 +91,7 @@ func (s *state) revokeStart(p int32, deadline time.Time, reply chan<- revokeRepl
 	dropped := s.dropBuffered(p)
 	n := 0
 	for _, f := range s.flights.slots {
-		if f.id != 0 && f.msg.Partition == p {
+		if f != nil && f.msg.Partition == p {
 			n++
 		}
 	}
@@ -169,10 +169,10 @@ func (s *state) dropBuffered(p int32) int {
 func (s *state) dropFlights(p int32) int {
 	n := 0
 	for _, f := range s.flights.slots {
-		if f.id == 0 || f.msg.Partition != p {
+		if f == nil || f.msg.Partition != p {
 			continue
 		}
-		s.heap.remove(f)
+		s.deadlines.remove(f)
 		c, m := f.client, f.msg
 		s.unlink(f)
 		s.recycle(f)

@@ -19,6 +19,20 @@ func (r *recDeadLetter) Stored() <-chan []*Message { return nil }
 
 func last(k *recSink) Delivery { return k.got[len(k.got)-1] }
 
+// keysBatch returns a batch of partition 0 from offset 0, a message per
+// key ("" for a message without one).
+func keysBatch(keys ...string) Batch {
+	b := Batch{Partition: 0, Start: -1}
+	for i, k := range keys {
+		m := &Message{Partition: 0, Offset: int64(i), Value: []byte{1}}
+		if k != "" {
+			m.Key = []byte(k)
+		}
+		b.Messages = append(b.Messages, m)
+	}
+	return b
+}
+
 // A nack with a delay parks the message in the delay heap: it is not
 // delivered before the delay is over, counts as buffered and delayed, holds
 // the committed offset, and is the next deadline of the dispatcher's timer.
@@ -220,16 +234,7 @@ func TestRestoredProgress(t *testing.T) {
 func TestKeyOrderingOneAtATime(t *testing.T) {
 	s, sinks := setup(10, 10)
 	s.keys = map[uint64]keyGate{}
-	keys := []string{"a", "b", "a", "a", "", "b"}
-	b := Batch{Partition: 0, Start: -1}
-	for i, k := range keys {
-		m := &Message{Partition: 0, Offset: int64(i), Value: []byte{1}}
-		if k != "" {
-			m.Key = []byte(k)
-		}
-		b.Messages = append(b.Messages, m)
-	}
-	s.addBatch(b)
+	s.addBatch(keysBatch("a", "b", "a", "a", "", "b"))
 	s.dispatch(t0)
 	out := func() []int64 {
 		var all []int64

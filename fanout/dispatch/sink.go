@@ -10,6 +10,21 @@ type Delivery struct {
 	Msg     *Message
 }
 
+// Op is what a client does with deliveries it names.
+type Op uint8
+
+// Ops of Backend.Settle.
+const (
+	OpAck   Op = iota // processed: Ack
+	OpNack            // given back: Nack
+	OpTouch           // still in progress: Touch
+)
+
+// Range names the delivery ids First, First+1, ..., First+Count-1.
+type Range struct {
+	First, Count uint64
+}
+
 // ClientSink is how the dispatcher reaches one connected client. Its methods
 // are called from the dispatcher's goroutine and must not block: they queue
 // work for the connection's own writer.
@@ -70,6 +85,12 @@ type Backend interface {
 	Nack(id uint64, deliveryIDs []uint64, how NackInfo)
 	// Touch restarts the ack timeout of deliveries.
 	Touch(id uint64, deliveryIDs []uint64)
+	// Settle acks, nacks (as how says) or touches (op) the deliveries named
+	// by ranges of consecutive ids, each range in one step: its cost is at
+	// most the smaller of its count and the deliveries the client holds.
+	// Ids in a range that name no delivery of the client are ignored and
+	// counted, as by Ack.
+	Settle(id uint64, op Op, ranges []Range, how NackInfo)
 	// Observe adds an observer: a client that receives a copy of every
 	// delivery made to the others (with ID 0), acks nothing and affects
 	// neither offsets nor credit. id is chosen like Join's; Leave removes it.

@@ -70,6 +70,18 @@ type Stats struct {
 	CommitFailingSince time.Time // first failed commit since the last success; zero after a success
 }
 
+// ClientStats is a snapshot of one joined client or observer, for the
+// console.
+type ClientStats struct {
+	ID          uint64 // the id the client joined with (the server's session id)
+	Name        string // the name it joined with (Hello.client_id)
+	InFlight    int    // its deliveries waiting for an ack
+	MaxInFlight int    // its in-flight limit
+	Acked       uint64 // its deliveries acked since it joined
+	Weight      int    // its share (WeightedSink; protocol.DefaultWeight when it gives none); 0 for an observer
+	Observer    bool   // it observes (Observe): copies of every delivery, no acks, no credit
+}
+
 // AttemptBuckets are the upper bounds of Stats.Attempts' buckets.
 var AttemptBuckets = [...]uint32{1, 2, 3, 5, 10, 25}
 
@@ -85,6 +97,7 @@ type client struct {
 	n       int     // deliveries in flight
 	first   *flight // oldest of its flights; a doubly linked list
 	last    *flight
+	acked   uint64     // deliveries acked, added once per ack request
 	inReady bool       // queued in state.ready
 	gone    bool       // left; dropped lazily from state.ready
 	out     []Delivery // deliveries of the current dispatch round
@@ -145,8 +158,8 @@ type state struct {
 	largest      int
 	largestStale bool
 
-	flights flightTable // outstanding deliveries by id
-	heap    deadlineHeap
+	flights   flightTable  // outstanding deliveries by id
+	deadlines deadlineList // outstanding deliveries by deadline
 
 	// parts holds, in per-partition mode, the partitions served; nil when
 	// every partition is (a term's dispatcher). revoking counts those being
@@ -328,7 +341,7 @@ func (s *state) leave(id uint64, now time.Time) {
 	}
 	for f := c.first; f != nil; {
 		next := f.next
-		s.heap.remove(f)
+		s.deadlines.remove(f)
 		s.requeue(f, RedeliverDisconnect, now, NackInfo{})
 		f = next
 	}
@@ -336,25 +349,95 @@ func (s *state) leave(id uint64, now time.Time) {
 }
 
 // ack completes deliveries of client id.
-func (s *state) ack(id uint64, ids []uint64) {
+func (s *state) ack(id uint64, ids []uint64) { s.settle(id, OpAck, ids, nil, NackInfo{}, time.Time{}) }
+
+// nack gives deliveries of client id back for another client, at once or
+// after the delay asked for; now is when.
+func (s *state) nack(id uint64, ids []uint64, how NackInfo, now time.Time) {
+	s.settle(id, OpNack, ids, nil, how, now)
+}
+
+// touch restarts the ack timeout of deliveries of client id.
+func (s *state) touch(id uint64, ids []uint64, now time.Time) {
+	s.settle(id, OpTouch, ids, nil, NackInfo{}, now)
+}
+
+// settle acks, nacks (as how says) or touches (op) the deliveries of client
+// id named by ids and by ranges; now is when. The ack counters are added to
+// once per request, not per delivery.
+func (s *state) settle(id uint64, op Op, ids []uint64, ranges []Range, how NackInfo, now time.Time) {
+	acked := uint64(0)
 	for _, did := range ids {
-		f := s.own(id, did)
-		if f == nil {
-			continue
+		if f := s.own(id, did); f != nil {
+			acked += s.settleFlight(op, f, how, now)
 		}
-		s.heap.remove(f)
-		c := f.client
+	}
+	for _, r := range ranges {
+		acked += s.settleRange(id, op, r, how, now)
+	}
+	if acked > 0 {
+		s.stats.Acked += acked
+		if c := s.clients[id]; c != nil {
+			c.acked += acked
+		}
+	}
+}
+
+// settleRange settles the deliveries of client id in r in one step: by
+// their ids when r names no more ids than the client holds, else by a walk
+// over the client's flights, so that its cost is at most what the client
+// holds, whatever r's count. It returns how many it acked.
+func (s *state) settleRange(id uint64, op Op, r Range, how NackInfo, now time.Time) uint64 {
+	acked := uint64(0)
+	c := s.clients[id]
+	if c == nil || r.Count > uint64(c.n) {
+		matched := uint64(0)
+		if c != nil {
+			for f := c.first; f != nil; {
+				next := f.next // f may leave the list
+				if f.id-r.First < r.Count {
+					matched++
+					acked += s.settleFlight(op, f, how, now)
+				}
+				f = next
+			}
+		}
+		s.stats.UnknownAcks += r.Count - matched
+		return acked
+	}
+	for k := range r.Count {
+		if f := s.own(id, r.First+k); f != nil {
+			acked += s.settleFlight(op, f, how, now)
+		}
+	}
+	return acked
+}
+
+// settleFlight acks, nacks or touches f; it returns 1 for an ack, else 0.
+func (s *state) settleFlight(op Op, f *flight, how NackInfo, now time.Time) uint64 {
+	switch op {
+	case OpAck:
+		s.deadlines.remove(f)
+		c, m := f.client, f.msg
 		s.unlink(f)
-		m := f.msg
 		s.tracker.AckIn(m.Partition, m.Offset, m.gen)
-		s.stats.Acked++
 		s.countAttempts(f.attempt)
 		s.recycle(f)
 		if m.keyHash != 0 {
 			s.keyDone(m)
 		}
 		s.makeReady(c)
+		return 1
+	case OpNack:
+		s.deadlines.remove(f)
+		c := f.client
+		s.stats.Nacked++
+		s.requeue(f, RedeliverNack, now, how)
+		s.makeReady(c)
+	case OpTouch:
+		s.deadlines.reset(f, now.Add(s.ackTimeout))
 	}
+	return 0
 }
 
 // countAttempts adds a message done after n deliveries to Stats.Attempts.
@@ -367,37 +450,11 @@ func (s *state) countAttempts(n uint32) {
 	s.stats.AttemptsSum += uint64(n)
 }
 
-// nack gives deliveries of client id back for another client, at once or
-// after the delay asked for; now is when.
-func (s *state) nack(id uint64, ids []uint64, how NackInfo, now time.Time) {
-	for _, did := range ids {
-		f := s.own(id, did)
-		if f == nil {
-			continue
-		}
-		s.heap.remove(f)
-		c := f.client
-		s.stats.Nacked++
-		s.requeue(f, RedeliverNack, now, how)
-		s.makeReady(c)
-	}
-}
-
-// touch restarts the ack timeout of deliveries of client id.
-func (s *state) touch(id uint64, ids []uint64, now time.Time) {
-	for _, did := range ids {
-		if f := s.own(id, did); f != nil {
-			f.deadline = now.Add(s.ackTimeout)
-			s.heap.fix(f)
-		}
-	}
-}
-
 // expire queues every delivery whose deadline is not after now for another
 // client, and every delayed redelivery whose delay is over.
 func (s *state) expire(now time.Time) {
-	for f := s.heap.peek(); f != nil && !f.deadline.After(now); f = s.heap.peek() {
-		s.heap.remove(f)
+	for f := s.deadlines.peek(); f != nil && !f.deadline.After(now); f = s.deadlines.peek() {
+		s.deadlines.remove(f)
 		c := f.client
 		s.requeue(f, RedeliverTimeout, now, NackInfo{})
 		s.makeReady(c)
@@ -413,7 +470,7 @@ func (s *state) expire(now time.Time) {
 // for it.
 func (s *state) nextDeadline() (time.Time, bool) {
 	var next time.Time
-	if f := s.heap.peek(); f != nil {
+	if f := s.deadlines.peek(); f != nil {
 		next = f.deadline
 	}
 	if len(s.delays) > 0 && (next.IsZero() || s.delays[0].due.Before(next)) {
@@ -619,6 +676,7 @@ func (s *state) dispatch(now time.Time) {
 	for _, c := range s.touched {
 		c.touched = false
 		if !c.gone {
+			s.number(c)
 			c.sink.Send(c.out)
 		}
 		c.out = nil
@@ -626,6 +684,21 @@ func (s *state) dispatch(now time.Time) {
 	s.touched = s.touched[:0]
 	if len(s.observers) > 0 {
 		s.sendObservers()
+	}
+}
+
+// number gives the flights of c's deliveries of this round, the last of its
+// list, their ids: consecutive ones (but where a slot is taken), so that c
+// can name them as a range.
+func (s *state) number(c *client) {
+	f := c.last
+	for range len(c.out) - 1 {
+		f = f.prev
+	}
+	for i := range c.out {
+		s.flights.insert(f)
+		c.out[i].ID = f.id
+		f = f.next
 	}
 }
 
@@ -646,7 +719,8 @@ func (s *state) give(c *client, msg *Message, deadline time.Time) {
 }
 
 // deliver records a flight of msg to c and queues the delivery, and its
-// copy for every observer.
+// copy for every observer; the flight gets its id at the end of the round
+// (number).
 func (s *state) deliver(c *client, msg *Message, deadline time.Time) {
 	attempt := msg.failed + 1
 	f := s.flights.take()
@@ -658,12 +732,16 @@ func (s *state) deliver(c *client, msg *Message, deadline time.Time) {
 	}
 	c.last = f
 	c.n++
-	s.heap.push(f)
+	s.deadlines.push(f)
 	if !c.touched {
 		c.touched = true
 		s.touched = append(s.touched, c)
+		// One allocation per client and round, mostly: what it has room
+		// for, or its round-robin share of what is buffered (msg is
+		// already taken out of both).
+		c.out = make([]Delivery, 0, min(c.max-c.n, s.buffered()/max(s.ready.len(), 1)+1)+1)
 	}
-	c.out = append(c.out, Delivery{ID: f.id, Attempt: attempt, Msg: msg})
+	c.out = append(c.out, Delivery{Attempt: attempt, Msg: msg})
 	for _, o := range s.observers {
 		o.out = append(o.out, Delivery{Attempt: attempt, Msg: msg})
 	}
@@ -708,4 +786,19 @@ func (s *state) snapshot() Stats {
 		}
 	}
 	return st
+}
+
+// clientStats returns a snapshot of every joined client and observer, in no
+// particular order (sorting is the caller's business, off the dispatcher's
+// goroutine).
+func (s *state) clientStats() []ClientStats {
+	out := make([]ClientStats, 0, len(s.clients)+len(s.observers))
+	for _, c := range s.clients {
+		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked,
+			Weight: int(c.weight)})
+	}
+	for _, o := range s.observers {
+		out = append(out, ClientStats{ID: o.id, Name: o.name, Observer: true})
+	}
+	return out
 }

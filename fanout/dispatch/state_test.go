@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"testing"
@@ -311,12 +312,14 @@ func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 }
 
 // BenchmarkDispatchAck measures one message through the dispatcher's state:
-// received, delivered round-robin to 4 clients, acked.
+// received, delivered round-robin to 4 clients, acked (by ids, or by one
+// range per client and round as batch clients do).
 func BenchmarkDispatchAck(b *testing.B) {
 	b.Run("sizes=none", func(b *testing.B) { benchDispatchAck(b, benchOpts{}) })
 	// Clients announce a frame limit and every message has a frame size,
 	// as in the daemon.
 	b.Run("sizes=limited", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true}) })
+	b.Run("sizes=limited/acks=ranges", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, ranges: true}) })
 	// The delivery policies' hot paths: smooth weighted round-robin (one
 	// client of another weight), key gating with a key per message (many
 	// keys, each free) and with 8 keys (most messages wait behind their
@@ -329,7 +332,8 @@ func BenchmarkDispatchAck(b *testing.B) {
 
 type benchOpts struct {
 	sized, weighted, observer bool
-	keys                      int // key ordering over this many keys; 0: off
+	ranges                    bool // acks by ranges, as batch clients send them
+	keys                      int  // key ordering over this many keys; 0: off
 }
 
 // weightedDiscardSink is a discarding client of weight w.
@@ -341,7 +345,7 @@ type weightedDiscardSink struct {
 func (w weightedDiscardSink) Weight() int { return w.w }
 
 func benchDispatchAck(b *testing.B, o benchOpts) {
-	const clients, batchSize = 4, 64
+	const clients, batchSize = 4, 256
 	s := newState(timeout)
 	if o.sized {
 		s.frameSize = func(m *Message) int { return 64 + m.Size() }
@@ -369,6 +373,7 @@ func benchDispatchAck(b *testing.B, o benchOpts) {
 	for i := range msgs {
 		msgs[i] = &Message{Value: make([]byte, 100)}
 	}
+	var rs []Range
 	var keys [][]byte
 	if o.keys > 0 {
 		keys = make([][]byte, min(o.keys, 1<<16))
@@ -397,11 +402,28 @@ func benchDispatchAck(b *testing.B, o benchOpts) {
 		for s.buffered() > 0 {
 			s.dispatch(t0)
 			for j, k := range discards {
-				s.ack(uint64(j+1), k.ids)
+				if o.ranges {
+					rs = appendRanges(rs[:0], k.ids)
+					s.settle(uint64(j+1), OpAck, nil, rs, NackInfo{}, t0)
+				} else {
+					s.ack(uint64(j+1), k.ids)
+				}
 				k.ids = k.ids[:0]
 			}
 		}
 	}
+}
+
+// appendRanges appends the runs of consecutive ids as ranges.
+func appendRanges(rs []Range, ids []uint64) []Range {
+	for _, id := range ids {
+		if n := len(rs); n > 0 && rs[n-1].First+rs[n-1].Count == id {
+			rs[n-1].Count++
+			continue
+		}
+		rs = append(rs, Range{First: id, Count: 1})
+	}
+	return rs
 }
 
 // BenchmarkDelayHeap measures one delayed redelivery: a nack with a delay
@@ -447,39 +469,6 @@ func (d *discardSink) Send(ds []Delivery) {
 	}
 }
 func (d *discardSink) Goodbye(string) {}
-
-func TestFlightIDsAreNeverReused(t *testing.T) {
-	var tab flightTable
-	seen := map[uint64]bool{}
-	var live []*flight
-	for i := range 1000 {
-		f := tab.take()
-		if f.id == 0 || seen[f.id] {
-			t.Fatalf("take %d: id %#x is zero or was used before", i, f.id)
-		}
-		seen[f.id] = true
-		if tab.get(f.id) != f {
-			t.Fatalf("get(%#x) does not find the flight", f.id)
-		}
-		live = append(live, f)
-		if i%3 == 2 { // free two of every three: slots are reused
-			for _, g := range live[:2] {
-				id := g.id
-				tab.release(g)
-				if tab.get(id) != nil {
-					t.Fatalf("released id %#x still found", id)
-				}
-			}
-			live = live[2:]
-		}
-	}
-	if tab.live != len(live) || len(tab.slots) >= 1000 {
-		t.Fatalf("live %d (want %d), %d slots for 1000 takes", tab.live, len(live), len(tab.slots))
-	}
-	if tab.get(0) != nil || tab.get(1<<40) != nil {
-		t.Fatal("ids never issued are found")
-	}
-}
 
 // After a partition restarts lower (the log was truncated), an ack of a
 // delivery made before the restart does not count for the message that now
@@ -646,6 +635,43 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 	s.dispatch(t0)
 	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 1}) {
 		t.Fatalf("client got %v without FrameSize", got)
+	}
+}
+
+// Per-client counters: only the client's own acks of outstanding deliveries
+// count; nacks, unknown ids and another client's ids do not; a client that
+// leaves is gone from the snapshot; weights and observers are reported.
+func TestClientStats(t *testing.T) {
+	s, sinks := setup(4, 3)
+	s.addBatch(batch(0, 0, 6))
+	s.dispatch(t0)
+	a, b := ids(sinks[0].got), ids(sinks[1].got) // 3 each
+	s.ack(1, []uint64{a[0], a[1], b[0], 999})    // b[0] is not client 1's, 999 unknown
+	s.nack(2, []uint64{b[1]}, NackInfo{}, t0)
+	s.ack(2, []uint64{b[2]})
+	s.ack(2, []uint64{b[2]}) // again: no longer outstanding
+	got := s.clientStats()
+	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
+	want := []ClientStats{
+		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2, Weight: 100},
+		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("clientStats() = %+v, want %+v", got, want)
+	}
+	if st := s.snapshot(); st.Acked != 3 || st.UnknownAcks != 3 {
+		t.Errorf("Acked %d, UnknownAcks %d; want 3 and 3", st.Acked, st.UnknownAcks)
+	}
+	s.leave(1, t0)
+	if got := s.clientStats(); len(got) != 1 || got[0].ID != 2 {
+		t.Errorf("after client 1 left: %+v", got)
+	}
+	// An observer is listed, as such, with no weight or credit.
+	s.observe(9, "watch", &discardSink{})
+	got = s.clientStats()
+	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
+	if len(got) != 2 || got[1] != (ClientStats{ID: 9, Name: "watch", Observer: true}) {
+		t.Errorf("with an observer: %+v", got)
 	}
 }
 

@@ -77,6 +77,11 @@ type HandlerConfig struct {
 	// ("Authorization: Bearer <Token>"); /healthz and /readyz stay open
 	// for probes. A secret: it is never logged.
 	Token string
+	// Console, when set, serves the web console: its page and assets
+	// (anything not served above) open, as they hold no data, and what is
+	// under /api/ (the status document, with client names and addresses)
+	// behind Token like /metrics.
+	Console http.Handler
 }
 
 // Handler serves
@@ -85,6 +90,8 @@ type HandlerConfig struct {
 //	          with cfg.Token, 401 unless the request carries it as a bearer token
 //	/healthz  200 "ok" while the process runs
 //	/readyz   200 with the role, or 503 with the reason (see Ready)
+//	/api/     cfg.Console, behind cfg.Token like /metrics
+//	/         cfg.Console (the page and its assets), open
 func Handler(cfg HandlerConfig) http.Handler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -113,6 +120,10 @@ func Handler(cfg HandlerConfig) http.Handler {
 		}
 		fmt.Fprintln(w, reason)
 	})
+	if cfg.Console != nil {
+		mux.Handle("GET /api/", requireBearer(cfg.Token, cfg.Console))
+		mux.Handle("GET /", cfg.Console)
+	}
 	return mux
 }
 
@@ -129,7 +140,7 @@ func requireBearer(token string, h http.Handler) http.Handler {
 		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
 		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="fanout metrics"`)
-			http.Error(w, "metrics need a bearer token (--metrics-token-file or FANOUT_METRICS_TOKEN)", http.StatusUnauthorized)
+			http.Error(w, "this needs the metrics token as a bearer token (--metrics-token-file or FANOUT_METRICS_TOKEN)", http.StatusUnauthorized)
 			return
 		}
 		h.ServeHTTP(w, r)

@@ -22,9 +22,16 @@ package offsets
 //
 // A Tracker is not safe for concurrent use: the dispatcher's goroutine owns it.
 type Tracker struct {
-	parts    map[int32]*partition
+	// parts holds the partitions below maxDense by number (Kafka numbers
+	// a topic's partitions from 0), sparse the others: finding a
+	// partition costs an index, not a hash, on every receipt and ack.
+	parts    []*partition
+	sparse   map[int32]*partition
 	progress bool // TrackProgress: Dirty reports progress changes too
 }
+
+// maxDense bounds the partition numbers kept in Tracker.parts.
+const maxDense = 1 << 16
 
 type partition struct {
 	// pending holds received offsets not yet past the acked prefix, oldest
@@ -50,7 +57,44 @@ type entry struct {
 }
 
 // NewTracker returns an empty Tracker.
-func NewTracker() *Tracker { return &Tracker{parts: map[int32]*partition{}} }
+func NewTracker() *Tracker { return &Tracker{} }
+
+// get returns partition p, or nil when it is not tracked.
+func (t *Tracker) get(p int32) *partition {
+	if uint32(p) < uint32(len(t.parts)) {
+		return t.parts[p]
+	}
+	return t.sparse[p]
+}
+
+// add starts tracking p.
+func (t *Tracker) add(p int32) *partition {
+	pt := &partition{last: -1}
+	if p >= 0 && p < maxDense {
+		if int(p) >= len(t.parts) {
+			t.parts = append(t.parts, make([]*partition, int(p)+1-len(t.parts))...)
+		}
+		t.parts[p] = pt
+		return pt
+	}
+	if t.sparse == nil {
+		t.sparse = map[int32]*partition{}
+	}
+	t.sparse[p] = pt
+	return pt
+}
+
+// each calls fn for every tracked partition.
+func (t *Tracker) each(fn func(p int32, pt *partition)) {
+	for p, pt := range t.parts {
+		if pt != nil {
+			fn(int32(p), pt)
+		}
+	}
+	for p, pt := range t.sparse {
+		fn(p, pt)
+	}
+}
 
 // TrackProgress makes Dirty report the partitions whose Progress changed
 // too, for a store that keeps it (ProgressStore).
@@ -66,10 +110,9 @@ func (t *Tracker) TracksProgress() bool { return t.progress }
 // them, or R when there is none. Start returns how many outstanding offsets
 // it forgot.
 func (t *Tracker) Start(p int32, offset int64) int {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
-		pt = &partition{last: -1}
-		t.parts[p] = pt
+		pt = t.add(p)
 	}
 	forgot := 0
 	for pt.n > 0 && pt.at(pt.n-1).offset >= offset {
@@ -85,7 +128,7 @@ func (t *Tracker) Start(p int32, offset int64) int {
 // Gen returns the generation of partition p: how many times it was
 // started. Offsets received now belong to it.
 func (t *Tracker) Gen(p int32) uint32 {
-	if pt := t.parts[p]; pt != nil {
+	if pt := t.get(p); pt != nil {
 		return pt.gen
 	}
 	return 0
@@ -97,10 +140,10 @@ func (t *Tracker) Gen(p int32) uint32 {
 // the partition's start, is ignored and reported as false. A partition not
 // started is started at offset.
 func (t *Tracker) Received(p int32, offset int64) bool {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
 		t.Start(p, offset)
-		pt = t.parts[p]
+		pt = t.get(p)
 	}
 	if offset < pt.next || (pt.n > 0 && offset <= pt.at(pt.n-1).offset) {
 		return false
@@ -122,7 +165,7 @@ func (t *Tracker) Ack(p int32, offset int64) bool { return t.AckIn(p, offset, t.
 // outstanding: never received, already acked, forgotten by a Start at or
 // below it, or received again in another generation.
 func (t *Tracker) AckIn(p int32, offset int64, gen uint32) bool {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
 		return false
 	}
@@ -150,7 +193,7 @@ func (t *Tracker) AckIn(p int32, offset int64, gen uint32) bool {
 // Pending reports whether offset of partition p, received in generation
 // gen, is outstanding: received and neither acked nor forgotten.
 func (t *Tracker) Pending(p int32, offset int64, gen uint32) bool {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
 		return false
 	}
@@ -161,7 +204,7 @@ func (t *Tracker) Pending(p int32, offset int64, gen uint32) bool {
 // Committable returns the committable offset of partition p, and false if p
 // is not tracked.
 func (t *Tracker) Committable(p int32) (int64, bool) {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
 		return 0, false
 	}
@@ -171,7 +214,7 @@ func (t *Tracker) Committable(p int32) (int64, bool) {
 // Outstanding returns how many received offsets of p are not yet behind the
 // committable offset: the entries the tracker holds for p.
 func (t *Tracker) Outstanding(p int32) int {
-	if pt := t.parts[p]; pt != nil {
+	if pt := t.get(p); pt != nil {
 		return pt.n
 	}
 	return 0
@@ -179,10 +222,8 @@ func (t *Tracker) Outstanding(p int32) int {
 
 // OutstandingAll returns Outstanding of every tracked partition.
 func (t *Tracker) OutstandingAll() map[int32]int {
-	out := make(map[int32]int, len(t.parts))
-	for p, pt := range t.parts {
-		out[p] = pt.n
-	}
+	out := map[int32]int{}
+	t.each(func(p int32, pt *partition) { out[p] = pt.n })
 	return out
 }
 
@@ -190,7 +231,7 @@ func (t *Tracker) OutstandingAll() map[int32]int {
 // in generation gen, failed n deliveries so far, for Progress. It reports
 // false when the offset is not outstanding.
 func (t *Tracker) SetFailures(p int32, offset int64, gen uint32, n uint32) bool {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
 		return false
 	}
@@ -208,7 +249,7 @@ func (t *Tracker) SetFailures(p int32, offset int64, gen uint32, n uint32) bool 
 // all acked) and the failure counts of the unacked ones. At most
 // maxProgressRanges runs are returned, the lowest.
 func (t *Tracker) Progress(p int32) Progress {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
 		return Progress{Base: -1}
 	}
@@ -241,22 +282,22 @@ const maxProgressRanges = MaxProgressBytes / 4
 // changed, or nil when none did, and marks them reported.
 func (t *Tracker) Dirty() map[int32]int64 {
 	var out map[int32]int64
-	for p, pt := range t.parts {
+	t.each(func(p int32, pt *partition) {
 		if !pt.dirty && !pt.moved {
-			continue
+			return
 		}
 		moved := pt.moved
 		pt.dirty, pt.moved = false, false
 		c := pt.committable()
 		if c == pt.last && !moved {
-			continue
+			return
 		}
 		pt.last = c
 		if out == nil {
 			out = map[int32]int64{}
 		}
 		out[p] = c
-	}
+	})
 	return out
 }
 
@@ -264,7 +305,7 @@ func (t *Tracker) Dirty() map[int32]int64 {
 // not tracked, and marks it reported, so that Dirty does not return it
 // again until it changes.
 func (t *Tracker) Report(p int32) (int64, bool) {
-	pt := t.parts[p]
+	pt := t.get(p)
 	if pt == nil {
 		return 0, false
 	}
@@ -275,10 +316,8 @@ func (t *Tracker) Report(p int32) (int64, bool) {
 
 // All returns the committable offset of every tracked partition.
 func (t *Tracker) All() map[int32]int64 {
-	out := make(map[int32]int64, len(t.parts))
-	for p, pt := range t.parts {
-		out[p] = pt.committable()
-	}
+	out := map[int32]int64{}
+	t.each(func(p int32, pt *partition) { out[p] = pt.committable() })
 	return out
 }
 
@@ -291,8 +330,18 @@ func (pt *partition) committable() int64 {
 
 // find returns the index of the pending entry of offset received in
 // generation gen. Pending offsets are increasing, so a binary search finds
-// the one entry of offset, whose generation must match.
+// the one entry of offset, whose generation must match. Offsets are mostly
+// consecutive (gaps come from compaction and transaction markers), so the
+// entry is first looked for where it would be without gaps.
 func (pt *partition) find(offset int64, gen uint32) (int, bool) {
+	if pt.n == 0 {
+		return 0, false
+	}
+	if d := uint64(offset - pt.at(0).offset); d < uint64(pt.n) {
+		if e := pt.at(int(d)); e.offset == offset {
+			return int(d), e.gen == gen
+		}
+	}
 	lo, hi := 0, pt.n
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
@@ -327,4 +376,10 @@ func (pt *partition) grow() {
 // Forget stops tracking partition p (it was handed over to another owner):
 // what it held is dropped, and p is neither committable nor dirty until it
 // is received or started again.
-func (t *Tracker) Forget(p int32) { delete(t.parts, p) }
+func (t *Tracker) Forget(p int32) {
+	if uint32(p) < uint32(len(t.parts)) {
+		t.parts[p] = nil
+		return
+	}
+	delete(t.sparse, p)
+}

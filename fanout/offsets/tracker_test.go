@@ -2,6 +2,7 @@ package offsets
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"testing"
 )
@@ -301,5 +302,100 @@ func TestTrackerPendingAndReport(t *testing.T) {
 	}
 	if _, ok := tr.Report(5); ok {
 		t.Fatal("Report of an untracked partition")
+	}
+}
+
+// Partitions are found by number below maxDense and in a map above it (and
+// below 0): every method sees them all.
+func TestTrackerSparsePartitions(t *testing.T) {
+	tr := NewTracker()
+	parts := []int32{5, -1, maxDense, 0, math.MaxInt32, math.MinInt32}
+	for i, p := range parts {
+		tr.Start(p, int64(10*i))
+		for o := int64(10 * i); o < int64(10*i+3); o++ {
+			if !tr.Received(p, o) {
+				t.Fatalf("partition %d offset %d not received", p, o)
+			}
+		}
+		if !tr.Ack(p, int64(10*i)) || !tr.Ack(p, int64(10*i+2)) {
+			t.Fatalf("partition %d: acks refused", p)
+		}
+	}
+	want := map[int32]int64{}
+	outstanding := map[int32]int{}
+	for i, p := range parts {
+		want[p] = int64(10*i + 1)
+		outstanding[p] = 2
+		if c, ok := tr.Committable(p); !ok || c != int64(10*i+1) {
+			t.Fatalf("partition %d committable %d, %v", p, c, ok)
+		}
+		if tr.Gen(p) != 1 || tr.Outstanding(p) != 2 {
+			t.Fatalf("partition %d gen %d outstanding %d", p, tr.Gen(p), tr.Outstanding(p))
+		}
+	}
+	if got := tr.All(); !maps.Equal(got, want) {
+		t.Fatalf("All = %v, want %v", got, want)
+	}
+	if got := tr.Dirty(); !maps.Equal(got, want) {
+		t.Fatalf("Dirty = %v, want %v", got, want)
+	}
+	if got := tr.OutstandingAll(); !maps.Equal(got, outstanding) {
+		t.Fatalf("OutstandingAll = %v", got)
+	}
+	if _, ok := tr.Committable(6); ok || tr.Outstanding(maxDense+1) != 0 || tr.Ack(-2, 0) {
+		t.Fatal("untracked partitions found")
+	}
+}
+
+// Acks find their entries whether offsets are consecutive or not (gaps of
+// compaction), and whatever the order of the acks.
+func TestTrackerAckFindsEntriesAcrossGaps(t *testing.T) {
+	tr := NewTracker()
+	tr.Start(0, 0)
+	var offs []int64
+	for o := int64(0); o < 300; o += 1 + o%7 {
+		offs = append(offs, o)
+		tr.Received(0, o)
+	}
+	for i := len(offs) - 1; i > 0; i-- { // every one but the first, backwards
+		if !tr.Ack(0, offs[i]) || tr.Ack(0, offs[i]) {
+			t.Fatalf("ack of %d: first refused or second accepted", offs[i])
+		}
+		if tr.Ack(0, offs[i]+1) && !slices.Contains(offs, offs[i]+1) {
+			t.Fatalf("ack of %d, never received, accepted", offs[i]+1)
+		}
+	}
+	if c, _ := tr.Committable(0); c != 0 {
+		t.Fatalf("committable %d, want 0", c)
+	}
+	tr.Ack(0, 0)
+	if c, _ := tr.Committable(0); c != offs[len(offs)-1]+1 || tr.Outstanding(0) != 0 {
+		t.Fatalf("committable %d, outstanding %d", c, tr.Outstanding(0))
+	}
+}
+
+// BenchmarkTrackerBatches measures a message through the tracker as the
+// dispatcher drives it: batches of 256 received per partition, 8
+// partitions, acked in delivery order a batch later.
+func BenchmarkTrackerBatches(b *testing.B) {
+	const parts, batch = 8, 256
+	tr := NewTracker()
+	for p := range int32(parts) {
+		tr.Start(p, 0)
+	}
+	var next [parts]int64
+	b.ReportAllocs()
+	for i := 0; i < b.N; i += batch {
+		p := int32(i / batch % parts)
+		from := next[p]
+		for o := from; o < from+batch; o++ {
+			tr.Received(p, o)
+		}
+		next[p] += batch
+		if from >= batch {
+			for o := from - batch; o < from; o++ {
+				tr.Ack(p, o)
+			}
+		}
 	}
 }

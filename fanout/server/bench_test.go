@@ -1,31 +1,38 @@
 package server
 
 import (
-	"bufio"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
+	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // BenchmarkDeliverPump measures one delivery of a 1 KiB message from
 // ClientSink.Send through the pump and a loopback socket to a client that
-// discards it. The dispatcher's side is modelled by one Send per batch of a
-// fresh slice (so allocs/op include 1/batch for that slice), and the next
-// batch is sent when the client has the previous one, as credit would allow.
+// decodes it (protocol.Reader.ReadBatch, as the Go client does): in Deliver
+// frames, and in DeliverBatch frames for a client with CAPABILITY_BATCH. The
+// dispatcher's side is modelled by one Send per batch of a fresh slice (so
+// allocs/op include 1/batch for that slice), and the next batch is sent
+// when the client has the previous one, as credit would allow.
 func BenchmarkDeliverPump(b *testing.B) {
-	for _, batch := range []int{1, 64, 256} {
-		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) { benchPump(b, batch) })
+	for _, frames := range []string{"deliver", "batch"} {
+		for _, batch := range []int{1, 64, 256} {
+			b.Run(fmt.Sprintf("frames=%s/batch=%d", frames, batch), func(b *testing.B) { benchPump(b, batch, frames == "batch") })
+		}
 	}
 }
 
-func benchPump(b *testing.B, batch int) {
+func benchPump(b *testing.B, batch int, batchFrames bool) {
 	s := startServer(b, func(c *Config) { c.MaxInFlight = 1024 })
-	c, id := connect(b, s)
+	c := dial(b, s)
+	h := &protocol.Hello{ClientId: "bench", ProtocolVersion: protocol.Version}
+	if batchFrames {
+		h.Capabilities = []protocol.Capability{protocol.Capability_CAPABILITY_BATCH}
+	}
+	id := c.hello(h).GetSessionId()
 	sink := s.b.sink(b, id)
 	msg := &dispatch.Message{
 		Partition: 3,
@@ -36,25 +43,25 @@ func benchPump(b *testing.B, batch int) {
 		Timestamp: time.UnixMilli(1764672000000),
 	}
 
-	// The client reads only the length prefixes and skips the bodies.
 	var want atomic.Int64
 	done := make(chan struct{})
 	readErr := make(chan error, 1)
 	go func() {
 		_ = c.nc.SetReadDeadline(time.Time{})
-		r := bufio.NewReaderSize(c.nc, 256<<10)
-		var hdr [4]byte
+		r := protocol.NewReaderSize(c.nc, 0, 256<<10)
+		var f protocol.Frame
+		var got protocol.Batch
 		var n int64
 		for {
-			if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			ok, err := r.ReadBatch(&f, &got)
+			if err != nil {
 				readErr <- err
 				return
 			}
-			if _, err := r.Discard(int(binary.BigEndian.Uint32(hdr[:]))); err != nil {
-				readErr <- err
-				return
+			if !ok {
+				continue // a Ping
 			}
-			n++
+			n += int64(len(got.Deliveries))
 			if n == want.Load() {
 				done <- struct{}{}
 			}

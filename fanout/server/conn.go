@@ -121,9 +121,11 @@ type conn struct {
 	helloPrev, helloNext *conn
 
 	// maxFrame is the largest frame the client accepts (Hello.max_frame_size,
-	// or the protocol's default). The reader sets it before queueing the
-	// Welcome; the pump reads it when it writes the Welcome.
+	// or the protocol's default), and batch whether it reads DeliverBatch
+	// frames (CAPABILITY_BATCH). The reader sets them before queueing the
+	// Welcome; the pump reads them when it writes the Welcome.
 	maxFrame int
+	batch    bool
 	// weight (Hello.weight, or the default) and observer (Hello.observer)
 	// are set by the reader before the client joins, never changed after.
 	weight   int
@@ -260,26 +262,13 @@ func (c *conn) readLoop() {
 // handle acts on one frame after the handshake. It returns false when the
 // connection is closing.
 func (c *conn) handle(f *protocol.Frame) bool {
-	b := c.s.backend
 	switch body := f.Body.(type) {
 	case *protocol.Frame_Ack:
-		if ids := body.Ack.GetDeliveryIds(); len(ids) > 0 {
-			b.Ack(c.id, ids)
-		}
+		c.settle(dispatch.OpAck, body.Ack.GetDeliveryIds(), body.Ack.GetRanges(), dispatch.NackInfo{})
 	case *protocol.Frame_Nack:
-		if ids := body.Nack.GetDeliveryIds(); len(ids) > 0 {
-			delay, cut := protocol.NackDelay(body.Nack)
-			if cut && !c.nackCut {
-				c.nackCut = true
-				c.log.WithFields(logrus.Fields{"delay_ms": body.Nack.GetDelayMs(), "max": protocol.MaxNackDelay}).
-					Warn("a nack asked for a delay longer than the longest: it is cut to that (logged once per connection)")
-			}
-			b.Nack(c.id, ids, dispatch.NackInfo{Delay: delay, Reason: protocol.NackReason(body.Nack)})
-		}
+		c.settle(dispatch.OpNack, body.Nack.GetDeliveryIds(), body.Nack.GetRanges(), c.nackInfo(body.Nack))
 	case *protocol.Frame_Touch:
-		if ids := body.Touch.GetDeliveryIds(); len(ids) > 0 {
-			b.Touch(c.id, ids)
-		}
+		c.settle(dispatch.OpTouch, body.Touch.GetDeliveryIds(), body.Touch.GetRanges(), dispatch.NackInfo{})
 	case *protocol.Frame_Ping:
 		c.pong(body.Ping.GetNonce())
 	case *protocol.Frame_Pong:
@@ -292,6 +281,42 @@ func (c *conn) handle(f *protocol.Frame) bool {
 		return false
 	}
 	return true
+}
+
+// settle hands the ids and ranges of an Ack, Nack or Touch to the backend:
+// the ids as a list, the ranges (pairs of a first id and a count, checked
+// by the protocol's Reader) in one Settle.
+func (c *conn) settle(op dispatch.Op, ids, ranges []uint64, how dispatch.NackInfo) {
+	b := c.s.backend
+	if len(ids) > 0 {
+		switch op {
+		case dispatch.OpAck:
+			b.Ack(c.id, ids)
+		case dispatch.OpNack:
+			b.Nack(c.id, ids, how)
+		default:
+			b.Touch(c.id, ids)
+		}
+	}
+	if len(ranges) > 0 {
+		rs := make([]dispatch.Range, len(ranges)/2)
+		for i := range rs {
+			rs[i] = dispatch.Range{First: ranges[2*i], Count: ranges[2*i+1]}
+		}
+		b.Settle(c.id, op, rs, how)
+	}
+}
+
+// nackInfo returns the delay and reason of n, logging once per connection
+// a delay cut to the longest.
+func (c *conn) nackInfo(n *protocol.Nack) dispatch.NackInfo {
+	delay, cut := protocol.NackDelay(n)
+	if cut && !c.nackCut {
+		c.nackCut = true
+		c.log.WithFields(logrus.Fields{"delay_ms": n.GetDelayMs(), "max": protocol.MaxNackDelay}).
+			Warn("a nack asked for a delay longer than the longest: it is cut to that (logged once per connection)")
+	}
+	return dispatch.NackInfo{Delay: delay, Reason: protocol.NackReason(n)}
 }
 
 // unexpected closes the connection for a frame not allowed in its state.
@@ -380,6 +405,7 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 	if m := h.GetMaxFrameSize(); m != 0 {
 		c.maxFrame = int(m)
 	}
+	c.batch = h.HasCapability(protocol.Capability_CAPABILITY_BATCH)
 	c.weight, c.observer = protocol.WeightOf(h), h.GetObserver()
 	switch c.join(h, maxInFlight) {
 	case joinFull:
@@ -486,6 +512,10 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 		Topic:             cfg.Topic,
 		Observer:          c.observer,
 	}
+	if c.batch {
+		// The client may name ids by ranges: this daemon reads them.
+		w.Capabilities = []protocol.Capability{protocol.Capability_CAPABILITY_BATCH}
+	}
 	// The Welcome is queued before Join, so it precedes every delivery in
 	// the outbox: the pump never writes a Deliver before the Welcome. Its
 	// member list is read, and wantMembers set, under the outbox lock that
@@ -513,7 +543,7 @@ func (c *conn) join(h *protocol.Hello, maxInFlight int) int {
 		c.s.backend.Join(c.id, name, maxInFlight, c)
 	}
 	fields := logrus.Fields{"client": name, "max_in_flight": maxInFlight, "max_frame_size": c.maxFrame,
-		"weight": c.weight, "observer": c.observer}
+		"batch": c.batch, "weight": c.weight, "observer": c.observer}
 	if c.identity != "" { // set by the reader, which runs this
 		fields["identity"] = c.identity
 	}

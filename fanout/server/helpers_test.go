@@ -30,6 +30,7 @@ type call struct {
 	name   string
 	max    int
 	ids    []uint64
+	ranges []dispatch.Range // Settle
 	reason dispatch.LeaveReason
 	nack   dispatch.NackInfo
 }
@@ -86,6 +87,11 @@ func (b *fakeBackend) Observe(id uint64, name string, sink dispatch.ClientSink) 
 }
 
 func (b *fakeBackend) Touch(id uint64, ids []uint64) { b.record(call{op: "touch", id: id, ids: ids}) }
+
+// Settle records ranges as an ack, nack or touch call.
+func (b *fakeBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range, how dispatch.NackInfo) {
+	b.record(call{op: [...]string{"ack", "nack", "touch"}[op], id: id, ranges: ranges, nack: how})
+}
 
 func (b *fakeBackend) Leave(id uint64, reason dispatch.LeaveReason) {
 	b.record(call{op: "leave", id: id, reason: reason})

@@ -235,15 +235,33 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 	return w.nc.Write(p)
 }
 
+// Batches of deliveries for clients with CAPABILITY_BATCH. The pump writes
+// everything queued when it wakes; consecutive deliveries share DeliverBatch
+// frames of at most batchBytes (and the client's max_frame_size), so a
+// batch is what is ready at that moment: nothing waits to fill one.
+const (
+	// batchBytes bounds a DeliverBatch frame: large enough that the frame's
+	// own cost (a read, an allocation and a wake-up in the client) is
+	// small beside its messages', small enough that the client starts on
+	// the first message soon.
+	batchBytes = 256 << 10
+	// batchWindow is the most deliveries prepared at once for
+	// WriteDeliverBatch (the Deliver messages are reused).
+	batchWindow = 512
+)
+
 // pumpState is owned by the pump goroutine: the writer and the messages
 // reused to encode every Deliver, Ping and Pong.
 type pumpState struct {
 	dw      deadlineWriter
 	w       *protocol.Writer
-	deliver protocol.Deliver
-	headers []*protocol.Header
-	pframe  *protocol.Frame // a Ping
-	pong    *protocol.Frame // a Pong
+	batch   bool                // the client reads DeliverBatch frames; set with the Welcome
+	msgs    []*protocol.Deliver // reused for every delivery, one per delivery of a window
+	headers [][]*protocol.Header
+	used    int                 // msgs filled since the last release
+	pending []dispatch.Delivery // deliveries waiting for a DeliverBatch frame
+	pframe  *protocol.Frame     // a Ping
+	pong    *protocol.Frame     // a Pong
 	// since is when the oldest frame not yet written was queued (zero when
 	// everything is written); the writes must end by since + WriteTimeout.
 	since time.Time
@@ -390,6 +408,22 @@ func (p *pumpState) writeBatch(batch []outItem) (welcomed bool, err error) {
 	defer p.release()
 	for i := range batch {
 		it := &batch[i]
+		if it.ds != nil {
+			if !p.batch {
+				for j := range it.ds {
+					if err := p.writeDelivery(&it.ds[j]); err != nil {
+						return welcomed, err
+					}
+				}
+				continue
+			}
+			// Deliveries of consecutive entries share frames.
+			p.pending = append(p.pending, it.ds...)
+			continue
+		}
+		if err := p.writePending(); err != nil {
+			return welcomed, err
+		}
 		if it.isPong {
 			p.pong.GetPong().Nonce = it.nonce
 			if err := p.writer().WriteFrame(p.pong); err != nil {
@@ -397,31 +431,70 @@ func (p *pumpState) writeBatch(batch []outItem) (welcomed bool, err error) {
 			}
 			continue
 		}
-		if it.frame != nil {
-			if it.frame.GetWelcome() != nil {
-				welcomed = true
-				// From here on frames are Deliveries, which the client
-				// takes up to the size it announced.
-				p.writer().SetMaxFrameSize(p.dw.c.maxFrame)
-			}
-			if err := p.writer().WriteFrame(it.frame); err != nil {
-				return welcomed, err
-			}
-			continue
+		if it.frame.GetWelcome() != nil {
+			welcomed = true
+			// From here on frames are Deliveries, which the client
+			// takes up to the size it announced, in batches if it said
+			// so.
+			p.writer().SetMaxFrameSize(p.dw.c.maxFrame)
+			p.batch = p.dw.c.batch
 		}
-		for j := range it.ds {
-			if err := p.writeDelivery(&it.ds[j]); err != nil {
-				return welcomed, err
-			}
+		if err := p.writer().WriteFrame(it.frame); err != nil {
+			return welcomed, err
 		}
 	}
-	return welcomed, nil
+	return welcomed, p.writePending()
 }
 
-// writeDelivery fills the reused Deliver message with one delivery and
-// encodes it with WriteDeliver, which copies the payload once.
-func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
-	dv := &p.deliver
+// writePending writes the pending deliveries in DeliverBatch frames of at
+// most batchBytes, batchWindow deliveries prepared at a time. A delivery
+// that does not fit a DeliverBatch frame alone (one close to the client's
+// max_frame_size) goes in a Deliver frame, a few bytes smaller.
+func (p *pumpState) writePending() error {
+	ds := p.pending
+	defer func() {
+		clear(p.pending) // drop references to the messages
+		p.pending = p.pending[:0]
+	}()
+	for len(ds) > 0 {
+		window := ds[:min(len(ds), batchWindow)]
+		ds = ds[len(window):]
+		msgs := p.fill(window)
+		for len(msgs) > 0 {
+			n, err := p.writer().WriteDeliverBatch(msgs, batchBytes)
+			var tooLarge *protocol.FrameTooLargeError
+			if n == 0 && errors.As(err, &tooLarge) {
+				n, err = 1, p.writer().WriteDeliver(msgs[0])
+			}
+			if err != nil {
+				return err
+			}
+			msgs = msgs[n:]
+		}
+		p.release()
+	}
+	return nil
+}
+
+// fill fills reused Deliver messages with ds, from the first not used since
+// the last release.
+func (p *pumpState) fill(ds []dispatch.Delivery) []*protocol.Deliver {
+	first := p.used
+	for i := range ds {
+		p.fillOne(&ds[i])
+	}
+	return p.msgs[first:p.used]
+}
+
+// fillOne fills the next reused Deliver message with one delivery.
+func (p *pumpState) fillOne(d *dispatch.Delivery) *protocol.Deliver {
+	i := p.used
+	p.used++
+	if i == len(p.msgs) {
+		p.msgs = append(p.msgs, &protocol.Deliver{})
+		p.headers = append(p.headers, nil)
+	}
+	dv := p.msgs[i]
 	dv.DeliveryId, dv.Attempt = d.ID, d.Attempt
 	if m := d.Msg; m != nil {
 		dv.Partition, dv.Offset, dv.Key, dv.Value = m.Partition, m.Offset, m.Key, m.Value
@@ -429,40 +502,51 @@ func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
 		if !m.Timestamp.IsZero() {
 			dv.TimestampMs = m.Timestamp.UnixMilli()
 		}
-		dv.Headers = p.fillHeaders(m.Headers)
+		dv.Headers = p.fillHeaders(i, m.Headers)
 	} else {
 		dv.Partition, dv.Offset, dv.Key, dv.Value, dv.TimestampMs, dv.Headers = 0, 0, nil, nil, 0, nil
 	}
-	return p.writer().WriteDeliver(&p.deliver)
+	return dv
 }
 
-// fillHeaders converts headers into reused protocol.Header messages. Keys
-// that are not valid UTF-8 are repaired, because a proto3 string must be
-// valid UTF-8 and the frame would otherwise fail to encode.
-func (p *pumpState) fillHeaders(hs []dispatch.Header) []*protocol.Header {
+// writeDelivery encodes one delivery with WriteDeliver, which copies the
+// payload once.
+func (p *pumpState) writeDelivery(d *dispatch.Delivery) error {
+	err := p.writer().WriteDeliver(p.fillOne(d))
+	p.release()
+	return err
+}
+
+// fillHeaders converts headers into the reused protocol.Header messages of
+// message i. Keys that are not valid UTF-8 are repaired, because a proto3
+// string must be valid UTF-8 and the frame would otherwise fail to encode.
+func (p *pumpState) fillHeaders(i int, hs []dispatch.Header) []*protocol.Header {
 	if len(hs) == 0 {
 		return nil
 	}
-	for len(p.headers) < len(hs) {
-		p.headers = append(p.headers, &protocol.Header{})
+	for len(p.headers[i]) < len(hs) {
+		p.headers[i] = append(p.headers[i], &protocol.Header{})
 	}
-	out := p.headers[:len(hs)]
-	for i := range hs {
-		key := hs[i].Key
+	out := p.headers[i][:len(hs)]
+	for j := range hs {
+		key := hs[j].Key
 		if !utf8.ValidString(key) {
 			key = strings.ToValidUTF8(key, "\uFFFD")
 		}
-		out[i].Key, out[i].Value = key, hs[i].Value
+		out[j].Key, out[j].Value = key, hs[j].Value
 	}
 	return out
 }
 
 // release drops the reused messages' references to message payloads.
 func (p *pumpState) release() {
-	p.deliver.Key, p.deliver.Value, p.deliver.Headers = nil, nil, nil
-	for _, h := range p.headers {
-		h.Value = nil
+	for i, dv := range p.msgs[:p.used] {
+		dv.Key, dv.Value, dv.Headers = nil, nil, nil
+		for _, h := range p.headers[i] {
+			h.Value = nil
+		}
 	}
+	p.used = 0
 }
 
 // finish ends the pump: after close has done its work it writes the final

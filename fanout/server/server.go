@@ -277,6 +277,39 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
+// Session is an open client connection past its Hello, for the console.
+type Session struct {
+	ID   uint64 // session id, also the client's id in the backend
+	Name string // the client id from its Hello
+	// Identity is who the client proved to be: its certificate's subject
+	// (mutual TLS) and/or its named token's name; "" when neither.
+	Identity string
+	Remote   string    // the client's address
+	Since    time.Time // when the connection was accepted
+}
+
+// Sessions returns the open connections that have sent their Hello, in no
+// particular order. Welcomed clients are among them; so, briefly, are
+// connections being refused or redirected.
+func (s *Server) Sessions() []Session {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		if !c.waiting {
+			conns = append(conns, c)
+		}
+	}
+	s.mu.Unlock()
+	out := make([]Session, len(conns))
+	for i, c := range conns {
+		c.mu.Lock()
+		name, identity := c.name, c.identity
+		c.mu.Unlock()
+		out[i] = Session{ID: c.id, Name: name, Identity: identity, Remote: c.remote, Since: c.start}
+	}
+	return out
+}
+
 // New validates cfg and returns a Server that is not yet listening.
 func New(cfg Config, backend dispatch.Backend) (*Server, error) {
 	if backend == nil {

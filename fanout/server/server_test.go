@@ -492,10 +492,10 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 
 func TestHelloTimeout(t *testing.T) {
 	s := startServer(t, func(c *Config) { c.HelloTimeout = 50 * time.Millisecond })
+	start := time.Now() // before the dial: the server's deadline starts at its accept
 	c := dial(t, s)
-	start := time.Now()
 	c.expectClosed()
-	if el := time.Since(start); el < 40*time.Millisecond {
+	if el := time.Since(start); el < 50*time.Millisecond {
 		t.Fatalf("closed after %v, before the hello timeout", el)
 	}
 }
@@ -659,4 +659,27 @@ func TestStopAcceptingKeepsConnections(t *testing.T) {
 	d := dispatch.Delivery{ID: 3, Attempt: 2, Msg: testMessage(2, 3, 10)}
 	s.b.sink(t, id).Send([]dispatch.Delivery{d})
 	c.expectDeliver(d)
+}
+
+// Sessions lists the connections past their Hello with the client's name
+// and address; a silent connection and a closed one are not listed.
+func TestSessions(t *testing.T) {
+	s := startServer(t)
+	dial(t, s) // silent: no Hello
+	c := dial(t, s)
+	w := c.hello(&protocol.Hello{ClientId: "worker-7", ProtocolVersion: protocol.Version})
+	s.b.waitCall(t, "join", w.GetSessionId())
+	got := s.Sessions()
+	if len(got) != 1 {
+		t.Fatalf("Sessions() = %+v, want the welcomed connection only", got)
+	}
+	if g := got[0]; g.ID != w.GetSessionId() || g.Name != "worker-7" || g.Remote != c.nc.LocalAddr().String() ||
+		g.Since.IsZero() || time.Since(g.Since) > time.Minute {
+		t.Errorf("Sessions()[0] = %+v, want id %d, worker-7 from %s", g, w.GetSessionId(), c.nc.LocalAddr())
+	}
+	_ = c.nc.Close()
+	s.b.waitCall(t, "leave", w.GetSessionId())
+	if got := s.Sessions(); len(got) != 0 {
+		t.Errorf("Sessions() after close = %+v, want none", got)
+	}
 }

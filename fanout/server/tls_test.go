@@ -180,6 +180,9 @@ func TestCertificateAndNamedTokenBothNameTheClient(t *testing.T) {
 	if got := s.Stats().Identities; len(got) != 1 || got[identity] != 1 {
 		t.Errorf("Stats().Identities = %v, want one client %q", got, identity)
 	}
+	if got := s.Sessions(); len(got) != 1 || got[0].Identity != identity {
+		t.Errorf("Sessions() = %+v, want the client named %q (the console shows it)", got, identity)
+	}
 	c.send(protocol.GoodbyeFrame("done"))
 	testutil.WaitFor(t, testTimeout, "close log", func() bool { return len(s.closeLogs(w.GetSessionId())) > 0 })
 	if got := s.closeLogs(w.GetSessionId())[0].Data["identity"]; got != identity {

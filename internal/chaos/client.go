@@ -14,6 +14,7 @@ import (
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
+	"github.com/nanoservice/core-fanout/internal/slogrus"
 )
 
 // Client behaviours (ClientConfig.Mode).
@@ -48,7 +49,7 @@ func RunClient(ctx context.Context, cfg ClientConfig, log *logrus.Entry) error {
 	defer f.Close()
 	c, err := client.Dial(ctx, client.Config{
 		Addrs: cfg.Addrs, ClientID: cfg.Name, MaxInFlight: cfg.MaxInFlight,
-		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second, Logger: log,
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second, Logger: slogrus.Logger(log),
 	})
 	if err != nil {
 		return fmt.Errorf("dial %v: %w", cfg.Addrs, err)

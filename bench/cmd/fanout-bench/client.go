@@ -16,22 +16,27 @@ import (
 )
 
 // runClient is one fanout client process: it acks every message it receives
-// and, when standard input closes, closes the client (flushing the last acks)
-// and prints its Result. Only messages whose Ack succeeded are counted; the
-// receipt time is taken for latency before the ack. Given the members of a
-// spread cluster, the Go client keeps a session with each (its credit split
-// over them).
+// (by default a whole Batch at a time, with the batch API; --api messages:
+// one Message at a time) and, when standard input closes, closes the client
+// (flushing the last acks) and prints its Result. Only messages whose Ack
+// succeeded are counted; the receipt time is taken for latency before the
+// ack. Given the members of a spread cluster, the Go client keeps a session
+// with each (its credit split over them).
 func runClient(args []string) error {
 	fs := flag.NewFlagSet("client", flag.ExitOnError)
 	addrs := fs.String("addr", "127.0.0.1:4987", "daemon address, or comma-separated addresses of one cluster")
 	inFlight := fs.Int("max-in-flight", 1000, "credit asked for in Hello (split over the members in spread mode)")
 	latency := fs.Bool("latency", false, "record produce-to-receipt latency of synthetic values")
+	api := fs.String("api", "batches", "batches: Config.Batches and one Batch.Ack per batch; messages: Messages and Message.Ack")
 	_ = fs.Parse(args)
+	if *api != "batches" && *api != "messages" {
+		return fmt.Errorf("--api %q: want batches or messages", *api)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.Dial(ctx, client.Config{Addrs: strings.Split(*addrs, ","), MaxInFlight: *inFlight,
-		ClientID: fmt.Sprintf("bench-%d", os.Getpid())})
+		ClientID: fmt.Sprintf("bench-%d", os.Getpid()), Batches: *api == "batches"})
 	if err != nil {
 		return err
 	}
@@ -43,6 +48,27 @@ func runClient(args []string) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		if *api == "batches" {
+			var values [][]byte
+			for b := range c.Batches() {
+				now := time.Now()
+				for _, m := range b.Messages {
+					if m.Attempt > 1 {
+						redelivered.Add(1)
+					}
+				}
+				if err := b.Ack(); err != nil {
+					ackErrs.Add(int64(len(b.Messages)))
+					continue
+				}
+				values = values[:0]
+				for _, m := range b.Messages {
+					values = append(values, m.Value)
+				}
+				cnt.addBatch(values, now)
+			}
+			return
+		}
 		for m := range c.Messages() {
 			now := time.Now()
 			if m.Attempt > 1 {

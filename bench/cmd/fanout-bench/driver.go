@@ -91,10 +91,16 @@ func runDriver(args []string) error {
 	fs.StringVar(&e.fanout, "fanout", "", "the fanout daemon binary")
 	fs.StringVar(&e.out, "out", "bench-results", "output directory")
 	fs.BoolVar(&e.perf, "perf", false, "record a perf profile of the daemon during C with 4 clients, largest size")
+	messages := fs.Int("messages", 0, "messages per size instead of the plan's (for a profile of a quick run)")
 	_ = fs.Parse(args)
 	p := fullPlan()
 	if *quick {
 		p = quickPlan()
+	}
+	if *messages > 0 {
+		for size := range p.Messages {
+			p.Messages[size] = *messages
+		}
 	}
 	p.SpreadOnly = *spreadOnly
 	var err error
@@ -140,6 +146,10 @@ func runDriver(args []string) error {
 	rep.WallSeconds = time.Since(t0).Seconds()
 	if err := rep.write(e.out); err != nil {
 		return err
+	}
+	say("targets of issue 13:")
+	for _, t := range rep.Targets {
+		say("   %s", t.line())
 	}
 	say("done in %s: %s/results.md, results.json, throughput.png", time.Since(t0).Round(time.Second), e.out)
 	if fails := rep.failures(); len(fails) > 0 {

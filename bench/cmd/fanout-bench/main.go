@@ -7,6 +7,8 @@
 //	client   one fanout client (the Go client library) that acks every message
 //	sarama   a plain sarama consumer of every partition (the ceiling for fanout)
 //	idle     many idle connections to a daemon that only answer pings
+//	targets  the targets of issue 13 in results.json files, side by side
+//	         (fanout-bench targets BEFORE.json AFTER.json)
 //
 // Workers report one JSON object on standard output when their standard input
 // closes (or, for sarama, when they have seen --count messages); progress lines
@@ -23,10 +25,11 @@ func main() {
 		usage()
 	}
 	cmds := map[string]func([]string) error{
-		"run":    runDriver,
-		"client": runClient,
-		"sarama": runSarama,
-		"idle":   runIdle,
+		"run":     runDriver,
+		"client":  runClient,
+		"sarama":  runSarama,
+		"idle":    runIdle,
+		"targets": runTargets,
 	}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {
@@ -39,6 +42,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: fanout-bench run|client|sarama|idle [flags]   (see bin/bench)")
+	fmt.Fprintln(os.Stderr, "usage: fanout-bench run|client|sarama|idle|targets [flags]   (see bin/bench)")
 	os.Exit(2)
 }

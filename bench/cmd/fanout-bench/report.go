@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,6 +91,7 @@ type report struct {
 	Throughput  []Row     `json:"throughput"`
 	Latency     []Latency `json:"latency"`
 	Idle        *Idle     `json:"idle"`
+	Targets     []Target  `json:"targets"`
 }
 
 // spreadRows returns the rows of the spread runs (E).
@@ -157,7 +160,7 @@ func sizeLabel(size int) string {
 }
 
 func (r *report) write(dir string) error {
-	r.ratios()
+	r.Targets = r.targets()
 	j, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -262,49 +265,164 @@ func (r *report) markdown() string {
 		p("| %d | %d | %.1f | %.1f | %.1f | %.1f |", i.Clients, i.Connected, i.RSSBeforeMB, i.RSSMB, i.PeakRSSMB, i.CPUPercent)
 	}
 	p("")
-	p("## Targets (reported, not enforced)")
+	p("## Targets of issue 13 (reported, not enforced)")
 	p("")
-	p("| target | measured | met |")
-	p("|---|---|---|")
-	for _, t := range r.targets() {
-		p("| %s | %s | %s |", t[0], t[1], t[2])
+	p("| target | measured | ratio | result |")
+	p("|---|---|--:|---|")
+	for _, t := range r.Targets {
+		p("| %s | %s | %s | %s |", t.Name, t.Measured, t.ratio(), t.result())
 	}
 	return b.String()
 }
 
-// targets compares the results with the team's goals.
-func (r *report) targets() [][3]string {
-	yes := func(ok bool) string {
-		if ok {
-			return "yes"
-		}
-		return "no"
+// Target is one goal of issue 13 against one measurement: Ratio is the
+// measured value over the reference it is compared with (B, D, or the limit
+// itself), to be at most (AtMost) or at least Limit.
+type Target struct {
+	Name     string  `json:"name"`
+	Measured string  `json:"measured"`
+	Ratio    float64 `json:"ratio"`
+	Limit    float64 `json:"limit"`
+	AtMost   bool    `json:"at_most"`
+}
+
+// Met says whether the measurement reaches the target.
+func (t Target) Met() bool {
+	if t.AtMost {
+		return t.Ratio <= t.Limit
 	}
-	var out [][3]string
+	return t.Ratio >= t.Limit
+}
+
+func (t Target) ratio() string { return fmt.Sprintf("%.2f", t.Ratio) }
+
+// result is "met", or "not met" with the distance to the limit, relative to
+// the limit.
+func (t Target) result() string {
+	if t.Met() {
+		return "met"
+	}
+	if t.AtMost {
+		return fmt.Sprintf("not met: %.2f over the limit %.2f (%.0f%% above)", t.Ratio-t.Limit, t.Limit, 100*(t.Ratio/t.Limit-1))
+	}
+	return fmt.Sprintf("not met: %.2f under the limit %.2f (%.0f%% short)", t.Limit-t.Ratio, t.Limit, 100*(1-t.Ratio/t.Limit))
+}
+
+// line is the target as one line of the run's output.
+func (t Target) line() string {
+	return fmt.Sprintf("%-52s %-34s ratio %5s  %s", t.Name, t.Measured, t.ratio(), t.result())
+}
+
+// targets compares the results with the targets of issue 13: the daemon's
+// and the clients' CPU per message against B's, C/B, C/D, the latency added
+// over B and the RSS of 10,000 idle clients. A target whose measurements are
+// missing (a quick run has no K = 16, no 10k msg/s, few idle clients) is left
+// out.
+func (r *report) targets() []Target {
+	r.ratios()
+	var b map[int]*Row // B per size
+	for i := range r.Throughput {
+		if t := &r.Throughput[i]; strings.HasPrefix(t.Consumer, "B") {
+			if b == nil {
+				b = map[int]*Row{}
+			}
+			b[t.Size] = t
+		}
+	}
+	var out []Target
+	for _, limit := range []struct {
+		what   string
+		factor float64
+		of     func(Row) float64
+	}{
+		{"daemon CPU / 10^6 msg", 1.3, func(t Row) float64 { return t.DaemonCPUPerM }},
+		{"client CPU / 10^6 msg", 0.3, func(t Row) float64 { return t.ClientCPUPerM }},
+	} {
+		for _, t := range r.Throughput {
+			ref := b[t.Size]
+			if !strings.HasPrefix(t.Consumer, "C") || ref == nil || ref.ClientCPUPerM == 0 || limit.of(t) == 0 {
+				continue
+			}
+			out = append(out, Target{
+				Name:     fmt.Sprintf("%s <= %.1f x B's, %s, K=%d", limit.what, limit.factor, sizeLabel(t.Size), t.K),
+				Measured: fmt.Sprintf("%.2f s (B %.2f s)", limit.of(t), ref.ClientCPUPerM),
+				Ratio:    limit.of(t) / ref.ClientCPUPerM, Limit: limit.factor, AtMost: true,
+			})
+		}
+	}
 	for _, t := range r.Throughput {
-		if strings.HasPrefix(t.Consumer, "C") && t.K == 4 && t.Size == 1024 {
-			out = append(out, [3]string{"C/B >= 0.8, 4 clients, 1 KiB", fmt.Sprintf("%.2f", t.CoverB), yes(t.CoverB >= 0.8)})
+		if strings.HasPrefix(t.Consumer, "C") && t.Size == 1024 && (t.K == 1 || t.K == 4) && t.CoverB > 0 {
+			out = append(out, Target{Name: fmt.Sprintf("C/B >= 0.6, %s, K=%d", sizeLabel(t.Size), t.K),
+				Measured: fmt.Sprintf("%.0f msg/s (B %.0f)", t.MsgPerS, b[t.Size].MsgPerS), Ratio: t.CoverB, Limit: 0.6})
 		}
 	}
 	for _, t := range r.Throughput {
 		if strings.HasPrefix(t.Consumer, "C") && t.CoverD > 0 {
-			out = append(out, [3]string{fmt.Sprintf("C >= D, K=%d, %s", t.K, sizeLabel(t.Size)), fmt.Sprintf("C/D %.2f", t.CoverD), yes(t.CoverD >= 1)})
+			out = append(out, Target{Name: fmt.Sprintf("C/D >= 2, %s, K=%d", sizeLabel(t.Size), t.K),
+				Measured: fmt.Sprintf("%.0f msg/s (D %.0f)", t.MsgPerS, t.MsgPerS/t.CoverD), Ratio: t.CoverD, Limit: 2})
 		}
 	}
-	var sp99, fp99 float64
+	var bp99, cp99 float64
 	for _, l := range r.Latency {
 		if l.Rate == 10000 && strings.HasPrefix(l.Consumer, "B") {
-			sp99 = l.P99
+			bp99 = l.P99
 		}
 		if l.Rate == 10000 && strings.HasPrefix(l.Consumer, "C") {
-			fp99 = l.P99
+			cp99 = l.P99
 		}
 	}
-	if fp99 > 0 {
-		out = append(out, [3]string{"added p99 < 2 ms at 10k msg/s", fmt.Sprintf("%.2f ms", fp99-sp99), yes(fp99-sp99 < 2)})
+	if cp99 > 0 && bp99 > 0 {
+		out = append(out, Target{Name: "added p99 latency < 1 ms at 10,000 msg/s",
+			Measured: fmt.Sprintf("%.2f ms (C %.2f, B %.2f)", cp99-bp99, cp99, bp99), Ratio: cp99 - bp99, Limit: 1, AtMost: true})
 	}
 	if r.Idle != nil && r.Idle.Clients >= 10000 {
-		out = append(out, [3]string{"10,000 idle clients < 500 MB RSS", fmt.Sprintf("%.0f MB", r.Idle.PeakRSSMB), yes(r.Idle.PeakRSSMB < 500)})
+		out = append(out, Target{Name: fmt.Sprintf("%d idle clients: daemon RSS < 300 MB", r.Idle.Clients),
+			Measured: fmt.Sprintf("%.0f MB peak", r.Idle.PeakRSSMB), Ratio: r.Idle.PeakRSSMB / 300, Limit: 1, AtMost: true})
 	}
 	return out
+}
+
+// runTargets prints the targets of issue 13 measured in each results.json
+// given, one line per target and one column per file (for a before and
+// after), computed from the measurements whatever the file's own Targets say.
+func runTargets(args []string) error { return printTargets(os.Stdout, args) }
+
+func printTargets(w io.Writer, args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: fanout-bench targets RESULTS.json...")
+	}
+	var names []string
+	got := map[string][]string{}
+	for i, path := range args {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		var r report
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		for _, t := range r.targets() {
+			if _, ok := got[t.Name]; !ok {
+				names = append(names, t.Name)
+				got[t.Name] = make([]string, len(args))
+			}
+			status := "met"
+			if !t.Met() {
+				status = "not met"
+			}
+			got[t.Name][i] = fmt.Sprintf("%s (%s)", t.ratio(), status)
+		}
+	}
+	fmt.Fprintf(w, "%-52s %s\n", "target", strings.Join(args, " -> "))
+	for _, n := range names {
+		col := got[n]
+		for i := range col {
+			if col[i] == "" {
+				col[i] = "-"
+			}
+		}
+		fmt.Fprintf(w, "%-52s %s\n", n, strings.Join(col, " -> "))
+	}
+	return nil
 }

@@ -50,6 +50,26 @@ func (c *counter) add(v []byte, now time.Time) {
 	}
 }
 
+// addBatch records the messages of values, handled at now, with one
+// update of the counters for all of them.
+func (c *counter) addBatch(values [][]byte, now time.Time) {
+	if c.measureLatency {
+		for _, v := range values {
+			c.add(v, now)
+		}
+		return
+	}
+	var bytes int64
+	for _, v := range values {
+		bytes += int64(len(v))
+	}
+	ns := now.UnixNano()
+	c.first.CompareAndSwap(0, ns)
+	c.last.Store(ns)
+	c.n.Add(int64(len(values)))
+	c.bytes.Add(bytes)
+}
+
 func (c *counter) result() Result {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -43,7 +43,8 @@ def test_split_ids_counts_range_ids():
 def test_deliver_batch_of_the_draft():
     b = h("6a 1e 0a 0d 08 e8 07 10 02 18 07 2a 02 68 69 40 01 0a 0d 08 e9 07 10 02 18 08 2a 02 79 6f 40 01")
     f = _wire.decode(b)
-    assert f.WhichOneof("body") is None
+    assert f.WhichOneof("body") == "deliver_batch"  # in the schema since issue 13: the same bytes
+    assert list(f.deliver_batch.deliveries) == _wire.deliver_batch(b)
     ds = _wire.deliver_batch(b)
     assert [(d.delivery_id, d.partition, d.offset, d.value, d.attempt) for d in ds] == [
         (1000, 2, 7, b"hi", 1), (1001, 2, 8, b"yo", 1)]

@@ -326,7 +326,10 @@ class Session:
             raise RedirectError(f.redirect.leader_address)
         elif kind == "members":
             self.client._follow_members(self.link, [m.address for m in f.members.members])
-        elif kind is None and self.client.batch:
+        elif kind == "deliver_batch":  # in the schema since issue 13
+            for d in f.deliver_batch.deliveries:
+                self._deliver(d)
+        elif kind is None and self.client.batch:  # generated code of the draft schema
             batch = _wire.deliver_batch(body)
             if batch is None:
                 self.log.warning("ignoring a frame of a type this client does not know")

@@ -4,6 +4,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+CAPABILITY_BATCH: Capability
 CAPABILITY_MEMBERS: Capability
 CAPABILITY_UNSPECIFIED: Capability
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -20,10 +21,12 @@ ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_UNSUPPORTED_VERSION: ErrorCode
 
 class Ack(_message.Message):
-    __slots__ = ["delivery_ids"]
+    __slots__ = ["delivery_ids", "ranges"]
     DELIVERY_IDS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     delivery_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    ranges: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Deliver(_message.Message):
     __slots__ = ["attempt", "delivery_id", "headers", "key", "offset", "partition", "timestamp_ms", "value"]
@@ -45,6 +48,12 @@ class Deliver(_message.Message):
     value: bytes
     def __init__(self, delivery_id: _Optional[int] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
+class DeliverBatch(_message.Message):
+    __slots__ = ["deliveries"]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[Deliver]
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Deliver, _Mapping]]] = ...) -> None: ...
+
 class Error(_message.Message):
     __slots__ = ["code", "fatal", "message", "retry_after_ms"]
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -58,8 +67,9 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., fatal: bool = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ["ack", "deliver", "error", "goodbye", "hello", "members", "nack", "ping", "pong", "redirect", "touch", "welcome"]
+    __slots__ = ["ack", "deliver", "deliver_batch", "error", "goodbye", "hello", "members", "nack", "ping", "pong", "redirect", "touch", "welcome"]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_BATCH_FIELD_NUMBER: _ClassVar[int]
     DELIVER_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +83,7 @@ class Frame(_message.Message):
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ack: Ack
     deliver: Deliver
+    deliver_batch: DeliverBatch
     error: Error
     goodbye: Goodbye
     hello: Hello
@@ -83,7 +94,7 @@ class Frame(_message.Message):
     redirect: Redirect
     touch: Touch
     welcome: Welcome
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., deliver: _Optional[_Union[Deliver, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., touch: _Optional[_Union[Touch, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., members: _Optional[_Union[Members, _Mapping]] = ...) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., deliver: _Optional[_Union[Deliver, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., touch: _Optional[_Union[Touch, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., members: _Optional[_Union[Members, _Mapping]] = ..., deliver_batch: _Optional[_Union[DeliverBatch, _Mapping]] = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ["reason"]
@@ -132,14 +143,16 @@ class Members(_message.Message):
     def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
 
 class Nack(_message.Message):
-    __slots__ = ["delay_ms", "delivery_ids", "reason"]
+    __slots__ = ["delay_ms", "delivery_ids", "ranges", "reason"]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_IDS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     delay_ms: int
     delivery_ids: _containers.RepeatedScalarFieldContainer[int]
+    ranges: _containers.RepeatedScalarFieldContainer[int]
     reason: str
-    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., delay_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ..., delay_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Ping(_message.Message):
     __slots__ = ["nonce"]
@@ -164,14 +177,17 @@ class Redirect(_message.Message):
     def __init__(self, leader_address: _Optional[str] = ..., leader_node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Touch(_message.Message):
-    __slots__ = ["delivery_ids"]
+    __slots__ = ["delivery_ids", "ranges"]
     DELIVERY_IDS_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     delivery_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    ranges: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ["ack_timeout_ms", "heartbeat_ms", "liveness_intervals", "max_frame_size", "max_in_flight", "members", "node_id", "observer", "protocol_version", "session_id", "topic"]
+    __slots__ = ["ack_timeout_ms", "capabilities", "heartbeat_ms", "liveness_intervals", "max_frame_size", "max_in_flight", "members", "node_id", "observer", "protocol_version", "session_id", "topic"]
     ACK_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_INTERVALS_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAME_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +199,7 @@ class Welcome(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     ack_timeout_ms: int
+    capabilities: _containers.RepeatedScalarFieldContainer[Capability]
     heartbeat_ms: int
     liveness_intervals: int
     max_frame_size: int
@@ -193,7 +210,7 @@ class Welcome(_message.Message):
     protocol_version: int
     session_id: int
     topic: str
-    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., liveness_intervals: _Optional[int] = ..., max_frame_size: _Optional[int] = ..., topic: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., observer: bool = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., session_id: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., ack_timeout_ms: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., liveness_intervals: _Optional[int] = ..., max_frame_size: _Optional[int] = ..., topic: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., observer: bool = ...) -> None: ...
 
 class Capability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

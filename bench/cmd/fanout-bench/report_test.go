@@ -1,0 +1,106 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Every target of issue 13 is a line with its ratio, met or not met, and by
+// how much when not.
+func TestTargets(t *testing.T) {
+	r := &report{
+		Throughput: []Row{
+			{Size: 1024, Consumer: "B sarama", K: 1, MsgPerS: 1000, ClientCPUPerM: 1.0},
+			{Size: 1024, Consumer: "C fanout", K: 1, MsgPerS: 500, DaemonCPUPerM: 1.2, ClientCPUPerM: 0.6},
+			{Size: 1024, Consumer: "C fanout", K: 4, MsgPerS: 700, DaemonCPUPerM: 2.6, ClientCPUPerM: 0.2},
+			{Size: 1024, Consumer: "D ShareConsumerPerformance", K: 1, MsgPerS: 200},
+			{Size: 1024, Consumer: "D ShareConsumerPerformance", K: 4, MsgPerS: 500},
+		},
+		Latency: []Latency{
+			{Rate: 10000, Consumer: "B sarama", P99: 3},
+			{Rate: 10000, Consumer: "C fanout", P99: 3.5},
+		},
+		Idle: &Idle{Clients: 10000, PeakRSSMB: 360},
+	}
+	want := map[string]string{
+		"daemon CPU / 10^6 msg <= 1.3 x B's, 1 KiB, K=1": "met",
+		"daemon CPU / 10^6 msg <= 1.3 x B's, 1 KiB, K=4": "not met: 1.30 over the limit 1.30 (100% above)",
+		"client CPU / 10^6 msg <= 0.3 x B's, 1 KiB, K=1": "not met: 0.30 over the limit 0.30 (100% above)",
+		"client CPU / 10^6 msg <= 0.3 x B's, 1 KiB, K=4": "met",
+		"C/B >= 0.6, 1 KiB, K=1":                         "not met: 0.10 under the limit 0.60 (17% short)",
+		"C/B >= 0.6, 1 KiB, K=4":                         "met",
+		"C/D >= 2, 1 KiB, K=1":                           "met",
+		"C/D >= 2, 1 KiB, K=4":                           "not met: 0.60 under the limit 2.00 (30% short)",
+		"added p99 latency < 1 ms at 10,000 msg/s":       "met",
+		"10000 idle clients: daemon RSS < 300 MB":        "not met: 0.20 over the limit 1.00 (20% above)",
+	}
+	got := r.targets()
+	if len(got) != len(want) {
+		t.Errorf("%d targets, want %d: %+v", len(got), len(want), got)
+	}
+	for _, g := range got {
+		w, ok := want[g.Name]
+		switch {
+		case !ok:
+			t.Errorf("unexpected target %q", g.Name)
+		case g.result() != w:
+			t.Errorf("%s: %q, want %q", g.Name, g.result(), w)
+		}
+	}
+	r.Targets = got
+	md := r.markdown()
+	if !strings.Contains(md, "| C/D >= 2, 1 KiB, K=4 | 700 msg/s (D 500) | 1.40 | not met: 0.60 under the limit 2.00 (30% short) |") {
+		t.Errorf("the report's table lacks the C/D line:\n%s", md)
+	}
+}
+
+// A quick run (no K = 16, no 10k msg/s, 500 idle clients) reports only the
+// targets it measured.
+func TestTargetsOfAQuickRun(t *testing.T) {
+	r := &report{
+		Throughput: []Row{{Size: 100, Consumer: "C fanout", K: 1, MsgPerS: 500, DaemonCPUPerM: 1}},
+		Latency:    []Latency{{Rate: 1000, Consumer: "C fanout", P99: 1}},
+		Idle:       &Idle{Clients: 500, PeakRSSMB: 30},
+	}
+	if got := r.targets(); len(got) != 0 {
+		t.Fatalf("targets without their references: %+v", got)
+	}
+}
+
+// fanout-bench targets puts the targets of two runs side by side, a target
+// measured in one run only marked "-" in the other.
+func TestPrintTargetsBeforeAndAfter(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, r report) string {
+		raw, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	b := Row{Size: 100, Consumer: "B sarama", K: 1, MsgPerS: 1000, ClientCPUPerM: 1}
+	before := write("before.json", report{Throughput: []Row{b,
+		{Size: 100, Consumer: "C fanout", K: 1, DaemonCPUPerM: 2}}})
+	after := write("after.json", report{Throughput: []Row{b,
+		{Size: 100, Consumer: "C fanout", K: 1, DaemonCPUPerM: 1.2},
+		{Size: 100, Consumer: "C fanout", K: 4, DaemonCPUPerM: 1.5}}})
+	var out strings.Builder
+	if err := printTargets(&out, []string{before, after}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"daemon CPU / 10^6 msg <= 1.3 x B's, 100 B, K=1       2.00 (not met) -> 1.20 (met)",
+		"daemon CPU / 10^6 msg <= 1.3 x B's, 100 B, K=4       - -> 1.50 (not met)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no line %q in:\n%s", want, out.String())
+		}
+	}
+}

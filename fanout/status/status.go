@@ -1,0 +1,235 @@
+// Package status is the document that describes a fanout cluster: what
+// `fanout status --json` prints, read from Kafka and ZooKeeper, and what a
+// daemon's console serves at /api/status, the daemon's own view. One type and
+// one encoder (Encode), so that a script reads both the same way.
+package status
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
+	"github.com/nanoservice/core-fanout/fanout/zkstore"
+)
+
+// Status describes a fanout cluster. Node, Clients and Rates are a
+// daemon's own view: fanout status, which reads Kafka and ZooKeeper, leaves
+// them out.
+type Status struct {
+	ID             string      `json:"id"`
+	Topic          string      `json:"topic"`
+	HeartbeatTopic string      `json:"heartbeat_topic"`
+	Mode           string      `json:"mode,omitempty"` // the leader's --assignment; "" when unknown
+	Leader         *Leader     `json:"leader"`         // nil: no leader recorded (fanout status) or known (a daemon)
+	Members        []Member    `json:"members"`
+	Partitions     []Partition `json:"partitions"`
+	TotalLag       int64       `json:"total_lag"` // over the partitions with a committed offset
+
+	// Spread mode (AddSpread): the leader's assignment (nil when none is
+	// known) and the partitions whose ownership record does not name, live,
+	// the member the assignment gives them.
+	Assignment *Assignment `json:"assignment,omitempty"`
+	Handoffs   []Handoff   `json:"handoffs,omitempty"`
+	// Unauthenticated counts the heartbeat records of the window ignored
+	// for want of a valid MAC (fanout status with --cluster-secret-file).
+	Unauthenticated int `json:"unauthenticated_heartbeats,omitempty"`
+
+	Node    *Node    `json:"node,omitempty"`    // the daemon that answered
+	Clients []Client `json:"clients,omitempty"` // its connected clients, by name
+	Rates   *Rates   `json:"rates,omitempty"`   // its message rates of the last minutes
+}
+
+// Leader is the leader: the record in ZooKeeper (fanout status), or the one
+// a daemon's election knows.
+type Leader struct {
+	Node  string `json:"node"`
+	Addr  string `json:"addr"`
+	Epoch uint64 `json:"epoch"`
+}
+
+// Member is a cluster member's last heartbeat.
+type Member struct {
+	NodeID   string    `json:"node_id"`
+	Addr     string    `json:"addr"`
+	Role     string    `json:"role"` // RoleName of its heartbeat's role
+	Epoch    uint64    `json:"epoch"`
+	LastSeen time.Time `json:"last_seen"`
+	Mode     string    `json:"mode"` // its --assignment (ModeName)
+}
+
+// Partition is one partition's offsets; Committed and Lag are nil when no
+// offset is committed for it.
+type Partition struct {
+	Partition     int32  `json:"partition"`
+	Committed     *int64 `json:"committed"`
+	HighWatermark int64  `json:"high_watermark"`
+	Lag           *int64 `json:"lag"`
+	Owner         string `json:"owner,omitempty"` // node id of the member that serves it, when known
+}
+
+// Assignment is the assignment the spread leader last published.
+type Assignment struct {
+	Epoch      uint64           `json:"epoch"`
+	Generation uint64           `json:"generation"`
+	Members    []AssignedMember `json:"members"`
+}
+
+// AssignedMember is one member of the assignment: the partitions it is
+// assigned, those its live ownership records give it, and the lag of the
+// partitions assigned to it (those with a committed offset).
+type AssignedMember struct {
+	NodeID     string  `json:"node_id"`
+	Addr       string  `json:"addr"`
+	Partitions []int32 `json:"partitions"`
+	Owned      []int32 `json:"owned"`
+	Lag        int64   `json:"lag"`
+}
+
+// Handoff is a partition on its way to the member assigned it.
+type Handoff struct {
+	Partition int32  `json:"partition"`
+	From      string `json:"from"` // the member its record names; "" when released or never reserved
+	To        string `json:"to"`   // the member the assignment gives it
+	State     string `json:"state"`
+}
+
+// Node is the daemon that answered and its dispatcher's gauges.
+type Node struct {
+	NodeID   string    `json:"node_id"`
+	Mode     string    `json:"mode"`   // its own --assignment
+	Role     string    `json:"role"`   // "leader", "follower" or "starting"
+	Ready    bool      `json:"ready"`  // what /readyz answers
+	Reason   string    `json:"reason"` // and why
+	Serving  bool      `json:"serving"`
+	InFlight int       `json:"in_flight"`
+	Buffered int       `json:"buffered"`
+	Paused   bool      `json:"paused"` // fetching from Kafka is paused
+	Clients  int       `json:"clients"`
+	Time     time.Time `json:"time"` // when the document was made
+	// Partial says why the document shows only this node's partitions
+	// (spread mode: the others' could not be read); "" when complete.
+	Partial string `json:"partial,omitempty"`
+}
+
+// The roles of a client.
+const (
+	// ClientRoleWorker receives messages and acks them.
+	ClientRoleWorker = "worker"
+	// ClientRoleObserver receives a copy of every delivery and acks nothing
+	// (Hello.observer).
+	ClientRoleObserver = "observer"
+)
+
+// Client is one connected client.
+type Client struct {
+	ID            uint64    `json:"id"` // session id
+	Name          string    `json:"name"`
+	Identity      string    `json:"identity,omitempty"` // certificate subject and/or named token (see server.Session)
+	Addr          string    `json:"addr"`
+	Role          string    `json:"role"`
+	Weight        *uint32   `json:"weight,omitempty"` // its share, while the daemon shares by weight (some worker's differs from the default)
+	InFlight      int       `json:"in_flight"`
+	MaxInFlight   int       `json:"max_in_flight"`
+	Acked         uint64    `json:"acked"`           // since it joined
+	AcksPerSecond float64   `json:"acks_per_second"` // over the last sample interval
+	ConnectedAt   time.Time `json:"connected_at"`
+}
+
+// Rates are the daemon's message rates, one point per sample interval,
+// oldest first.
+type Rates struct {
+	IntervalSeconds float64     `json:"interval_seconds"`
+	Points          []RatePoint `json:"points"`
+}
+
+// RatePoint is the messages per second over the interval that ends at Time.
+type RatePoint struct {
+	Time        time.Time `json:"time"`
+	Consumed    float64   `json:"consumed"`
+	Delivered   float64   `json:"delivered"`
+	Acked       float64   `json:"acked"`
+	Redelivered float64   `json:"redelivered"`
+}
+
+// AddPartition appends partition p with its high watermark and, when
+// committed is not nil, its committed offset and lag, which it adds to
+// TotalLag.
+func (s *Status) AddPartition(p int32, highWatermark int64, committed *int64, owner string) {
+	ps := Partition{Partition: p, HighWatermark: highWatermark, Owner: owner}
+	if committed != nil {
+		off, lag := *committed, metrics.Lag(highWatermark, *committed)
+		ps.Committed, ps.Lag = &off, &lag
+		s.TotalLag += lag
+	}
+	s.Partitions = append(s.Partitions, ps)
+}
+
+// AddSpread adds what spread mode says of the partitions added so far: each
+// one's owner, the live owner its ownership record names (owners, from
+// zkstore.ReadOwners); and, when a is not nil, the mode, the assignment with
+// each member's owned partitions and lag, and the handoffs in progress.
+func (s *Status) AddSpread(a *cluster.Assignment, owners map[int32]zkstore.OwnerState) {
+	lag := map[int32]int64{}
+	for i, p := range s.Partitions {
+		if o := owners[p.Partition]; o.Live {
+			s.Partitions[i].Owner = o.Owner
+		}
+		if p.Lag != nil {
+			lag[p.Partition] = *p.Lag
+		}
+	}
+	if a == nil {
+		return
+	}
+	s.Mode = cluster.ModeName(cluster.Mode_MODE_SPREAD)
+	s.Assignment = &Assignment{Epoch: a.Epoch, Generation: a.Generation}
+	s.Handoffs = nil
+	for _, o := range a.Owners {
+		m := AssignedMember{NodeID: o.NodeID, Addr: o.Addr, Partitions: slices.Clone(o.Partitions), Owned: []int32{}}
+		if m.Partitions == nil {
+			m.Partitions = []int32{}
+		}
+		for _, p := range o.Partitions {
+			m.Lag += lag[p]
+			rec, ok := owners[p]
+			switch {
+			case ok && rec.Live && rec.Owner == o.NodeID:
+				m.Owned = append(m.Owned, p)
+			case !ok:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "never reserved: waiting for " + o.NodeID})
+			case rec.Owner == "":
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "released: waiting for " + o.NodeID})
+			case rec.Live:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
+					State: "held by " + rec.Owner + ": handing over"})
+			default:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
+					State: rec.Owner + "'s session is gone: waiting for " + o.NodeID})
+			}
+		}
+		s.Assignment.Members = append(s.Assignment.Members, m)
+	}
+	slices.SortFunc(s.Handoffs, func(x, y Handoff) int { return cmp.Compare(x.Partition, y.Partition) })
+}
+
+// RoleName is a heartbeat's role in lower case without its prefix:
+// "leader".
+func RoleName(r cluster.Role) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+}
+
+// Encode writes st to w as indented JSON, followed by a newline.
+func Encode(w io.Writer, st *Status) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(st); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+	return nil
+}
