@@ -97,7 +97,7 @@ func (s *state) stalled() []int32 {
 func (s *state) whereIs(p int32, offset int64) string {
 	is := func(m *Message) bool { return m != nil && m.Partition == p && m.Offset == offset }
 	for _, f := range s.flights.slots {
-		if f.id != 0 && is(f.msg) {
+		if f != nil && is(f.msg) {
 			return fmt.Sprintf("in flight to client %q (id %d, attempt %d), its ack timeout at %s",
 				f.client.name, f.client.id, f.attempt, f.deadline.Format(time.RFC3339Nano))
 		}
