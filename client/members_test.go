@@ -209,6 +209,54 @@ func TestRetiringSessionWaitsAtMostTheAckTimeout(t *testing.T) {
 	}
 }
 
+// A retiring session passes no delivery on; each one that still comes (the
+// daemon does not know the session retires: it has credit there) is given
+// back at once, with a nack, rather than left in flight at the daemon until
+// its ack timeout or the session's Goodbye, which waits for the messages
+// passed on. Issue 16: a record the chaos run saw its owner never deliver
+// (docs/chaos/evidence/quick-spread-seed7-p7-gap.tar.gz) had gone to the
+// silent client's retiring session.
+func TestRetiringSessionGivesBackLateDeliveries(t *testing.T) {
+	a, b := startFake(t), startFake(t)
+	c, conns := spread(t, 30, a, b)
+	ac, bc := conns[a.addr()], conns[b.addr()]
+	bc.deliver(t, 5, "held")
+	held := receive(t, c)
+
+	ac.send(t, protocol.MembersFrame([]string{a.addr()}, nil)) // b leaves: its session retires, holding 5
+	ac.expectGoodbye(t)                                        // a's share changed; b's session was retired first
+	a.join(t, 30, a.addr())
+	bc.deliver(t, 6, "late")
+	var nack *protocol.Nack
+	for nack == nil {
+		f := bc.next(t)
+		if f.GetGoodbye() != nil {
+			t.Fatal("goodbye before the late delivery was given back")
+		}
+		nack = f.GetNack()
+	}
+	if ids := nack.GetDeliveryIds(); !slices.Equal(ids, []uint64{6}) {
+		t.Errorf("nacked %v, want [6]", ids)
+	}
+	if nack.GetDelayMs() != 0 || nack.GetReason() == "" {
+		t.Errorf("nack delay %d ms, reason %q: want at once, with a reason", nack.GetDelayMs(), nack.GetReason())
+	}
+	// The same record again (no other client had room): not bounced back
+	// again; held until the Goodbye. Another record is given back.
+	bc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 7, Partition: 1, Offset: 6, Value: []byte("late"), Attempt: 2}))
+	bc.deliver(t, 8, "later")
+	if ids, _ := bc.expectIDs(t, 1, nackIDs); !slices.Equal(ids, []uint64{8}) {
+		t.Errorf("nacked %v, want [8] alone: 7 is record 6 again", ids)
+	}
+	expectNoMessage(t, c)
+	if err := held.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if acked := bc.expectGoodbye(t); !slices.Equal(acked, []uint64{5}) {
+		t.Errorf("acked %v before the goodbye, want [5]", acked)
+	}
+}
+
 // A member that disappears without a goodbye is reconnected to, with
 // backoff, on its own: the other sessions go on. Once the others no longer
 // list it, the client stops trying.

@@ -89,6 +89,8 @@ type session struct {
 	touches []idRange
 	pongs   []uint64
 	later   []laterNack // nacks with a delay or a reason
+	// givenBack holds the records a retiring session gave back (giveBack).
+	givenBack map[record]bool
 
 	failOnce sync.Once
 	err      error // why the session ended; set once, read after both loops exit
@@ -321,31 +323,31 @@ func (s *session) readLoop(ctx context.Context) error {
 // deliver hands the deliveries of one frame to Messages, or to Batches as
 // one Batch. The channel holds the in-flight limit, so this blocks only if
 // the daemon overruns it, the session ends, or other sessions' messages
-// fill it. A retiring session drops deliveries: the daemon delivers them
-// again after its Goodbye.
+// fill it. A retiring session passes no delivery on: it gives them back
+// (giveBack).
 func (s *session) deliver(ctx context.Context, pb *protocol.Batch) {
 	n := len(pb.Deliveries)
 	if n == 0 {
 		return
 	}
 	// Counted before draining is read, and retire sets draining before the
-	// writer reads held: either these deliveries are dropped, or the writer
-	// waits for them to be acked.
+	// writer reads held: either these deliveries are given back, or the
+	// writer waits for them to be acked.
 	s.held.Add(int64(n))
 	if s.draining.Load() {
-		s.release(n)
+		s.giveBack(pb.Deliveries)
 		return
 	}
 	b := s.newBatch(pb)
 	if s.c.batches != nil {
 		if !handOver(ctx, s, s.c.batches, b) {
-			s.release(n) // the session retires: the daemon delivers them again
+			s.giveBack(pb.Deliveries) // the session retires
 		}
 		return
 	}
 	for i, m := range b.Messages {
 		if !handOver(ctx, s, s.c.msgs, m) {
-			s.release(n - i)
+			s.giveBack(pb.Deliveries[i:]) // the session retires
 			return
 		}
 	}
@@ -404,6 +406,52 @@ func (s *session) newBatch(pb *protocol.Batch) *Batch {
 		b.Messages[i] = m
 	}
 	return b
+}
+
+// retiringReason is the reason of the nacks of giveBack.
+const retiringReason = "client session retiring: not processed"
+
+// record names a Kafka record: a partition and an offset.
+type record struct {
+	partition int32
+	offset    int64
+}
+
+// giveBack returns a delivery that this retiring session does not pass on:
+// the daemon, which does not know the session retires, goes on delivering
+// up to its credit. A nack at once has it delivered to another client now;
+// dropped silently, it would stay in flight until the daemon's ack timeout
+// or this session's Goodbye, which waits for the messages passed on (up to
+// that timeout), and hold its partition's commit meanwhile. Like the
+// timeout, the nack counts as a failed attempt at the daemon. A record is
+// given back once per session: when it comes back to this session, no
+// other client of the daemon had room, and a nack would only bounce it
+// between the two (a failed attempt each time) until the session ends; it
+// is dropped then, as before, and comes again after the Goodbye. An
+// observer's copy needs nothing; a session that ended cannot nack (the
+// daemon redelivers what it had in flight anyway).
+func (s *session) giveBack(ds []protocol.Delivery) {
+	if !s.welcome.GetObserver() {
+		s.mu.Lock()
+		nacked := false
+		for i := range ds {
+			r := record{ds[i].Partition, ds[i].Offset}
+			if s.ended != nil || s.givenBack[r] {
+				continue
+			}
+			if s.givenBack == nil {
+				s.givenBack = map[record]bool{}
+			}
+			s.givenBack[r] = true
+			s.later = append(s.later, laterNack{id: ds[i].ID, reason: retiringReason})
+			nacked = true
+		}
+		s.mu.Unlock()
+		if nacked {
+			s.signal()
+		}
+	}
+	s.release(len(ds)) // after the nacks are queued: they are sent before the Goodbye
 }
 
 // writeLoop is the only writer of the socket. Each time it wakes it takes

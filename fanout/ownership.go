@@ -201,8 +201,8 @@ func (o *ownership) run(ctx context.Context, dispDone <-chan struct{}, stop func
 			o.shutdown(stop, dispDone)
 			return
 		case <-dispDone:
-			o.log.Warn("the dispatcher stopped: dropping every partition")
-			o.dropAll(false)
+			o.log.Warn("the dispatcher stopped: dropping every partition, releasing their records")
+			o.dropAll(ctx, true)
 			o.finish()
 			return
 		case <-o.assign.AssignmentChanged():
@@ -214,7 +214,7 @@ func (o *ownership) run(ctx context.Context, dispDone <-chan struct{}, stop func
 			if s := o.records.Session(); s != o.session {
 				o.log.WithFields(logrus.Fields{"session": sessionHex(o.session), "now": sessionHex(s)}).
 					Warn("zookeeper session expired: every partition may be taken over now; dropping them all")
-				o.dropAll(false)
+				o.dropAll(ctx, false)
 				if o.session, err = o.join(ctx); err != nil {
 					continue // ctx ended
 				}
@@ -278,7 +278,7 @@ func (o *ownership) reconcile(ctx context.Context) {
 			if a != nil {
 				gen = a.Generation
 			}
-			o.handOff(p, op, gen)
+			o.handOff(ctx, p, op, gen)
 		}
 	}
 }
@@ -390,7 +390,7 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 		}
 		took := time.Since(ev.begin)
 		fields := logrus.Fields{"took": took.Round(time.Millisecond), "offset": ev.rev.Offset,
-			"unacked_dropped": ev.rev.Unacked, "buffered_dropped": ev.rev.Dropped}
+			"unacked_dropped": ev.rev.Unacked, "buffered_dropped": ev.rev.Dropped, "returned_dropped": ev.rev.Returned}
 		if ev.err != nil {
 			log.WithError(ev.err).WithFields(fields).Warn("partition handed over with trouble")
 		} else {
@@ -405,13 +405,15 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 
 // handOff hands partition p over in a helper: stop fetching, let the
 // dispatcher await its in-flight messages (up to the handoff timeout) and
-// commit its final offset, then release its record under generation gen.
-func (o *ownership) handOff(p int32, op *ownedPart, gen uint64) {
+// commit its final offset, then release its record under generation gen
+// (retried until done, see release; ctx is the loop's).
+func (o *ownership) handOff(ctx context.Context, p int32, op *ownedPart, gen uint64) {
 	op.cancel() // its watcher
 	op.state, op.since = releasing, time.Now()
-	cond, begin := op.cond, op.since
+	cond, begin, session := op.cond, op.since, o.session
 	log := o.log.WithField("partition", p)
 	log.WithField("generation", gen).Info("partition assigned elsewhere: handing it over")
+	loop := ctx
 	o.helpers.Go(log, "hand over partition", func() {
 		o.src.Remove(p)
 		// A bound for the final commit too: a ZooKeeper out of reach must
@@ -420,17 +422,48 @@ func (o *ownership) handOff(p int32, op *ownedPart, gen uint64) {
 		ctx, cancel := context.WithTimeout(context.Background(), o.opts.HandoffTimeout+o.opts.ZooKeeperSessionTimeout)
 		defer cancel()
 		rev, err := o.disp.Revoke(ctx, p, o.opts.HandoffTimeout)
-		if rerr := o.records.Release(p, cond, gen); rerr != nil {
+		if rerr := o.release(loop, log, p, cond, gen, session); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 		o.send(ownEvent{p: p, kind: evReleased, cond: cond, err: err, rev: rev, begin: begin})
 	}, nil)
 }
 
+// release writes partition p's released record, retrying while ZooKeeper
+// cannot be reached. A record left naming this member's session keeps the
+// next owner waiting until that session ends, and a ZooKeeper restart does
+// not end it (sessions survive one): a --quick chaos run (spread, seed 8)
+// had a partition unserved for minutes after a release failed during one.
+// It stops when the release is done, when the record changed (another
+// member took it over, or this member reserved it again: ErrNotOwner),
+// when this member's session is no longer session (expired: the record is
+// free), or when ctx (the loop's) ends: on shutdown the daemon closes its
+// session, which frees the record too. The loop waits for its helpers when
+// it stops, so a dispatcher stopped by failing commits restarts only once
+// this is done; the new one could not join ZooKeeper before anyway.
+func (o *ownership) release(ctx context.Context, log *logrus.Entry, p int32, cond zkstore.Version, gen uint64, session int64) error {
+	var last error
+	err := retry(ctx, log, "release of the partition's ownership record", o.opts.ConnectBackoffMax, func(context.Context) error {
+		last = o.records.Release(p, cond, gen)
+		if last == nil || errors.Is(last, zkstore.ErrNotOwner) || o.records.Session() != session {
+			return nil
+		}
+		return last
+	})
+	if err != nil {
+		return errors.Join(last, err)
+	}
+	return last
+}
+
 // dropAll drops every partition at once (the session expired, or the
 // dispatcher stopped): nothing more is fetched, delivered or committed of
-// them. With release, their records are released too.
-func (o *ownership) dropAll(release bool) {
+// them. With release, their records are released too, by helpers that
+// retry (release): the next loop reserves again those still assigned to
+// this member, and nobody else could take the others while the records
+// name its live session.
+func (o *ownership) dropAll(ctx context.Context, release bool) {
+	gen, session := o.generation(), o.session
 	for p, op := range o.parts {
 		switch op.state {
 		case acquiring:
@@ -442,9 +475,12 @@ func (o *ownership) dropAll(release bool) {
 			o.src.Remove(p)
 			o.disp.Drop(p)
 			if release {
-				if err := o.records.Release(p, op.cond, o.generation()); err != nil {
-					o.log.WithError(err).WithField("partition", p).Debug("release after drop")
-				}
+				log, cond := o.log.WithField("partition", p), op.cond
+				o.helpers.Go(log, "release dropped partition", func() {
+					if err := o.release(ctx, log, p, cond, gen, session); err != nil {
+						log.WithError(err).Debug("release after drop")
+					}
+				}, nil)
 			}
 		}
 	}

@@ -19,6 +19,10 @@ type Config struct {
 	MaxOutstanding   int           // offsets the tracker may hold per partition before fetching it pauses (until half); default 50000
 	CommitInterval   time.Duration // how often changed offsets are committed; default 1s
 	DrainTimeout     time.Duration // how long shutdown waits for outstanding acks; default 10s
+	// StallAfter is how long a partition's committable offset may stay put
+	// while offsets of it are held before it is logged as stalled (see
+	// stall.go); default 3 × AckTimeout, at least 30s.
+	StallAfter time.Duration
 	// MaxCommitFailure is how long commits may keep failing (or one may
 	// hang) before Run gives up with ErrCommitsFailing; 0 means never.
 	MaxCommitFailure time.Duration
@@ -93,6 +97,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.CommitInterval <= 0 {
 		c.CommitInterval = time.Second
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = max(3*c.AckTimeout, 30*time.Second)
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
@@ -536,6 +543,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			}
 		case <-commitTick.C:
 			cm.offer(d.dirty(s, progress))
+			d.logStalls(s.checkStalls(now(), d.cfg.StallAfter))
 			if since := cm.troubleSince(); d.cfg.MaxCommitFailure > 0 && !since.IsZero() && time.Since(since) >= d.cfg.MaxCommitFailure {
 				err := fmt.Errorf("%w: since %s (%v)", ErrCommitsFailing, since.Format(time.RFC3339Nano), time.Since(since).Round(time.Millisecond))
 				d.log.WithError(err).WithField("in_flight", s.flights.live).
@@ -582,6 +590,20 @@ func (d *Dispatcher) hold(s *state, p int32) {
 	committable, _ := s.tracker.Committable(p)
 	d.log.WithFields(logrus.Fields{"partition": p, "outstanding": n, "unacked": committable, "max_outstanding": d.cfg.MaxOutstanding}).
 		Warn("partition holds too many offsets behind an unacked message: fetching it is paused until that message is acked")
+}
+
+// logStalls logs the partitions that became stalled or moved again.
+func (d *Dispatcher) logStalls(rs []stallReport) {
+	for _, r := range rs {
+		log := d.log.WithFields(logrus.Fields{"partition": r.Partition, "offset": r.Offset, "for": r.For.Round(time.Millisecond),
+			"outstanding": r.Outstanding})
+		if r.Moved {
+			log.Info("partition's committed offset moves again")
+			continue
+		}
+		log.WithField("where", r.Where).
+			Warn("partition's committed offset has not moved: the message at that offset holds it")
+	}
 }
 
 // releaseHeld resumes fetching the held partitions that are back at half of
@@ -659,7 +681,7 @@ func (d *Dispatcher) dirty(s *state, progress bool) (map[int32]int64, map[int32]
 // to the committer as its final commit, and the caller of Revoke is told.
 func (d *Dispatcher) endRevoke(s *state, cm *committer, p int32) {
 	o, offset, tracked, unacked, prog := s.revokeEnd(p)
-	r := revokeReply{Revoked: Revoked{Offset: offset, Unacked: unacked, Dropped: o.revoke.dropped}}
+	r := revokeReply{Revoked: Revoked{Offset: offset, Unacked: unacked, Dropped: o.revoke.dropped, Returned: o.revoke.returned}}
 	if tracked {
 		r.final = cm.finish(p, offset, map[int32]offsets.Progress{p: prog})
 	} else {

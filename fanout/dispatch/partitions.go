@@ -22,6 +22,7 @@ type revocation struct {
 	deadline time.Time
 	inFlight int // its deliveries still in flight
 	dropped  int // its buffered messages dropped when it began
+	returned int // its deliveries that came back meanwhile (nack, ack timeout, client gone): left to the next owner
 	reply    chan<- revokeReply
 }
 
@@ -45,6 +46,10 @@ type Revoked struct {
 	// Dropped is the number of its buffered messages dropped: the next
 	// owner fetches them again.
 	Dropped int
+	// Returned is the number of its deliveries that came back while it was
+	// being revoked (nacked, past their ack timeout, their client gone):
+	// not queued again, the next owner delivers them.
+	Returned int
 }
 
 // takes reports whether the state takes batches of partition p: in

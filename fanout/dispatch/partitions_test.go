@@ -63,9 +63,12 @@ func TestRevokeDropsBufferedAndAwaitsInFlight(t *testing.T) {
 	if !slices.Equal(ready, []int32{0}) {
 		t.Fatalf("revocations ready %v, want partition 0 (nothing in flight)", ready)
 	}
-	_, off, tracked, unacked, _ := s.revokeEnd(0)
+	o, off, tracked, unacked, _ := s.revokeEnd(0)
 	if off != 2 || !tracked || unacked != 0 {
 		t.Fatalf("revokeEnd = offset %d tracked %v unacked %d, want 2 (0 and 1 acked), true, 0", off, tracked, unacked)
+	}
+	if o.revoke.returned != 2 {
+		t.Errorf("%d deliveries counted as returned during the revoke, want 2 (0@2 expired, 0@3 nacked)", o.revoke.returned)
 	}
 	if s.revoking != 0 || s.parts[0] != nil {
 		t.Fatal("the revoked partition is still there")

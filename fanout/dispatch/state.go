@@ -43,6 +43,9 @@ type Stats struct {
 	// TooLarge is the number of buffered messages larger than any joined
 	// client accepts (LimitedSink): they wait for a client that takes them.
 	TooLarge int
+	// Stalled lists, sorted, the partitions whose committable offset has
+	// not moved for Config.StallAfter while offsets of them are held.
+	Stalled []int32
 
 	// Delivery policies.
 	Delayed           int    // redeliveries waiting out a retry delay (a nack's, or --retry-backoff)
@@ -172,6 +175,9 @@ type state struct {
 	// held holds the partitions whose fetching is paused because the
 	// tracker holds more than Config.MaxOutstanding of their offsets.
 	held map[int32]bool
+	// stalls watches the committable offsets of the partitions with
+	// offsets held (stall.go); nil when there are none.
+	stalls map[int32]*stall
 }
 
 func newState(ackTimeout time.Duration) *state {
@@ -493,6 +499,7 @@ func (s *state) own(id, did uint64) *flight {
 func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	c, m := f.client, f.msg
 	if s.revoking > 0 && s.revoked(m.Partition) {
+		s.parts[m.Partition].revoke.returned++
 		s.unlink(f)
 		s.recycle(f)
 		if m.keyHash != 0 {
@@ -772,6 +779,7 @@ func (s *state) snapshot() Stats {
 		st.Held = append(st.Held, p)
 	}
 	slices.Sort(st.Held)
+	st.Stalled = s.stalled()
 	for i := range s.large.len() {
 		if m := s.large.at(i).msg; !s.fitsAnyone(m) {
 			st.TooLarge++

@@ -102,7 +102,7 @@ type Collector struct {
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
 	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
-	outstanding, held                                            *prometheus.Desc
+	outstanding, held, stalled                                   *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
 	unauthHeartbeats, clientsByIdentity                          *prometheus.Desc
 	owned, assigned, handingOff, generation                      *prometheus.Desc
@@ -156,6 +156,7 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
 		outstanding:   desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
 		held:          desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
+		stalled:       desc("partitions_commit_stalled", "Partitions whose committed offset has not moved for 3 ack timeouts (at least 30s) while they hold unacked messages; each is logged with where its oldest unacked message is."),
 		leader:        desc("leader", "1 while this node leads the cluster."),
 		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
 		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
@@ -206,7 +207,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
 		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
-		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.leader, c.epoch, c.failovers, c.members,
+		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
 		c.observersDropped, c.skipped, c.attempts,
@@ -266,6 +267,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.outstanding, float64(n), partition(p))
 	}
 	gauge(c.held, float64(len(st.Held)))
+	gauge(c.stalled, float64(len(st.Stalled)))
 
 	counter(c.deadLettered, st.DeadLettered)
 	gauge(c.deadLetterPending, float64(st.DeadLetterPending))

@@ -26,6 +26,7 @@ func leaderSnapshot() Snapshot {
 			Committed:    map[int32]int64{0: 5, 1: 9},
 			Outstanding:  map[int32]int{0: 60001, 1: 2},
 			Held:         []int32{0},
+			Stalled:      []int32{0, 1},
 			DeadLettered: 2, DeadLetterPending: 1, Delayed: 3, KeyWaiting: 4, Observers: 1, Skipped: 9,
 			Attempts: [7]uint64{5, 1, 1, 0, 0, 0, 1}, AttemptsSum: 5 + 2 + 3 + 40,
 		},
@@ -118,6 +119,9 @@ fanout_outstanding_offsets{partition="1"} 2
 # HELP fanout_partitions_held Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message.
 # TYPE fanout_partitions_held gauge
 fanout_partitions_held 1
+# HELP fanout_partitions_commit_stalled Partitions whose committed offset has not moved for 3 ack timeouts (at least 30s) while they hold unacked messages; each is logged with where its oldest unacked message is.
+# TYPE fanout_partitions_commit_stalled gauge
+fanout_partitions_commit_stalled 2
 # HELP fanout_leader 1 while this node leads the cluster.
 # TYPE fanout_leader gauge
 fanout_leader 1

@@ -500,13 +500,15 @@ func recovery(res *Result, records []Record, perRecord map[key][]*delivery, faul
 		var worst time.Duration
 		recovered, active := true, 0
 		for _, rs := range parts {
-			// Active: records were produced just before the fault.
+			// Active: records were produced just before the fault, and some
+			// after it (none after it, e.g. the producer's sends to the
+			// partition failed until the end: nothing can show it recovered).
 			i, _ := slices.BinarySearchFunc(rs, f.Start.Add(-recoveryActiveSince), byAt)
-			if i == len(rs) || rs[i].at.After(f.Start) {
+			j, _ := slices.BinarySearchFunc(rs, f.Start.Add(time.Nanosecond), byAt)
+			if i == len(rs) || rs[i].at.After(f.Start) || j == len(rs) {
 				continue
 			}
 			active++
-			j, _ := slices.BinarySearchFunc(rs, f.Start.Add(time.Nanosecond), byAt)
 			var best time.Time
 			for ; j < len(rs) && (best.IsZero() || rs[j].at.Before(best)); j++ {
 				if !rs[j].first.IsZero() && (best.IsZero() || rs[j].first.Before(best)) {

@@ -150,6 +150,25 @@ func TestVerifyMeasuresRecoveryAfterLeaderFaults(t *testing.T) {
 	if res.NotRecovered != 1 || res.Passed() {
 		t.Fatalf("not recovered %d, passed %v", res.NotRecovered, res.Passed())
 	}
+	// No record produced to partition 1 after the fault (the producer's
+	// sends to it failed until the end): it tells nothing of the recovery;
+	// partition 0 does.
+	var recs1 []Record
+	var evs1 []Event
+	for _, r := range recs {
+		if r.Partition == 0 || r.At.Before(at(3000)) {
+			recs1 = append(recs1, r)
+		}
+	}
+	for _, e := range evs[:len(evs)-2] {
+		if e.Partition == 0 || e.Offset < 30 {
+			evs1 = append(evs1, e)
+		}
+	}
+	res = Verify(Input{Records: recs1, Events: evs1, Faults: faults[:1], AckTimeout: 5 * time.Second}, true)
+	if res.NotRecovered != 0 || len(res.Recovery) != 1 || res.Recovery[0] != 2000*time.Millisecond || !res.Passed() {
+		t.Fatalf("not recovered %d, recovery %v, passed %v; want partition 0's 2s alone", res.NotRecovered, res.Recovery, res.Passed())
+	}
 }
 
 func TestParseEventsSkipsOnlyATruncatedLastLine(t *testing.T) {

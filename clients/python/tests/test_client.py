@@ -181,7 +181,10 @@ def test_close_with_drain_waits_for_held_messages(daemon):
     t.start()
     assert daemon.no_connection(0.3)
     assert conn.at_eof(0.3) is False  # still open: the message is held
-    conn.deliver(2)  # after the drain began: not passed on
+    conn.deliver(2)  # after the drain began: not passed on, given back
+    nack = conn.expect("nack").nack
+    assert list(nack.delivery_ids) == [2]
+    assert nack.delay_ms == 0 and nack.reason
     assert m.ack() is True
     assert list(conn.expect("ack").ack.delivery_ids) == [1]
     assert conn.expect("goodbye")
@@ -385,8 +388,19 @@ def test_members_one_session_each_with_split_credit(daemon, daemon2):
         msgs = [c.get(TIMEOUT) for _ in range(2)]
         assert {m.member for m in msgs} == {daemon.addr, daemon2.addr}
         held = [m for m in msgs if m.member == daemon2.addr][0]
+        conn2.deliver(3, b"queued", offset=3)  # not taken before the session retires
         # daemon2 leaves the list: its session is retired, the other gets all the credit.
         conn1.send(pb.Frame(members=pb.Members(members=[pb.Member(address=daemon.addr)])))
+        # What the retiring session does not pass on (queued, or delivered
+        # from now on) is given back at once, not left in flight until the
+        # daemon's ack timeout (issue 16).
+        assert list(conn2.expect("nack").nack.delivery_ids) == [3]
+        conn2.deliver(2, b"late", offset=2)
+        assert list(conn2.expect("nack").nack.delivery_ids) == [2]
+        # The same record back (nobody else had room): held, not bounced.
+        conn2.deliver(4, b"late", offset=2)
+        conn2.deliver(5, b"later", offset=5)
+        assert list(conn2.expect("nack").nack.delivery_ids) == [5]
         assert conn2.at_eof(0.3) is False  # it waits for its message to be acked
         assert held.ack() is True
         assert list(conn2.expect("ack").ack.delivery_ids) == [1]

@@ -17,7 +17,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 from . import _wire
 from ._proto import fanout_pb2 as pb
@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
 LINGER_TIMEOUT = 2.0
 # Used when a Welcome gives a heartbeat but no liveness_intervals.
 _DEFAULT_LIVENESS_INTERVALS = 3
+# The reason of the nacks of deliveries a retiring session gives back.
+RETIRING_REASON = "client session retiring: not processed"
+
 # Bounds a retiring session's wait for its messages when the Welcome gives no ack timeout.
 _DEFAULT_DRAIN_TIMEOUT = 30.0
 _READ_SIZE = 256 * 1024
@@ -98,6 +101,8 @@ class Session:
         self.ended: Optional[BaseException] = None
         self._acks: List[int] = []
         self._nacks: Dict[Tuple[int, str], List[int]] = {}
+        # Records (partition, offset) a retiring session gave back: once each.
+        self._given_back: Set[Tuple[int, int]] = set()
         self._touches: List[int] = []
         self._pongs: List[int] = []
         # Messages passed on to the client and not yet acked or nacked.
@@ -140,12 +145,29 @@ class Session:
 
     def release(self, msg: Message) -> None:
         """Counts msg, passed on but dropped before the user took it (its
-        session retired or ended), as done: the daemon delivers it again."""
+        session retired or ended), as done, and gives it back (see
+        _give_back) while the session can still send: the daemon delivers it
+        again at once rather than after its ack timeout or the Goodbye."""
         with self._lock:
             if not msg._done:
                 msg._done = True
                 self.held -= 1
+                self._give_back(msg.delivery_id, msg.partition, msg.offset)
         self.signal()
+
+    def _give_back(self, delivery_id: int, partition: int, offset: int) -> None:
+        """Queues a nack of a delivery the session does not pass on (it
+        retires: the daemon, which does not know, goes on delivering up to
+        its credit). Left in flight, it would wait for the daemon's ack
+        timeout or the Goodbye, holding its partition's commit. Like the
+        timeout, the nack counts as a failed attempt. A record is given back
+        once per session: back again, no other client had room, and a nack
+        would bounce it (a failed attempt each time) until the session ends.
+        self._lock is held; an ended session cannot nack (the daemon
+        redelivers anyway)."""
+        if self.ended is None and (partition, offset) not in self._given_back:
+            self._given_back.add((partition, offset))
+            self._nacks.setdefault((0, RETIRING_REASON), []).append(delivery_id)
 
     def usable(self) -> bool:
         """Whether a message of this session is worth handing to the user."""
@@ -322,8 +344,14 @@ class Session:
     def _deliver(self, d: pb.Deliver) -> None:
         with self._lock:
             if self.draining:
-                return  # the daemon delivers it again after the Goodbye
-            self.held += 1
+                self._give_back(d.delivery_id, d.partition, d.offset)
+                give_back = True
+            else:
+                self.held += 1
+                give_back = False
+        if give_back:
+            self.signal()
+            return
         m = Message(
             d.partition,
             d.offset,
