@@ -238,8 +238,9 @@ func TestRetiringSessionGivesBackLateDeliveries(t *testing.T) {
 	if ids := nack.GetDeliveryIds(); !slices.Equal(ids, []uint64{6}) {
 		t.Errorf("nacked %v, want [6]", ids)
 	}
-	if nack.GetDelayMs() != 0 || nack.GetReason() == "" {
-		t.Errorf("nack delay %d ms, reason %q: want at once, with a reason", nack.GetDelayMs(), nack.GetReason())
+	if nack.GetDelayMs() != 0 || nack.GetReason() == "" || !nack.GetUnprocessed() {
+		t.Errorf("nack delay %d ms, reason %q, unprocessed %v: want at once, with a reason, unprocessed (not a failed attempt)",
+			nack.GetDelayMs(), nack.GetReason(), nack.GetUnprocessed())
 	}
 	// The same record again (no other client had room): not bounced back
 	// again; held until the Goodbye. Another record is given back.

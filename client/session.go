@@ -204,12 +204,18 @@ func (s *session) state() error {
 	return s.ended
 }
 
-// laterNack is a nack with a delay or a reason: each distinct pair goes in
-// Nack frames of its own.
+// laterNack is a nack with a delay, a reason or the unprocessed flag: each
+// distinct combination goes in Nack frames of its own.
 type laterNack struct {
-	id     uint64
-	delay  time.Duration
-	reason string
+	id          uint64
+	delay       time.Duration
+	reason      string
+	unprocessed bool // never handed to the application (giveBack)
+}
+
+// same reports whether n goes in the same Nack frame as o.
+func (n laterNack) same(o laterNack) bool {
+	return n.delay == o.delay && n.reason == o.reason && n.unprocessed == o.unprocessed
 }
 
 // enqueueNack queues a nack with a delay or a reason and wakes the writer.
@@ -422,14 +428,14 @@ type record struct {
 // up to its credit. A nack at once has it delivered to another client now;
 // dropped silently, it would stay in flight until the daemon's ack timeout
 // or this session's Goodbye, which waits for the messages passed on (up to
-// that timeout), and hold its partition's commit meanwhile. Like the
-// timeout, the nack counts as a failed attempt at the daemon. A record is
-// given back once per session: when it comes back to this session, no
-// other client of the daemon had room, and a nack would only bounce it
-// between the two (a failed attempt each time) until the session ends; it
-// is dropped then, as before, and comes again after the Goodbye. An
-// observer's copy needs nothing; a session that ended cannot nack (the
-// daemon redelivers what it had in flight anyway).
+// that timeout), and hold its partition's commit meanwhile. The nack is
+// flagged unprocessed: a daemon that knows the flag does not count it as a
+// failed attempt (an older one does). A record is given back once per
+// session: when it comes back to this session, no other client of the
+// daemon had room, and a nack would only bounce it between the two until
+// the session ends; it is dropped then, as before, and comes again after
+// the Goodbye. An observer's copy needs nothing; a session that ended
+// cannot nack (the daemon redelivers what it had in flight anyway).
 func (s *session) giveBack(ds []protocol.Delivery) {
 	if !s.welcome.GetObserver() {
 		s.mu.Lock()
@@ -443,7 +449,7 @@ func (s *session) giveBack(ds []protocol.Delivery) {
 				s.givenBack = map[record]bool{}
 			}
 			s.givenBack[r] = true
-			s.later = append(s.later, laterNack{id: ds[i].ID, reason: retiringReason})
+			s.later = append(s.later, laterNack{id: ds[i].ID, reason: retiringReason, unprocessed: true})
 			nacked = true
 		}
 		s.mu.Unlock()
@@ -556,18 +562,18 @@ func (s *session) writeFrames(b *batch) error {
 			}
 		}
 	}
-	// Nacks with a delay or a reason: frames per run of the same pair, its
-	// consecutive ids as ranges (to a daemon that reads them).
+	// Nacks with a delay, a reason or the unprocessed flag: frames per run
+	// of the same, its consecutive ids as ranges (to a daemon that reads them).
 	for i := 0; i < len(b.later); {
 		j, q := i, b.laterQ[:0]
-		for ; j < len(b.later) && b.later[j].delay == b.later[i].delay && b.later[j].reason == b.later[i].reason; j++ {
+		for ; j < len(b.later) && b.later[j].same(b.later[i]); j++ {
 			q = appendID(q, b.later[j].id)
 		}
 		b.laterQ = q
 		for len(q) > 0 {
 			q = b.cut(q, s.maxIDs, s.ranges)
 			f := protocol.NackWithFrame(b.ids, b.later[i].delay, b.later[i].reason)
-			f.GetNack().Ranges = b.ranges
+			f.GetNack().Ranges, f.GetNack().Unprocessed = b.ranges, b.later[i].unprocessed
 			if err := s.w.WriteFrame(f); err != nil {
 				return err
 			}

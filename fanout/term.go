@@ -205,6 +205,7 @@ func (t *term) dispatchConfig() dispatch.Config {
 		MaxAttempts:      t.opts.MaxAttempts,
 		RetryBackoffMin:  t.opts.RetryBackoffMin,
 		RetryBackoffMax:  t.opts.RetryBackoffMax,
+		DisconnectWindow: time.Duration(t.opts.Liveness) * t.opts.Heartbeat,
 		KeyOrdering:      t.opts.Ordering == OrderingKey,
 	}
 }

@@ -1211,7 +1211,12 @@ type Nack struct {
 	DelayMs uint32 `protobuf:"varint,3,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
 	// Why, for logs and the dead-letter record (header fanout.dlq.nack_reason);
 	// the daemon keeps at most 256 bytes of it.
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The client never handed these deliveries to its application (a session
+	// retiring gives back what still arrives): the redelivery does not count
+	// as a failed attempt toward the daemon's --max-attempts. A client must
+	// not set it for a message it tried to process.
+	Unprocessed   bool `protobuf:"varint,5,opt,name=unprocessed,proto3" json:"unprocessed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1272,6 +1277,13 @@ func (x *Nack) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *Nack) GetUnprocessed() bool {
+	if x != nil {
+		return x.Unprocessed
+	}
+	return false
 }
 
 // Touch restarts the ack timeout of the named deliveries (work in progress).
@@ -1616,12 +1628,13 @@ const file_fanout_proto_rawDesc = "" +
 	"deliveries\"H\n" +
 	"\x03Ack\x12%\n" +
 	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
-	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"|\n" +
+	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"\x9e\x01\n" +
 	"\x04Nack\x12%\n" +
 	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
 	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\x12\x19\n" +
 	"\bdelay_ms\x18\x03 \x01(\rR\adelayMs\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"J\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12 \n" +
+	"\vunprocessed\x18\x05 \x01(\bR\vunprocessed\"J\n" +
 	"\x05Touch\x12%\n" +
 	"\fdelivery_ids\x18\x01 \x03(\x04B\x02\x10\x01R\vdeliveryIds\x12\x1a\n" +
 	"\x06ranges\x18\x02 \x03(\x04B\x02\x10\x01R\x06ranges\"\x1c\n" +

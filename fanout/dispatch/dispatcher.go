@@ -63,6 +63,14 @@ type Config struct {
 	// after a failure without a delay of its own by Min·2^(failures−1)
 	// capped at Max, jittered (retry.go).
 	RetryBackoffMin, RetryBackoffMax time.Duration
+	// DisconnectWindow, when > 0, counts the failures of a message by
+	// clients leaving (RedeliverDisconnect) at most once in this long: a
+	// message requeued when its client left may go next to a client whose
+	// connection is dead too and not yet seen closed (after a network cut,
+	// or a pause of the daemon itself, all of them are), and each of those
+	// leaves would otherwise burn one of its MaxAttempts (retry.go). The
+	// daemon sets it to its client liveness window.
+	DisconnectWindow time.Duration
 	// KeyOrdering delivers the messages of a key of a partition in offset
 	// order, one at a time (keys.go).
 	KeyOrdering bool
@@ -403,6 +411,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	s.maxAttempts = uint32(d.cfg.MaxAttempts)
 	s.deadLetter = d.cfg.DeadLetter
 	s.retryMin, s.retryMax = d.cfg.RetryBackoffMin, d.cfg.RetryBackoffMax
+	s.disconnectWindow = d.cfg.DisconnectWindow
 	if d.cfg.KeyOrdering {
 		s.keys = map[uint64]keyGate{}
 	}

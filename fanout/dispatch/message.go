@@ -28,11 +28,12 @@ type Message struct {
 	frame int    // Config.FrameSize of the message, computed once when received; 0 when not configured
 
 	// Delivery policies.
-	failed  uint32   // failed deliveries so far, those before a restart included (Config.Progress)
-	failure uint8    // why the last one failed: a Redeliver* reason
-	reason  string   // the reason given by the last nack that gave one
-	keyHash uint64   // key ordering: its key's gate (keys.go); 0: unkeyed, or not in key order
-	keyNext *Message // key ordering: the next message of its key, waiting behind it
+	failed   uint32   // failed deliveries so far, those before a restart included (Config.Progress)
+	failure  uint8    // why the last one failed: a Redeliver* reason
+	failedAt int64    // when the last one failed (Unix ns; Config.DisconnectWindow)
+	reason   string   // the reason given by the last nack that gave one
+	keyHash  uint64   // key ordering: its key's gate (keys.go); 0: unkeyed, or not in key order
+	keyNext  *Message // key ordering: the next message of its key, waiting behind it
 }
 
 // Size is the number of payload bytes the message holds, used for the

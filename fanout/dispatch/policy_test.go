@@ -617,3 +617,69 @@ func TestPoliciesAcrossAHandoff(t *testing.T) {
 		t.Fatalf("after the partition came back: %v, want 0@2 delivered", k.got[2:])
 	}
 }
+
+// Failed deliveries that do not count toward MaxAttempts: a nack flagged
+// unprocessed, and a disconnect within DisconnectWindow of the last one
+// counted (clients dropping together). Each step fails the one delivery out
+// and the next delivery's attempt shows what was counted.
+func TestFailuresThatDoNotCount(t *testing.T) {
+	const window = 2 * time.Second
+	type step struct {
+		after time.Duration // since the previous step
+		how   string        // "nack", "unprocessed", "leave" or "timeout"
+		want  uint32        // the attempt of the redelivery
+	}
+	for _, tc := range []struct {
+		name       string
+		window     time.Duration
+		steps      []step
+		notCounted uint64
+	}{
+		{"an unprocessed nack", window, []step{{0, "unprocessed", 1}, {0, "unprocessed", 1}, {0, "nack", 2}}, 2},
+		{"disconnects together", window, []step{{0, "leave", 2}, {10 * time.Millisecond, "leave", 2},
+			{time.Second, "leave", 2}, {window - time.Second - 10*time.Millisecond, "leave", 3}, {0, "leave", 3}}, 3},
+		{"a disconnect after a timeout", window, []step{{0, "timeout", 2}, {0, "leave", 3}, {0, "leave", 3}}, 1},
+		{"no window", 0, []step{{0, "leave", 2}, {0, "leave", 3}, {0, "unprocessed", 3}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newState(timeout)
+			s.disconnectWindow = tc.window
+			s.maxAttempts, s.deadLetter = 3, &recDeadLetter{}
+			next := uint64(1)
+			var sink *recSink
+			join := func() {
+				sink = &recSink{}
+				s.join(next, fmt.Sprint("c", next), 1, sink)
+				next++
+			}
+			join()
+			now := t0
+			s.addBatch(batch(0, 0, 1))
+			s.dispatch(now)
+			for i, st := range tc.steps {
+				now = now.Add(st.after)
+				out := last(sink)
+				switch st.how {
+				case "nack", "unprocessed":
+					s.nack(next-1, []uint64{out.ID}, NackInfo{Unprocessed: st.how == "unprocessed"}, now)
+				case "leave":
+					s.leave(next-1, now)
+					join()
+				case "timeout":
+					now = now.Add(timeout)
+					s.expire(now)
+				}
+				s.dispatch(now)
+				if len(sink.got) == 0 || last(sink) == out {
+					t.Fatalf("step %d (%s): no redelivery", i+1, st.how)
+				}
+				if got := last(sink).Attempt; got != st.want {
+					t.Fatalf("step %d (%s): redelivered with attempt %d, want %d", i+1, st.how, got, st.want)
+				}
+			}
+			if st := s.snapshot(); st.NotCounted != tc.notCounted || st.DeadLettered != 0 {
+				t.Fatalf("not counted %d, dead-lettered %d; want %d, 0", st.NotCounted, st.DeadLettered, tc.notCounted)
+			}
+		})
+	}
+}

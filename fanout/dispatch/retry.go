@@ -87,13 +87,37 @@ func (h delayHeap) down(i int) {
 	}
 }
 
-// failed records one more failed delivery of m, for its attempt count, the
-// dead-letter record and the progress a commit stores.
-func (s *state) failed(m *Message, reason int, why string) {
+// counts reports whether a failed delivery of m, for reason (how: the
+// nack's), counts toward Config.MaxAttempts. Two kinds do not:
+//   - a nack of a delivery the client never handed to its application
+//     (NackInfo.Unprocessed: a client session retiring gives back what
+//     arrives after it stopped taking work); nothing tried to process it;
+//   - a disconnect within Config.DisconnectWindow of the disconnect last
+//     counted for m: when clients drop together (a network cut, a pause of
+//     the daemon itself), the message requeued by the first leave goes to
+//     the next client, whose connection is just as dead but not yet seen
+//     closed, and so on; each leave would burn an attempt of a message no
+//     client saw. A poison message that kills every worker it reaches
+//     still runs out of attempts, one per window.
+func (s *state) counts(m *Message, reason int, how NackInfo, now time.Time) bool {
+	switch {
+	case reason == RedeliverNack && how.Unprocessed:
+		return false
+	case reason == RedeliverDisconnect && s.disconnectWindow > 0 && m.failure == RedeliverDisconnect &&
+		m.failed > 0 && now.UnixNano()-m.failedAt < int64(s.disconnectWindow):
+		return false
+	}
+	return true
+}
+
+// failed records one more failed delivery of m at now, for its attempt
+// count, the dead-letter record and the progress a commit stores.
+func (s *state) failed(m *Message, reason int, why string, now time.Time) {
 	if m.failed < 1<<32-1 {
 		m.failed++
 	}
 	m.failure = uint8(reason)
+	m.failedAt = now.UnixNano()
 	if why != "" {
 		m.reason = why
 	}

@@ -68,6 +68,10 @@ type NackInfo struct {
 	Delay time.Duration
 	// Reason says why, for logs and the dead-letter record.
 	Reason string
+	// Unprocessed says the client never handed the deliveries to its
+	// application (protocol Nack.unprocessed): they are redelivered without
+	// counting as failed attempts, at once unless Delay asks otherwise.
+	Unprocessed bool
 }
 
 // Backend is the dispatcher as the TCP server sees it. Every method only

@@ -53,6 +53,11 @@ type Stats struct {
 	DeadLetterPending int    // messages handed to the dead-letter producer, not yet stored
 	KeyWaiting        int    // key ordering: messages waiting for the previous message of their key
 	Observers         int    // observers joined
+	// NotCounted counts the failed deliveries that did not count toward
+	// Config.MaxAttempts: nacks of deliveries the client never processed
+	// (NackInfo.Unprocessed), and disconnects within Config.DisconnectWindow
+	// of a message's last counted one.
+	NotCounted uint64
 	// Skipped counts the messages received after a restart that the stored
 	// progress shows acked already (Config.Progress): not delivered again.
 	Skipped uint64
@@ -135,14 +140,17 @@ type state struct {
 	maxAttempts uint32        // failures after which a message is dead-lettered; 0: never
 	retryMin    time.Duration // --retry-backoff; 0: redeliver at once
 	retryMax    time.Duration
-	delays      delayHeap            // redeliveries waiting out a delay
-	deadLetter  DeadLetter           // where dead letters go; nil without maxAttempts
-	deadPending int                  // messages handed to deadLetter, not yet stored
-	keys        map[uint64]keyGate   // key ordering: the gate of each key with a message out; nil: unordered
-	keySeed     maphash.Seed         // of the keys' hashes
-	keyWaiting  int                  // messages waiting in the gates' chains
-	observers   []*observer          // see observers.go
-	restore     map[int32]*restoring // progress loaded from the store, until applied; see restore.go
+	// disconnectWindow is Config.DisconnectWindow: disconnects of one
+	// message within it count as one failure.
+	disconnectWindow time.Duration
+	delays           delayHeap            // redeliveries waiting out a delay
+	deadLetter       DeadLetter           // where dead letters go; nil without maxAttempts
+	deadPending      int                  // messages handed to deadLetter, not yet stored
+	keys             map[uint64]keyGate   // key ordering: the gate of each key with a message out; nil: unordered
+	keySeed          maphash.Seed         // of the keys' hashes
+	keyWaiting       int                  // messages waiting in the gates' chains
+	observers        []*observer          // see observers.go
+	restore          map[int32]*restoring // progress loaded from the store, until applied; see restore.go
 
 	// large holds messages that were larger than the client whose turn it
 	// was; they wait, in order, for a client they fit, while the messages
@@ -515,7 +523,12 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 		}
 		return
 	}
-	s.failed(m, reason, how.Reason)
+	counted := s.counts(m, reason, how, now)
+	if counted {
+		s.failed(m, reason, how.Reason, now)
+	} else {
+		s.stats.NotCounted++
+	}
 	s.bytes += m.Size()
 	if s.maxAttempts > 0 && m.failed >= s.maxAttempts {
 		s.toDeadLetter(m)
@@ -523,7 +536,7 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	}
 	s.stats.Redelivered[reason]++
 	delay := how.Delay
-	if delay <= 0 && s.retryMin > 0 {
+	if delay <= 0 && s.retryMin > 0 && counted {
 		delay = backoff.Delay(s.retryMin, s.retryMax, int(m.failed), true)
 	}
 	if delay > 0 {

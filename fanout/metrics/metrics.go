@@ -109,7 +109,7 @@ type Collector struct {
 
 	deadLettered, deadLetterPending, deadLetterFailing *prometheus.Desc
 	delayed, keyWaiting, observers, observersDropped   *prometheus.Desc
-	skipped, attempts                                  *prometheus.Desc
+	skipped, notCounted, attempts                      *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -178,6 +178,7 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		observers:         desc("observers_connected", "Connected observers."),
 		observersDropped:  desc("observers_dropped_total", "Observers dropped for falling behind (--max-observer-bytes), since the daemon started."),
 		skipped:           desc("messages_skipped_total", "Messages received again after a restart or failover that the stored progress shows acked: not delivered again."),
+		notCounted:        desc("failures_not_counted_total", "Failed deliveries not counted toward --max-attempts: give-backs of deliveries a client never processed, and disconnects of clients dropping together (one per liveness window)."),
 		attempts:          desc("message_attempts", "Deliveries a message took until it was acked or dead-lettered."),
 	}
 }
@@ -210,7 +211,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
-		c.observersDropped, c.skipped, c.attempts,
+		c.observersDropped, c.skipped, c.notCounted, c.attempts,
 	} {
 		ch <- d
 	}
@@ -281,6 +282,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.observers, float64(st.Observers))
 	counter(c.observersDropped, s.ConnectionsClosed[ObserverBehind])
 	counter(c.skipped, st.Skipped)
+	counter(c.notCounted, st.NotCounted)
 	buckets := make(map[float64]uint64, len(dispatch.AttemptBuckets))
 	var cum, total uint64
 	for i, le := range dispatch.AttemptBuckets {

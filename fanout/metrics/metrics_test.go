@@ -27,7 +27,7 @@ func leaderSnapshot() Snapshot {
 			Outstanding:  map[int32]int{0: 60001, 1: 2},
 			Held:         []int32{0},
 			Stalled:      []int32{0, 1},
-			DeadLettered: 2, DeadLetterPending: 1, Delayed: 3, KeyWaiting: 4, Observers: 1, Skipped: 9,
+			DeadLettered: 2, DeadLetterPending: 1, Delayed: 3, KeyWaiting: 4, Observers: 1, Skipped: 9, NotCounted: 6,
 			Attempts: [7]uint64{5, 1, 1, 0, 0, 0, 1}, AttemptsSum: 5 + 2 + 3 + 40,
 		},
 		DeadLetterTopic:   "orders.dlq",
@@ -158,6 +158,9 @@ fanout_observers_dropped_total 1
 # HELP fanout_messages_skipped_total Messages received again after a restart or failover that the stored progress shows acked: not delivered again.
 # TYPE fanout_messages_skipped_total counter
 fanout_messages_skipped_total 9
+# HELP fanout_failures_not_counted_total Failed deliveries not counted toward --max-attempts: give-backs of deliveries a client never processed, and disconnects of clients dropping together (one per liveness window).
+# TYPE fanout_failures_not_counted_total counter
+fanout_failures_not_counted_total 6
 # HELP fanout_message_attempts Deliveries a message took until it was acked or dead-lettered.
 # TYPE fanout_message_attempts histogram
 fanout_message_attempts_bucket{le="1"} 5

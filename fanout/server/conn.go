@@ -316,7 +316,7 @@ func (c *conn) nackInfo(n *protocol.Nack) dispatch.NackInfo {
 		c.log.WithFields(logrus.Fields{"delay_ms": n.GetDelayMs(), "max": protocol.MaxNackDelay}).
 			Warn("a nack asked for a delay longer than the longest: it is cut to that (logged once per connection)")
 	}
-	return dispatch.NackInfo{Delay: delay, Reason: protocol.NackReason(n)}
+	return dispatch.NackInfo{Delay: delay, Reason: protocol.NackReason(n), Unprocessed: n.GetUnprocessed()}
 }
 
 // unexpected closes the connection for a frame not allowed in its state.

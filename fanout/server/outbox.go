@@ -262,9 +262,37 @@ type pumpState struct {
 	pending []dispatch.Delivery // deliveries waiting for a DeliverBatch frame
 	pframe  *protocol.Frame     // a Ping
 	pong    *protocol.Frame     // a Pong
+	live    liveness            // judges the client's silence at each tick
 	// since is when the oldest frame not yet written was queued (zero when
 	// everything is written); the writes must end by since + WriteTimeout.
 	since time.Time
+}
+
+// liveness judges, at each heartbeat tick, whether the client has been
+// silent too long. A tick that comes late (more than 1.5 heartbeats after
+// the previous one) means this daemon itself was not running: a pause (GC,
+// SIGSTOP, a VM frozen) or a starved goroutine. The frames the client sent
+// meanwhile wait unread in the socket, and the reader has not had its turn
+// yet, so such a tick judges nothing; the next one does. Only one tick in a
+// row is let go, so a daemon starved for good still drops dead clients.
+type liveness struct {
+	lastTick time.Time // the previous tick; zero before the first
+	skipped  bool      // the previous tick came late and judged nothing
+}
+
+// silence returns how long the client has been silent at now, given the
+// time it was last heard from, and whether that makes it dead: longer than
+// window, judged at a tick that did not come late.
+func (l *liveness) silence(now, lastSeen time.Time, heartbeat, window time.Duration) (time.Duration, bool) {
+	late := !l.lastTick.IsZero() && now.Sub(l.lastTick) > heartbeat*3/2
+	l.lastTick = now
+	if late && !l.skipped {
+		l.skipped = true
+		return 0, false
+	}
+	l.skipped = false
+	silent := now.Sub(lastSeen)
+	return silent, silent > window
 }
 
 // writer returns the connection's Writer, created at the first write, so
@@ -307,7 +335,7 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 			return true
 		case <-c.signal:
 		case <-tick:
-			if silent := time.Since(time.Unix(0, c.lastSeen.Load())); silent > window {
+			if silent, dead := p.live.silence(time.Now(), time.Unix(0, c.lastSeen.Load()), cfg.Heartbeat, window); dead {
 				c.close(closeDead, fmt.Errorf("no frame for %v (liveness window %d x %v)",
 					silent.Round(time.Millisecond), cfg.Liveness, cfg.Heartbeat), nil)
 				return true

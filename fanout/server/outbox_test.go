@@ -1,6 +1,8 @@
 package server
 
 import (
+	"time"
+
 	"testing"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
@@ -33,4 +35,38 @@ func TestDeliverEdgeValues(t *testing.T) {
 		}
 	}
 	c.expectDeliver(ds[2])
+}
+
+// The liveness judge: silence longer than the window is death, except at a
+// tick that came late (the daemon itself was paused, the client's frames
+// wait unread), which judges nothing, and only once in a row.
+func TestLivenessAfterThePumpWasPaused(t *testing.T) {
+	const hb, window = time.Second, 2 * time.Second
+	t0 := time.Unix(1_700_000_000, 0)
+	type tick struct {
+		at, lastSeen time.Duration // since t0
+		dead         bool
+	}
+	for _, tc := range []struct {
+		name  string
+		ticks []tick
+	}{
+		{"heard from", []tick{{hb, 0, false}, {2 * hb, hb, false}, {3 * hb, 2 * hb, false}}},
+		{"silent on time", []tick{{hb, 0, false}, {2 * hb, 0, false}, {3 * hb, 0, true}}},
+		// Paused from 1s to 5s: the client's pings of 2s to 5s are unread at
+		// the late tick; the next tick sees them read.
+		{"paused, then reads", []tick{{hb, 0, false}, {5 * hb, 0, false}, {6 * hb, 5 * hb, false}}},
+		{"paused, silent after", []tick{{hb, 0, false}, {5 * hb, 0, false}, {6 * hb, 0, true}}},
+		// Starved for good: every tick is late; every other one judges.
+		{"always late", []tick{{hb, 0, false}, {3 * hb, 0, false}, {5 * hb, 0, true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var l liveness
+			for i, tk := range tc.ticks {
+				if _, dead := l.silence(t0.Add(tk.at), t0.Add(tk.lastSeen), hb, window); dead != tk.dead {
+					t.Fatalf("tick %d at %v (last heard at %v): dead %v, want %v", i+1, tk.at, tk.lastSeen, dead, tk.dead)
+				}
+			}
+		})
+	}
 }

@@ -28,8 +28,8 @@ func TestHelloWeight(t *testing.T) {
 	}
 }
 
-// A Nack's delay and reason reach the dispatcher; a delay above the longest
-// is cut to it.
+// A Nack's delay, reason and unprocessed flag reach the dispatcher; a delay
+// above the longest is cut to it.
 func TestNackDelayAndReasonPassedOn(t *testing.T) {
 	s := startServer(t)
 	c, id := connect(t, s)
@@ -40,10 +40,12 @@ func TestNackDelayAndReasonPassedOn(t *testing.T) {
 	}
 	c.send(protocol.NackWithFrame([]uint64{8}, 0, ""))
 	c.send(&protocol.Frame{Body: &protocol.Frame_Nack{Nack: &protocol.Nack{DeliveryIds: []uint64{9}, DelayMs: 1 << 31}}})
-	testutil.WaitFor(t, testTimeout, "three nacks", func() bool { return len(s.b.find("nack", id)) == 3 })
+	c.send(&protocol.Frame{Body: &protocol.Frame_Nack{Nack: &protocol.Nack{DeliveryIds: []uint64{10}, Unprocessed: true}}})
+	testutil.WaitFor(t, testTimeout, "four nacks", func() bool { return len(s.b.find("nack", id)) == 4 })
 	nacks := s.b.find("nack", id)
-	if nacks[1].nack != (dispatch.NackInfo{}) || nacks[2].nack.Delay != protocol.MaxNackDelay {
-		t.Fatalf("nacks %+v: want a plain one, then one cut to %v", nacks[1:], protocol.MaxNackDelay)
+	if nacks[1].nack != (dispatch.NackInfo{}) || nacks[2].nack.Delay != protocol.MaxNackDelay ||
+		nacks[3].nack != (dispatch.NackInfo{Unprocessed: true}) {
+		t.Fatalf("nacks %+v: want a plain one, one cut to %v, one unprocessed", nacks[1:], protocol.MaxNackDelay)
 	}
 }
 

@@ -74,8 +74,9 @@ func (s *Summary) Markdown() string {
 	fmt.Fprintf(&b, "| messages in Kafka | %d |\n| deliveries | %d |\n| acked at least once | %d |\n| **lost** | **%d** |\n",
 		s.Messages, s.Deliveries, s.Acked, s.Lost)
 	if s.DeadLetters > 0 || s.Poison > 0 {
-		fmt.Fprintf(&b, "| poison records (nacked by every client) | %d |\n| records dead-lettered (not lost) | %d |\n| dead-letter records | %d |\n| **dead letters wrong** | **%d** |\n",
-			s.Poison, s.DeadLettered, s.DeadLetters, s.DeadLetterWrong)
+		fmt.Fprintf(&b, "| poison records (nacked by every client) | %d |\n| records dead-lettered (not lost) | %d |\n"+
+			"| of them not poison (failed their attempts in faults) | %d |\n| dead-letter records | %d |\n| **dead letters wrong** | **%d** |\n",
+			s.Poison, s.DeadLettered, s.DeadLetteredHealthy, s.DeadLetters, s.DeadLetterWrong)
 	}
 	for _, c := range []string{causeFault, causeHandoff, causeTimeout, causeNack, causeUnexplained} {
 		fmt.Fprintf(&b, "| duplicates: %s | %d |\n", c, s.Duplicates[c])

@@ -349,10 +349,53 @@ func TestVerifyFindsADeadLetterThatShouldNotBeThere(t *testing.T) {
 	// (a nack, and an ack after the ack timeout) may be dead-lettered.
 	in := base
 	in.Events = slices.DeleteFunc(slices.Clone(base.Events), func(e Event) bool { return e.Offset == 2 })
+	second := ev(200, EventDeliver, "c2.1", 1, 0, 2)
+	second.Attempt = 2
 	in.Events = append(in.Events, ev(100, EventDeliver, "nacker.1", 1, 0, 2), ev(101, EventNack, "nacker.1", 1, 0, 2),
-		ev(200, EventDeliver, "c2.1", 1, 0, 2), ev(5300, EventAck, "c2.1", 1, 0, 2))
+		second, ev(5300, EventAck, "c2.1", 1, 0, 2))
 	in.DeadLetters = append(slices.Clone(base.DeadLetters), DeadLetter{At: at(5400), Topic: "t", Partition: 0, Offset: 2, Value: "1"})
 	if res := Verify(in, true); res.DeadLetterWrong != 0 || !res.Passed() {
 		t.Fatalf("wrong %v (passed %v, %+v), want none", res.DeadLetterWrongAt, res.Passed(), res)
+	}
+}
+
+// A failure no client logged (the daemon's attempts jump) is explained only
+// by a fault that can fail a delivery out of the clients' sight, between
+// the logged attempts around it. Issue 16's seed 262474: records were
+// dead-lettered after attempt 1 went to the silent client, when the leader
+// woke from SIGSTOP and bounced them through the connections its clients
+// had closed meanwhile.
+func TestVerifyDeadLetterAfterFailuresNoClientLogged(t *testing.T) {
+	recs := records(0, 1)
+	recs[0].Value = "1"
+	third := ev(4000, EventDeliver, "c1.1", 1, 0, 0)
+	third.Attempt = 3
+	base := Input{Records: recs, AckTimeout: time.Second, Topic: "t", MaxAttempts: 3,
+		Events:      []Event{ev(100, EventDeliver, "silent.1", 1, 0, 0), third, ev(4100, EventNack, "c1.1", 1, 0, 0)},
+		DeadLetters: []DeadLetter{{At: at(4200), Topic: "t", Partition: 0, Offset: 0, Value: "1"}}}
+	for _, tc := range []struct {
+		name   string
+		faults []Fault
+		wrong  bool
+	}{
+		{"no fault: attempt 2 unexplained", nil, true},
+		{"a client killed", []Fault{{Kind: FaultClientKill, Target: "c2", Start: at(2000), End: at(2500)}}, false},
+		{"a daemon stopped", []Fault{{Kind: FaultDaemonStop, Target: "d1", Start: at(1000), End: at(3000)}}, false},
+		{"clients cut, its aftermath", []Fault{{Kind: FaultCutClients, Target: "d1", Start: at(0), End: at(50)}}, false},
+		{"a cut long before", []Fault{{Kind: FaultCutClients, Target: "d1", Start: at(-3000), End: at(-2000)}}, true},
+		{"ZooKeeper restarted", []Fault{{Kind: FaultZKRestart, Target: "zookeeper", Start: at(1000), End: at(3000)}}, true},
+		{"a fault after the dead letter", []Fault{{Kind: FaultClientKill, Target: "c2", Start: at(5000), End: at(5500)}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := base
+			in.Faults = tc.faults
+			res := Verify(in, true)
+			if got := res.DeadLetterWrong == 1; got != tc.wrong || res.Passed() == tc.wrong {
+				t.Fatalf("wrong %v (passed %v), want wrong %v", res.DeadLetterWrongAt, res.Passed(), tc.wrong)
+			}
+			if tc.wrong && !strings.Contains(res.DeadLetterWrongAt[0], "attempt 2 of 3") {
+				t.Fatalf("wrong %v, want attempt 2 named", res.DeadLetterWrongAt)
+			}
+		})
 	}
 }

@@ -25,6 +25,13 @@ def test_ids_frame_matches_the_generated_code():
         assert _wire.ids_frame(field, ids) == f.SerializeToString()
 
 
+def test_nack_fields_match_the_generated_code():
+    f = pb.Frame(nack=pb.Nack(delivery_ids=[7], delay_ms=1000, reason="busy", unprocessed=True))
+    assert _wire.ids_frame(_wire.FRAME_NACK, [7], (), 1000, "busy", True) == f.SerializeToString()
+    f = pb.Frame(nack=pb.Nack(delivery_ids=[7], unprocessed=True))
+    assert _wire.ids_frame(_wire.FRAME_NACK, [7], unprocessed=True) == f.SerializeToString()
+
+
 def test_ranges_of_the_batch_draft():
     # protocol/README.md of issue 13: Ack{ranges: [1000, 250]} and Ack{delivery_ids: [5], ranges: [1000, 2]}.
     assert _wire.prefix(_wire.ids_frame(_wire.FRAME_ACK, [], [(1000, 250)]), 100) == h("00000008 2a 06 12 04 e8 07 fa 01")

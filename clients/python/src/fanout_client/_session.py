@@ -100,7 +100,8 @@ class Session:
         # None while acks may be queued; then why they may not.
         self.ended: Optional[BaseException] = None
         self._acks: List[int] = []
-        self._nacks: Dict[Tuple[int, str], List[int]] = {}
+        # Nacks by (delay_ms, reason, unprocessed).
+        self._nacks: Dict[Tuple[int, str, bool], List[int]] = {}
         # Records (partition, offset) a retiring session gave back: once each.
         self._given_back: Set[Tuple[int, int]] = set()
         self._touches: List[int] = []
@@ -128,7 +129,7 @@ class Session:
             if op == OP_ACK:
                 self._acks.append(msg.delivery_id)
             else:
-                self._nacks.setdefault((delay_ms, reason), []).append(msg.delivery_id)
+                self._nacks.setdefault((delay_ms, reason, False), []).append(msg.delivery_id)
         self.signal()
         return True
 
@@ -159,15 +160,16 @@ class Session:
         """Queues a nack of a delivery the session does not pass on (it
         retires: the daemon, which does not know, goes on delivering up to
         its credit). Left in flight, it would wait for the daemon's ack
-        timeout or the Goodbye, holding its partition's commit. Like the
-        timeout, the nack counts as a failed attempt. A record is given back
-        once per session: back again, no other client had room, and a nack
-        would bounce it (a failed attempt each time) until the session ends.
+        timeout or the Goodbye, holding its partition's commit. The nack is
+        flagged unprocessed: the daemon does not count it as a failed
+        attempt. A record is given back once per session: back again, no
+        other client had room, and a nack would bounce it until the session
+        ends.
         self._lock is held; an ended session cannot nack (the daemon
         redelivers anyway)."""
         if self.ended is None and (partition, offset) not in self._given_back:
             self._given_back.add((partition, offset))
-            self._nacks.setdefault((0, RETIRING_REASON), []).append(delivery_id)
+            self._nacks.setdefault((0, RETIRING_REASON, True), []).append(delivery_id)
 
     def usable(self) -> bool:
         """Whether a message of this session is worth handing to the user."""
@@ -365,23 +367,24 @@ class Session:
         )
         self.client._put(m)
 
-    def _take(self) -> Tuple[List[int], Dict[Tuple[int, str], List[int]], List[int], List[int]]:
+    def _take(self) -> Tuple[List[int], Dict[Tuple[int, str, bool], List[int]], List[int], List[int]]:
         with self._lock:
             out = (self._pongs, self._acks, self._nacks, self._touches)
             self._pongs, self._acks, self._nacks, self._touches = [], [], {}, []
         return out[1], out[2], out[3], out[0]
 
-    def _frames(self, acks: List[int], nacks: Dict[Tuple[int, str], List[int]], touches: List[int], pongs: List[int]) -> bytes:
+    def _frames(self, acks: List[int], nacks: Dict[Tuple[int, str, bool], List[int]], touches: List[int], pongs: List[int]) -> bytes:
         out = bytearray()
         for nonce in pongs:
             out += _wire.encode(pb.Frame(pong=pb.Pong(nonce=nonce)), self.max_frame)
-        for field, ids, delay, reason in (
-            [(_wire.FRAME_ACK, acks, 0, "")]
-            + [(_wire.FRAME_NACK, ids, d, r) for (d, r), ids in nacks.items()]
-            + [(_wire.FRAME_TOUCH, touches, 0, "")]
+        for field, ids, delay, reason, unprocessed in (
+            [(_wire.FRAME_ACK, acks, 0, "", False)]
+            + [(_wire.FRAME_NACK, ids, d, r, u) for (d, r, u), ids in nacks.items()]
+            + [(_wire.FRAME_TOUCH, touches, 0, "", False)]
         ):
             for part_ids, part_ranges in _wire.split_ids(ids, self.max_ids, self.ranges):
-                out += _wire.prefix(_wire.ids_frame(field, part_ids, part_ranges, delay, reason), self.max_frame)
+                body = _wire.ids_frame(field, part_ids, part_ranges, delay, reason, unprocessed)
+                out += _wire.prefix(body, self.max_frame)
         return bytes(out)
 
     def _write(self) -> None:

@@ -41,6 +41,7 @@ _WELCOME_CAPABILITIES = 11
 _IDS_RANGES = 2
 _NACK_DELAY_MS = 3
 _NACK_REASON = 4
+_NACK_UNPROCESSED = 5
 #: The longest nack delay the daemon honours (issue 12: 15 minutes).
 MAX_NACK_DELAY_MS = 900_000
 
@@ -246,10 +247,11 @@ def ids_frame(
     ranges: Sequence[Tuple[int, int]] = (),
     delay_ms: int = 0,
     reason: str = "",
+    unprocessed: bool = False,
 ) -> bytes:
     """The body of an Ack, Nack or Touch frame (frame_field FRAME_ACK, ...)
-    naming ids and ranges, with a Nack's delay and reason; the bytes the
-    generated code writes for the fields it knows."""
+    naming ids and ranges, with a Nack's delay, reason and unprocessed flag;
+    the bytes the generated code writes for the fields it knows."""
     inner = bytearray()
     if ids:
         packed = b"".join(_varint(i) for i in ids)
@@ -262,6 +264,8 @@ def ids_frame(
     if reason:
         r = reason.encode("utf-8")
         inner += bytes([(_NACK_REASON << 3) | 2]) + _varint(len(r)) + r
+    if unprocessed:
+        inner += bytes([(_NACK_UNPROCESSED << 3) | 0, 1])
     return bytes([(frame_field << 3) | 2]) + _varint(len(inner)) + bytes(inner)
 
 

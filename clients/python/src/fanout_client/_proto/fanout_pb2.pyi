@@ -153,16 +153,18 @@ class MembersVersion(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Nack(_message.Message):
-    __slots__ = ["delay_ms", "delivery_ids", "ranges", "reason"]
+    __slots__ = ["delay_ms", "delivery_ids", "ranges", "reason", "unprocessed"]
     DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_IDS_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    UNPROCESSED_FIELD_NUMBER: _ClassVar[int]
     delay_ms: int
     delivery_ids: _containers.RepeatedScalarFieldContainer[int]
     ranges: _containers.RepeatedScalarFieldContainer[int]
     reason: str
-    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ..., delay_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    unprocessed: bool
+    def __init__(self, delivery_ids: _Optional[_Iterable[int]] = ..., ranges: _Optional[_Iterable[int]] = ..., delay_ms: _Optional[int] = ..., reason: _Optional[str] = ..., unprocessed: bool = ...) -> None: ...
 
 class Ping(_message.Message):
     __slots__ = ["nonce"]
