@@ -26,6 +26,8 @@ func TestPolicyFieldsOnTheWire(t *testing.T) {
 			[]byte{0, 0, 0, 4, 0x12, 0x02, 0x60, 0x01}},
 		{"nack delay reason", NackWithFrame([]uint64{42}, time.Second, "busy"),
 			[]byte{0, 0, 0, 0x0e, 0x32, 0x0c, 0x0a, 0x01, 0x2a, 0x18, 0xe8, 0x07, 0x22, 0x04, 'b', 'u', 's', 'y'}},
+		{"nack unprocessed", &Frame{Body: &Frame_Nack{Nack: &Nack{DeliveryIds: []uint64{42}, Unprocessed: true}}},
+			[]byte{0, 0, 0, 7, 0x32, 0x05, 0x0a, 0x01, 0x2a, 0x28, 0x01}},
 		{"nack without", NackWithFrame([]uint64{42}, 0, ""),
 			[]byte{0, 0, 0, 5, 0x32, 0x03, 0x0a, 0x01, 0x2a}},
 	} {

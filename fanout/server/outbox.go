@@ -276,7 +276,7 @@ type pumpState struct {
 // yet, so such a tick judges nothing; the next one does. Only one tick in a
 // row is let go, so a daemon starved for good still drops dead clients.
 type liveness struct {
-	lastTick time.Time // the previous tick; zero before the first
+	lastTick time.Time // the previous tick, or when the ticker started; zero: none
 	skipped  bool      // the previous tick came late and judged nothing
 }
 
@@ -392,6 +392,7 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 		if welcomed && tick == nil {
 			ticker = time.NewTicker(cfg.Heartbeat)
 			tick = ticker.C
+			p.live.lastTick = time.Now() // a pause before the first tick makes it late too
 		}
 	}
 }

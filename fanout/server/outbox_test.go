@@ -57,11 +57,13 @@ func TestLivenessAfterThePumpWasPaused(t *testing.T) {
 		// the late tick; the next tick sees them read.
 		{"paused, then reads", []tick{{hb, 0, false}, {5 * hb, 0, false}, {6 * hb, 5 * hb, false}}},
 		{"paused, silent after", []tick{{hb, 0, false}, {5 * hb, 0, false}, {6 * hb, 0, true}}},
+		// Paused before the first tick (the pump had just started the ticker).
+		{"paused at the start", []tick{{4 * hb, 0, false}, {5 * hb, 4 * hb, false}}},
 		// Starved for good: every tick is late; every other one judges.
 		{"always late", []tick{{hb, 0, false}, {3 * hb, 0, false}, {5 * hb, 0, true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var l liveness
+			l := liveness{lastTick: t0} // the ticker started at t0
 			for i, tk := range tc.ticks {
 				if _, dead := l.silence(t0.Add(tk.at), t0.Add(tk.lastSeen), hb, window); dead != tk.dead {
 					t.Fatalf("tick %d at %v (last heard at %v): dead %v, want %v", i+1, tk.at, tk.lastSeen, dead, tk.dead)
