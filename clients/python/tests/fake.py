@@ -36,7 +36,7 @@ class Conn:
         while not self.frames:
             data = self.sock.recv(65536)
             assert data, "client closed the connection"
-            self.frames = self.reader.feed(data)
+            self.frames = [(_wire.decode(b), b) for b in self.reader.feed_bodies(data)]
         return self.frames.pop(0)
 
     def expect(self, kind: str, timeout: float = TIMEOUT, skip=("pong",)) -> pb.Frame:

@@ -11,6 +11,7 @@ import fanout_client
 from fanout_client import _wire
 from fanout_client._proto import fanout_pb2 as pb
 from fake import TIMEOUT, frame_len
+from rawpb import fields, varint
 
 FAST = dict(min_backoff=0.01, max_backoff=0.05, connect_timeout=5.0)
 
@@ -103,8 +104,8 @@ def test_nack_with_delay_and_reason(daemon):
         m = c.get(TIMEOUT)
         assert m.nack(delay=2.5, reason="db down") is True
         body = conn.expect_body("nack")
-        (_, _, nack), = [x for x in _wire.fields(body) if x[0] == _wire.FRAME_NACK]
-        got = {num: v for num, _, v in _wire.fields(nack)}
+        (_, _, nack), = [x for x in fields(body) if x[0] == _wire.FRAME_NACK]
+        got = {num: v for num, _, v in fields(nack)}
         assert got[3] == 2500
         assert got[4] == b"db down"
         assert list(pb.Nack.FromString(nack).delivery_ids) == [5]
@@ -348,23 +349,23 @@ def test_deliver_batch_and_ranges_when_confirmed(daemon):
             s._woken = False
         s.signal()
         body = conn.expect_body("ack")
-        (_, _, ack), = [x for x in _wire.fields(body) if x[0] == _wire.FRAME_ACK]
-        assert [(n, v) for n, _, v in _wire.fields(ack)] == [(2, _wire._varint(2000) + _wire._varint(10))]
+        (_, _, ack), = [x for x in fields(body) if x[0] == _wire.FRAME_ACK]
+        assert [(n, v) for n, _, v in fields(ack)] == [(2, varint(2000) + varint(10))]
     finally:
         c.close()
 
 
 def _batch_frame(ds):
-    inner = b"".join(b"\x0a" + _wire._varint(len(d.SerializeToString())) + d.SerializeToString() for d in ds)
-    body = b"\x6a" + _wire._varint(len(inner)) + inner
+    inner = b"".join(b"\x0a" + varint(len(d.SerializeToString())) + d.SerializeToString() for d in ds)
+    body = b"\x6a" + varint(len(inner)) + inner
     return frame_len(len(body)) + body
 
 
 def _add_welcome_caps(frame_body: bytes, caps):
-    (num, _, welcome), = list(_wire.fields(frame_body))
-    packed = b"".join(_wire._varint(c) for c in caps)
-    welcome = welcome + b"\x5a" + _wire._varint(len(packed)) + packed
-    body = b"\x12" + _wire._varint(len(welcome)) + welcome
+    (num, _, welcome), = list(fields(frame_body))
+    packed = b"".join(varint(c) for c in caps)
+    welcome = welcome + b"\x5a" + varint(len(packed)) + packed
+    body = b"\x12" + varint(len(welcome)) + welcome
     return frame_len(len(body)) + body
 
 

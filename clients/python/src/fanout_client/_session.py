@@ -62,9 +62,8 @@ class Session:
         addr: str,
         reader: _wire.FrameReader,
         welcome: pb.Welcome,
-        welcome_body: bytes,
         credit: int,
-        pending: List[Tuple[pb.Frame, bytes]],
+        pending: List[pb.Frame],
     ) -> None:
         self.client = client
         self.link = link
@@ -81,7 +80,7 @@ class Session:
         self.max_frame = min(max_frame, client.max_frame_size)
         self.max_ids = _wire.ids_per_frame(self.max_frame, welcome.max_in_flight)
         # Ranges only to a daemon that confirmed the capability.
-        self.ranges = client.batch and _wire.CAPABILITY_BATCH in _wire.welcome_capabilities(welcome_body)
+        self.ranges = client.batch and _wire.CAPABILITY_BATCH in welcome.capabilities
         self.liveness: Optional[float] = None
         self.write_timeout = client.connect_timeout
         if welcome.heartbeat_ms:
@@ -228,8 +227,8 @@ class Session:
 
     def _loop(self) -> BaseException:
         last_read = time.monotonic()
-        for f, body in self._pending:
-            self._handle(f, body)
+        for f in self._pending:
+            self._handle(f)
         self._pending = []
         self._write()
         while True:
@@ -290,9 +289,9 @@ class Session:
                     raise ConnectionLostError(f"connection closed by {self.addr}")
                 else:
                     last_read = time.monotonic()
-                    for f, body in self._reader.feed(data):
+                    for f in self._reader.feed(data):
                         if not self._closing:
-                            self._handle(f, body)
+                            self._handle(f)
             if not self._closing:
                 self._write()
 
@@ -307,7 +306,7 @@ class Session:
                 return b""
             raise ConnectionLostError(f"read from {self.addr}: {e}") from e
 
-    def _handle(self, f: pb.Frame, body: bytes) -> None:
+    def _handle(self, f: pb.Frame) -> None:
         kind = f.WhichOneof("body")
         if kind == "deliver":
             self._deliver(f.deliver)
@@ -330,16 +329,11 @@ class Session:
             self.client._follow_members(
                 self.link, [m.address for m in f.members.members], _wire.members_version(f.members, "version")
             )
-        elif kind == "deliver_batch":  # in the schema since issue 13
+        elif kind == "deliver_batch":
             for d in f.deliver_batch.deliveries:
                 self._deliver(d)
-        elif kind is None and self.client.batch:  # generated code of the draft schema
-            batch = _wire.deliver_batch(body)
-            if batch is None:
-                self.log.warning("ignoring a frame of a type this client does not know")
-                return
-            for d in batch:
-                self._deliver(d)
+        elif kind is None:
+            self.log.warning("ignoring a frame of a type this client does not know")
         else:
             self.log.warning("ignoring an unexpected %s frame", kind)
 

@@ -1,14 +1,7 @@
 """Framing of the fanout protocol: a 4-byte big-endian length, then one
-serialized ``fanout.v1.Frame`` (see protocol/README.md).
-
-Two features of the protocol are not yet in the generated code, which
-follows protocol/fanout.proto of this checkout: a Nack's delay and reason
-(fields 3 and 4, issue 12) and batches (the Hello capability
-CAPABILITY_BATCH = 2, DeliverBatch as Frame field 13, Welcome.capabilities
-as field 11, and id ranges as field 2 of Ack, Nack and Touch, issue 13).
-This module encodes and decodes those fields by hand, from the wire format
-the drafts define; the generated code replaces them once the schema has
-them.
+serialized ``fanout.v1.Frame`` (see protocol/README.md). Every field this
+client uses is in the generated code (``_proto/fanout_pb2.py``, written by
+bin/protobufs from protocol/fanout.proto).
 """
 
 from __future__ import annotations
@@ -31,18 +24,10 @@ MAX_HELLO_SIZE = 4096
 MAX_FRAME_SIZE_LIMIT = 2**32 - 1
 
 #: Capability values (enum fanout.v1.Capability).
-CAPABILITY_MEMBERS = 1
-#: Not yet in the generated code (issue 13's draft).
-CAPABILITY_BATCH = 2
+CAPABILITY_MEMBERS = pb.CAPABILITY_MEMBERS
+CAPABILITY_BATCH = pb.CAPABILITY_BATCH
 
-# Field numbers of the drafts (see the module's doc).
-_FRAME_DELIVER_BATCH = 13
-_WELCOME_CAPABILITIES = 11
-_IDS_RANGES = 2
-_NACK_DELAY_MS = 3
-_NACK_REASON = 4
-_NACK_UNPROCESSED = 5
-#: The longest nack delay the daemon honours (issue 12: 15 minutes).
+#: The longest nack delay the daemon honours (protocol.MaxNackDelay: 15 minutes).
 MAX_NACK_DELAY_MS = 900_000
 
 _LEN = struct.Struct(">I")
@@ -76,14 +61,18 @@ class FrameReader:
         self.max_size = max_size
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> List[Tuple[pb.Frame, bytes]]:
-        """Adds data read from the socket; returns the frames it completes,
-        each with its serialized body (for the fields decoded by hand).
+    def feed(self, data: bytes) -> List[pb.Frame]:
+        """Adds data read from the socket; returns the frames it completes.
 
         Raises:
             FrameTooLargeError: a declared length above the limit.
             BadFrameError: an empty frame, or one that does not decode.
         """
+        return [decode(body) for body in self.feed_bodies(data)]
+
+    def feed_bodies(self, data: bytes) -> List[bytes]:
+        """As feed, but returns the serialized bodies, undecoded (an empty
+        one is still refused)."""
         self._buf += data
         out = []
         while len(self._buf) >= 4:
@@ -94,9 +83,8 @@ class FrameReader:
                 raise BadFrameError("empty frame")
             if len(self._buf) < 4 + n:
                 break
-            body = bytes(self._buf[4 : 4 + n])
+            out.append(bytes(self._buf[4 : 4 + n]))
             del self._buf[: 4 + n]
-            out.append((decode(body), body))
         return out
 
 
@@ -124,104 +112,6 @@ def ids_per_frame(max_frame: int, max_in_flight: int) -> int:
     return max(1, n)
 
 
-# ------------------------------------------------------------------ raw protobuf
-
-
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while v > 0x7F:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def _read_varint(buf: bytes, i: int) -> Tuple[int, int]:
-    v = shift = 0
-    while True:
-        if i >= len(buf) or shift > 63:
-            raise BadFrameError("truncated or overlong varint")
-        b = buf[i]
-        i += 1
-        v |= (b & 0x7F) << shift
-        if b < 0x80:
-            return v, i
-        shift += 7
-
-
-def fields(buf: bytes) -> Iterator[Tuple[int, int, object]]:
-    """Yields (field number, wire type, value) of a serialized message: an
-    int for varints and fixed fields, bytes for length-delimited ones."""
-    i = 0
-    while i < len(buf):
-        key, i = _read_varint(buf, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = _read_varint(buf, i)
-            yield num, wt, v
-        elif wt == 2:
-            n, i = _read_varint(buf, i)
-            if i + n > len(buf):
-                raise BadFrameError("truncated field")
-            yield num, wt, buf[i : i + n]
-            i += n
-        elif wt == 1:
-            if i + 8 > len(buf):
-                raise BadFrameError("truncated field")
-            yield num, wt, int.from_bytes(buf[i : i + 8], "little")
-            i += 8
-        elif wt == 5:
-            if i + 4 > len(buf):
-                raise BadFrameError("truncated field")
-            yield num, wt, int.from_bytes(buf[i : i + 4], "little")
-            i += 4
-        else:
-            raise BadFrameError(f"wire type {wt} not supported")
-
-
-def _packed(wt: int, v: object) -> List[int]:
-    """The varints of a repeated field occurrence, packed or not."""
-    if wt == 0:
-        return [v]  # type: ignore[list-item]
-    if wt != 2:
-        raise BadFrameError("repeated varint field of wire type %d" % wt)
-    out, i, b = [], 0, v
-    assert isinstance(b, bytes)
-    while i < len(b):
-        x, i = _read_varint(b, i)
-        out.append(x)
-    return out
-
-
-def deliver_batch(body: bytes) -> Optional[List[pb.Deliver]]:
-    """The deliveries of a DeliverBatch frame body, or None when body is not
-    one (Frame field 13: a frame the generated code does not know)."""
-    found = None
-    for num, wt, v in fields(body):
-        if num == _FRAME_DELIVER_BATCH and wt == 2:
-            found = [] if found is None else found
-            for n2, wt2, d in fields(v):  # type: ignore[arg-type]
-                if n2 == 1 and wt2 == 2:
-                    dl = pb.Deliver()
-                    try:
-                        dl.ParseFromString(d)  # type: ignore[arg-type]
-                    except DecodeError as e:
-                        raise BadFrameError(f"DeliverBatch: a delivery does not decode: {e}") from e
-                    found.append(dl)
-    return found
-
-
-def welcome_capabilities(body: bytes) -> List[int]:
-    """Welcome.capabilities (field 11) of a Welcome frame's body."""
-    caps: List[int] = []
-    for num, wt, v in fields(body):
-        if num == 2 and wt == 2:
-            for n2, wt2, c in fields(v):  # type: ignore[arg-type]
-                if n2 == _WELCOME_CAPABILITIES:
-                    caps.extend(_packed(wt2, c))
-    return caps
-
-
 def ranges_of(ids: Sequence[int]) -> Tuple[List[int], List[Tuple[int, int]]]:
     """Splits ids into single ids and ranges (first, count) of two or more
     consecutive ids, in ascending order."""
@@ -241,6 +131,9 @@ def ranges_of(ids: Sequence[int]) -> Tuple[List[int], List[Tuple[int, int]]]:
     return single, ranges
 
 
+_BODIES = {FRAME_ACK: ("ack", pb.Ack), FRAME_NACK: ("nack", pb.Nack), FRAME_TOUCH: ("touch", pb.Touch)}
+
+
 def ids_frame(
     frame_field: int,
     ids: Sequence[int],
@@ -249,24 +142,14 @@ def ids_frame(
     reason: str = "",
     unprocessed: bool = False,
 ) -> bytes:
-    """The body of an Ack, Nack or Touch frame (frame_field FRAME_ACK, ...)
-    naming ids and ranges, with a Nack's delay, reason and unprocessed flag;
-    the bytes the generated code writes for the fields it knows."""
-    inner = bytearray()
-    if ids:
-        packed = b"".join(_varint(i) for i in ids)
-        inner += b"\x0a" + _varint(len(packed)) + packed
-    if ranges:
-        packed = b"".join(_varint(a) + _varint(n) for a, n in ranges)
-        inner += bytes([(_IDS_RANGES << 3) | 2]) + _varint(len(packed)) + packed
-    if delay_ms:
-        inner += bytes([(_NACK_DELAY_MS << 3) | 0]) + _varint(delay_ms)
-    if reason:
-        r = reason.encode("utf-8")
-        inner += bytes([(_NACK_REASON << 3) | 2]) + _varint(len(r)) + r
-    if unprocessed:
-        inner += bytes([(_NACK_UNPROCESSED << 3) | 0, 1])
-    return bytes([(frame_field << 3) | 2]) + _varint(len(inner)) + bytes(inner)
+    """The serialized body of an Ack, Nack or Touch frame (frame_field
+    FRAME_ACK, ...) naming ids and ranges (first, count), with a Nack's
+    delay, reason and unprocessed flag."""
+    name, cls = _BODIES[frame_field]
+    body = cls(delivery_ids=ids, ranges=[x for r in ranges for x in r])
+    if frame_field == FRAME_NACK:
+        body.delay_ms, body.reason, body.unprocessed = delay_ms, reason, unprocessed
+    return pb.Frame(**{name: body}).SerializeToString()
 
 
 def split_ids(

@@ -417,7 +417,7 @@ class Client:
             except OSError as e:
                 raise ConnectionError(f"hello to {addr}: {e}") from e
             reader = _wire.FrameReader(self.max_frame_size)
-            frames: List[Tuple[pb.Frame, bytes]] = []
+            frames: List[pb.Frame] = []
             while True:
                 while not frames:
                     left = deadline - time.monotonic()
@@ -433,10 +433,10 @@ class Client:
                     if not data:
                         raise ConnectionError(f"handshake with {addr}: connection closed")
                     frames = reader.feed(data)
-                f, body = frames.pop(0)
+                f = frames.pop(0)
                 kind = f.WhichOneof("body")
                 if kind == "welcome":
-                    s = Session(self, link, sock, addr, reader, f.welcome, body, credit, frames)
+                    s = Session(self, link, sock, addr, reader, f.welcome, credit, frames)
                     ok = True
                     return s, ""
                 if kind == "redirect":
