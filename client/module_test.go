@@ -86,7 +86,10 @@ func main() {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	run("mod", "tidy")
+	// -e: the tests of the dependencies need modules the cache may lack
+	// (go-cmp, for protobuf's tests) and GOPROXY is off; tidy goes on
+	// without them, and still raises the go directive as it must.
+	run("mod", "tidy", "-e")
 	if got := goLine(t, filepath.Join(app, "go.mod")); got != want {
 		t.Fatalf("go mod tidy raised the application's go directive from %s to %s: a module it builds from needs a newer Go", want, got)
 	}
