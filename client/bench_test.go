@@ -3,7 +3,6 @@ package client
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
 )
@@ -15,18 +14,7 @@ func BenchmarkAck(b *testing.B) {
 	c, fc, _ := connectTo(b, d, Config{})
 	fc.deliver(b, 1, "x")
 	sess := receive(b, c).sess
-	counted := make(chan int, 1)
-	go func() {
-		n := 0
-		for n < b.N {
-			f, err := fc.read(time.Minute)
-			if err != nil {
-				break
-			}
-			n += len(f.GetAck().GetDeliveryIds())
-		}
-		counted <- n
-	}()
+	counted := fc.countAcks(b.N)
 	msgs := make([]Message, b.N)
 	for i := range msgs {
 		msgs[i].DeliveryID = uint64(i)
@@ -74,22 +62,7 @@ func benchReceive(b *testing.B, mode string, size int) {
 	}
 	fc.send(b, protocol.WelcomeFrame(w))
 	c := connected(b, ch)
-	counted := make(chan int, 1)
-	go func() {
-		n := 0
-		for n < b.N {
-			f, err := fc.read(time.Minute)
-			if err != nil {
-				break
-			}
-			n += len(f.GetAck().GetDeliveryIds())
-			rs := f.GetAck().GetRanges()
-			for i := 1; i < len(rs); i += 2 {
-				n += int(rs[i])
-			}
-		}
-		counted <- n
-	}()
+	counted := fc.countAcks(b.N)
 	value := make([]byte, size)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()

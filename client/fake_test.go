@@ -96,6 +96,29 @@ func (fc *fakeConn) next(tb testing.TB) *protocol.Frame {
 	return f
 }
 
+// countAcks reads fc's frames in a goroutine until they have acked n
+// delivery ids (by id or by range) or reading fails, and then sends how many
+// they acked: the daemon's side of a benchmark's acks.
+func (fc *fakeConn) countAcks(n int) <-chan int {
+	counted := make(chan int, 1)
+	go func() {
+		got := 0
+		for got < n {
+			f, err := fc.read(time.Minute)
+			if err != nil {
+				break
+			}
+			got += len(f.GetAck().GetDeliveryIds())
+			rs := f.GetAck().GetRanges()
+			for i := 1; i < len(rs); i += 2 {
+				got += int(rs[i])
+			}
+		}
+		counted <- got
+	}()
+	return counted
+}
+
 func (fc *fakeConn) read(timeout time.Duration) (*protocol.Frame, error) {
 	_ = fc.nc.SetReadDeadline(time.Now().Add(timeout))
 	var f protocol.Frame

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nanoservice/core-fanout/protocol"
 )
@@ -18,18 +17,7 @@ func BenchmarkConsume(b *testing.B) {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 			d := startFake(b)
 			c, fc, _ := connectTo(b, d, Config{MaxInFlight: 1000})
-			counted := make(chan int, 1)
-			go func() {
-				n := 0
-				for n < b.N {
-					f, err := fc.read(time.Minute)
-					if err != nil {
-						break
-					}
-					n += len(f.GetAck().GetDeliveryIds())
-				}
-				counted <- n
-			}()
+			counted := fc.countAcks(b.N)
 			ctx, cancel := context.WithCancel(context.Background())
 			consumed := make(chan error, 1)
 			go func() {

@@ -196,21 +196,14 @@ func number(t *testing.T, s string) int64 {
 // consoleStatus reads the daemon's /api/status, with token when not empty.
 func consoleStatus(t *testing.T, base, token string) *status.Status {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, base+"/api/status", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	auth := ""
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		auth = "Bearer " + token
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET /api/status: %v", err)
-	}
-	defer resp.Body.Close()
+	code, body, _ := testutil.HTTPGet(t, base+"/api/status", auth)
 	var st status.Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /api/status: %d, %v", resp.StatusCode, err)
+	if err := json.Unmarshal([]byte(body), &st); err != nil || code != http.StatusOK {
+		t.Fatalf("GET /api/status: %d, %v", code, err)
 	}
 	return &st
 }

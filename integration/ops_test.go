@@ -4,10 +4,8 @@ package integration
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -17,13 +15,14 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // scrape fetches url (a Prometheus text exposition) and returns each
 // sample by its series, e.g. `fanout_consumer_lag{partition="0"}`.
 func scrape(t testing.TB, url string) map[string]float64 {
 	t.Helper()
-	code, body := httpGet(t, url)
+	code, body, _ := testutil.HTTPGet(t, url, "")
 	if code != http.StatusOK {
 		t.Fatalf("GET %s = %d %s", url, code, body)
 	}
@@ -42,27 +41,6 @@ func scrape(t testing.TB, url string) map[string]float64 {
 		out[line[:i]] = v
 	}
 	return out
-}
-
-// httpGet returns the status code and body of GET url.
-func httpGet(t testing.TB, url string) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return resp.StatusCode, string(b)
 }
 
 // buildFanout builds cmd/fanout into a temporary directory.
@@ -160,7 +138,7 @@ func TestOpsMetricsHealthAndStatus(t *testing.T) {
 		{"/healthz", "ok\n"},
 		{"/readyz", "leader: serving\n"},
 	} {
-		if code, body := httpGet(t, base+tt.path); code != http.StatusOK || body != tt.body {
+		if code, body, _ := testutil.HTTPGet(t, base+tt.path, ""); code != http.StatusOK || body != tt.body {
 			t.Errorf("GET %s = %d %q, want 200 %q", tt.path, code, body, tt.body)
 		}
 	}

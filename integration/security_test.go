@@ -374,21 +374,14 @@ func TestSecurityEndToEnd(t *testing.T) {
 
 	// /metrics needs the token; the probes do not.
 	base := "http://" + leader.metrics
-	if code, _ := httpGet(t, base+"/metrics"); code != http.StatusUnauthorized {
+	if code, _, _ := testutil.HTTPGet(t, base+"/metrics", ""); code != http.StatusUnauthorized {
 		t.Errorf("/metrics without the token = %d, want 401", code)
 	}
-	req, _ := http.NewRequest(http.MethodGet, base+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("/metrics with the token = %d, want 200", resp.StatusCode)
+	if code, _, _ := testutil.HTTPGet(t, base+"/metrics", "Bearer "+token); code != http.StatusOK {
+		t.Errorf("/metrics with the token = %d, want 200", code)
 	}
 	for _, probe := range []string{"/healthz", "/readyz"} {
-		if code, body := httpGet(t, base+probe); code != http.StatusOK {
+		if code, body, _ := testutil.HTTPGet(t, base+probe, ""); code != http.StatusOK {
 			t.Errorf("%s without a token = %d %q, want 200", probe, code, body)
 		}
 	}

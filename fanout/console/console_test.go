@@ -3,7 +3,6 @@ package console
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/status"
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // testStatus is a serving leader with one client whose name is markup.
@@ -39,23 +39,7 @@ func get(t *testing.T, h http.Handler, path, auth string) (int, string, http.Hea
 	t.Helper()
 	srv := httptest.NewServer(h)
 	defer srv.Close()
-	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if auth != "" {
-		req.Header.Set("Authorization", auth)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b), resp.Header
+	return testutil.HTTPGet(t, srv.URL+path, auth)
 }
 
 // /api/status is the document as status.Encode writes it, made for each

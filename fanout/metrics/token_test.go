@@ -2,11 +2,12 @@ package metrics
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 func TestHandlerMetricsToken(t *testing.T) {
@@ -20,23 +21,7 @@ func TestHandlerMetricsToken(t *testing.T) {
 	defer srv.Close()
 	get := func(path, auth string) (int, string, http.Header) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, string(b), resp.Header
+		return testutil.HTTPGet(t, srv.URL+path, auth)
 	}
 	tests := []struct {
 		name, path, auth string

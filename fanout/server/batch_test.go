@@ -149,19 +149,7 @@ func TestClientWithoutBatchSeesTodaysFrames(t *testing.T) {
 	s := startServer(t, func(c *Config) { c.Heartbeat = time.Hour })
 	c := dial(t, s)
 	c.send(protocol.HelloFrame(capableHello()))
-	got := c.readRaw()
-	var welcome protocol.Frame
-	if err := proto.Unmarshal(got[protocol.HeaderSize:], &welcome); err != nil {
-		t.Fatal(err)
-	}
-	id := welcome.GetWelcome().GetSessionId()
-	want := wire(t, protocol.WelcomeFrame(&protocol.Welcome{
-		NodeId: "node-1", SessionId: id, ProtocolVersion: 1, MaxInFlight: 100, AckTimeoutMs: 30000,
-		HeartbeatMs: uint32(time.Hour / time.Millisecond), LivenessIntervals: 2, MaxFrameSize: 1 << 20, Topic: "orders",
-	}))
-	if !bytes.Equal(got, want) {
-		t.Fatalf("Welcome bytes\n%x\nwant today's\n%x", got, want)
-	}
+	id := c.expectTodaysWelcome(t, 100)
 	ds := []dispatch.Delivery{{ID: 5, Attempt: 1, Msg: testMessage(2, 7, 10)}, {ID: 6, Attempt: 2, Msg: testMessage(2, 8, 10)}}
 	s.b.sink(t, id).Send(ds)
 	for _, d := range ds {

@@ -97,6 +97,29 @@ func wire(t testing.TB, f *protocol.Frame) []byte {
 	return buf.Bytes()
 }
 
+// expectTodaysWelcome reads the Welcome that answers a Hello without
+// capabilities and checks its bytes are today's protocol's, byte for byte:
+// the test server's Welcome (heartbeat an hour) for a client of
+// maxInFlight. It returns the Welcome's session id.
+func (c *client) expectTodaysWelcome(t *testing.T, maxInFlight uint32) uint64 {
+	t.Helper()
+	got := c.readRaw()
+	var welcome protocol.Frame
+	if err := proto.Unmarshal(got[protocol.HeaderSize:], &welcome); err != nil {
+		t.Fatal(err)
+	}
+	id := welcome.GetWelcome().GetSessionId()
+	want := wire(t, protocol.WelcomeFrame(&protocol.Welcome{
+		NodeId: "node-1", SessionId: id, ProtocolVersion: 1, MaxInFlight: maxInFlight,
+		AckTimeoutMs: 30000, HeartbeatMs: uint32(time.Hour / time.Millisecond), LivenessIntervals: 2,
+		MaxFrameSize: 1 << 20, Topic: "orders",
+	}))
+	if !bytes.Equal(got, want) {
+		t.Fatalf("Welcome bytes\n%x\nwant today's\n%x", got, want)
+	}
+	return id
+}
+
 // expectMembers reads the next frame, which must be a Members frame listing
 // want; it returns the frame's version.
 func (c *client) expectMembers(want ...string) *protocol.MembersVersion {
@@ -169,26 +192,14 @@ func TestClientWithoutCapabilitySeesTodaysFrames(t *testing.T) {
 	s := startMembersServer(t, l)
 	c := dial(t, s)
 	c.send(protocol.HelloFrame(&protocol.Hello{ClientId: "old", ProtocolVersion: protocol.Version, MaxInFlight: 10}))
-	got := c.readRaw()
-	var welcome protocol.Frame
-	if err := proto.Unmarshal(got[protocol.HeaderSize:], &welcome); err != nil {
-		t.Fatal(err)
-	}
-	id := welcome.GetWelcome().GetSessionId()
-	want := wire(t, protocol.WelcomeFrame(&protocol.Welcome{
-		NodeId: "node-1", SessionId: id, ProtocolVersion: 1, MaxInFlight: 10, AckTimeoutMs: 30000,
-		HeartbeatMs: uint32(time.Hour / time.Millisecond), LivenessIntervals: 2, MaxFrameSize: 1 << 20, Topic: "orders",
-	}))
-	if !bytes.Equal(got, want) {
-		t.Fatalf("Welcome bytes\n%x\nwant today's\n%x", got, want)
-	}
+	id := c.expectTodaysWelcome(t, 10)
 
 	l.set("10.0.0.1:4987", "10.0.0.2:4987", "10.0.0.3:4987")
 	s.MembersChanged()
 	msg := testMessage(2, 7, 10)
 	s.b.sink(t, id).Send([]dispatch.Delivery{{ID: 5, Attempt: 1, Msg: msg}})
-	got = c.readRaw()
-	want = wire(t, protocol.DeliverFrame(&protocol.Deliver{
+	got := c.readRaw()
+	want := wire(t, protocol.DeliverFrame(&protocol.Deliver{
 		DeliveryId: 5, Partition: 2, Offset: 7, Key: msg.Key, Value: msg.Value,
 		Headers:     []*protocol.Header{{Key: "trace", Value: []byte("abc")}, {Key: "n", Value: []byte{7}}},
 		TimestampMs: msg.Timestamp.UnixMilli(), Attempt: 1,
