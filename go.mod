@@ -7,6 +7,7 @@ require (
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/prometheus/client_golang v1.25.0
 	github.com/xdg-go/scram v1.4.0
+	golang.org/x/mod v0.43.0
 	golang.org/x/term v0.46.0
 )
 
