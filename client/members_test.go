@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // spread dials a client with credit to ds[0], which lists every fake of ds

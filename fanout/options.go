@@ -17,12 +17,12 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Options configures a daemon. Zero values take the defaults noted.

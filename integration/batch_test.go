@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/internal/testutil"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Issue 13 against the real Kafka: a Go client with the batch API receives

@@ -22,10 +22,10 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // ctClientTLS is the client side of TLS: f's CA, and cert and key when set.

@@ -31,11 +31,11 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
-	"github.com/nanoservice/core-fanout/protocol"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )

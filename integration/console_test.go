@@ -27,11 +27,11 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/internal/testutil"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // chromium runs Debian's headless Chromium with args, plus the flags that

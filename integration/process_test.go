@@ -23,7 +23,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )

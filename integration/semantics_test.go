@@ -26,9 +26,9 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // semRaw is a client connection driven frame by frame through the protocol

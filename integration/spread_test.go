@@ -28,9 +28,9 @@ import (
 	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
-	"github.com/nanoservice/core-fanout/protocol"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )

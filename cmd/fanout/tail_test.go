@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/urfave/cli/v2"
 )
 

@@ -5,9 +5,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/backoff"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Redelivery reasons, as indexes of Stats.Redelivered.

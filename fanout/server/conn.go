@@ -16,8 +16,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // closeReason says why a connection closed, for the log line and the

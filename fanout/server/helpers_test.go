@@ -14,8 +14,8 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/protocol"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/internal/testutil"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // A Hello's weight reaches the dispatcher through the sink (WeightedSink);

@@ -22,10 +22,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Defaults for the zero values of Config fields.

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // withTLS serves TLS with f's server certificate; mutual requires client
