@@ -26,7 +26,7 @@ func gitRepo(t *testing.T, files map[string]string) string {
 	}
 	run(t, dir, nil, "git", "init", "-q")
 	run(t, dir, nil, "git", "add", "-A")
-	run(t, dir, nil, "git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "first")
+	run(t, dir, nil, "git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false", "commit", "-q", "-m", "first")
 	return dir
 }
 
