@@ -36,7 +36,9 @@ func main() {
 	default:
 		err = run(ctx, os.Args[1:], logrus.NewEntry(log))
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, flag.ErrHelp): // -help: the usage was printed
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(1)
 	}

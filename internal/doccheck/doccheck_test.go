@@ -266,7 +266,7 @@ var skipDirs = []string{".git", ".cache", ".run", "chaos-results", "bench-result
 // scripts and tests: no file cites an issue by number.
 func TestNoIssueNumbers(t *testing.T) {
 	t.Parallel()
-	if !issueRE.MatchString("the targets of Iss" + "ue 13") || !issueRE.MatchString("iss"+"ues #12") {
+	if !issueRE.MatchString("the targets of Iss"+"ue 13") || !issueRE.MatchString("iss"+"ues #12") {
 		t.Fatal("issueRE misses a citation")
 	}
 	walkText(t, func(rel string, content []byte) {
