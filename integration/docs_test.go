@@ -190,10 +190,8 @@ func (e *docEnv) runFile(t *testing.T, blocks []doccheck.Block) {
 
 // docProc is a block running in bash, in a process group of its own.
 type docProc struct {
-	block   doccheck.Block
-	cmd     *exec.Cmd
-	logPath string
-	done    chan struct{}
+	*procProcess
+	block doccheck.Block
 }
 
 // backgroundLineRE matches a line that starts a command in the background.
@@ -222,56 +220,10 @@ func (e *docEnv) start(t *testing.T, b doccheck.Block, text string) *docProc {
 	if backgroundLineRE.MatchString(text) {
 		script += epilogue
 	}
-	logFile, err := os.CreateTemp(t.TempDir(), "block-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &docProc{block: b, cmd: exec.Command("bash", "-c", script), logPath: logFile.Name(), done: make(chan struct{})}
-	p.cmd.Dir, p.cmd.Env = e.root, e.env
-	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("%s: start bash: %v", b, err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		_ = logFile.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-		if t.Failed() {
-			t.Logf("%s output:\n%s", b, p.output())
-		}
-	})
-	return p
-}
-
-func (p *docProc) output() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
-}
-
-func (p *docProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// wait returns the exit code, failing the test if it runs past timeout.
-func (p *docProc) wait(t *testing.T, timeout time.Duration) int {
-	t.Helper()
-	select {
-	case <-p.done:
-		return p.cmd.ProcessState.ExitCode()
-	case <-time.After(timeout):
-		t.Fatalf("%s still running %v later:\n%s", p.block, timeout, p.output())
-		return -1
-	}
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir, cmd.Env = e.root, e.env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return &docProc{procProcess: procRunCmd(t, cmd), block: b}
 }
 
 // waitOutput waits until the block has printed text, and fails if it ends
