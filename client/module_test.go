@@ -24,7 +24,7 @@ func goLine(tb testing.TB, path string) string {
 }
 
 // oldestGo is the oldest Go that applications importing the client may
-// use, as the README says: the go directive of google.golang.org/protobuf,
+// use, as docs/clients.md says: the go directive of google.golang.org/protobuf,
 // which protocol needs.
 const oldestGo = "1.23"
 

@@ -134,7 +134,7 @@ type Options struct {
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
-	// Delivery policies (README: Delivery policies). The zero values
+	// Delivery policies (docs/delivery.md). The zero values
 	// change nothing.
 
 	// MaxAttempts is how many failed deliveries (ack timeout, nack, client

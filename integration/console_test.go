@@ -282,7 +282,7 @@ func TestConsoleInChromium(t *testing.T) {
 		}
 		return perClient == 2 && sampled >= 3
 	})
-	// The desktop screenshot while messages flow (the README shows it).
+	// The desktop screenshot while messages flow (docs/metrics.md shows it).
 	page := base + "/#token=" + url.QueryEscape(opts.MetricsToken)
 	dir := t.ArtifactDir()
 	screenshot(t, page, filepath.Join(dir, "console.png"), 1280, 860)

@@ -10,11 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nanoservice/core-fanout/internal/doccheck"
 	"github.com/nanoservice/core-fanout/internal/modproxy"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -22,30 +24,24 @@ import (
 // outRoot is the repository root, seen from this package.
 const outRoot = ".."
 
-// docBlock returns the ```sh block of the document file (relative to the
-// repository root) that follows the marker line "<!-- test: NAME -->".
+// outsideBlocks are the command blocks of the user docs that the tests of
+// this file run as written outside the repository, by the name their
+// annotation gives them (<!-- test: run outside the repository: NAME -->);
+// the docs test checks that every such block is one of them.
+var outsideBlocks = []string{"go get the client", "build the Python wheel", "install the Python client"}
+
+// docBlock returns the text of the command block of the document file
+// (relative to the repository root) run outside the repository as name.
 func docBlock(t testing.TB, file, name string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(outRoot, file))
+	if !slices.Contains(outsideBlocks, name) {
+		t.Fatalf("%q is not one of outsideBlocks", name)
+	}
+	b, err := doccheck.Find(outRoot, file, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(b)
-	i := strings.Index(text, "<!-- test: "+name+" -->")
-	if i < 0 {
-		t.Fatalf("%s has no block marked %q", file, name)
-	}
-	rest := text[i:]
-	start := strings.Index(rest, "```sh\n")
-	if start < 0 {
-		t.Fatalf("%s: the block marked %q is not a ```sh block", file, name)
-	}
-	rest = rest[start+len("```sh\n"):]
-	end := strings.Index(rest, "```")
-	if end < 0 {
-		t.Fatalf("%s: the block marked %q does not end", file, name)
-	}
-	return rest[:end]
+	return b.Text
 }
 
 // outShell runs script with bash -euo pipefail in dir, with env added to

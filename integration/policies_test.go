@@ -2,7 +2,7 @@
 
 package integration
 
-// Delivery policies (issue 12) against the real Kafka and ZooKeeper: a
+// Delivery policies against the real Kafka and ZooKeeper: a
 // poison message dead-lettered after --max-attempts with its attempts
 // counted across a leader's kill -9, a dead-letter topic the broker refuses
 // holding the offset until it takes the record, and the acked ranges that

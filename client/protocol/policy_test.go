@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The byte examples of README.md for the fields of the delivery
+// The byte examples of protocol/README.md for the fields of the delivery
 // policies, and the bytes of a Hello and a Nack without them, which must not
 // change (a client that sends none of the new fields is unchanged).
 func TestPolicyFieldsOnTheWire(t *testing.T) {

@@ -361,7 +361,7 @@ func TestVerifyFindsADeadLetterThatShouldNotBeThere(t *testing.T) {
 
 // A failure no client logged (the daemon's attempts jump) is explained only
 // by a fault that can fail a delivery out of the clients' sight, between
-// the logged attempts around it. Issue 16's seed 262474: records were
+// the logged attempts around it. Chaos seed 262474: records were
 // dead-lettered after attempt 1 went to the silent client, when the leader
 // woke from SIGSTOP and bounced them through the connections its clients
 // had closed meanwhile.

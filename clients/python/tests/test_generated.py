@@ -1,4 +1,4 @@
-"""The committed generated code is what bin/protobufs makes from client/protocol/fanout.proto."""
+"""The committed generated code is what bin/protobufs makes from protocol/fanout.proto."""
 
 import pathlib
 import subprocess

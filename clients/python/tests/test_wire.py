@@ -1,4 +1,4 @@
-"""The framing and the frames the client builds against client/protocol/README.md's worked examples."""
+"""The framing and the frames the client builds against protocol/README.md's worked examples."""
 
 import pytest
 
@@ -33,7 +33,7 @@ def test_nack_fields_match_the_generated_code():
 
 
 def test_ranges_of_protocol_readme():
-    # client/protocol/README.md: Ack{ranges: [1000, 250]} and Ack{delivery_ids: [5], ranges: [1000, 2]}.
+    # protocol/README.md: Ack{ranges: [1000, 250]} and Ack{delivery_ids: [5], ranges: [1000, 2]}.
     assert _wire.prefix(_wire.ids_frame(_wire.FRAME_ACK, [], [(1000, 250)]), 100) == h("00000008 2a 06 12 04 e8 07 fa 01")
     assert _wire.prefix(_wire.ids_frame(_wire.FRAME_ACK, [5], [(1000, 2)]), 100) == h("0000000a 2a 08 0a 01 05 12 03 e8 07 02")
     assert _wire.ranges_of([7, 1000, 1001, 5, 3, 4]) == ([7], [(3, 3), (1000, 2)])

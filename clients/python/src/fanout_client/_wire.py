@@ -1,7 +1,7 @@
 """Framing of the fanout protocol: a 4-byte big-endian length, then one
-serialized ``fanout.v1.Frame`` (see client/protocol/README.md). Every field this
+serialized ``fanout.v1.Frame`` (see protocol/README.md). Every field this
 client uses is in the generated code (``_proto/fanout_pb2.py``, written by
-bin/protobufs from client/protocol/fanout.proto).
+bin/protobufs from protocol/fanout.proto).
 """
 
 from __future__ import annotations
