@@ -53,6 +53,11 @@ type Daemon struct {
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
 	committed atomic.Bool                     // spread mode: the group has committed offsets, as far as this member knows
+
+	// With --max-attempts, set by Run before any term: the dead-letter
+	// producers' client, and the largest record it sends (deadLetterLimit).
+	deadClient sarama.Client
+	deadLimit  int
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -237,6 +242,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if err := d.checkDeadLetterTopic(ctx, client); err != nil {
 			return err
 		}
+		// The dead letters' client: the one place their producer is
+		// configured, its record limit the topic's.
+		d.deadLimit = deadLetterLimit(client, d.opts.DeadLetterTopic, d.log)
+		dead, err := d.connectKafka(ctx, "fanout-dead-letters-"+d.opts.NodeID, func(c *sarama.Config) {
+			c.Producer.MaxMessageBytes = d.deadLimit
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+		defer dead.Close()
+		d.deadClient = dead
 	}
 
 	if d.opts.Store != nil {
@@ -601,6 +617,8 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.HighWaterMarks = t.src.HighWaterMarks()
 		if t.dead != nil {
 			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.topic, t.dead.FailingSince()
+			s.DeadLetterRefused, s.DeadLetterRefusedError = t.dead.Refused()
+			s.DeadLetterValuesOmitted = t.dead.ValuesOmitted()
 		}
 	}
 	s.Clients = d.srv.Clients()
