@@ -50,6 +50,7 @@ type deadLetters struct {
 	source   string // the topic consumed
 	producer sarama.SyncProducer
 	log      *logrus.Entry
+	retryMin time.Duration // the first wait after a failure
 	retryMax time.Duration
 	// limit is the largest record (sarama's size estimate) the producer
 	// sends, from the topic's max.message.bytes; 0 when unknown. A record
@@ -81,6 +82,7 @@ func newDeadLetters(producer sarama.SyncProducer, topic, source string, limit in
 		source:   source,
 		producer: producer,
 		log:      log.WithField("dead_letter_topic", topic),
+		retryMin: 100 * time.Millisecond,
 		retryMax: retryMax,
 		limit:    limit,
 		now:      time.Now,
@@ -198,7 +200,7 @@ func (d *deadLetters) FailingSince() time.Time {
 // messages are not committed, so the next term delivers them again (and,
 // their attempts being stored, dead-letters them again).
 func (d *deadLetters) run(ctx context.Context) {
-	b := backoff.Backoff{Min: 100 * time.Millisecond, Max: d.retryMax, Jitter: true}
+	b := backoff.Backoff{Min: d.retryMin, Max: max(d.retryMax, d.retryMin), Jitter: true}
 	var pending []letter
 	var refusedLogged time.Time // when a refusal was last logged
 	failures := 0
@@ -286,7 +288,14 @@ func (d *deadLetters) run(ctx context.Context) {
 				Error("dead-letter topic refuses records, and retrying cannot fix it: they wait, holding their partitions' committed offsets, " +
 					"until the topic takes them (check its ACLs, its cleanup.policy, its configuration); logged once a minute")
 		}
-		if !backoff.Sleep(ctx, wait) {
+		// Refusals alone: a record that comes meanwhile goes at once (with
+		// the refused ones) rather than after their retry. A transient
+		// failure (Kafka away) makes it wait like the others.
+		var wake <-chan struct{}
+		if transient == nil {
+			wake = d.kick
+		}
+		if !backoff.Wait(ctx, wait, wake) {
 			return
 		}
 	}

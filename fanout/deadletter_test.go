@@ -296,6 +296,7 @@ func TestDeadLetterRefusedAlertsAndHolds(t *testing.T) {
 	logger, hook := logtest.NewNullLogger()
 	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
 	dl := newDeadLetters(p, "orders.dlq", "orders", 0, 2*time.Millisecond, logrus.NewEntry(logger))
+	dl.retryMin = time.Millisecond
 	var mu sync.Mutex
 	now := time.Unix(1700000000, 0)
 	dl.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
@@ -368,5 +369,26 @@ func TestDeadLetterErrorClasses(t *testing.T) {
 		if got := classifyProduceError(err); got != want {
 			t.Errorf("%v: class %d, want %d", err, got, want)
 		}
+	}
+}
+
+// A record held by a refusal does not hold up the dead letters that come
+// after it: they are produced as they come, not after the refused record's
+// next retry.
+func TestDeadLetterRefusedDoesNotDelayOthers(t *testing.T) {
+	logger, _ := logtest.NewNullLogger()
+	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
+	dl := newDeadLetters(p, "orders.dlq", "orders", 0, time.Hour, logrus.NewEntry(logger))
+	dl.retryMin = time.Hour // the refused record's next retry is an hour away
+	runDeadLetters(t, dl)
+	dl.Send(dispatch.DeadLetterRecord{Msg: &dispatch.Message{Partition: 1, Offset: 9, Value: []byte("no key")}, Attempts: 3, LastFailure: "nack"})
+	testutil.WaitFor(t, testWait, "the refusal counted", func() bool { n, _ := dl.Refused(); return n == 1 })
+	keyed := &dispatch.Message{Partition: 2, Offset: 4, Key: []byte("k"), Value: []byte("v")}
+	dl.Send(dispatch.DeadLetterRecord{Msg: keyed, Attempts: 3, LastFailure: "nack"})
+	if ms := waitStored(t, dl); len(ms) != 1 || ms[0] != keyed {
+		t.Fatalf("stored %v, want the keyed record", ms)
+	}
+	if n, _ := dl.Refused(); n != 1 {
+		t.Fatalf("Refused = %d, want the record without a key still held", n)
 	}
 }
