@@ -253,6 +253,22 @@ func TestElectorRealKafkaAndZooKeeper(t *testing.T) {
 	// still from here on, so it never finds the leader silent for one.
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer rcancel()
+	// Before node-a's clock stops: it has read the log up to node-b's
+	// heartbeats as leader (so every record of the crashed node-c), and
+	// node-c is silent for a timeout in its view (else it would stay live
+	// for good).
+	testutil.WaitFor(t, 30*time.Second, "node-a to see node-b lead and node-c gone", func() bool {
+		bLeads, cSeen := false, false
+		for _, m := range nodes[0].e.Members() {
+			switch m.NodeID {
+			case "node-b":
+				bLeads = m.Role == cluster.Role_ROLE_LEADER && m.Epoch == nextTerm.Epoch
+			case "node-c":
+				cSeen = true
+			}
+		}
+		return bLeads && !cSeen
+	})
 	aClock.stop()
 	resigned := time.Now()
 	if err := next.e.Resign(rctx); err != nil {

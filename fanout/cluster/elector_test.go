@@ -387,6 +387,21 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 	bTerm := b.lastTerm()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// Before a's clock stops: a has read the log up to b's heartbeats as
+	// leader of epoch 2 (so every record of the crashed c), and c is
+	// silent for a timeout in its view (else it would stay live for good).
+	testutil.WaitFor(t, 10*time.Second, "a to see b lead epoch 2 and c gone", func() bool {
+		bLeads, cSeen := false, false
+		for _, m := range a.e.Members() {
+			switch m.NodeID {
+			case "b":
+				bLeads = m.Role == Role_ROLE_LEADER && m.Epoch == 2
+			case "c":
+				cSeen = true
+			}
+		}
+		return bLeads && !cSeen
+	})
 	aClock.stop()
 	resigned := time.Now()
 	if err := b.e.Resign(ctx); err != nil {
