@@ -184,7 +184,7 @@ func serve(c *cli.Context) error {
 			case <-ctx.Done():
 				return
 			case <-hup:
-				_ = d.ReloadTLS() // the daemon logs the outcome
+				d.Reload() // the daemon logs the outcome
 			}
 		}
 	}, nil)

@@ -53,6 +53,10 @@ type Stats struct {
 	DeadLetterPending int    // messages handed to the dead-letter producer, not yet stored
 	KeyWaiting        int    // key ordering: messages waiting for the previous message of their key
 	Observers         int    // observers joined
+	// TooLargeDeadLettered counts the messages handed to the dead-letter
+	// producer because they fitted no joined client for MaxAttempts ack
+	// timeouts (FailureTooLarge).
+	TooLargeDeadLettered uint64
 	// NotCounted counts the failed deliveries that did not count toward
 	// Config.MaxAttempts: nacks of deliveries the client never processed
 	// (NackInfo.Unprocessed), and disconnects within Config.DisconnectWindow
@@ -165,6 +169,9 @@ type state struct {
 	// any size, -1 with no client); stale after a leave until recomputed.
 	largest      int
 	largestStale bool
+	// stuck holds, with a dead-letter topic, the messages of large that fit
+	// no joined client, and since when (expireTooLarge); nil when none.
+	stuck map[*Message]time.Time
 
 	flights   flightTable  // outstanding deliveries by id
 	deadlines deadlineList // outstanding deliveries by deadline
