@@ -174,3 +174,29 @@ func TestSpreadWithSecretIgnoresAForgedLeaderAssignment(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// The MAC covers what binds a heartbeat to its sender and dates it: a
+// record whose instance, sequence number or position was changed does not
+// pass with the original's MAC, so a replay cannot be made to look new.
+func TestHeartbeatMACCoversTheBinding(t *testing.T) {
+	topic := TopicName("mac", "jobs")
+	hb := &Heartbeat{NodeId: "c", Addr: "c:4000", Instance: "c-1", Seq: 7, Seen: 40, Role: Role_ROLE_LEADER, Epoch: 3}
+	mac := HeartbeatMAC([]byte(testSecret), topic, mustMarshal(t, hb))
+	record := func(h *Heartbeat) *sarama.ConsumerMessage {
+		return &sarama.ConsumerMessage{Value: mustMarshal(t, h), Headers: []*sarama.RecordHeader{{Key: []byte(MACHeader), Value: mac}}}
+	}
+	if !Authentic([]byte(testSecret), topic, record(hb)) {
+		t.Fatal("the original record does not pass")
+	}
+	for name, change := range map[string]func(*Heartbeat){
+		"instance": func(h *Heartbeat) { h.Instance = "c-2" },
+		"seq":      func(h *Heartbeat) { h.Seq++ },
+		"seen":     func(h *Heartbeat) { h.Seen += 100 },
+	} {
+		h := proto.CloneOf(hb)
+		change(h)
+		if Authentic([]byte(testSecret), topic, record(h)) {
+			t.Errorf("a record with another %s passes with the original's MAC", name)
+		}
+	}
+}
