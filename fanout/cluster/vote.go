@@ -78,19 +78,19 @@ const maxMembers = 512
 //   - it is of the current instance and its sequence number is above the
 //     highest read: any copy of a record already read is not;
 //   - it is of another instance that was made after the current instance's
-//     last record was appended (seen > that offset): the node restarted. A
-//     record of an older instance was made before the newer one started,
-//     so before the newer one's records were appended, and is ignored
-//     however late it is appended: log order alone says nothing of a
-//     replay, the seen position in it does;
+//     last record was appended (seen > that offset): the node restarted. An
+//     older instance stopped before the newer one started, so each of its
+//     records names a position no later than the offset of the newer one's
+//     first record, and is ignored however late a copy of it is appended:
+//     log order alone says nothing of a replay, the seen position in it does;
 //   - it is of a node id not kept, and was made at or after the horizon.
 //
 // The horizon dates what this member can no longer judge: it starts at the
 // offset where reading began (a record made before that belongs to a node
 // whose later records, if any, are read), and rises above the last record
 // of every member forgotten: members not heard from for two timeouts leave
-// the map (maxMembers bounds it meanwhile), and their records, all made
-// before their last one was appended, stay below the horizon for good. So a
+// the map (maxMembers bounds it meanwhile), and any copy of their records,
+// each made before their last one was appended, stays below it for good. So a
 // leaving or role record is taken only from a member's current instance,
 // and only once; a departed member's records cannot make it live again. A
 // live member's genuine record falls below the horizon only when its sender
