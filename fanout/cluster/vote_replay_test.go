@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -424,5 +425,100 @@ func TestVoteReadFromAfterTheLogBeganAgain(t *testing.T) {
 	}
 	if !v.leaderLive(t0.Add(time.Second)) {
 		t.Error("b not live after its heartbeat in the new log")
+	}
+}
+
+// genProc is a process of a generated history: it makes records at its
+// read position, which never goes back and starts at the log's end when it
+// started.
+type genProc struct {
+	process
+	pos int64 // its read position
+}
+
+// TestVoteNoCopyIsEverTaken generates histories of a few nodes that
+// restart (with or without a leaving heartbeat, a last record now and then
+// appended late, silences that make members forgotten), then appends copies
+// of earlier records in any order among new genuine ones: no copy is ever
+// taken, whatever the vote's state.
+func TestVoteNoCopyIsEverTaken(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(1, 2))
+	ids := []string{"a", "b", "c", "d", "e"} // a is the vote's own node; it never restarts
+	verdicts := map[verdict]int{}            // of the genuine records, made on time
+	for trial := range 300 {
+		v := newVote("a", "a-0", testTimeout, t0)
+		v.strict = true
+		var log []*Heartbeat
+		now := t0
+		procs := map[string]*genProc{}
+		starts := 0
+		start := func(id string) {
+			starts++
+			inst := fmt.Sprintf("%s-%d", id, starts)
+			if id == "a" {
+				inst = "a-0"
+			}
+			procs[id] = &genProc{process: process{id: id, instance: inst}, pos: int64(len(log))}
+		}
+		var late []*Heartbeat // made by a process that stopped, appended later
+		appendRec := func(hb *Heartbeat) verdict {
+			log = append(log, hb)
+			now = now.Add(time.Duration(r.IntN(300)) * time.Millisecond)
+			if r.IntN(40) == 0 {
+				now = now.Add(v.retention() + time.Second) // a silence: members are forgotten
+			}
+			got := v.observe(hb, int64(len(log)-1), now)
+			v.tick(now)
+			return got
+		}
+		genuine := func() {
+			id := ids[r.IntN(len(ids))]
+			p := procs[id]
+			if p == nil {
+				start(id)
+				return
+			}
+			p.pos = max(p.pos, int64(len(log))-int64(r.IntN(3)))
+			hb := p.beat(Role_ROLE_FOLLOWER, 0, 0, p.pos)
+			switch k := r.IntN(20); {
+			case id == "a":
+			case k == 0:
+				hb.Leaving = true
+				delete(procs, id)
+			case k == 1:
+				late = append(late, hb) // made, then the process died: appended later
+				delete(procs, id)
+				return
+			}
+			verdicts[appendRec(hb)]++
+		}
+		for range 200 {
+			genuine()
+			if len(late) > 0 && r.IntN(4) == 0 {
+				appendRec(late[0])
+				late = late[1:]
+			}
+		}
+		recorded := slices.Clone(log)
+		for range 400 {
+			if r.IntN(3) == 0 {
+				genuine()
+				continue
+			}
+			i := r.IntN(len(recorded))
+			if got := appendRec(recorded[i]); got == observed || got == duplicate {
+				hb := recorded[i]
+				t.Fatalf("trial %d: a copy of record %d (%s instance %s seq %d seen %d) was taken: %v",
+					trial, i, hb.NodeId, hb.Instance, hb.Seq, hb.Seen, got)
+			}
+		}
+	}
+	// Genuine records are taken, but for the first of a restarted node's
+	// new instance at times (made before the old one's last record was
+	// appended) and those read after a silence made before it.
+	t.Logf("genuine records: %v", verdicts)
+	if total := verdicts[observed] + verdicts[stale]; verdicts[observed] < total*9/10 {
+		t.Errorf("of %d genuine records %d were taken, want nearly all: %v", total, verdicts[observed], verdicts)
 	}
 }
