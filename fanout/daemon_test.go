@@ -29,6 +29,13 @@ func soloDaemon(t *testing.T, store *offsets.MemoryStore, tune ...func(*Options)
 		t.Fatalf("kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
+	return soloDaemonOn(t, c, store, tune...)
+}
+
+// soloDaemonOn is soloDaemon on the in-process Kafka c, which has the topic
+// "jobs".
+func soloDaemonOn(t *testing.T, c *kfake.Cluster, store *offsets.MemoryStore, tune ...func(*Options)) (*Daemon, []string, <-chan error) {
+	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	opts := Options{

@@ -1,0 +1,183 @@
+package fanout
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/internal/testutil"
+)
+
+// readyz returns the status and body of a daemon's /readyz.
+func readyz(t *testing.T, d *Daemon) (int, string) {
+	t.Helper()
+	code, body, _ := testutil.HTTPGet(t, "http://"+d.MetricsAddr().String()+"/readyz", "")
+	return code, strings.TrimSpace(body)
+}
+
+// kafkaTopics lists the topics of c.
+func kafkaTopics(t *testing.T, c *kfake.Cluster) []string {
+	t.Helper()
+	kc, err := sarama.NewClient(c.ListenAddrs(), kafka.NewConfig("health-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	topics, err := kc.Topics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return topics
+}
+
+// A cluster member started on a topic that does not exist is not ready and
+// says why, takes no part in the election (no heartbeat topic is created
+// for it), and becomes ready by itself once the topic is created.
+func TestDaemonNotReadyWhileTopicMissing(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	log := logrus.New()
+	log.SetOutput(discard{})
+	hook := &lineHook{}
+	log.AddHook(hook)
+	d, err := New(Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), OffsetStore: OffsetStoreKafka, NodeID: "n1",
+		Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", InitialOffset: "oldest",
+		ClusterHeartbeat: 100 * time.Millisecond, LeaderTimeout: 600 * time.Millisecond,
+		ConnectBackoffMax: 200 * time.Millisecond, Logger: logrus.NewEntry(log),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("daemon did not stop")
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", hook.all())
+		}
+	})
+	<-d.Listening()
+
+	var code int
+	var body string
+	testutil.WaitFor(t, 30*time.Second, "/readyz naming the missing topic", func() bool {
+		code, body = readyz(t, d)
+		return strings.Contains(body, "topic jobs not found")
+	})
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz = %d %q, want 503", code, body)
+	}
+	// Ten leader timeouts later: still not ready, never elected.
+	time.Sleep(10 * 600 * time.Millisecond)
+	if code, body = readyz(t, d); code != http.StatusServiceUnavailable || !strings.Contains(body, "topic jobs not found") {
+		t.Fatalf("/readyz = %d %q, want 503 naming the missing topic", code, body)
+	}
+	if st := d.Status(context.Background()); st.Node.Ready || !strings.Contains(st.Node.Reason, "topic jobs not found") {
+		t.Errorf("status document: ready %v, reason %q", st.Node.Ready, st.Node.Reason)
+	}
+	heartbeats := cluster.TopicName("svc", "jobs")
+	if slices.Contains(kafkaTopics(t, c), heartbeats) {
+		t.Fatalf("heartbeat topic %s created for a topic that does not exist", heartbeats)
+	}
+
+	admin, err := sarama.NewClusterAdmin(c.ListenAddrs(), kafka.NewConfig("health-test-admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic("jobs", &sarama.TopicDetail{NumPartitions: 2, ReplicationFactor: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "/readyz 200 once the topic exists", func() bool {
+		code, body = readyz(t, d)
+		return code == http.StatusOK
+	})
+	if body != "leader: serving" {
+		t.Errorf("/readyz = %q, want leader: serving", body)
+	}
+	if !slices.Contains(kafkaTopics(t, c), heartbeats) {
+		t.Errorf("heartbeat topic %s not created once the topic exists", heartbeats)
+	}
+}
+
+// A leader none of whose partitions can be consumed (every partition's
+// offsets lookup fails, as with their leaders unavailable) is not ready and
+// says so; it becomes ready once they can be.
+func TestDaemonNotReadyWhileNoPartitionConsumed(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	var failing atomic.Bool
+	failing.Store(true)
+	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		lr := req.(*kmsg.ListOffsetsRequest)
+		if !failing.Load() {
+			return nil, nil, false
+		}
+		resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = lr.Version
+		for _, rt := range lr.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.LeaderNotAvailable.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	d, _, _ := soloDaemonOn(t, c, offsets.NewMemoryStore(), func(o *Options) { o.MetricsListen = "127.0.0.1:0" })
+
+	var code int
+	var body string
+	testutil.WaitFor(t, 30*time.Second, "/readyz saying no partition is consumed", func() bool {
+		code, body = readyz(t, d)
+		return strings.Contains(body, "no partition")
+	})
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "leader: ") {
+		t.Fatalf("/readyz = %d %q, want 503 from the leader", code, body)
+	}
+	// Still so a while later: the source keeps retrying, nothing is consumed.
+	time.Sleep(2 * time.Second)
+	if code, body = readyz(t, d); code != http.StatusServiceUnavailable || !strings.Contains(body, "no partition") {
+		t.Fatalf("/readyz = %d %q, want 503: no partition consumed", code, body)
+	}
+	failing.Store(false)
+	testutil.WaitFor(t, 60*time.Second, "/readyz 200 once the partitions can be consumed", func() bool {
+		code, body = readyz(t, d)
+		return code == http.StatusOK
+	})
+	if body != "leader: serving" {
+		t.Errorf("/readyz = %q, want leader: serving", body)
+	}
+}
