@@ -42,6 +42,7 @@ type Daemon struct {
 	ready     chan struct{} // closed once this node first serves clients
 	readyOnce sync.Once
 
+	health    *kafkaHealth // the topic's existence and Kafka's answers, for /readyz
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
 	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
@@ -66,6 +67,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		log:       opts.Logger.WithFields(logrus.Fields{"id": opts.ID, "topic": opts.Topic}),
 		listening: make(chan struct{}),
 		ready:     make(chan struct{}),
+		health:    newKafkaHealth(),
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	d.rates = console.NewRates(console.SampleInterval)
@@ -233,6 +235,25 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return nil // ctx ended
 	}
 	defer client.Close()
+	// The topic watch runs until Run returns; nothing joins the cluster
+	// (or creates its heartbeat topic) before it has found the topic.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	var watch actor.Group
+	watch.Go(d.log, "topic watch", func() {
+		d.health.watch(watchCtx, d.log, d.opts.Topic, min(topicCheckInterval, d.opts.ConnectBackoffMax), func() error {
+			_, err := kafka.TopicPartitions(client, d.opts.Topic)
+			return err
+		})
+	}, nil)
+	defer func() {
+		stopWatch()
+		watch.Wait()
+	}()
+	select {
+	case <-d.health.Found():
+	case <-ctx.Done():
+		return nil
+	}
 	if d.opts.DeadLetterTopic != "" {
 		if err := d.checkDeadLetterTopic(ctx, client); err != nil {
 			return err
@@ -485,8 +506,13 @@ func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*s
 			}
 			c, err := newKafkaClient(ctx, d.opts.Kafka, cfg)
 			if err != nil {
-				return kafka.DescribeError(d.opts.Kafka, d.opts.KafkaSecurity, err)
+				err = kafka.DescribeError(d.opts.Kafka, d.opts.KafkaSecurity, err)
+				if ctx.Err() == nil {
+					d.health.connected(err)
+				}
+				return err
 			}
+			d.health.connected(nil)
 			client = c
 			return nil
 		})
@@ -597,8 +623,11 @@ func (d *Daemon) maxCommitFailing() time.Duration {
 func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	var s metrics.Snapshot
 	s.Stats, s.Serving = d.Stats(ctx)
+	s.Topic = d.opts.Topic
+	s.TopicMissing, s.KafkaAnswered, s.KafkaError = d.health.state()
 	if t := d.backend.serving(); t != nil {
 		s.HighWaterMarks = t.src.HighWaterMarks()
+		s.Partitions = len(t.src.Partitions())
 		if t.dead != nil {
 			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.topic, t.dead.FailingSince()
 		}

@@ -1,0 +1,135 @@
+package fanout
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/kafka"
+)
+
+// topicCheckInterval is how often the daemon checks that its topic exists,
+// which also tells that Kafka answers (at most Options.ConnectBackoffMax
+// apart). One metadata request of one topic: nothing for Kafka.
+const topicCheckInterval = 5 * time.Second
+
+// healthLogEvery is how often a problem that lasts (a missing topic, Kafka
+// not answering) is logged again.
+const healthLogEvery = time.Minute
+
+// The outcomes of a topic check.
+const (
+	checkFound       = "found"       // the topic exists
+	checkMissing     = "missing"     // Kafka answered: no such topic
+	checkUnreachable = "unreachable" // no answer from Kafka
+)
+
+// kafkaHealth is what the daemon knows of Kafka and of its topic beyond
+// the election and the serving term: whether the topic exists, and when
+// Kafka last answered. The topic watch and the daemon's connections to
+// Kafka write it; /readyz, the console and the heartbeats read it.
+type kafkaHealth struct {
+	found     chan struct{} // closed once the topic was first found
+	foundOnce sync.Once
+
+	mu       sync.Mutex // guards the fields below
+	answered time.Time  // when Kafka last answered; zero before it first did
+	lastErr  string     // the last failure to reach Kafka since it last answered; "" when none
+	missing  bool       // Kafka's last answer: the topic does not exist
+}
+
+func newKafkaHealth() *kafkaHealth { return &kafkaHealth{found: make(chan struct{})} }
+
+// Found is closed once a check first found the topic.
+func (h *kafkaHealth) Found() <-chan struct{} { return h.found }
+
+// state returns whether the topic was missing at the last answer, when
+// Kafka last answered, and the failure to reach it since ("" when none).
+func (h *kafkaHealth) state() (missing bool, answered time.Time, lastErr string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.missing, h.answered, h.lastErr
+}
+
+// connected records that a connection to Kafka was made (it answered), or
+// failed with err.
+func (h *kafkaHealth) connected(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		h.lastErr = err.Error()
+		return
+	}
+	h.answered, h.lastErr = time.Now(), ""
+}
+
+// record records the outcome of a topic check (err nil: found; wrapping
+// kafka.ErrTopicNotFound: Kafka answered that the topic does not exist;
+// another: Kafka did not answer) and returns its name.
+func (h *kafkaHealth) record(err error) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case err == nil:
+		h.answered, h.lastErr, h.missing = time.Now(), "", false
+		h.foundOnce.Do(func() { close(h.found) })
+		return checkFound
+	case errors.Is(err, kafka.ErrTopicNotFound):
+		h.answered, h.lastErr, h.missing = time.Now(), "", true
+		return checkMissing
+	}
+	h.lastErr = err.Error()
+	return checkUnreachable
+}
+
+// watch checks the topic with check at once, then every interval until ctx
+// ends, records each outcome, and logs what changed (a problem that lasts,
+// again every healthLogEvery). A check under way when ctx ends is waited
+// for.
+func (h *kafkaHealth) watch(ctx context.Context, log *logrus.Entry, topic string, interval time.Duration, check func() error) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var last string             // the last outcome
+	var since, logged time.Time // when it began, and was last logged
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		err := check()
+		outcome, now := h.record(err), time.Now()
+		if outcome != last {
+			since = now
+		}
+		if outcome != last || outcome != checkFound && now.Sub(logged) >= healthLogEvery {
+			logHealth(log.WithField("topic", topic), outcome, last, now.Sub(since), interval, err)
+			logged = now
+		}
+		last = outcome
+		timer.Reset(interval)
+	}
+}
+
+// logHealth logs a topic check's outcome, which follows prev and has lasted
+// for.
+func logHealth(log *logrus.Entry, outcome, prev string, lasted, interval time.Duration, err error) {
+	log = log.WithField("checking_every", interval)
+	if lasted > 0 {
+		log = log.WithField("for", lasted.Round(time.Second))
+	}
+	switch outcome {
+	case checkFound:
+		if prev != "" {
+			log.Info("topic found: ready again as far as Kafka goes")
+		}
+	case checkMissing:
+		log.Warn("topic not found in Kafka: not ready until it is created (the daemon waits for it before it joins " +
+			"the cluster, and creates no heartbeat topic meanwhile)")
+	case checkUnreachable:
+		log.WithError(err).Warn("checking the topic: no answer from Kafka")
+	}
+}
