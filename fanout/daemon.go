@@ -50,6 +50,7 @@ type Daemon struct {
 	tokens    *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
 
 	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
+	lastReady   atomic.Pointer[readyState]  // what /readyz answered at the last refresh, for the heartbeats
 
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
@@ -309,6 +310,8 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 			return nil // ctx ended
 		}
 	}
+	d.refreshReadiness(ctx)
+	cfg.Readiness = d.heartbeatReadiness
 	el, err := cluster.New(cfg)
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
@@ -321,6 +324,18 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	elDone := make(chan error, 1)
 	var routines actor.Group
 	routines.Go(d.log, "election", func() { elDone <- el.Run(elCtx) }, nil)
+	routines.Go(d.log, "readiness", func() {
+		ticker := time.NewTicker(d.opts.ClusterHeartbeat)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-elCtx.Done():
+				return
+			case <-ticker.C:
+				d.refreshReadiness(elCtx)
+			}
+		}
+	}, nil)
 	defer routines.Wait()
 	resign := sync.OnceFunc(func() {
 		resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -624,7 +639,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	var s metrics.Snapshot
 	s.Stats, s.Serving = d.Stats(ctx)
 	s.Topic = d.opts.Topic
-	s.TopicMissing, s.KafkaAnswered, s.KafkaError = d.health.state()
+	d.health.fill(&s)
 	if t := d.backend.serving(); t != nil {
 		s.HighWaterMarks = t.src.HighWaterMarks()
 		s.Partitions = len(t.src.Partitions())

@@ -9,6 +9,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
 )
 
 // topicCheckInterval is how often the daemon checks that its topic exists,
@@ -46,12 +47,12 @@ func newKafkaHealth() *kafkaHealth { return &kafkaHealth{found: make(chan struct
 // Found is closed once a check first found the topic.
 func (h *kafkaHealth) Found() <-chan struct{} { return h.found }
 
-// state returns whether the topic was missing at the last answer, when
-// Kafka last answered, and the failure to reach it since ("" when none).
-func (h *kafkaHealth) state() (missing bool, answered time.Time, lastErr string) {
+// fill sets what s says of Kafka and the topic: whether it was missing at
+// Kafka's last answer, when that was, and the failure to reach Kafka since.
+func (h *kafkaHealth) fill(s *metrics.Snapshot) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.missing, h.answered, h.lastErr
+	s.TopicMissing, s.KafkaAnswered, s.KafkaError = h.missing, h.answered, h.lastErr
 }
 
 // connected records that a connection to Kafka was made (it answered), or
@@ -132,4 +133,33 @@ func logHealth(log *logrus.Entry, outcome, prev string, lasted, interval time.Du
 	case checkUnreachable:
 		log.WithError(err).Warn("checking the topic: no answer from Kafka")
 	}
+}
+
+// readyState is one answer of the readiness check.
+type readyState struct {
+	ready  bool
+	reason string
+}
+
+// readiness is what /readyz answers now.
+func (d *Daemon) readiness(ctx context.Context) (bool, string) {
+	return metrics.Ready(d.metricsSnapshot(ctx), time.Now(), d.maxCommitFailing())
+}
+
+// refreshReadiness computes what /readyz answers, for the heartbeats, within
+// one cluster heartbeat: the election loop reads it and must not wait for
+// the dispatcher.
+func (d *Daemon) refreshReadiness(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.ClusterHeartbeat)
+	defer cancel()
+	ready, reason := d.readiness(ctx)
+	d.lastReady.Store(&readyState{ready: ready, reason: reason})
+}
+
+// heartbeatReadiness is cluster.Config.Readiness: the last refresh's answer.
+func (d *Daemon) heartbeatReadiness() (bool, string) {
+	if r := d.lastReady.Load(); r != nil {
+		return r.ready, r.reason
+	}
+	return false, "starting"
 }

@@ -2,11 +2,15 @@ package fanout
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -17,6 +21,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -180,4 +185,97 @@ func TestDaemonNotReadyWhileNoPartitionConsumed(t *testing.T) {
 	if body != "leader: serving" {
 		t.Errorf("/readyz = %q, want leader: serving", body)
 	}
+}
+
+// The topic watch, on a fake clock: a missing topic is reported at once and
+// logged once a minute while it lasts, found closes Found; Kafka silent for
+// up to KafkaGrace leaves the daemon ready, longer does not, and an answer
+// makes it ready again.
+func TestKafkaHealthWatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := logrus.New()
+		log.SetOutput(discard{})
+		hook := &lineHook{}
+		log.AddHook(hook)
+		var mu sync.Mutex
+		next := fmt.Errorf("%w: %q", kafka.ErrTopicNotFound, "jobs")
+		set := func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			next = err
+		}
+		h := newKafkaHealth()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go h.watch(ctx, logrus.NewEntry(log), "jobs", 5*time.Second, func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			return next
+		})
+		ready := func() (bool, string) {
+			s := metrics.Snapshot{Topic: "jobs", Serving: true, Clustered: true, Leader: true, LeaderKnown: true,
+				HighWaterMarks: map[int32]int64{0: 1}, Partitions: 1}
+			h.fill(&s)
+			return metrics.Ready(s, time.Now(), 10*time.Second)
+		}
+		warnings := func() int { return strings.Count(hook.all(), "topic not found in Kafka") }
+
+		synctest.Wait()
+		if ok, why := ready(); ok || why != "leader: topic jobs not found in Kafka" {
+			t.Fatalf("topic missing: Ready = %v %q", ok, why)
+		}
+		time.Sleep(2*time.Minute + time.Second) // 25 checks more
+		synctest.Wait()
+		if n := warnings(); n != 3 {
+			t.Errorf("missing for 2 minutes, checked every 5 s: %d warnings, want 3 (at once, then once a minute):\n%s", n, hook.all())
+		}
+		select {
+		case <-h.Found():
+			t.Fatal("Found closed while the topic is missing")
+		default:
+		}
+
+		set(nil)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		select {
+		case <-h.Found():
+		default:
+			t.Fatal("Found not closed once the topic exists")
+		}
+		if ok, why := ready(); !ok {
+			t.Fatalf("topic found: Ready = %v %q", ok, why)
+		}
+		if !strings.Contains(hook.all(), "topic found") {
+			t.Errorf("the topic found is not logged:\n%s", hook.all())
+		}
+
+		// The last answer was just now; Kafka goes silent.
+		set(errors.New("kafka: client has run out of available brokers to talk to"))
+		var s metrics.Snapshot
+		h.fill(&s)
+		silent := s.KafkaAnswered // the last answer
+		time.Sleep(time.Until(silent.Add(metrics.KafkaGrace)))
+		synctest.Wait()
+		if ok, why := ready(); !ok {
+			t.Fatalf("Kafka silent for %v (the grace): Ready = %v %q", time.Since(silent), ok, why)
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		ok, why := ready()
+		if want := "leader: Kafka not answering for 35s (kafka: client has run out of available brokers to talk to)"; ok || why != want {
+			t.Fatalf("Kafka silent for %v: Ready = %v %q, want false %q", time.Since(silent), ok, why, want)
+		}
+		if n := strings.Count(hook.all(), "no answer from Kafka"); n != 1 {
+			t.Errorf("%d warnings of Kafka not answering in 35 s, want 1:\n%s", n, hook.all())
+		}
+
+		set(nil)
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if ok, why := ready(); !ok || why != "leader: serving" {
+			t.Fatalf("Kafka answers again: Ready = %v %q", ok, why)
+		}
+		cancel()
+	})
 }

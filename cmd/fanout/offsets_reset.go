@@ -67,12 +67,12 @@ func offsetsResetAction(c *cli.Context) error {
 	if err != nil {
 		return usageError(err)
 	}
-	opts, err := offsetsOptions(c, c.String("offset-store"))
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	opts, from, err := storeOptions(ctx, c, c.Duration("window"))
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
-	defer cancel()
 	t, err := openTarget(ctx, opts)
 	if err != nil {
 		return err
@@ -88,6 +88,7 @@ func offsetsResetAction(c *cli.Context) error {
 	}
 	w := c.App.Writer
 	fmt.Fprintf(w, "reset %s (id %s, topic %s) to %s\n", t.storeName(), opts.ID, opts.Topic, target)
+	fmt.Fprintf(w, "store chosen by %s\n", from)
 	if leader != nil {
 		fmt.Fprintf(w, "leader record: %s (epoch %d, %s)\n", leader.Node, leader.Epoch, orNone(leader.Addr))
 	} else {

@@ -108,14 +108,16 @@ type pending struct {
 
 // member is what the vote knows of one node from its heartbeats.
 type member struct {
-	addr     string
-	role     Role
-	epoch    uint64
-	claim    uint64
-	lastSeen time.Time // local receive time of the last heartbeat
-	benched  time.Time // sits out until then: its claim failed, or it stopped leading
-	mode     Mode      // its --assignment; MODE_LEADER when it does not say
-	weight   int       // its capacity in spread mode, at least 1
+	addr      string
+	role      Role
+	epoch     uint64
+	claim     uint64
+	lastSeen  time.Time   // local receive time of the last heartbeat
+	benched   time.Time   // sits out until then: its claim failed, or it stopped leading
+	mode      Mode        // its --assignment; MODE_LEADER when it does not say
+	weight    int         // its capacity in spread mode, at least 1
+	store     OffsetStore // its --offset-store; unspecified when it does not say
+	readiness *Readiness  // its last heartbeat's; nil when it does not say
 }
 
 // verdict is what observe made of a heartbeat, for the loop to log.
@@ -192,6 +194,7 @@ func (v *vote) observe(hb *Heartbeat, at time.Time) verdict {
 	}
 	m.addr, m.role, m.epoch, m.claim, m.lastSeen = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch(), at
 	m.mode, m.weight = hb.GetMode(), max(1, int(hb.GetWeight()))
+	m.store, m.readiness = hb.GetOffsetStore(), hb.GetReadiness()
 	if m.mode == Mode_MODE_UNSPECIFIED {
 		m.mode = Mode_MODE_LEADER
 	}
