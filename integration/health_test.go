@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+
+	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -170,5 +173,137 @@ func TestHealthMissingTopicNotReadyUntilCreated(t *testing.T) {
 	}
 	if !topicExists(t, heartbeats) {
 		t.Errorf("heartbeat topic %s not created once the topic exists", heartbeats)
+	}
+}
+
+// runTool runs the fanout binary with args and returns its exit code and
+// output.
+func runTool(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	out, err := exec.Command(procBinary(t), args...).CombinedOutput()
+	if err == nil {
+		return 0, string(out)
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), string(out)
+	}
+	t.Fatalf("fanout %v: %v", args, err)
+	return -1, ""
+}
+
+// A daemon of the Kafka offset store runs; fanout status and offsets show
+// without --offset-store find its store from its heartbeats (its leader and
+// its committed offsets, beside the member table), and refuse
+// --offset-store zookeeper, naming --offset-store kafka, rather than read
+// the ZooKeeper given (a real one, holding nothing of this cluster).
+func TestToolsFindTheKafkaStoreOfARunningCluster(t *testing.T) {
+	t.Parallel()
+	id, topic := uniqueName(t, "svc"), uniqueName(t, "jobs")
+	createTopic(t, topic, 2)
+	produce(t, topic, &sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder("one")})
+	addr := procFreeAddr(t)
+	p := procStart(t, ksProcArgs(t, id, topic, addr, "--node-id", "k1")...)
+	c := procDial(t, client.Config{MaxInFlight: 10}, addr)
+	select {
+	case m := <-c.Messages():
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("no message from the daemon:\n%s", p.output())
+	}
+	kafkaFlag := strings.Join(kafkaAddrs(t), ",")
+	base := []string{"--kafka", kafkaFlag, "--id", id, "--topic", topic}
+
+	var st struct {
+		OffsetStore string `json:"offset_store"`
+		StoreFrom   string `json:"offset_store_from"`
+		Leader      *struct {
+			Node string `json:"node"`
+		} `json:"leader"`
+		Members []struct {
+			NodeID      string `json:"node_id"`
+			OffsetStore string `json:"offset_store"`
+			Ready       *bool  `json:"ready"`
+		} `json:"members"`
+		Partitions []struct {
+			Committed *int64 `json:"committed"`
+		} `json:"partitions"`
+	}
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last fanout status --json:\n%s", last)
+		}
+	}()
+	testutil.WaitFor(t, 30*time.Second, "fanout status to show the leader, ready, and the acked offset committed", func() bool {
+		code, out := runTool(t, append([]string{"status", "--json"}, base...)...)
+		last = out
+		if code != 0 {
+			t.Fatalf("fanout status --json: exit %d: %s", code, out)
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("fanout status --json: %v: %q", err, out)
+		}
+		committed := int64(0)
+		for _, p := range st.Partitions {
+			if p.Committed != nil {
+				committed += *p.Committed
+			}
+		}
+		return len(st.Members) == 1 && st.Members[0].Ready != nil && *st.Members[0].Ready && len(st.Partitions) == 2 && committed == 1
+	})
+	if st.OffsetStore != "kafka" || st.StoreFrom != "the members' heartbeats" || st.Leader == nil || st.Leader.Node != "k1" ||
+		st.Members[0].OffsetStore != "kafka" {
+		t.Errorf("fanout status without --offset-store: store %q chosen by %q, leader %+v, members %+v; want the Kafka store and k1",
+			st.OffsetStore, st.StoreFrom, st.Leader, st.Members)
+	}
+	code, out := runTool(t, append([]string{"status"}, base...)...)
+	for _, line := range []string{"store    kafka (group fanout_" + id + "), chosen by the members' heartbeats", "leader   k1 (epoch "} {
+		if code != 0 || !strings.Contains(out, line) {
+			t.Errorf("fanout status: exit %d, no line %q:\n%s", code, line, out)
+		}
+	}
+	code, out = runTool(t, append([]string{"offsets", "show"}, base...)...)
+	if code != 0 || !strings.Contains(out, "kafka group fanout_"+id) || !strings.Contains(out, "leader     k1 (epoch ") {
+		t.Errorf("fanout offsets show: exit %d:\n%s", code, out)
+	}
+
+	zk := strings.Join(zkAddrs(t), ",")
+	for _, args := range [][]string{
+		{"status", "--offset-store", "zookeeper", "--zookeeper", zk},
+		{"status", "--zookeeper", zk},
+		{"offsets", "show", "--offset-store", "zookeeper", "--zookeeper", zk},
+	} {
+		code, out := runTool(t, append(args, base...)...)
+		if code != 2 || !strings.Contains(out, "run this with --offset-store kafka") {
+			t.Errorf("fanout %v against the Kafka store: exit %d: %q; want 2 naming --offset-store kafka", args, code, out)
+		}
+	}
+}
+
+// A daemon of the ZooKeeper store runs: status without --offset-store reads
+// ZooKeeper as the heartbeats say, and --offset-store kafka is refused,
+// naming --offset-store zookeeper.
+func TestToolsFindTheZooKeeperStoreOfARunningCluster(t *testing.T) {
+	t.Parallel()
+	id, topic := uniqueName(t, "svc"), uniqueName(t, "jobs")
+	createTopic(t, topic, 1)
+	addr := procFreeAddr(t)
+	p := procStart(t, procDaemonArgs(t, id, topic, addr, "--node-id", "z1")...)
+	procDial(t, client.Config{MaxInFlight: 10}, addr)
+	base := []string{"--kafka", strings.Join(kafkaAddrs(t), ","), "--zookeeper", strings.Join(zkAddrs(t), ","), "--id", id, "--topic", topic}
+	var out string
+	testutil.WaitFor(t, 30*time.Second, "fanout status to name the leader z1", func() bool {
+		var code int
+		code, out = runTool(t, append([]string{"status"}, base...)...)
+		return code == 0 && strings.Contains(out, "leader   z1 (epoch ") || p.exited()
+	})
+	if !strings.Contains(out, "store    zookeeper, chosen by the members' heartbeats") {
+		t.Errorf("fanout status:\n%s", out)
+	}
+	code, out := runTool(t, "status", "--offset-store", "kafka", "--kafka", base[1], "--id", id, "--topic", topic)
+	if code != 2 || !strings.Contains(out, "run this with --offset-store zookeeper") {
+		t.Errorf("fanout status --offset-store kafka against the ZooKeeper store: exit %d: %q; want 2 naming --offset-store zookeeper", code, out)
 	}
 }
