@@ -265,7 +265,7 @@ func TestToolsFindTheKafkaStoreOfARunningCluster(t *testing.T) {
 		}
 	}
 	code, out = runTool(t, append([]string{"offsets", "show"}, base...)...)
-	if code != 0 || !strings.Contains(out, "kafka group fanout_"+id) || !strings.Contains(out, "leader     k1 (epoch ") {
+	if code != 0 || !strings.Contains(out, "kafka group fanout_"+id) || !strings.Contains(out, "leader  k1 (epoch ") {
 		t.Errorf("fanout offsets show: exit %d:\n%s", code, out)
 	}
 

@@ -137,10 +137,11 @@ func writeOffsetsReport(w io.Writer, r *offsetsReport) error {
 	if r.Store == fanout.OffsetStoreKafka {
 		where = "group " + where
 	}
-	fmt.Fprintf(tw, "store\t%s %s (id %s, topic %s)\n", r.Store, where, r.ID, r.Topic)
+	chosen := ""
 	if r.StoreFrom != "" {
-		fmt.Fprintf(tw, "chosen by\t%s\n", r.StoreFrom)
+		chosen = ", chosen by " + r.StoreFrom
 	}
+	fmt.Fprintf(tw, "store\t%s %s (id %s, topic %s)%s\n", r.Store, where, r.ID, r.Topic, chosen)
 	if r.Leader != nil {
 		fmt.Fprintf(tw, "leader\t%s (epoch %d, %s)\n", r.Leader.Node, r.Leader.Epoch, orNone(r.Leader.Addr))
 	} else {

@@ -179,8 +179,7 @@ func TestOffsetsShowKafkaStore(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit code %d:\n%s", code, errOut)
 	}
-	for _, line := range []string{"store      kafka group fanout_svc (id svc, topic jobs)", "chosen by  --offset-store",
-		"leader     node-b (epoch 3, b:4987)", "0          2          0          5        3", "1          none       0          3        none"} {
+	for _, line := range []string{"store   kafka group fanout_svc (id svc, topic jobs), chosen by --offset-store", "leader  node-b (epoch 3, b:4987)", "0          2          0          5        3", "1          none       0          3        none"} {
 		if !strings.Contains(out, line) {
 			t.Errorf("offsets show prints no line %q:\n%s", line, out)
 		}
