@@ -237,7 +237,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	defer client.Close()
 	// The topic watch runs until Run returns; nothing joins the cluster
-	// (or creates its heartbeat topic) before it has found the topic.
+	// (or creates its heartbeat topic) before it has found the topic
+	// (awaitTopic).
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	var watch actor.Group
 	watch.Go(d.log, "topic watch", func() {
@@ -250,11 +251,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 		stopWatch()
 		watch.Wait()
 	}()
-	select {
-	case <-d.health.Found():
-	case <-ctx.Done():
-		return nil
-	}
 	if d.opts.DeadLetterTopic != "" {
 		if err := d.checkDeadLetterTopic(ctx, client); err != nil {
 			return err
@@ -263,6 +259,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	if d.opts.Store != nil {
 		// Leading alone: a term of the store's own.
+		if !d.awaitTopic(ctx) {
+			return nil
+		}
 		err = d.newTerm(client, d.opts.Store, d.opts.Store.NewTerm(), d.log).run(ctx, d.markReady)
 	} else {
 		err = d.runCluster(ctx, client)
@@ -288,6 +287,12 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		return err // nil: ctx ended
 	}
 	defer closeStore()
+	// Every member, follower or not, waits for the topic: none of them
+	// joins the election (and creates fanout_<id>_<topic>) for a topic
+	// that does not exist.
+	if !d.awaitTopic(ctx) {
+		return nil
+	}
 	cfg := authority
 	cfg.ID, cfg.Topic, cfg.NodeID, cfg.Addr = d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr())
 	cfg.Heartbeat, cfg.LeaderTimeout, cfg.Client, cfg.Logger = d.opts.ClusterHeartbeat, d.opts.LeaderTimeout, elClient, d.log
@@ -492,6 +497,17 @@ func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client)
 		return nil // ctx ended
 	}
 	return unusable
+}
+
+// awaitTopic waits until the topic watch has found the topic (true), or
+// ctx ends (false).
+func (d *Daemon) awaitTopic(ctx context.Context) bool {
+	select {
+	case <-d.health.Found():
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // observeCommit is the committer's report of one commit: metrics, and that
