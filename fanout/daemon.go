@@ -242,7 +242,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	var watch actor.Group
 	watch.Go(d.log, "topic watch", func() {
-		d.health.watch(watchCtx, d.log, d.opts.Topic, min(topicCheckInterval, d.opts.ConnectBackoffMax), func() error {
+		d.health.watch(watchCtx, d.log, min(topicCheckInterval, d.opts.ConnectBackoffMax), func() error {
 			_, err := kafka.TopicPartitions(client, d.opts.Topic)
 			return err
 		})

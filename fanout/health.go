@@ -90,7 +90,7 @@ func (h *kafkaHealth) record(err error) string {
 // ends, records each outcome, and logs what changed (a problem that lasts,
 // again every healthLogEvery). A check under way when ctx ends is waited
 // for.
-func (h *kafkaHealth) watch(ctx context.Context, log *logrus.Entry, topic string, interval time.Duration, check func() error) {
+func (h *kafkaHealth) watch(ctx context.Context, log *logrus.Entry, interval time.Duration, check func() error) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var last string             // the last outcome
@@ -103,34 +103,41 @@ func (h *kafkaHealth) watch(ctx context.Context, log *logrus.Entry, topic string
 		}
 		err := check()
 		outcome, now := h.record(err), time.Now()
-		if outcome != last {
-			since = now
-		}
-		if outcome != last || outcome != checkFound && now.Sub(logged) >= healthLogEvery {
-			logHealth(log.WithField("topic", topic), outcome, last, now.Sub(since), interval, err)
+		switch {
+		case outcome != last:
+			lasted := now.Sub(since) // the problem that ends, when outcome is found
+			if outcome != checkFound {
+				lasted = 0 // a problem that begins
+			}
+			since, logged = now, now
+			logHealth(log, outcome, last, lasted, interval, err)
+		case outcome != checkFound && now.Sub(logged) >= healthLogEvery:
 			logged = now
+			logHealth(log, outcome, last, now.Sub(since), interval, err)
 		}
 		last = outcome
 		timer.Reset(interval)
 	}
 }
 
-// logHealth logs a topic check's outcome, which follows prev and has lasted
-// for.
+// logHealth logs a topic check's outcome, which follows prev: a problem
+// that has lasted for lasted (0: it begins), or the end of one that lasted
+// that long.
 func logHealth(log *logrus.Entry, outcome, prev string, lasted, interval time.Duration, err error) {
 	log = log.WithField("checking_every", interval)
 	if lasted > 0 {
 		log = log.WithField("for", lasted.Round(time.Second))
 	}
-	switch outcome {
-	case checkFound:
-		if prev != "" {
-			log.Info("topic found: ready again as far as Kafka goes")
-		}
-	case checkMissing:
+	switch {
+	case outcome == checkFound && prev == checkMissing:
+		log.Info("topic found")
+	case outcome == checkFound && prev == checkUnreachable:
+		log.Info("Kafka answers again")
+	case outcome == checkFound: // the first check: nothing to say
+	case outcome == checkMissing:
 		log.Warn("topic not found in Kafka: not ready until it is created (the daemon waits for it before it joins " +
 			"the cluster, and creates no heartbeat topic meanwhile)")
-	case checkUnreachable:
+	default:
 		log.WithError(err).Warn("checking the topic: no answer from Kafka")
 	}
 }

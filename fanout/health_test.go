@@ -207,7 +207,7 @@ func TestKafkaHealthWatch(t *testing.T) {
 		h := newKafkaHealth()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go h.watch(ctx, logrus.NewEntry(log), "jobs", 5*time.Second, func() error {
+		go h.watch(ctx, logrus.NewEntry(log), 5*time.Second, func() error {
 			mu.Lock()
 			defer mu.Unlock()
 			return next
@@ -246,7 +246,7 @@ func TestKafkaHealthWatch(t *testing.T) {
 		if ok, why := ready(); !ok {
 			t.Fatalf("topic found: Ready = %v %q", ok, why)
 		}
-		if !strings.Contains(hook.all(), "topic found") {
+		if !strings.Contains(hook.all(), "topic found") || strings.Contains(hook.all(), "Kafka answers again") {
 			t.Errorf("the topic found is not logged:\n%s", hook.all())
 		}
 
@@ -275,6 +275,9 @@ func TestKafkaHealthWatch(t *testing.T) {
 		synctest.Wait()
 		if ok, why := ready(); !ok || why != "leader: serving" {
 			t.Fatalf("Kafka answers again: Ready = %v %q", ok, why)
+		}
+		if !strings.Contains(hook.all(), "Kafka answers again") {
+			t.Errorf("Kafka answering again is not logged:\n%s", hook.all())
 		}
 		cancel()
 	})
