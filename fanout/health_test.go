@@ -62,28 +62,16 @@ func TestDaemonNotReadyWhileTopicMissing(t *testing.T) {
 	log.SetOutput(discard{})
 	hook := &lineHook{}
 	log.AddHook(hook)
-	d, err := New(Options{
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", hook.all())
+		}
+	})
+	d, _ := runDaemon(t, Options{
 		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), OffsetStore: OffsetStoreKafka, NodeID: "n1",
 		Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", InitialOffset: "oldest",
 		ClusterHeartbeat: 100 * time.Millisecond, LeaderTimeout: 600 * time.Millisecond,
 		ConnectBackoffMax: 200 * time.Millisecond, Logger: logrus.NewEntry(log),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("daemon did not stop")
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", hook.all())
-		}
 	})
 	<-d.Listening()
 

@@ -9,7 +9,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
@@ -257,32 +256,11 @@ func TestStatusIgnoresHeartbeatsWithoutAValidMAC(t *testing.T) {
 	addr, _, client := kfakeGroupClient(t)
 	const secret = "a cluster secret of enough length"
 	topic := cluster.TopicName("svc", "jobs")
-	admin, err := sarama.NewClusterAdminFromClient(client) // not closed: that would close the client
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
-		t.Fatal(err)
-	}
-	p, err := sarama.NewSyncProducerFromClient(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	for _, hb := range []*cluster.Heartbeat{{NodeId: "node-a", Addr: "a:4987", Role: cluster.Role_ROLE_LEADER, Epoch: 1},
-		{NodeId: "zz-forged", Addr: "evil:666", Role: cluster.Role_ROLE_LEADER, Epoch: 9}} {
-		b, err := proto.Marshal(hb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(b)}
-		if hb.NodeId == "node-a" {
-			msg.Headers = []sarama.RecordHeader{{Key: []byte(cluster.MACHeader), Value: cluster.HeartbeatMAC([]byte(secret), topic, b)}}
-		}
-		if _, _, err := p.SendMessage(msg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := heartbeatWriter(t, client)
+	write(&cluster.Heartbeat{NodeId: "node-a", Addr: "a:4987", Role: cluster.Role_ROLE_LEADER, Epoch: 1}, func(b []byte) []sarama.RecordHeader {
+		return []sarama.RecordHeader{{Key: []byte(cluster.MACHeader), Value: cluster.HeartbeatMAC([]byte(secret), topic, b)}}
+	})
+	write(&cluster.Heartbeat{NodeId: "zz-forged", Addr: "evil:666", Role: cluster.Role_ROLE_LEADER, Epoch: 9}, nil)
 	code, out, errOut := runApp(t.Context(), t, nil, "status", "--offset-store", "kafka", "--kafka", addr,
 		"--id", "svc", "--topic", "jobs", "--json", "--timeout", "10s", "--cluster-secret-file", writeSecret(t, secret+"\n"))
 	if code != 0 {

@@ -70,9 +70,11 @@ func TestChooseStore(t *testing.T) {
 	}
 }
 
-// produceHeartbeats writes hbs to the heartbeat topic of instance svc on
-// topic jobs (creating it) with a plain producer, as members do.
-func produceHeartbeats(t *testing.T, client sarama.Client, hbs ...*cluster.Heartbeat) {
+// heartbeatWriter creates the heartbeat topic of instance svc on topic jobs
+// and returns a function that writes hb to it with a plain producer, as
+// members (or anybody who may write to it) do; headers, when set, makes the
+// record's headers from its value.
+func heartbeatWriter(t *testing.T, client sarama.Client) func(hb *cluster.Heartbeat, headers func(value []byte) []sarama.RecordHeader) {
 	t.Helper()
 	topic := cluster.TopicName("svc", "jobs")
 	admin, err := sarama.NewClusterAdminFromClient(client) // not closed: that would close the client
@@ -86,15 +88,29 @@ func produceHeartbeats(t *testing.T, client sarama.Client, hbs ...*cluster.Heart
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	for _, hb := range hbs {
+	t.Cleanup(func() { _ = p.Close() })
+	return func(hb *cluster.Heartbeat, headers func([]byte) []sarama.RecordHeader) {
+		t.Helper()
 		b, err := proto.Marshal(hb)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(b)}); err != nil {
+		msg := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(b)}
+		if headers != nil {
+			msg.Headers = headers(b)
+		}
+		if _, _, err := p.SendMessage(msg); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// produceHeartbeats writes hbs with a heartbeatWriter.
+func produceHeartbeats(t *testing.T, client sarama.Client, hbs ...*cluster.Heartbeat) {
+	t.Helper()
+	write := heartbeatWriter(t, client)
+	for _, hb := range hbs {
+		write(hb, nil)
 	}
 }
 
