@@ -115,24 +115,29 @@ func offsetsOptions(c *cli.Context, store string) (fanout.Options, error) {
 	return opts, nil
 }
 
-// storeOptions is offsetsOptions for the commands that work on the store
-// the cluster uses (show, reset): its --offset-store is checked against, or
-// learnt from, the heartbeats of the members heard within window
-// (resolveStore). It returns how the store was chosen.
-func storeOptions(ctx context.Context, c *cli.Context, window time.Duration) (fanout.Options, string, error) {
+// storeTarget connects to the cluster of an offsets command that works on
+// the store the cluster uses (show, reset): its --offset-store is checked
+// against, or learnt from, the heartbeats of the members heard within window
+// (resolveStore). It returns how the store was chosen; close the target
+// when done.
+func storeTarget(ctx context.Context, c *cli.Context, window time.Duration) (*offsetsTarget, string, error) {
 	given := c.String("offset-store")
 	opts, err := offsetsOptions(c, given)
 	if err != nil {
-		return opts, "", err
+		return nil, "", err
 	}
-	from, err := resolveStore(ctx, c, &opts, given, window)
+	choice, err := resolveStore(ctx, c, &opts, given, window)
 	if err != nil {
-		return opts, "", err
+		return nil, "", err
 	}
 	if given == "" && opts.OffsetStore == fanout.OffsetStoreZooKeeper {
 		warn(c.App.ErrWriter, opts.ZooKeeperSecurity.Warnings())
 	}
-	return opts, from, nil
+	t, err := openTarget(ctx, opts)
+	if err != nil {
+		return nil, "", choice.hint(err)
+	}
+	return t, choice.from, nil
 }
 
 // offsetsTarget is the cluster an offsets command works on, connected: a

@@ -69,15 +69,12 @@ func offsetsResetAction(c *cli.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	opts, from, err := storeOptions(ctx, c, c.Duration("window"))
-	if err != nil {
-		return err
-	}
-	t, err := openTarget(ctx, opts)
+	t, from, err := storeTarget(ctx, c, c.Duration("window"))
 	if err != nil {
 		return err
 	}
 	defer t.close()
+	opts := t.opts
 
 	leader, plan, err := planTarget(ctx, t, target, limit, c.Bool("allow-out-of-range"))
 	if errors.Is(err, errBadReset) {

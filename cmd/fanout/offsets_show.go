@@ -59,11 +59,7 @@ type partitionOffsets struct {
 func offsetsShowAction(c *cli.Context) error {
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	opts, from, err := storeOptions(ctx, c, offsetsWindow)
-	if err != nil {
-		return err
-	}
-	t, err := openTarget(ctx, opts)
+	t, from, err := storeTarget(ctx, c, offsetsWindow)
 	if err != nil {
 		return err
 	}

@@ -93,15 +93,15 @@ func statusAction(c *cli.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	from, err := resolveStore(ctx, c, &opts, c.String("offset-store"), c.Duration("window"))
+	choice, err := resolveStore(ctx, c, &opts, c.String("offset-store"), c.Duration("window"))
 	if err != nil {
 		return err
 	}
 	st, err := readStatus(ctx, opts, c.Duration("window"), time.Now())
 	if err != nil {
-		return err
+		return choice.hint(err)
 	}
-	st.StoreFrom = from
+	st.StoreFrom = choice.from
 	if c.Bool("json") {
 		return status.Encode(c.App.Writer, st)
 	}
@@ -121,7 +121,7 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 	var err error
 	if opts.OffsetStore != fanout.OffsetStoreKafka {
 		if st.Leader, committed, owners, err = readZooKeeperStore(ctx, opts); err != nil {
-			return nil, fmt.Errorf("%w (a cluster that keeps its offsets in Kafka: --offset-store kafka)", err)
+			return nil, err
 		}
 	}
 	client, err := statusClient(opts)

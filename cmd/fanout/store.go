@@ -18,8 +18,19 @@ import (
 
 // storeChoice is the offset store a tool reads, and why that one.
 type storeChoice struct {
-	store string // fanout.OffsetStoreZooKeeper or fanout.OffsetStoreKafka
-	from  string // how it was chosen, for the user
+	store   string // fanout.OffsetStoreZooKeeper or fanout.OffsetStoreKafka
+	from    string // how it was chosen, for the user
+	guessed bool   // the default: neither given nor said
+}
+
+// hint adds to err, an error reaching the store, what to do when the
+// store was guessed: ZooKeeper out of reach may be a cluster that keeps its
+// offsets in Kafka.
+func (c storeChoice) hint(err error) error {
+	if err == nil || !c.guessed || c.store != fanout.OffsetStoreZooKeeper {
+		return err
+	}
+	return fmt.Errorf("%w (a cluster that keeps its offsets in Kafka: --offset-store kafka)", err)
 }
 
 // chooseStore decides which offset store a tool (status, offsets show,
@@ -53,7 +64,7 @@ func chooseStore(given string, zkGiven bool, members []status.Member, window tim
 	switch len(said) {
 	case 0:
 		if given != "" {
-			return storeChoice{given, "--offset-store"}, nil
+			return storeChoice{store: given, from: "--offset-store"}, nil
 		}
 		if kafkaOffsets {
 			return storeChoice{}, fmt.Errorf("no member heard within %v says which offset store the cluster uses, and the "+
@@ -61,7 +72,7 @@ func chooseStore(given string, zkGiven bool, members []status.Member, window tim
 				"(or --offset-store zookeeper for the offsets in ZooKeeper)", window)
 		}
 		return storeChoice{fanout.OffsetStoreZooKeeper, fmt.Sprintf("the default: no member heard within %v says which "+
-			"store it uses; --offset-store kafka for a cluster that keeps its offsets in Kafka", window)}, nil
+			"store it uses; --offset-store kafka for a cluster that keeps its offsets in Kafka", window), true}, nil
 	case 1:
 		store := slices.Collect(maps.Keys(said))[0]
 		switch {
@@ -70,12 +81,12 @@ func chooseStore(given string, zkGiven bool, members []status.Member, window tim
 		case store == fanout.OffsetStoreKafka && zkGiven:
 			return storeChoice{}, fmt.Errorf("%s, not ZooKeeper: run this with --offset-store kafka and without --zookeeper", heard(store))
 		case given != "":
-			return storeChoice{store, "--offset-store, as the members' heartbeats say"}, nil
+			return storeChoice{store: store, from: "--offset-store, as the members' heartbeats say"}, nil
 		}
-		return storeChoice{store, "the members' heartbeats"}, nil
+		return storeChoice{store: store, from: "the members' heartbeats"}, nil
 	}
 	if given != "" {
-		return storeChoice{given, "--offset-store (the members heard use both stores)"}, nil
+		return storeChoice{store: given, from: "--offset-store (the members heard use both stores)"}, nil
 	}
 	return storeChoice{}, fmt.Errorf("the members heard within %v keep their offsets in different stores (%s in ZooKeeper; "+
 		"%s in Kafka): give every member the same --offset-store; to read one store meanwhile, run this with "+
@@ -94,17 +105,17 @@ func storeWhere(store string) string {
 // resolveStore sets opts.OffsetStore for a tool: --offset-store (given,
 // "" when not) checked against, or learnt from, the heartbeats of the
 // cluster's members within window (see chooseStore); with ZooKeeper and no
-// --zookeeper, the default servers. It returns how the store was chosen.
-// A choice it refuses is a usage error.
-func resolveStore(ctx context.Context, c *cli.Context, opts *fanout.Options, given string, window time.Duration) (string, error) {
+// --zookeeper, the default servers. It returns the choice. A choice it
+// refuses is a usage error.
+func resolveStore(ctx context.Context, c *cli.Context, opts *fanout.Options, given string, window time.Duration) (storeChoice, error) {
 	client, err := statusClient(*opts)
 	if err != nil {
-		return "", err
+		return storeChoice{}, err
 	}
 	defer client.Close()
 	log, err := readHeartbeats(ctx, client, cluster.TopicName(opts.ID, opts.Topic), time.Now().Add(-window), []byte(opts.ClusterSecret))
 	if err != nil {
-		return "", err
+		return storeChoice{}, err
 	}
 	var kafkaOffsets bool
 	if given == "" && !slices.ContainsFunc(log.members, func(m status.Member) bool { return m.OffsetStore != "" }) {
@@ -115,7 +126,7 @@ func resolveStore(ctx context.Context, c *cli.Context, opts *fanout.Options, giv
 	}
 	choice, err := chooseStore(given, len(c.StringSlice("zookeeper")) > 0, log.members, window, kafkaOffsets)
 	if err != nil {
-		return "", usageError(err)
+		return storeChoice{}, usageError(err)
 	}
 	opts.OffsetStore = choice.store
 	if opts.OffsetStore != fanout.OffsetStoreKafka && len(opts.ZooKeeper) == 0 {
@@ -124,5 +135,5 @@ func resolveStore(ctx context.Context, c *cli.Context, opts *fanout.Options, giv
 			opts.ZooKeeper = []string{"localhost:2181"}
 		}
 	}
-	return choice.from, nil
+	return choice, nil
 }
