@@ -315,13 +315,13 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 			return nil // ctx ended
 		}
 	}
-	d.refreshReadiness(ctx)
 	cfg.Readiness = d.heartbeatReadiness
 	el, err := cluster.New(cfg)
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
 	}
 	d.elector.Store(el)
+	d.refreshReadiness(ctx) // before the first heartbeat
 
 	// The election outlives ctx: a leader first drains and commits, then
 	// resigns, so that a follower takes over at once.

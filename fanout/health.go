@@ -163,7 +163,8 @@ func (d *Daemon) refreshReadiness(ctx context.Context) {
 	d.lastReady.Store(&readyState{ready: ready, reason: reason})
 }
 
-// heartbeatReadiness is cluster.Config.Readiness: the last refresh's answer.
+// heartbeatReadiness is cluster.Config.Readiness: the last refresh's answer
+// (runCluster refreshes it before the election runs).
 func (d *Daemon) heartbeatReadiness() (bool, string) {
 	if r := d.lastReady.Load(); r != nil {
 		return r.ready, r.reason
