@@ -48,11 +48,17 @@ func (d *Daemon) Status(ctx context.Context) *status.Status {
 		if l.Known {
 			st.Leader = &status.Leader{Node: l.LeaderID, Addr: l.LeaderAddr, Epoch: l.Epoch}
 		}
+		st.OffsetStore = d.opts.OffsetStore
 		for _, m := range el.Members() {
-			st.Members = append(st.Members, status.Member{
+			sm := status.Member{
 				NodeID: m.NodeID, Addr: m.Addr, Role: status.RoleName(m.Role), Epoch: m.Epoch, LastSeen: m.LastSeen,
-				Mode: cluster.ModeName(m.Mode),
-			})
+				Mode: cluster.ModeName(m.Mode), OffsetStore: cluster.StoreName(m.Store),
+			}
+			sm.SetReadiness(m.Readiness)
+			if m.NodeID == d.opts.NodeID { // this node's own, as of now
+				sm.SetReadiness(&cluster.Readiness{Ready: ready, Reason: reason})
+			}
+			st.Members = append(st.Members, sm)
 		}
 	} else if snap.Serving { // alone, without an election (Options.Store)
 		addr := d.opts.advertised(d.srv.Addr())

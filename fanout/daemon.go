@@ -44,6 +44,7 @@ type Daemon struct {
 	ready     chan struct{} // closed once this node first serves clients
 	readyOnce sync.Once
 
+	health    *kafkaHealth // the topic's existence and Kafka's answers, for /readyz
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
 	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
@@ -52,6 +53,7 @@ type Daemon struct {
 	recheck   chan struct{}   // capacity 1: the tokens or the client CA changed (watchCredentials)
 
 	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
+	lastReady   atomic.Pointer[readyState]  // what /readyz answered at the last refresh, for the heartbeats
 
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
@@ -75,6 +77,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		listening: make(chan struct{}),
 		ready:     make(chan struct{}),
 		recheck:   make(chan struct{}, 1),
+		health:    newKafkaHealth(),
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	d.rates = console.NewRates(console.SampleInterval)
@@ -310,6 +313,21 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return nil // ctx ended
 	}
 	defer client.Close()
+	// The topic watch runs until Run returns; nothing joins the cluster
+	// (or creates its heartbeat topic) before it has found the topic
+	// (awaitTopic).
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	var watch actor.Group
+	watch.Go(d.log, "topic watch", func() {
+		d.health.watch(watchCtx, d.log, min(topicCheckInterval, d.opts.ConnectBackoffMax), func() error {
+			_, err := kafka.TopicPartitions(client, d.opts.Topic)
+			return err
+		})
+	}, nil)
+	defer func() {
+		stopWatch()
+		watch.Wait()
+	}()
 	if d.opts.DeadLetterTopic != "" {
 		if err := d.checkDeadLetterTopic(ctx, client); err != nil {
 			return err
@@ -329,6 +347,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	if d.opts.Store != nil {
 		// Leading alone: a term of the store's own.
+		if !d.awaitTopic(ctx) {
+			return nil
+		}
 		err = d.newTerm(client, d.opts.Store, d.opts.Store.NewTerm(), d.log).run(ctx, d.markReady)
 	} else {
 		err = d.runCluster(ctx, client)
@@ -354,6 +375,12 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		return err // nil: ctx ended
 	}
 	defer closeStore()
+	// Every member, follower or not, waits for the topic: none of them
+	// joins the election (and creates fanout_<id>_<topic>) for a topic
+	// that does not exist.
+	if !d.awaitTopic(ctx) {
+		return nil
+	}
 	cfg := authority
 	cfg.ID, cfg.Topic, cfg.NodeID, cfg.Addr = d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr())
 	cfg.Heartbeat, cfg.LeaderTimeout, cfg.Client, cfg.Logger = d.opts.ClusterHeartbeat, d.opts.LeaderTimeout, elClient, d.log
@@ -376,11 +403,13 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 			return nil // ctx ended
 		}
 	}
+	cfg.Readiness = d.heartbeatReadiness
 	el, err := cluster.New(cfg)
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
 	}
 	d.elector.Store(el)
+	d.refreshReadiness(ctx) // before the first heartbeat
 
 	// The election outlives ctx: a leader first drains and commits, then
 	// resigns, so that a follower takes over at once.
@@ -388,6 +417,18 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	elDone := make(chan error, 1)
 	var routines actor.Group
 	routines.Go(d.log, "election", func() { elDone <- el.Run(elCtx) }, nil)
+	routines.Go(d.log, "readiness", func() {
+		ticker := time.NewTicker(d.opts.ClusterHeartbeat)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-elCtx.Done():
+				return
+			case <-ticker.C:
+				d.refreshReadiness(elCtx)
+			}
+		}
+	}, nil)
 	defer routines.Wait()
 	resign := sync.OnceFunc(func() {
 		resignCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -546,6 +587,17 @@ func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client)
 	return unusable
 }
 
+// awaitTopic waits until the topic watch has found the topic (true), or
+// ctx ends (false).
+func (d *Daemon) awaitTopic(ctx context.Context) bool {
+	select {
+	case <-d.health.Found():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // observeCommit is the committer's report of one commit: metrics, and that
 // the group has committed.
 func (d *Daemon) observeCommit(took time.Duration, err error) {
@@ -573,8 +625,13 @@ func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*s
 			}
 			c, err := newKafkaClient(ctx, d.opts.Kafka, cfg)
 			if err != nil {
-				return kafka.DescribeError(d.opts.Kafka, d.opts.KafkaSecurity, err)
+				err = kafka.DescribeError(d.opts.Kafka, d.opts.KafkaSecurity, err)
+				if ctx.Err() == nil {
+					d.health.connected(err)
+				}
+				return err
 			}
+			d.health.connected(nil)
 			client = c
 			return nil
 		})
@@ -685,8 +742,11 @@ func (d *Daemon) maxCommitFailing() time.Duration {
 func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	var s metrics.Snapshot
 	s.Stats, s.Serving = d.Stats(ctx)
+	s.Topic = d.opts.Topic
+	d.health.fill(&s)
 	if t := d.backend.serving(); t != nil {
 		s.HighWaterMarks = t.src.HighWaterMarks()
+		s.Partitions = len(t.src.Partitions())
 		if t.dead != nil {
 			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.topic, t.dead.FailingSince()
 			s.DeadLetterRefused, s.DeadLetterRefusedError = t.dead.Refused()

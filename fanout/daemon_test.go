@@ -53,6 +53,19 @@ func soloDaemonOn(t *testing.T, c *kfake.Cluster, store *offsets.MemoryStore, tu
 	for _, f := range tune {
 		f(&opts)
 	}
+	d, done := runDaemon(t, opts)
+	select {
+	case <-d.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon not serving within 30s")
+	}
+	return d, c.ListenAddrs(), done
+}
+
+// runDaemon runs a daemon of opts until the test ends (then it stops it,
+// waiting up to 30 s) and returns it with Run's result.
+func runDaemon(t *testing.T, opts Options) (*Daemon, <-chan error) {
+	t.Helper()
 	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -71,12 +84,7 @@ func soloDaemonOn(t *testing.T, c *kfake.Cluster, store *offsets.MemoryStore, tu
 			t.Error("daemon did not stop")
 		}
 	})
-	select {
-	case <-d.Ready():
-	case <-time.After(30 * time.Second):
-		t.Fatal("daemon not serving within 30s")
-	}
-	return d, c.ListenAddrs(), done
+	return d, done
 }
 
 // produceTo produces value to partition 0 of jobs.

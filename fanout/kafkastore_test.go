@@ -75,21 +75,7 @@ func TestDaemonKafkaOffsetStore(t *testing.T) {
 	if zk := opts.withDefaults().ZooKeeper; len(zk) != 0 {
 		t.Fatalf("the Kafka offset store defaults to ZooKeeper servers %v", zk)
 	}
-	d, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("daemon did not stop")
-		}
-	})
+	d, done := runDaemon(t, opts)
 	select {
 	case <-d.Ready():
 	case err := <-done:
@@ -97,7 +83,7 @@ func TestDaemonKafkaOffsetStore(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("daemon not serving within 30s")
 	}
-	cl, err := client.Dial(ctx, client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
+	cl, err := client.Dial(t.Context(), client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -818,3 +818,59 @@ func TestConsoleRendersHandoffs(t *testing.T) {
 		t.Errorf("note %q (hidden %v), want why only this member's partitions are shown", text(note), hidden(note))
 	}
 }
+
+// TestConsoleShowsWhyNotReady: a node that is not ready says so in red with
+// the reason, above everything else; each member's row shows its offset
+// store and its readiness (no and why in red; – for a member whose
+// heartbeats do not say). A ready node shows no such line.
+func TestConsoleShowsWhyNotReady(t *testing.T) {
+	at := time.Now()
+	yes, no := true, false
+	const reason = "leader: no partition of topic t consumed: 0 of 2 open (the log says why)"
+	doc := func(ready bool) *status.Status {
+		st := &status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "leader", OffsetStore: "kafka",
+			Leader: &status.Leader{Node: "b", Addr: "127.0.0.1:2", Epoch: 3},
+			Node:   &status.Node{NodeID: "b", Mode: "leader", Role: "leader", Ready: ready, Reason: "leader: serving", Serving: true, Time: at},
+			Members: []status.Member{
+				{NodeID: "a", Addr: "127.0.0.1:1", Role: "follower", Epoch: 3, LastSeen: at, Mode: "leader", OffsetStore: "kafka",
+					Ready: &yes, Reason: "follower: leader b (epoch 3)"},
+				{NodeID: "b", Addr: "127.0.0.1:2", Role: "leader", Epoch: 3, LastSeen: at, Mode: "leader", OffsetStore: "kafka",
+					Ready: &ready, Reason: "leader: serving"},
+				{NodeID: "c", Addr: "127.0.0.1:3", Role: "follower", Epoch: 3, LastSeen: at, Mode: "leader"},
+			},
+			Rates: &status.Rates{IntervalSeconds: 2},
+		}
+		if !ready {
+			st.Node.Reason, st.Members[1].Reason, st.Members[1].Ready = reason, reason, &no
+		}
+		return st
+	}
+	for _, ready := range []bool{false, true} {
+		srv := httptest.NewServer(console.Handler(console.Config{Status: func(context.Context) *status.Status { return doc(ready) }}))
+		page := renderDOM(t, srv.URL+"/", 3*time.Second)
+		srv.Close()
+		banner := byID(t, page, "not-ready")
+		if ready {
+			if !hidden(banner) {
+				t.Errorf("a ready node shows %q", text(banner))
+			}
+			continue
+		}
+		if hidden(banner) || text(banner) != "Not ready: "+reason+"." || !hasClass(banner, "error") {
+			t.Errorf("not ready: the line %q (hidden %v, class %q), want it in red with the reason", text(banner), hidden(banner), attrOf(banner, "class"))
+		}
+		if r := byID(t, page, "ready"); text(r) != "no" || !hasClass(r, "bad") {
+			t.Errorf("Ready %q (class %q), want no in red", text(r), attrOf(r, "class"))
+		}
+		members := rows(t, page, "members", "data-node")
+		if len(members) != 3 {
+			t.Fatalf("%d member rows, want 3", len(members))
+		}
+		for i, want := range [][3]string{{"kafka", "yes", "ok"}, {"kafka", "no: " + reason, "bad"}, {"–", "–", ""}} {
+			store, r := cell(t, members[i], "store"), cell(t, members[i], "ready")
+			if text(store) != want[0] || text(r) != want[1] || want[2] != "" && !hasClass(r, want[2]) {
+				t.Errorf("member %d: store %q, ready %q (class %q); want %q", i, text(store), text(r), attrOf(r, "class"), want)
+			}
+		}
+	}
+}

@@ -70,6 +70,15 @@ func daemonOptions(t testing.TB, topic string) fanout.Options {
 // it serves clients.
 func startDaemon(t testing.TB, opts fanout.Options) *testDaemon {
 	t.Helper()
+	td := runDaemon(t, opts)
+	td.waitServing(t)
+	return td
+}
+
+// runDaemon runs a daemon with opts until the test ends, and waits until it
+// listens.
+func runDaemon(t testing.TB, opts fanout.Options) *testDaemon {
+	t.Helper()
 	d, err := fanout.New(opts)
 	if err != nil {
 		t.Fatalf("fanout.New: %v", err)
@@ -79,14 +88,26 @@ func startDaemon(t testing.TB, opts fanout.Options) *testDaemon {
 	go func() { td.done <- d.Run(ctx) }()
 	t.Cleanup(func() { td.stop(t) })
 	select {
-	case <-d.Ready():
+	case <-d.Listening():
 	case err := <-td.done:
+		t.Fatalf("daemon stopped before listening: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon not listening within 60s")
+	}
+	td.addr = d.Addr().String()
+	return td
+}
+
+// waitServing waits until the daemon serves clients.
+func (d *testDaemon) waitServing(t testing.TB) {
+	t.Helper()
+	select {
+	case <-d.Ready():
+	case err := <-d.done:
 		t.Fatalf("daemon stopped before serving: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatal("daemon not serving within 60s")
 	}
-	td.addr = d.Addr().String()
-	return td
 }
 
 // stop shuts the daemon down gracefully and returns Run's error.

@@ -258,20 +258,29 @@ func testCleanRestartRedeliversFromCommittedOffsets(t *testing.T, options func(t
 }
 
 // A daemon of a topic that does not exist keeps running, says so naming the
-// topic, and consumes it once it is created.
+// topic, does not serve (it waits for the topic before it joins the
+// cluster), and consumes the topic once it is created.
 func TestMissingTopicIsWaitedFor(t *testing.T) {
 	topic := uniqueName(t, "topic")
 	opts := daemonOptions(t, topic)
 	opts.ConnectBackoffMax = time.Second
 	logs := procHookLogs(opts.Logger)
-	d := startDaemon(t, opts)
+	d := runDaemon(t, opts)
 	testutil.WaitFor(t, 30*time.Second, "a warning naming the missing topic", func() bool {
 		return logs.find(logrus.WarnLevel, topic, "not found") != nil
 	})
-	c := dial(t, client.Config{}, d.addr)
-	noMessage(t, c, 500*time.Millisecond)
+	time.Sleep(2 * time.Second) // two leader timeouts: nobody is elected for a missing topic
+	select {
+	case <-d.Ready():
+		t.Fatal("the daemon serves a topic that does not exist")
+	case err := <-d.done:
+		t.Fatalf("the daemon stopped: %v", err)
+	default:
+	}
 
 	createTopic(t, topic, 1)
+	d.waitServing(t)
+	c := dial(t, client.Config{}, d.addr)
 	produce(t, topic, &sarama.ProducerMessage{Value: sarama.StringEncoder("first")})
 	m := recv(t, c, 30*time.Second)
 	if string(m.Value) != "first" || m.Partition != 0 || m.Offset != 0 {

@@ -220,6 +220,27 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	// Without --offset-store kafka, status learns the store from the dev
+	// daemon's heartbeats (it used to read whatever ZooKeeper answered on
+	// localhost:2181 and print no leader beside a live one).
+	var args []string
+	for i := 0; i < len(h.status); i++ {
+		if h.status[i] == "--offset-store" {
+			i++
+			continue
+		}
+		args = append(args, h.status[i])
+	}
+	code, doc, errOut := runApp(ctx, t, nil, append(args, "--json")...)
+	var st status.Status
+	if err := json.Unmarshal([]byte(doc), &st); code != 0 || err != nil {
+		t.Fatalf("status %v: exit code %d, %v\n%s%s", args, code, err, doc, errOut)
+	}
+	if st.OffsetStore != "kafka" || st.StoreFrom != "the members' heartbeats" || st.Leader == nil || st.Leader.Node != devID ||
+		len(st.Partitions) != 1 || st.Partitions[0].Committed == nil || *st.Partitions[0].Committed != 2 {
+		t.Errorf("status %v without --offset-store:\n%s", args, doc)
+	}
+
 	cancel()
 	select {
 	case err := <-done:

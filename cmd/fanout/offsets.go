@@ -58,9 +58,12 @@ func offsetsClusterFlags() []cli.Flag {
 
 // offsetStoreFlag is the --offset-store flag of the commands that work on
 // the store the cluster uses.
+// Without it, the store is the one the members' heartbeats name (see
+// chooseStore).
 func offsetStoreFlag() cli.Flag {
-	return &cli.StringFlag{Name: "offset-store", Value: fanout.OffsetStoreZooKeeper,
-		Usage: "where the cluster keeps offsets and its leader record: zookeeper or kafka", EnvVars: []string{"FANOUT_OFFSET_STORE"}}
+	return &cli.StringFlag{Name: "offset-store",
+		Usage: "where the cluster keeps offsets and its leader record: zookeeper or kafka (default: the store the " +
+			"members' heartbeats name; when none is heard, zookeeper)", EnvVars: []string{"FANOUT_OFFSET_STORE"}}
 }
 
 // windowFlag is the --window flag of the commands that refuse while the
@@ -71,8 +74,9 @@ func windowFlag() cli.Flag {
 
 // offsetsOptions maps the cluster flags of an offsets command onto the
 // options of the cluster they name, whose offsets are in store (with
-// zookeeper, ZooKeeper is needed too), with the servers' defaults filled
-// in. Bad values are usage errors.
+// zookeeper, ZooKeeper is needed too; "": not known yet, see
+// storeOptions), with the servers' defaults filled in. Bad values are
+// usage errors.
 func offsetsOptions(c *cli.Context, store string) (fanout.Options, error) {
 	if c.Args().Present() {
 		return fanout.Options{}, usageError(fmt.Errorf("unexpected argument %q", c.Args().First()))
@@ -81,7 +85,7 @@ func offsetsOptions(c *cli.Context, store string) (fanout.Options, error) {
 	if len(kafkaAddrs) == 0 {
 		kafkaAddrs = linkedAddrs(environ(), "KAFKA", 9092)
 	}
-	if len(zkAddrs) == 0 && store != fanout.OffsetStoreKafka {
+	if len(zkAddrs) == 0 && store == fanout.OffsetStoreZooKeeper {
 		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
 	}
 	kafkaSec, err := kafkaSecurity(environ(), contextValues(c))
@@ -98,17 +102,42 @@ func offsetsOptions(c *cli.Context, store string) (fanout.Options, error) {
 		return fanout.Options{}, usageError(err)
 	}
 	warnings := opts.KafkaSecurity.Warnings()
-	if store != fanout.OffsetStoreKafka {
+	if store == fanout.OffsetStoreZooKeeper {
 		warnings = append(warnings, opts.ZooKeeperSecurity.Warnings()...)
 	}
 	warn(c.App.ErrWriter, warnings)
 	if len(opts.Kafka) == 0 {
 		opts.Kafka = []string{"localhost:9092"}
 	}
-	if len(opts.ZooKeeper) == 0 && store != fanout.OffsetStoreKafka {
+	if len(opts.ZooKeeper) == 0 && store == fanout.OffsetStoreZooKeeper {
 		opts.ZooKeeper = []string{"localhost:2181"}
 	}
 	return opts, nil
+}
+
+// storeTarget connects to the cluster of an offsets command that works on
+// the store the cluster uses (show, reset): its --offset-store is checked
+// against, or learnt from, the heartbeats of the members heard within window
+// (resolveStore). It returns how the store was chosen; close the target
+// when done.
+func storeTarget(ctx context.Context, c *cli.Context, window time.Duration) (*offsetsTarget, string, error) {
+	given := c.String("offset-store")
+	opts, err := offsetsOptions(c, given)
+	if err != nil {
+		return nil, "", err
+	}
+	choice, err := resolveStore(ctx, c, &opts, given, window)
+	if err != nil {
+		return nil, "", err
+	}
+	if given == "" && opts.OffsetStore == fanout.OffsetStoreZooKeeper {
+		warn(c.App.ErrWriter, opts.ZooKeeperSecurity.Warnings())
+	}
+	t, err := openTarget(ctx, opts)
+	if err != nil {
+		return nil, "", choice.hint(err)
+	}
+	return t, choice.from, nil
 }
 
 // offsetsTarget is the cluster an offsets command works on, connected: a
@@ -391,12 +420,12 @@ func optional(m map[int32]int64, p int32) *int64 {
 // member's heartbeat on heartbeatTopic within window before now (one that
 // left is not counted), or a member in the group of the Kafka store.
 func checkStopped(ctx context.Context, client sarama.Client, group *kafkastore.Store, heartbeatTopic string, window time.Duration, now time.Time) error {
-	members, _, err := readMembers(ctx, client, heartbeatTopic, now.Add(-window), nil)
+	log, err := readHeartbeats(ctx, client, heartbeatTopic, now.Add(-window), nil)
 	if err != nil {
 		return err
 	}
-	if len(members) > 0 {
-		return &clusterRunning{window: window, members: members, now: now}
+	if len(log.members) > 0 {
+		return &clusterRunning{window: window, members: log.members, now: now}
 	}
 	d, err := group.Describe(ctx)
 	if err != nil {

@@ -67,17 +67,14 @@ func offsetsResetAction(c *cli.Context) error {
 	if err != nil {
 		return usageError(err)
 	}
-	opts, err := offsetsOptions(c, c.String("offset-store"))
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	t, err := openTarget(ctx, opts)
+	t, from, err := storeTarget(ctx, c, c.Duration("window"))
 	if err != nil {
 		return err
 	}
 	defer t.close()
+	opts := t.opts
 
 	leader, plan, err := planTarget(ctx, t, target, limit, c.Bool("allow-out-of-range"))
 	if errors.Is(err, errBadReset) {
@@ -88,6 +85,7 @@ func offsetsResetAction(c *cli.Context) error {
 	}
 	w := c.App.Writer
 	fmt.Fprintf(w, "reset %s (id %s, topic %s) to %s\n", t.storeName(), opts.ID, opts.Topic, target)
+	fmt.Fprintf(w, "store chosen by %s\n", from)
 	if leader != nil {
 		fmt.Fprintf(w, "leader record: %s (epoch %d, %s)\n", leader.Node, leader.Epoch, orNone(leader.Addr))
 	} else {

@@ -20,10 +20,11 @@ func offsetsShowCommand() *cli.Command {
 		Name:      "show",
 		Usage:     "show a cluster's committed offsets, the log start and end and the lag of each partition",
 		UsageText: "fanout offsets show --id SERVICE_ID --topic TOPIC [--kafka host:port] [--zookeeper host:port | --offset-store kafka] [--json]",
-		Description: "Reads the committed offsets and the leader record from the offset store (ZooKeeper, or with\n" +
-			"--offset-store kafka the consumer group fanout_<id>), and each partition's log start (the oldest\n" +
-			"offset) and log end (the high watermark) from Kafka. The lag is the log end minus the committed\n" +
-			"offset. It writes nothing, and works while the cluster runs.",
+		Description: "Reads the committed offsets and the leader record from the offset store the members'\n" +
+			"heartbeats name (ZooKeeper, or the consumer group fanout_<id> in Kafka; when no member is heard,\n" +
+			"--offset-store, else ZooKeeper), and each partition's log start (the oldest offset) and log end (the\n" +
+			"high watermark) from Kafka. The lag is the log end minus the committed offset. It writes nothing,\n" +
+			"and works while the cluster runs. Refuses (exit 2) an --offset-store other than the members'.",
 		Flags: append([]cli.Flag{
 			offsetStoreFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON document"},
@@ -37,9 +38,10 @@ func offsetsShowCommand() *cli.Command {
 type offsetsReport struct {
 	ID         string             `json:"id"`
 	Topic      string             `json:"topic"`
-	Store      string             `json:"store"`    // zookeeper or kafka
-	Location   string             `json:"location"` // the offsets znode, or the group
-	Leader     *status.Leader     `json:"leader"`   // nil: no leader recorded
+	Store      string             `json:"store"`      // zookeeper or kafka
+	StoreFrom  string             `json:"store_from"` // how the store was chosen
+	Location   string             `json:"location"`   // the offsets znode, or the group
+	Leader     *status.Leader     `json:"leader"`     // nil: no leader recorded
 	Partitions []partitionOffsets `json:"partitions"`
 	TotalLag   int64              `json:"total_lag"` // over the partitions with a committed offset
 }
@@ -55,13 +57,9 @@ type partitionOffsets struct {
 }
 
 func offsetsShowAction(c *cli.Context) error {
-	opts, err := offsetsOptions(c, c.String("offset-store"))
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	t, err := openTarget(ctx, opts)
+	t, from, err := storeTarget(ctx, c, offsetsWindow)
 	if err != nil {
 		return err
 	}
@@ -70,6 +68,7 @@ func offsetsShowAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	r.StoreFrom = from
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		enc.SetIndent("", "  ")
@@ -134,7 +133,11 @@ func writeOffsetsReport(w io.Writer, r *offsetsReport) error {
 	if r.Store == fanout.OffsetStoreKafka {
 		where = "group " + where
 	}
-	fmt.Fprintf(tw, "store\t%s %s (id %s, topic %s)\n", r.Store, where, r.ID, r.Topic)
+	chosen := ""
+	if r.StoreFrom != "" {
+		chosen = ", chosen by " + r.StoreFrom
+	}
+	fmt.Fprintf(tw, "store\t%s %s (id %s, topic %s)%s\n", r.Store, where, r.ID, r.Topic, chosen)
 	if r.Leader != nil {
 		fmt.Fprintf(tw, "leader\t%s (epoch %d, %s)\n", r.Leader.Node, r.Leader.Epoch, orNone(r.Leader.Addr))
 	} else {

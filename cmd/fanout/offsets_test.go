@@ -170,7 +170,7 @@ func TestOffsetsShowKafkaStore(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}
-	want := offsetsReport{ID: "svc", Topic: "jobs", Store: "kafka", Location: "fanout_svc", Leader: &status.Leader{Node: "node-b", Addr: "b:4987", Epoch: 3},
+	want := offsetsReport{ID: "svc", Topic: "jobs", Store: "kafka", StoreFrom: "--offset-store", Location: "fanout_svc", Leader: &status.Leader{Node: "node-b", Addr: "b:4987", Epoch: 3},
 		Partitions: []partitionOffsets{{Partition: 0, Committed: i64(2), LogStart: 0, LogEnd: 5, Lag: i64(3)}, {Partition: 1, LogStart: 0, LogEnd: 3}}, TotalLag: 3}
 	if !reflect.DeepEqual(r, want) {
 		t.Errorf("offsets show --json:\n%s\nwant %+v", out, want)
@@ -179,7 +179,7 @@ func TestOffsetsShowKafkaStore(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit code %d:\n%s", code, errOut)
 	}
-	for _, line := range []string{"store   kafka group fanout_svc (id svc, topic jobs)", "leader  node-b (epoch 3, b:4987)", "0          2          0          5        3", "1          none       0          3        none"} {
+	for _, line := range []string{"store   kafka group fanout_svc (id svc, topic jobs), chosen by --offset-store", "leader  node-b (epoch 3, b:4987)", "0          2          0          5        3", "1          none       0          3        none"} {
 		if !strings.Contains(out, line) {
 			t.Errorf("offsets show prints no line %q:\n%s", line, out)
 		}

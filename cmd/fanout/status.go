@@ -38,18 +38,20 @@ func statusCommand() *cli.Command {
 		Name:      "status",
 		Usage:     "show a fanout cluster: mode, members, leader and epoch, assignment and handoffs (spread mode), committed offsets, high watermarks and lag",
 		UsageText: "fanout status --id SERVICE_ID --topic TOPIC [--kafka host:port] [--zookeeper host:port | --offset-store kafka] [--json]",
-		Description: "Reads the last --window of heartbeats on fanout_<id>_<topic> (members, mode, the leader's\n" +
-			"assignment), the leader record and the committed offsets from the offset store (ZooKeeper, or with\n" +
-			"--offset-store kafka the consumer group fanout_<id>), the ownership records (spread mode, in\n" +
+		Description: "Reads the last --window of heartbeats on fanout_<id>_<topic> (members, mode, each member's\n" +
+			"offset store and readiness, the leader's assignment), the leader record and the committed offsets\n" +
+			"from the offset store the members say they use (ZooKeeper, or the consumer group fanout_<id> in\n" +
+			"Kafka; when no member says, --offset-store or ZooKeeper), the ownership records (spread mode, in\n" +
 			"ZooKeeper), and each partition's high watermark from Kafka. What the store does not hold yet is shown\n" +
 			"as none. In spread mode it lists each member's partitions and lag, and the partitions whose owner is\n" +
-			"not the one assigned (handoffs in progress). Exits 1 when Kafka or ZooKeeper cannot be reached.",
+			"not the one assigned (handoffs in progress). Refuses (exit 2) an --offset-store other than the one\n" +
+			"the members use. Exits 1 when Kafka or ZooKeeper cannot be reached.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "id", Usage: "service id of the cluster", EnvVars: env("ID")},
 			&cli.StringFlag{Name: "topic", Usage: "the topic the cluster consumes", EnvVars: env("TOPIC")},
 			&cli.StringSliceFlag{Name: "kafka", Usage: "Kafka bootstrap brokers host:port (default: Docker links, else localhost:9092)", EnvVars: env("KAFKA")},
 			&cli.StringSliceFlag{Name: "zookeeper", Usage: "ZooKeeper servers host:port, the last may end in /chroot (default: Docker links, else localhost:2181; not with --offset-store kafka)", EnvVars: env("ZOOKEEPER")},
-			&cli.StringFlag{Name: "offset-store", Value: fanout.OffsetStoreZooKeeper, Usage: "where the cluster keeps offsets and its leader record: zookeeper or kafka", EnvVars: env("OFFSET_STORE")},
+			offsetStoreFlag(),
 			&cli.DurationFlag{Name: "window", Value: statusWindow, Usage: "members are those heard from within this window"},
 			&cli.DurationFlag{Name: "timeout", Value: statusTimeout, Usage: "give up reaching Kafka or ZooKeeper after this long"},
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON document"},
@@ -67,9 +69,6 @@ func statusAction(c *cli.Context) error {
 	kafkaAddrs, zkAddrs := c.StringSlice("kafka"), c.StringSlice("zookeeper")
 	if len(kafkaAddrs) == 0 {
 		kafkaAddrs = linkedAddrs(environ(), "KAFKA", 9092)
-	}
-	if len(zkAddrs) == 0 && c.String("offset-store") != fanout.OffsetStoreKafka {
-		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
 	}
 	kafkaSec, err := kafkaSecurity(environ(), contextValues(c))
 	if err != nil {
@@ -92,15 +91,17 @@ func statusAction(c *cli.Context) error {
 	if len(opts.Kafka) == 0 {
 		opts.Kafka = []string{"localhost:9092"}
 	}
-	if len(opts.ZooKeeper) == 0 && opts.OffsetStore != fanout.OffsetStoreKafka {
-		opts.ZooKeeper = []string{"localhost:2181"}
-	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	st, err := readStatus(ctx, opts, c.Duration("window"), time.Now())
+	choice, err := resolveStore(ctx, c, &opts, c.String("offset-store"), c.Duration("window"))
 	if err != nil {
 		return err
 	}
+	st, err := readStatus(ctx, opts, c.Duration("window"), time.Now())
+	if err != nil {
+		return choice.hint(err)
+	}
+	st.StoreFrom = choice.from
 	if c.Bool("json") {
 		return status.Encode(c.App.Writer, st)
 	}
@@ -110,7 +111,8 @@ func statusAction(c *cli.Context) error {
 // readStatus gathers the status of the cluster opts names. Data the store
 // or Kafka does not hold yet is left empty; unreachable servers are errors.
 func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, now time.Time) (*status.Status, error) {
-	st := &status.Status{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic)}
+	st := &status.Status{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic),
+		OffsetStore: opts.OffsetStore}
 
 	// ZooKeeper first: its client gives up when ctx ends; sarama's retries
 	// are bounded by its configuration.
@@ -151,18 +153,17 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		}
 		st.AddPartition(p, hw, off, "")
 	}
-	var assignment *cluster.Assignment
-	st.Members, assignment, st.Unauthenticated, err = readMembersMAC(ctx, client, st.HeartbeatTopic, now.Add(-window), st.Leader,
-		[]byte(opts.ClusterSecret))
+	log, err := readHeartbeats(ctx, client, st.HeartbeatTopic, now.Add(-window), []byte(opts.ClusterSecret))
 	if err != nil {
 		return nil, err
 	}
+	st.Members, st.Unauthenticated = log.members, log.ignored
 	for _, m := range st.Members {
 		if st.Leader != nil && m.NodeID == st.Leader.Node {
 			st.Mode = m.Mode
 		}
 	}
-	st.AddSpread(assignment, owners)
+	st.AddSpread(log.assignment(st.Leader), owners)
 	return st, nil
 }
 
@@ -266,61 +267,74 @@ func readLeader(conn *zk.Conn, path string) (*status.Leader, error) {
 	return &rec, nil
 }
 
-// readMembers reads the heartbeats on topic since from and returns each
-// member's last one, ordered by node id (members that left are dropped),
-// and the last assignment published by leader in its epoch (nil when none:
-// heartbeats are not authenticated, the leader record says who leads). A
-// missing topic means no members.
-func readMembers(ctx context.Context, client sarama.Client, topic string, from time.Time,
-	leader *status.Leader) ([]status.Member, *cluster.Assignment, error) {
-	members, assignment, _, err := readMembersMAC(ctx, client, topic, from, leader, nil)
-	return members, assignment, err
+// heartbeatLog is what a window of a cluster's heartbeat log says.
+type heartbeatLog struct {
+	// members has each member's last heartbeat, ordered by node id; members
+	// that left are dropped.
+	members []status.Member
+	// assignments has the last assignment each leader published in its
+	// epoch, by leaderKey.
+	assignments map[string]*cluster.Assignment
+	// ignored counts the records without a valid MAC.
+	ignored int
 }
 
-// readMembersMAC is readMembers taking only the records with a valid MAC
-// with secret (all of them without one, as readMembers); it also returns
-// how many it ignored.
-func readMembersMAC(ctx context.Context, client sarama.Client, topic string, from time.Time,
-	leader *status.Leader, secret []byte) (_ []status.Member, _ *cluster.Assignment, ignored int, _ error) {
+// leaderKey names a leader's epoch in heartbeatLog.assignments.
+func leaderKey(node string, epoch uint64) string { return fmt.Sprintf("%d %s", epoch, node) }
+
+// assignment returns the last assignment leader published in its epoch, or
+// nil (no leader, or none published): heartbeats are not authenticated, the
+// leader record says who leads.
+func (h *heartbeatLog) assignment(leader *status.Leader) *cluster.Assignment {
+	if leader == nil {
+		return nil
+	}
+	return h.assignments[leaderKey(leader.Node, leader.Epoch)]
+}
+
+// readHeartbeats reads the heartbeats on topic since from, taking only the
+// records with a valid MAC with secret (all of them without one). A
+// missing topic means no members.
+func readHeartbeats(ctx context.Context, client sarama.Client, topic string, from time.Time, secret []byte) (*heartbeatLog, error) {
+	out := &heartbeatLog{assignments: map[string]*cluster.Assignment{}}
 	if _, err := client.Partitions(topic); errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
-		return nil, nil, 0, nil
+		return out, nil
 	} else if err != nil {
-		return nil, nil, 0, fmt.Errorf("heartbeat topic %s: %w", topic, err)
+		return nil, fmt.Errorf("heartbeat topic %s: %w", topic, err)
 	}
 	start, err := client.GetOffset(topic, 0, from.UnixMilli())
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("heartbeat topic %s: offset at %s: %w", topic, from.Format(time.RFC3339), err)
+		return nil, fmt.Errorf("heartbeat topic %s: offset at %s: %w", topic, from.Format(time.RFC3339), err)
 	}
 	end, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("heartbeat topic %s: high watermark: %w", topic, err)
+		return nil, fmt.Errorf("heartbeat topic %s: high watermark: %w", topic, err)
 	}
 	if start < 0 || start >= end {
-		return nil, nil, 0, nil // nothing within the window
+		return out, nil // nothing within the window
 	}
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("heartbeat consumer: %w", err)
+		return nil, fmt.Errorf("heartbeat consumer: %w", err)
 	}
 	defer consumer.Close()
 	pc, err := consumer.ConsumePartition(topic, 0, start)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("read heartbeat topic %s from %d: %w", topic, start, err)
+		return nil, fmt.Errorf("read heartbeat topic %s from %d: %w", topic, start, err)
 	}
 	defer pc.AsyncClose()
 
 	last := map[string]status.Member{}
-	var assignment *cluster.Assignment
 	for next := start; next < end; {
 		select {
 		case <-ctx.Done():
-			return nil, nil, 0, fmt.Errorf("read heartbeat topic %s (offsets %d to %d): %w", topic, start, end, ctx.Err())
+			return nil, fmt.Errorf("read heartbeat topic %s (offsets %d to %d): %w", topic, start, end, ctx.Err())
 		case err := <-pc.Errors():
-			return nil, nil, 0, fmt.Errorf("read heartbeat topic %s: %w", topic, err)
+			return nil, fmt.Errorf("read heartbeat topic %s: %w", topic, err)
 		case m := <-pc.Messages():
 			next = m.Offset + 1
 			if !cluster.Authentic(secret, topic, m) {
-				ignored++
+				out.ignored++
 				continue
 			}
 			var hb cluster.Heartbeat
@@ -331,30 +345,36 @@ func readMembersMAC(ctx context.Context, client sarama.Client, topic string, fro
 				delete(last, hb.GetNodeId())
 				continue
 			}
-			last[hb.GetNodeId()] = status.Member{
-				NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: status.RoleName(hb.GetRole()),
-				Epoch: hb.GetEpoch(), LastSeen: m.Timestamp, Mode: cluster.ModeName(hb.GetMode()),
-			}
-			if leader != nil && hb.GetNodeId() == leader.Node && hb.GetEpoch() == leader.Epoch &&
-				hb.GetRole() == cluster.Role_ROLE_LEADER {
-				if a := cluster.AssignmentOf(&hb); a != nil && a.Epoch == leader.Epoch {
-					assignment = a
+			last[hb.GetNodeId()] = status.MemberOf(&hb, m.Timestamp)
+			if hb.GetRole() == cluster.Role_ROLE_LEADER {
+				if a := cluster.AssignmentOf(&hb); a != nil && a.Epoch == hb.GetEpoch() {
+					out.assignments[leaderKey(hb.GetNodeId(), hb.GetEpoch())] = a
 				}
 			}
 		}
 	}
-	out := make([]status.Member, 0, len(last))
+	out.members = make([]status.Member, 0, len(last))
 	for _, m := range last {
-		out = append(out, m)
+		out.members = append(out.members, m)
 	}
-	slices.SortFunc(out, func(a, b status.Member) int { return strings.Compare(a.NodeID, b.NodeID) })
-	return out, assignment, ignored, nil
+	slices.SortFunc(out.members, func(a, b status.Member) int { return strings.Compare(a.NodeID, b.NodeID) })
+	return out, nil
 }
 
 // writeStatus prints st as aligned tables; ages are relative to now.
 func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "cluster\t%s (id %s, topic %s)\n", st.HeartbeatTopic, st.ID, st.Topic)
+	if st.OffsetStore != "" {
+		store := st.OffsetStore
+		if store == fanout.OffsetStoreKafka {
+			store += " (group " + kafkastore.GroupName(st.ID) + ")"
+		}
+		if st.StoreFrom != "" {
+			store += ", chosen by " + st.StoreFrom
+		}
+		fmt.Fprintf(tw, "store\t%s\n", store)
+	}
 	fmt.Fprintf(tw, "mode\t%s\n", orUnknown(st.Mode))
 	if st.Leader != nil {
 		fmt.Fprintf(tw, "leader\t%s (epoch %d, %s)\n", st.Leader.Node, st.Leader.Epoch, orNone(st.Leader.Addr))
@@ -371,13 +391,14 @@ func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MEMBER\tADDR\tROLE\tEPOCH\tLAST HEARTBEAT")
+	fmt.Fprintln(tw, "MEMBER\tADDR\tROLE\tEPOCH\tSTORE\tLAST HEARTBEAT\tREADY")
 	if len(st.Members) == 0 {
 		fmt.Fprintln(tw, "none")
 	}
 	for _, m := range st.Members {
 		age := now.Sub(m.LastSeen).Round(100 * time.Millisecond)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", m.NodeID, orNone(m.Addr), m.Role, m.Epoch, max(age, 0))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s ago\t%s\n", m.NodeID, orNone(m.Addr), m.Role, m.Epoch, orUnknown(m.OffsetStore),
+			max(age, 0), readyText(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write status: %w", err)
@@ -426,6 +447,18 @@ func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 		return fmt.Errorf("write status: %w", err)
 	}
 	return nil
+}
+
+// readyText is a member's readiness as its heartbeat says: yes, no and
+// why, or unknown (its heartbeats do not say).
+func readyText(m status.Member) string {
+	switch {
+	case m.Ready == nil:
+		return "unknown"
+	case *m.Ready:
+		return "yes"
+	}
+	return "no: " + m.Reason
 }
 
 func orUnknown(s string) string {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
@@ -22,6 +21,7 @@ import (
 func TestWriteStatus(t *testing.T) {
 	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	i64 := func(v int64) *int64 { return &v }
+	yes, no := true, false
 	tests := []struct {
 		name string
 		st   status.Status
@@ -31,10 +31,14 @@ func TestWriteStatus(t *testing.T) {
 			name: "leader, two members, one partition without offset",
 			st: status.Status{
 				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "leader",
+				OffsetStore: "kafka", StoreFrom: "the members' heartbeats",
 				Leader: &status.Leader{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
 				Members: []status.Member{
-					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-400 * time.Millisecond)},
-					{NodeID: "node-b", Addr: "10.0.0.2:4987", Role: "leader", Epoch: 3, LastSeen: now.Add(-1200 * time.Millisecond)},
+					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-400 * time.Millisecond),
+						OffsetStore: "kafka", Ready: &yes, Reason: "follower: leader node-b (epoch 3)"},
+					{NodeID: "node-b", Addr: "10.0.0.2:4987", Role: "leader", Epoch: 3, LastSeen: now.Add(-1200 * time.Millisecond),
+						OffsetStore: "kafka", Ready: &no, Reason: "leader: no partition of topic t consumed: 0 of 2 open (the log says why)"},
+					{NodeID: "node-c", Addr: "10.0.0.3:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-2 * time.Second)},
 				},
 				Partitions: []status.Partition{
 					{Partition: 0, Committed: i64(1200), HighWatermark: 1250, Lag: i64(50)},
@@ -43,13 +47,15 @@ func TestWriteStatus(t *testing.T) {
 				TotalLag: 50,
 			},
 			want: `cluster  fanout_svc_t (id svc, topic t)
+store    kafka (group fanout_svc), chosen by the members' heartbeats
 mode     leader
 leader   node-b (epoch 3, 10.0.0.2:4987)
 lag      50
 
-MEMBER  ADDR           ROLE      EPOCH  LAST HEARTBEAT
-node-a  10.0.0.1:4987  follower  3      400ms ago
-node-b  10.0.0.2:4987  leader    3      1.2s ago
+MEMBER  ADDR           ROLE      EPOCH  STORE    LAST HEARTBEAT  READY
+node-a  10.0.0.1:4987  follower  3      kafka    400ms ago       yes
+node-b  10.0.0.2:4987  leader    3      kafka    1.2s ago        no: leader: no partition of topic t consumed: 0 of 2 open (the log says why)
+node-c  10.0.0.3:4987  follower  3      unknown  2s ago          unknown
 
 PARTITION  COMMITTED  HIGH WATERMARK  LAG
 0          1200       1250            50
@@ -67,7 +73,7 @@ mode     unknown
 leader   none
 lag      0
 
-MEMBER  ADDR  ROLE  EPOCH  LAST HEARTBEAT
+MEMBER  ADDR  ROLE  EPOCH  STORE  LAST HEARTBEAT  READY
 none
 
 PARTITION  COMMITTED  HIGH WATERMARK  LAG
@@ -97,8 +103,11 @@ func TestStatusCommandErrors(t *testing.T) {
 	}{
 		{"missing id", []string{"status", "--topic", "t"}, 2, "--id"},
 		{"bad kafka address", []string{"status", "--id", "s", "--topic", "t", "--kafka", "nohost"}, 2, "--kafka"},
-		{"zookeeper unreachable", []string{"status", "--id", "s", "--topic", "t", "--kafka", "127.0.0.1:1",
-			"--zookeeper", "127.0.0.1:1", "--timeout", "300ms"}, 1, "zookeeper unreachable at 127.0.0.1:1"},
+		{"kafka unreachable", []string{"status", "--id", "s", "--topic", "t", "--kafka", "127.0.0.1:1",
+			"--zookeeper", "127.0.0.1:1", "--timeout", "300ms"}, 1, "kafka unreachable at 127.0.0.1:1"},
+		{"zookeeper unreachable", []string{"status", "--id", "svc", "--topic", "jobs", "--kafka", kfakeAddr(t),
+			"--zookeeper", "127.0.0.1:1", "--timeout", "300ms"}, 1,
+			"connect: connection refused) (a cluster that keeps its offsets in Kafka: --offset-store kafka)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -144,7 +153,7 @@ mode     spread
 leader   node-b (epoch 4, h:2)
 lag      11
 
-MEMBER  ADDR  ROLE  EPOCH  LAST HEARTBEAT
+MEMBER  ADDR  ROLE  EPOCH  STORE  LAST HEARTBEAT  READY
 none
 
 ASSIGNED TO (generation 9, epoch 4)  ADDR  PARTITIONS  OWNED  LAG
@@ -174,6 +183,14 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG   OWNER
 	if got := string(b); !strings.Contains(got, `{"node_id":"node-a","addr":"h:1","partitions":[0,1,2],"owned":[0,1],"lag":7}`) {
 		t.Errorf("assignment JSON %s", got)
 	}
+}
+
+// kfakeAddr starts an in-process Kafka with topic "jobs" of two partitions
+// and returns its address.
+func kfakeAddr(t *testing.T) string {
+	t.Helper()
+	addr, _ := kfakeGroup(t)
+	return addr
 }
 
 // kfakeGroup starts an in-process Kafka with topic "jobs" of two partitions
@@ -239,32 +256,11 @@ func TestStatusIgnoresHeartbeatsWithoutAValidMAC(t *testing.T) {
 	addr, _, client := kfakeGroupClient(t)
 	const secret = "a cluster secret of enough length"
 	topic := cluster.TopicName("svc", "jobs")
-	admin, err := sarama.NewClusterAdminFromClient(client) // not closed: that would close the client
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
-		t.Fatal(err)
-	}
-	p, err := sarama.NewSyncProducerFromClient(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	for _, hb := range []*cluster.Heartbeat{{NodeId: "node-a", Addr: "a:4987", Role: cluster.Role_ROLE_LEADER, Epoch: 1},
-		{NodeId: "zz-forged", Addr: "evil:666", Role: cluster.Role_ROLE_LEADER, Epoch: 9}} {
-		b, err := proto.Marshal(hb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(b)}
-		if hb.NodeId == "node-a" {
-			msg.Headers = []sarama.RecordHeader{{Key: []byte(cluster.MACHeader), Value: cluster.HeartbeatMAC([]byte(secret), topic, b)}}
-		}
-		if _, _, err := p.SendMessage(msg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := heartbeatWriter(t, client)
+	write(&cluster.Heartbeat{NodeId: "node-a", Addr: "a:4987", Role: cluster.Role_ROLE_LEADER, Epoch: 1}, func(b []byte) []sarama.RecordHeader {
+		return []sarama.RecordHeader{{Key: []byte(cluster.MACHeader), Value: cluster.HeartbeatMAC([]byte(secret), topic, b)}}
+	})
+	write(&cluster.Heartbeat{NodeId: "zz-forged", Addr: "evil:666", Role: cluster.Role_ROLE_LEADER, Epoch: 9}, nil)
 	code, out, errOut := runApp(t.Context(), t, nil, "status", "--offset-store", "kafka", "--kafka", addr,
 		"--id", "svc", "--topic", "jobs", "--json", "--timeout", "10s", "--cluster-secret-file", writeSecret(t, secret+"\n"))
 	if code != 0 {

@@ -129,6 +129,111 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 	return file_cluster_proto_rawDescGZIP(), []int{1}
 }
 
+// OffsetStore is where a member keeps its committed offsets and its leader
+// record (--offset-store). The tools (fanout status, fanout offsets) learn
+// from it which store to read.
+type OffsetStore int32
+
+const (
+	OffsetStore_OFFSET_STORE_UNSPECIFIED OffsetStore = 0 // a member from before members said: unknown
+	OffsetStore_OFFSET_STORE_ZOOKEEPER   OffsetStore = 1 // ZooKeeper: the fence znode and /consumers/fanout_<id>/offsets/<topic>
+	OffsetStore_OFFSET_STORE_KAFKA       OffsetStore = 2 // the Kafka consumer group fanout_<id>
+)
+
+// Enum value maps for OffsetStore.
+var (
+	OffsetStore_name = map[int32]string{
+		0: "OFFSET_STORE_UNSPECIFIED",
+		1: "OFFSET_STORE_ZOOKEEPER",
+		2: "OFFSET_STORE_KAFKA",
+	}
+	OffsetStore_value = map[string]int32{
+		"OFFSET_STORE_UNSPECIFIED": 0,
+		"OFFSET_STORE_ZOOKEEPER":   1,
+		"OFFSET_STORE_KAFKA":       2,
+	}
+)
+
+func (x OffsetStore) Enum() *OffsetStore {
+	p := new(OffsetStore)
+	*p = x
+	return p
+}
+
+func (x OffsetStore) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OffsetStore) Descriptor() protoreflect.EnumDescriptor {
+	return file_cluster_proto_enumTypes[2].Descriptor()
+}
+
+func (OffsetStore) Type() protoreflect.EnumType {
+	return &file_cluster_proto_enumTypes[2]
+}
+
+func (x OffsetStore) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OffsetStore.Descriptor instead.
+func (OffsetStore) EnumDescriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+// Readiness is what a member's /readyz answers.
+type Readiness struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ready         bool                   `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"` // its role, then what it does or why it is not ready
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Readiness) Reset() {
+	*x = Readiness{}
+	mi := &file_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Readiness) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Readiness) ProtoMessage() {}
+
+func (x *Readiness) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Readiness.ProtoReflect.Descriptor instead.
+func (*Readiness) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Readiness) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *Readiness) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // PartitionAssignment says, in spread mode, which member owns which
 // partition. The leader publishes it in every heartbeat; members accept it
 // only from the leader that ZooKeeper records for epoch.
@@ -145,7 +250,7 @@ type PartitionAssignment struct {
 
 func (x *PartitionAssignment) Reset() {
 	*x = PartitionAssignment{}
-	mi := &file_cluster_proto_msgTypes[0]
+	mi := &file_cluster_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -157,7 +262,7 @@ func (x *PartitionAssignment) String() string {
 func (*PartitionAssignment) ProtoMessage() {}
 
 func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[0]
+	mi := &file_cluster_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -170,7 +275,7 @@ func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionAssignment.ProtoReflect.Descriptor instead.
 func (*PartitionAssignment) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{0}
+	return file_cluster_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *PartitionAssignment) GetEpoch() uint64 {
@@ -220,7 +325,7 @@ type PartitionOwner struct {
 
 func (x *PartitionOwner) Reset() {
 	*x = PartitionOwner{}
-	mi := &file_cluster_proto_msgTypes[1]
+	mi := &file_cluster_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -232,7 +337,7 @@ func (x *PartitionOwner) String() string {
 func (*PartitionOwner) ProtoMessage() {}
 
 func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[1]
+	mi := &file_cluster_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -245,7 +350,7 @@ func (x *PartitionOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionOwner.ProtoReflect.Descriptor instead.
 func (*PartitionOwner) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{1}
+	return file_cluster_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PartitionOwner) GetNodeId() string {
@@ -292,14 +397,16 @@ type Heartbeat struct {
 	// reached, by reading or by asking for the log's end, when it made the
 	// record: the record was made after every record below seen was appended.
 	// It orders the instances of one node id and dates a replay (see vote).
-	Seen          int64 `protobuf:"varint,13,opt,name=seen,proto3" json:"seen,omitempty"`
+	Seen          int64       `protobuf:"varint,13,opt,name=seen,proto3" json:"seen,omitempty"`
+	OffsetStore   OffsetStore `protobuf:"varint,14,opt,name=offset_store,json=offsetStore,proto3,enum=fanout.cluster.v1.OffsetStore" json:"offset_store,omitempty"` // where the member keeps offsets and its leader record
+	Readiness     *Readiness  `protobuf:"bytes,15,opt,name=readiness,proto3" json:"readiness,omitempty"`                                                            // as of its last check; unset: a member from before members said
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_cluster_proto_msgTypes[2]
+	mi := &file_cluster_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +418,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[2]
+	mi := &file_cluster_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +431,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{2}
+	return file_cluster_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Heartbeat) GetNodeId() string {
@@ -418,11 +525,28 @@ func (x *Heartbeat) GetSeen() int64 {
 	return 0
 }
 
+func (x *Heartbeat) GetOffsetStore() OffsetStore {
+	if x != nil {
+		return x.OffsetStore
+	}
+	return OffsetStore_OFFSET_STORE_UNSPECIFIED
+}
+
+func (x *Heartbeat) GetReadiness() *Readiness {
+	if x != nil {
+		return x.Readiness
+	}
+	return nil
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\rcluster.proto\x12\x11fanout.cluster.v1\"\xd5\x01\n" +
+	"\rcluster.proto\x12\x11fanout.cluster.v1\"9\n" +
+	"\tReadiness\x12\x14\n" +
+	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd5\x01\n" +
 	"\x13PartitionAssignment\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1e\n" +
 	"\n" +
@@ -438,7 +562,7 @@ const file_cluster_proto_rawDesc = "" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\x05R\n" +
-	"partitions\"\xa3\x03\n" +
+	"partitions\"\xa2\x04\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
@@ -457,7 +581,9 @@ const file_cluster_proto_rawDesc = "" +
 	"assignment\x18\v \x01(\v2&.fanout.cluster.v1.PartitionAssignmentR\n" +
 	"assignment\x12\x10\n" +
 	"\x03seq\x18\f \x01(\x04R\x03seq\x12\x12\n" +
-	"\x04seen\x18\r \x01(\x03R\x04seen*T\n" +
+	"\x04seen\x18\r \x01(\x03R\x04seen\x12A\n" +
+	"\foffset_store\x18\x0e \x01(\x0e2\x1e.fanout.cluster.v1.OffsetStoreR\voffsetStore\x12:\n" +
+	"\treadiness\x18\x0f \x01(\v2\x1c.fanout.cluster.v1.ReadinessR\treadiness*T\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rROLE_FOLLOWER\x10\x01\x12\x12\n" +
@@ -466,7 +592,11 @@ const file_cluster_proto_rawDesc = "" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vMODE_LEADER\x10\x01\x12\x0f\n" +
-	"\vMODE_SPREAD\x10\x02B;Z9github.com/nanoservice/core-fanout/fanout/cluster;clusterb\x06proto3"
+	"\vMODE_SPREAD\x10\x02*_\n" +
+	"\vOffsetStore\x12\x1c\n" +
+	"\x18OFFSET_STORE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16OFFSET_STORE_ZOOKEEPER\x10\x01\x12\x16\n" +
+	"\x12OFFSET_STORE_KAFKA\x10\x02B;Z9github.com/nanoservice/core-fanout/fanout/cluster;clusterb\x06proto3"
 
 var (
 	file_cluster_proto_rawDescOnce sync.Once
@@ -480,25 +610,29 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_cluster_proto_goTypes = []any{
 	(Role)(0),                   // 0: fanout.cluster.v1.Role
 	(Mode)(0),                   // 1: fanout.cluster.v1.Mode
-	(*PartitionAssignment)(nil), // 2: fanout.cluster.v1.PartitionAssignment
-	(*PartitionOwner)(nil),      // 3: fanout.cluster.v1.PartitionOwner
-	(*Heartbeat)(nil),           // 4: fanout.cluster.v1.Heartbeat
+	(OffsetStore)(0),            // 2: fanout.cluster.v1.OffsetStore
+	(*Readiness)(nil),           // 3: fanout.cluster.v1.Readiness
+	(*PartitionAssignment)(nil), // 4: fanout.cluster.v1.PartitionAssignment
+	(*PartitionOwner)(nil),      // 5: fanout.cluster.v1.PartitionOwner
+	(*Heartbeat)(nil),           // 6: fanout.cluster.v1.Heartbeat
 }
 var file_cluster_proto_depIdxs = []int32{
-	3, // 0: fanout.cluster.v1.PartitionAssignment.owners:type_name -> fanout.cluster.v1.PartitionOwner
+	5, // 0: fanout.cluster.v1.PartitionAssignment.owners:type_name -> fanout.cluster.v1.PartitionOwner
 	0, // 1: fanout.cluster.v1.Heartbeat.role:type_name -> fanout.cluster.v1.Role
 	1, // 2: fanout.cluster.v1.Heartbeat.mode:type_name -> fanout.cluster.v1.Mode
-	2, // 3: fanout.cluster.v1.Heartbeat.assignment:type_name -> fanout.cluster.v1.PartitionAssignment
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	4, // 3: fanout.cluster.v1.Heartbeat.assignment:type_name -> fanout.cluster.v1.PartitionAssignment
+	2, // 4: fanout.cluster.v1.Heartbeat.offset_store:type_name -> fanout.cluster.v1.OffsetStore
+	3, // 5: fanout.cluster.v1.Heartbeat.readiness:type_name -> fanout.cluster.v1.Readiness
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -511,8 +645,8 @@ func file_cluster_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   3,
+			NumEnums:      3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -89,6 +89,12 @@ type Config struct {
 	// partition: one without a committed offset then starts at the oldest
 	// offset. Nil means never committed.
 	Committed func() bool
+
+	// Readiness, when set, says whether this member is ready and why (what
+	// its /readyz answers); every heartbeat carries it, so that fanout
+	// status shows it. It is called by the election loop once per
+	// heartbeat: it must not block.
+	Readiness func() (ready bool, reason string)
 }
 
 // withDefaults returns c with zero values replaced by defaults.
@@ -132,13 +138,15 @@ func (c Config) validate() error {
 
 // Member is one cluster member as seen through the heartbeat log.
 type Member struct {
-	NodeID   string
-	Addr     string
-	Role     Role      // the role of its last heartbeat
-	Epoch    uint64    // the epoch of its last heartbeat
-	LastSeen time.Time // local receive time of its last heartbeat
-	Mode     Mode      // its --assignment (MODE_LEADER for a member that does not say)
-	Weight   int       // its capacity in spread mode
+	NodeID    string
+	Addr      string
+	Role      Role        // the role of its last heartbeat
+	Epoch     uint64      // the epoch of its last heartbeat
+	LastSeen  time.Time   // local receive time of its last heartbeat
+	Mode      Mode        // its --assignment (MODE_LEADER for a member that does not say)
+	Weight    int         // its capacity in spread mode
+	Store     OffsetStore // its --offset-store (OFFSET_STORE_UNSPECIFIED for a member that does not say)
+	Readiness *Readiness  // what its /readyz answered as of its last heartbeat; nil when it does not say
 }
 
 // Leadership is this member's view of who leads the cluster.
@@ -167,8 +175,9 @@ type Elector struct {
 	log       *logrus.Entry
 	topic     string
 	fence     fencer
-	fencePath string // the fence znode, absolute (chroot included)
-	instance  string // random per Elector: tells this process's heartbeats from another's with its node id
+	fencePath string      // the fence znode, absolute (chroot included)
+	store     OffsetStore // where the authority keeps the leader record and the offsets, for the heartbeats
+	instance  string      // random per Elector: tells this process's heartbeats from another's with its node id
 
 	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
 	resign   chan chan error
@@ -215,6 +224,12 @@ func newElector(cfg Config, f fencer) *Elector {
 		changed:   make(chan struct{}, 1),
 		resign:    make(chan chan error),
 		done:      make(chan struct{}),
+	}
+	switch { // the store the authority belongs to (tests may fence with neither)
+	case cfg.Group != nil:
+		e.store = OffsetStore_OFFSET_STORE_KAFKA
+	case cfg.ZK != nil:
+		e.store = OffsetStore_OFFSET_STORE_ZOOKEEPER
 	}
 	e.log = cfg.Logger.WithFields(logrus.Fields{"node": cfg.NodeID, "cluster_topic": e.topic})
 	e.snap.Store(&snapshot{})

@@ -27,7 +27,17 @@ type kafkaNode struct {
 // group fanout_<id>, until cleanup or n.cancel.
 func startKafkaNode(t *testing.T, c *kfake.Cluster, id, nodeID string) *kafkaNode {
 	t.Helper()
+	return startKafkaNodeWith(t, c, id, nodeID, nil)
+}
+
+// startKafkaNodeWith is startKafkaNode with the Config adjusted by tune,
+// when set.
+func startKafkaNodeWith(t *testing.T, c *kfake.Cluster, id, nodeID string, tune func(*Config)) *kafkaNode {
+	t.Helper()
 	cfg := testConfig(t, c, id, nodeID)
+	if tune != nil {
+		tune(&cfg)
+	}
 	cfg.Group = kafkastore.New(cfg.Client, id, "jobs", 0)
 	n := runNode(t, cfg, func(e *Elector) fencer { return newKafkaFencer(cfg.Group, e.log) })
 	return &kafkaNode{node: n, client: cfg.Client, store: cfg.Group}
@@ -210,5 +220,55 @@ func TestKafkaAuthorityStopWaitsForTheRelease(t *testing.T) {
 	}
 	if len(d.Members) != 0 {
 		t.Errorf("the group has %d members once Run returned, want none: the release ran after", len(d.Members))
+	}
+}
+
+// Heartbeats say which offset store a member keeps its offsets in and
+// whether it is ready: the other members see both (a member that says
+// neither, as older ones, is unknown). A member of another store is logged,
+// once.
+func TestHeartbeatsSayStoreAndReadiness(t *testing.T) {
+	c := newKafkaWithTopic(t)
+	a := startKafkaNodeWith(t, c, "say", "a", func(cfg *Config) {
+		cfg.Readiness = func() (bool, string) { return true, "follower: leader b (epoch 1)" }
+	})
+	startKafkaNodeWith(t, c, "say", "b", func(cfg *Config) {
+		cfg.Readiness = func() (bool, string) { return false, "leader: no partition of topic jobs consumed: 0 of 2 open" }
+	})
+	member := func(n *kafkaNode, id string) (Member, bool) {
+		for _, m := range n.e.Members() {
+			if m.NodeID == id {
+				return m, true
+			}
+		}
+		return Member{}, false
+	}
+	testutil.WaitFor(t, 10*time.Second, "a to see b's store and readiness", func() bool {
+		m, ok := member(a, "b")
+		return ok && m.Readiness != nil
+	})
+	b, _ := member(a, "b")
+	if b.Store != OffsetStore_OFFSET_STORE_KAFKA || StoreName(b.Store) != "kafka" {
+		t.Errorf("b's store as a sees it: %v (%q), want kafka", b.Store, StoreName(b.Store))
+	}
+	if b.Readiness.GetReady() || b.Readiness.GetReason() != "leader: no partition of topic jobs consumed: 0 of 2 open" {
+		t.Errorf("b's readiness as a sees it: %v", b.Readiness)
+	}
+
+	produceHeartbeat(t, c, "say", &Heartbeat{NodeId: "old", Addr: "old:4000", Role: Role_ROLE_FOLLOWER})
+	for range 2 {
+		produceHeartbeat(t, c, "say", &Heartbeat{NodeId: "zk", Addr: "zk:4000", Role: Role_ROLE_FOLLOWER,
+			OffsetStore: OffsetStore_OFFSET_STORE_ZOOKEEPER})
+	}
+	testutil.WaitFor(t, 10*time.Second, "a to see old and zk", func() bool {
+		_, old := member(a, "old")
+		_, zk := member(a, "zk")
+		return old && zk
+	})
+	if old, _ := member(a, "old"); old.Store != OffsetStore_OFFSET_STORE_UNSPECIFIED || old.Readiness != nil || StoreName(old.Store) != "" {
+		t.Errorf("a member that says nothing: store %v, readiness %v; want unknown", old.Store, old.Readiness)
+	}
+	if n := a.logs.count("error", "keeps its offsets in another store"); n != 1 {
+		t.Errorf("a logged the member of the ZooKeeper store %d times, want once", n)
 	}
 }

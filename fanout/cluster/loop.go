@@ -50,19 +50,20 @@ type loop struct {
 	}
 	seenRec     record // the fence record last logged
 	seenKnown   bool
-	lastLeader  string               // the last node the fence record named, for Failovers
-	readFailing bool                 // the last read of the fence record failed
-	warned      map[string]time.Time // when an implausible heartbeat of a node was last logged
-	saidUnauth  bool                 // a record without a valid MAC was logged (once per Elector)
-	saidOpen    bool                 // the warning that heartbeats are not authenticated was logged
-	saidUnbound bool                 // a record without a sequence number was logged (once per Elector)
-	saidCrowded time.Time            // when a record ignored for want of room was last logged
+	lastLeader  string                 // the last node the fence record named, for Failovers
+	readFailing bool                   // the last read of the fence record failed
+	warned      map[string]time.Time   // when an implausible heartbeat of a node was last logged
+	storeWarned map[string]OffsetStore // the other store each node was logged keeping its offsets in
+	saidUnauth  bool                   // a record without a valid MAC was logged (once per Elector)
+	saidOpen    bool                   // the warning that heartbeats are not authenticated was logged
+	saidUnbound bool                   // a record without a sequence number was logged (once per Elector)
+	saidCrowded time.Time              // when a record ignored for want of room was last logged
 }
 
 // run drives the election until ctx ends.
 func (l *loop) run(ctx context.Context) {
 	e := l.e
-	l.warned = map[string]time.Time{}
+	l.warned, l.storeWarned = map[string]time.Time{}, map[string]OffsetStore{}
 	l.next, l.logEnd = e.startOffset()
 	l.position = max(l.next, 0) // OffsetOldest: from the log's start
 	if !l.open(ctx) {
@@ -241,6 +242,7 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 		if a := hb.GetAssignment(); a != nil {
 			l.acceptAssignment(hb, a)
 		}
+		l.checkStore(hb)
 	case stale:
 		l.e.log.WithFields(logrus.Fields{"offset": offset, "from_node": hb.GetNodeId(), "from_instance": hb.GetInstance(),
 			"seq": hb.GetSeq(), "seen": hb.GetSeen()}).
@@ -260,6 +262,26 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 					"within two leader timeouts (forged node ids?)")
 		}
 	}
+}
+
+// checkStore logs, once per node (and again after its store changed), a
+// member that keeps its offsets and leader record in another store than
+// this one: the two authorities record a leader each, and both may
+// deliver. Members that do not say are not judged.
+func (l *loop) checkStore(hb *Heartbeat) {
+	theirs, id := hb.GetOffsetStore(), hb.GetNodeId()
+	if theirs == OffsetStore_OFFSET_STORE_UNSPECIFIED || l.e.store == OffsetStore_OFFSET_STORE_UNSPECIFIED ||
+		theirs == l.e.store || l.storeWarned[id] == theirs {
+		return
+	}
+	if len(l.storeWarned) >= maxWarned {
+		clear(l.storeWarned)
+	}
+	l.storeWarned[id] = theirs
+	l.e.log.WithFields(logrus.Fields{"from_node": id, "from_addr": hb.GetAddr(), "their_offset_store": StoreName(theirs),
+		"offset_store": StoreName(l.e.store)}).
+		Error("a member of this cluster keeps its offsets in another store: each store records a leader of its own, " +
+			"so two leaders may deliver; give every member the same --offset-store")
 }
 
 // report takes a report of the fence watcher.
@@ -351,7 +373,11 @@ func (l *loop) heartbeat(now time.Time) *Heartbeat {
 	hb := &Heartbeat{
 		NodeId: l.e.cfg.NodeID, Addr: l.e.cfg.Addr, Epoch: epoch, Role: role,
 		ClaimEpoch: l.claim, SentAtMs: now.UnixMilli(), Instance: l.e.instance,
-		Mode: l.e.cfg.Mode,
+		Mode: l.e.cfg.Mode, OffsetStore: l.e.store,
+	}
+	if l.e.cfg.Readiness != nil {
+		ready, reason := l.e.cfg.Readiness()
+		hb.Readiness = &Readiness{Ready: ready, Reason: reason}
 	}
 	if l.e.cfg.Mode == Mode_MODE_SPREAD {
 		hb.Weight = uint32(l.e.cfg.Weight)
@@ -475,7 +501,7 @@ func (l *loop) publishSnapshot(now time.Time) {
 	}
 	for _, m := range l.v.view(now) {
 		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen,
-			Mode: m.mode, Weight: m.weight})
+			Mode: m.mode, Weight: m.weight, Store: m.store, Readiness: m.readiness})
 	}
 	s.assignment = l.inForce(now)
 	if l.term != nil {

@@ -215,6 +215,15 @@ func fromProto(a *PartitionAssignment) *Assignment {
 	return out
 }
 
+// StoreName is an OffsetStore as --offset-store names it: "zookeeper",
+// "kafka"; "" for OFFSET_STORE_UNSPECIFIED (a member that does not say).
+func StoreName(s OffsetStore) string {
+	if s == OffsetStore_OFFSET_STORE_UNSPECIFIED {
+		return ""
+	}
+	return strings.ToLower(strings.TrimPrefix(s.String(), "OFFSET_STORE_"))
+}
+
 // ModeName is a Mode in lower case without its prefix, as --assignment
 // takes it: "leader", "spread".
 func ModeName(m Mode) string { return modeName(m) }

@@ -159,18 +159,20 @@ type pending struct {
 
 // member is what the vote knows of one node from its heartbeats.
 type member struct {
-	instance string // the instance whose records are taken (see Replays)
-	seq      uint64 // the highest sequence number read of instance; 0 when it sends none
-	offset   int64  // log offset of the last record taken
-	left     bool   // its instance said it leaves: not live, kept until forgotten
-	addr     string
-	role     Role
-	epoch    uint64
-	claim    uint64
-	lastSeen time.Time // local receive time of the last heartbeat
-	benched  time.Time // sits out until then: its claim failed, or it stopped leading
-	mode     Mode      // its --assignment; MODE_LEADER when it does not say
-	weight   int       // its capacity in spread mode, at least 1
+	instance  string // the instance whose records are taken (see Replays)
+	seq       uint64 // the highest sequence number read of instance; 0 when it sends none
+	offset    int64  // log offset of the last record taken
+	left      bool   // its instance said it leaves: not live, kept until forgotten
+	addr      string
+	role      Role
+	epoch     uint64
+	claim     uint64
+	lastSeen  time.Time   // local receive time of the last heartbeat
+	benched   time.Time   // sits out until then: its claim failed, or it stopped leading
+	mode      Mode        // its --assignment; MODE_LEADER when it does not say
+	weight    int         // its capacity in spread mode, at least 1
+	store     OffsetStore // its --offset-store; unspecified when it does not say
+	readiness *Readiness  // its last heartbeat's; nil when it does not say
 }
 
 // verdict is what observe made of a heartbeat, for the loop to log.
@@ -295,6 +297,7 @@ func (v *vote) observe(hb *Heartbeat, offset int64, at time.Time) verdict {
 	}
 	m.addr, m.role, m.epoch, m.claim = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch()
 	m.mode, m.weight = hb.GetMode(), max(1, int(hb.GetWeight()))
+	m.store, m.readiness = hb.GetOffsetStore(), hb.GetReadiness()
 	if m.mode == Mode_MODE_UNSPECIFIED {
 		m.mode = Mode_MODE_LEADER
 	}

@@ -21,8 +21,8 @@ import (
 )
 
 // ErrTopicNotFound is returned (wrapped, with the topic name) by Source.Run
-// when the topic does not exist. It is retryable: the topic may be created
-// later.
+// and TopicPartitions when the topic does not exist. It is retryable: the
+// topic may be created later.
 var ErrTopicNotFound = errors.New("kafka topic not found")
 
 // Defaults of SourceConfig.
@@ -438,19 +438,25 @@ func (s *Source) stop(consumer sarama.Consumer, partitions *actor.Group) {
 }
 
 // partitions refreshes the topic's metadata and returns its partitions.
-func (s *Source) partitions() ([]int32, error) {
-	err := s.client.RefreshMetadata(s.cfg.Topic)
+func (s *Source) partitions() ([]int32, error) { return TopicPartitions(s.client, s.cfg.Topic) }
+
+// TopicPartitions refreshes topic's metadata through client and returns its
+// partitions. When Kafka answers that the topic does not exist (or has no
+// partitions) the error wraps ErrTopicNotFound; any other error means
+// Kafka's answer did not come.
+func TopicPartitions(client sarama.Client, topic string) ([]int32, error) {
+	err := client.RefreshMetadata(topic)
 	var parts []int32
 	if err == nil {
-		parts, err = s.client.Partitions(s.cfg.Topic)
+		parts, err = client.Partitions(topic)
 	}
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
-		return nil, fmt.Errorf("%w: %q: %w", ErrTopicNotFound, s.cfg.Topic, err)
+		return nil, fmt.Errorf("%w: %q: %w", ErrTopicNotFound, topic, err)
 	case err != nil:
-		return nil, fmt.Errorf("kafka source: partitions of topic %q: %w", s.cfg.Topic, err)
+		return nil, fmt.Errorf("kafka: partitions of topic %q: %w", topic, err)
 	case len(parts) == 0:
-		return nil, fmt.Errorf("%w: %q has no partitions", ErrTopicNotFound, s.cfg.Topic)
+		return nil, fmt.Errorf("%w: %q has no partitions", ErrTopicNotFound, topic)
 	}
 	return parts, nil
 }

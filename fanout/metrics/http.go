@@ -17,65 +17,172 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Ready tells whether the daemon should receive traffic, and why not: a
-// leader is ready while it serves and its offset commits have not been
-// failing for longer than maxCommitFailing; a follower is ready while it
-// knows its leader (clients it redirects get there).
+// KafkaGrace is how long Kafka may leave the daemon's checks unanswered
+// before /readyz reports it unready. The daemon checks its topic every few
+// seconds (fanout.topicCheckInterval); 30 s rides out a broker restart or a
+// controller failover without flapping, and a probe's own failure
+// threshold adds to it. A leader cut off from Kafka loses its term sooner
+// (its heartbeats stop coming back): this is for what the election does not
+// see, and for a daemon leading alone.
+const KafkaGrace = 30 * time.Second
+
+// Ready tells whether the daemon should receive traffic, and why not. It is
+// ready while every one of conditions holds. The answer names the daemon's
+// role (leader, follower, member, starting), then either what it does or
+// every condition that fails, joined by "; ".
 func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, string) {
+	var failing []string
+	for _, c := range conditions {
+		if why := c(s, now, maxCommitFailing); why != "" {
+			failing = append(failing, why)
+		}
+	}
+	if len(failing) > 0 {
+		return false, role(s) + ": " + strings.Join(failing, "; ")
+	}
+	return true, role(s) + ": " + doing(s)
+}
+
+// A condition is one thing readiness requires: it returns why it does not
+// hold in s at now, or "" while it does.
+type condition func(s Snapshot, now time.Time, maxCommitFailing time.Duration) string
+
+// conditions are the readiness conditions, in the order their reasons are
+// given. A new reason to be unready is one more entry.
+var conditions = []condition{
+	topicExists,
+	kafkaAnswers,
+	roleHolds,
+	partitionsConsumed,
+	commitsSucceed,
+	deadLettersRefused,
+	deadLettersProduced,
+}
+
+// topicExists: Kafka's last answer to the daemon's check of its topic did
+// not say it is missing. A daemon waits for a missing topic before it joins
+// the election, and a leader whose topic is deleted consumes nothing.
+func topicExists(s Snapshot, _ time.Time, _ time.Duration) string {
+	if s.TopicMissing {
+		return fmt.Sprintf("topic %s not found in Kafka", s.Topic)
+	}
+	return ""
+}
+
+// kafkaAnswers: Kafka answered the daemon within KafkaGrace (once it first
+// did; before, roleHolds says the daemon is starting).
+func kafkaAnswers(s Snapshot, now time.Time, _ time.Duration) string {
+	if s.KafkaAnswered.IsZero() || now.Sub(s.KafkaAnswered) <= KafkaGrace {
+		return ""
+	}
+	why := fmt.Sprintf("Kafka not answering for %s", now.Sub(s.KafkaAnswered).Round(time.Second))
+	if s.KafkaError != "" {
+		why += " (" + s.KafkaError + ")"
+	}
+	return why
+}
+
+// roleHolds: the daemon does what its role needs. A leader serves; a
+// follower knows its leader (the clients it redirects get there); a
+// spread-mode member serves every partition its assignment gives it (none
+// is fine).
+func roleHolds(s Snapshot, _ time.Time, _ time.Duration) string {
 	if s.Spread {
-		return readySpread(s, now, maxCommitFailing)
+		switch {
+		case !s.Serving && s.TopicMissing:
+			return "" // topicExists says why
+		case !s.Serving:
+			return "not serving yet"
+		case s.Generation == 0:
+			return "no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"
+		case !slices.Equal(s.Assigned, s.Owned):
+			return fmt.Sprintf("owns partitions %v of %v assigned (generation %d)", s.Owned, s.Assigned, s.Generation)
+		}
+		return ""
 	}
 	switch {
 	case s.Serving:
-		since := s.Stats.CommitFailingSince
-		if !since.IsZero() && now.Sub(since) > maxCommitFailing {
-			return false, fmt.Sprintf("leader: offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
-		}
-		if r := deadLettersRefused(s); r != "" {
-			return false, "leader: " + r
-		}
-		if dl := s.DeadLetterFailingSince; !dl.IsZero() && now.Sub(dl) > maxCommitFailing {
-			return false, fmt.Sprintf("leader: producing to dead-letter topic %s failing for %s (%d messages waiting, holding their partitions' offsets)",
-				s.DeadLetterTopic, now.Sub(dl).Round(time.Millisecond), s.Stats.DeadLetterPending)
-		}
-		return true, "leader: serving"
+		return ""
 	case s.Leader:
-		return false, "leader: elected, not serving yet"
+		return "elected, not serving yet"
 	case s.LeaderKnown:
-		return true, fmt.Sprintf("follower: leader %s (epoch %d)", s.LeaderID, s.Epoch)
+		return ""
 	case s.Clustered:
-		return false, "follower: no leader known"
-	default:
-		return false, "starting: Kafka or ZooKeeper not reached yet"
+		return "no leader known"
+	case s.TopicMissing:
+		return "" // found Kafka; topicExists says why it goes no further
+	case s.KafkaAnswered.IsZero():
+		if s.KafkaError != "" {
+			return "Kafka not reached yet (" + s.KafkaError + ")"
+		}
+		return "Kafka not reached yet"
 	}
+	return "offset store not reached yet"
 }
 
-// readySpread is Ready of a spread-mode member: ready while it serves every
-// partition its assignment gives it (none is fine) and its commits have
-// not been failing for longer than maxCommitFailing.
-func readySpread(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, string) {
+// partitionsConsumed: a serving daemon with partitions to serve consumes at
+// least one of them (a partition consumer is open: HighWaterMarks has it).
+func partitionsConsumed(s Snapshot, _ time.Time, _ time.Duration) string {
+	if !s.Serving || len(s.HighWaterMarks) > 0 || s.Spread && len(s.Owned) == 0 {
+		return ""
+	}
+	if s.Partitions == 0 {
+		return fmt.Sprintf("no partition of topic %s consumed: the source has not started (the log says why)", s.Topic)
+	}
+	return fmt.Sprintf("no partition of topic %s consumed: 0 of %d open (the log says why)", s.Topic, s.Partitions)
+}
+
+// commitsSucceed: a serving daemon's offset commits have not been failing
+// for longer than maxCommitFailing.
+func commitsSucceed(s Snapshot, now time.Time, maxCommitFailing time.Duration) string {
+	if since := s.Stats.CommitFailingSince; s.Serving && !since.IsZero() && now.Sub(since) > maxCommitFailing {
+		return fmt.Sprintf("offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
+	}
+	return ""
+}
+
+// deadLettersProduced: a serving daemon's producing to its dead-letter
+// topic has not been failing for longer than maxCommitFailing (the
+// messages waiting for it hold their partitions' offsets).
+func deadLettersProduced(s Snapshot, now time.Time, maxCommitFailing time.Duration) string {
+	if dl := s.DeadLetterFailingSince; s.Serving && !dl.IsZero() && now.Sub(dl) > maxCommitFailing {
+		return fmt.Sprintf("producing to dead-letter topic %s failing for %s (%d messages waiting, holding their partitions' offsets)",
+			s.DeadLetterTopic, now.Sub(dl).Round(time.Millisecond), s.Stats.DeadLetterPending)
+	}
+	return ""
+}
+
+// role names what the daemon is in the cluster.
+func role(s Snapshot) string {
 	switch {
-	case !s.Serving:
-		return false, "member: not serving yet"
-	case s.Generation == 0:
-		return false, "member: no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"
-	case !slices.Equal(s.Assigned, s.Owned):
-		return false, fmt.Sprintf("member: owns partitions %v of %v assigned (generation %d)", s.Owned, s.Assigned, s.Generation)
+	case s.Spread:
+		return "member"
+	case s.Serving || s.Leader:
+		return "leader"
+	case s.Clustered:
+		return "follower"
 	}
-	if since := s.Stats.CommitFailingSince; !since.IsZero() && now.Sub(since) > maxCommitFailing {
-		return false, fmt.Sprintf("member: offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
-	}
-	if r := deadLettersRefused(s); r != "" {
-		return false, "member: " + r
-	}
-	return true, fmt.Sprintf("member: serving partitions %v (generation %d)", s.Owned, s.Generation)
+	return "starting"
 }
 
-// deadLettersRefused is the reason a serving node is not ready while its
-// dead-letter topic refuses records for a reason retrying cannot fix (at
-// once: only an operator can fix it); "" when it refuses none.
-func deadLettersRefused(s Snapshot) string {
-	if s.DeadLetterRefused == 0 {
+// doing says what a ready daemon does.
+func doing(s Snapshot) string {
+	switch {
+	case s.Spread:
+		return fmt.Sprintf("serving partitions %v (generation %d)", s.Owned, s.Generation)
+	case s.Serving:
+		return "serving"
+	case s.LeaderKnown:
+		return fmt.Sprintf("leader %s (epoch %d)", s.LeaderID, s.Epoch)
+	}
+	return "ready"
+}
+
+// deadLettersRefused: a serving daemon's dead-letter topic refuses no
+// record for a reason retrying cannot fix (unready at once: only an
+// operator can fix it).
+func deadLettersRefused(s Snapshot, _ time.Time, _ time.Duration) string {
+	if !s.Serving || s.DeadLetterRefused == 0 {
 		return ""
 	}
 	return fmt.Sprintf("dead letters failing: %s refuses %d (%s); they hold their partitions' offsets",

@@ -56,6 +56,19 @@ type Snapshot struct {
 	// message's value, too large for the dead-letter topic.
 	DeadLetterValuesOmitted uint64
 
+	// Topic is the topic the daemon consumes. TopicMissing: Kafka's last
+	// answer to the daemon's check of it said it does not exist.
+	Topic        string
+	TopicMissing bool
+	// KafkaAnswered is when Kafka last answered the daemon (its check of
+	// the topic, or a new connection); zero before it first did.
+	// KafkaError is the last failure to reach Kafka since, "" when none.
+	KafkaAnswered time.Time
+	KafkaError    string
+	// Partitions is how many partitions the serving source consumes or is
+	// opening (HighWaterMarks has those it consumes).
+	Partitions int
+
 	// Clustered: the daemon takes part in an election (not the dev mode).
 	// Before the election starts, Clustered is false and so is Serving.
 	Clustered bool

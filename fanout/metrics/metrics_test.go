@@ -223,6 +223,12 @@ func TestCollectorLint(t *testing.T) {
 	}
 }
 
+// with returns s changed by f.
+func with(s Snapshot, f func(*Snapshot)) Snapshot {
+	f(&s)
+	return s
+}
+
 func TestReady(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	failing := func(d time.Duration) Snapshot {
@@ -255,7 +261,38 @@ func TestReady(t *testing.T) {
 		{"elected, not serving", Snapshot{Clustered: true, Leader: true, LeaderKnown: true, LeaderID: "a"}, false, "leader: elected, not serving yet"},
 		{"follower knows leader", Snapshot{Clustered: true, LeaderKnown: true, LeaderID: "b", Epoch: 4}, true, "follower: leader b (epoch 4)"},
 		{"follower without leader", Snapshot{Clustered: true}, false, "follower: no leader known"},
-		{"starting", Snapshot{}, false, "starting: Kafka or ZooKeeper not reached yet"},
+		{"starting", Snapshot{}, false, "starting: Kafka not reached yet"},
+		{"starting, Kafka refuses", Snapshot{KafkaError: "dial tcp 127.0.0.1:9092: connection refused"}, false,
+			"starting: Kafka not reached yet (dial tcp 127.0.0.1:9092: connection refused)"},
+		{"starting, topic missing", Snapshot{Topic: "jobs", TopicMissing: true, KafkaAnswered: now}, false,
+			"starting: topic jobs not found in Kafka"},
+		{"starting, topic found", Snapshot{Topic: "jobs", KafkaAnswered: now}, false, "starting: offset store not reached yet"},
+		{"follower, topic deleted", with(Snapshot{Clustered: true, LeaderKnown: true, LeaderID: "b", Epoch: 4},
+			func(s *Snapshot) { s.Topic, s.TopicMissing = "jobs", true }), false, "follower: topic jobs not found in Kafka"},
+		{"leader, topic deleted", with(leaderSnapshot(), func(s *Snapshot) {
+			s.Topic, s.TopicMissing, s.HighWaterMarks, s.Partitions = "jobs", true, nil, 3
+		}), false, "leader: topic jobs not found in Kafka; no partition of topic jobs consumed: 0 of 3 open (the log says why)"},
+		{"leader consuming no partition", with(leaderSnapshot(), func(s *Snapshot) {
+			s.Topic, s.HighWaterMarks, s.Partitions = "jobs", nil, 3
+		}), false, "leader: no partition of topic jobs consumed: 0 of 3 open (the log says why)"},
+		{"leader whose source has not started", with(leaderSnapshot(), func(s *Snapshot) {
+			s.Topic, s.HighWaterMarks, s.Partitions = "jobs", map[int32]int64{}, 0
+		}), false, "leader: no partition of topic jobs consumed: the source has not started (the log says why)"},
+		{"leader consuming one partition of three", with(leaderSnapshot(), func(s *Snapshot) {
+			s.HighWaterMarks, s.Partitions = map[int32]int64{1: 4}, 3
+		}), true, "leader: serving"},
+		{"Kafka silent within the grace", with(leaderSnapshot(), func(s *Snapshot) { s.KafkaAnswered = now.Add(-KafkaGrace) }),
+			true, "leader: serving"},
+		{"Kafka silent past the grace", with(leaderSnapshot(), func(s *Snapshot) {
+			s.KafkaAnswered, s.KafkaError = now.Add(-KafkaGrace-time.Second), "kafka: client has run out of available brokers"
+		}), false, "leader: Kafka not answering for 31s (kafka: client has run out of available brokers)"},
+		{"follower, Kafka silent past the grace", with(Snapshot{Clustered: true}, func(s *Snapshot) {
+			s.KafkaAnswered = now.Add(-time.Minute)
+		}), false, "follower: Kafka not answering for 1m0s; no leader known"},
+		{"every failing condition", with(failing(11*time.Second), func(s *Snapshot) {
+			s.Topic, s.TopicMissing, s.DeadLetterFailingSince = "jobs", true, now.Add(-12*time.Second)
+		}), false, "leader: topic jobs not found in Kafka; offset commits failing for 11s; " +
+			"producing to dead-letter topic orders.dlq failing for 12s (1 messages waiting, holding their partitions' offsets)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

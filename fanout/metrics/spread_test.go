@@ -100,6 +100,14 @@ func TestReadySpread(t *testing.T) {
 			"(kafka server: Client sent an invalid record); they hold their partitions' offsets"},
 		{"no assignment", noAssignment, false, "member: no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"},
 		{"not serving", Snapshot{Spread: true, Clustered: true}, false, "member: not serving yet"},
+		{"topic missing", Snapshot{Spread: true, Topic: "jobs", TopicMissing: true, KafkaAnswered: now}, false,
+			"member: topic jobs not found in Kafka"},
+		{"owns partitions, consumes none", with(all, func(s *Snapshot) { s.Topic, s.HighWaterMarks, s.Partitions = "jobs", nil, 3 }),
+			false, "member: no partition of topic jobs consumed: 0 of 3 open (the log says why)"},
+		{"owns none, consumes none", with(none, func(s *Snapshot) { s.HighWaterMarks = nil }), true,
+			"member: serving partitions [] (generation 12)"},
+		{"dead letters failing", with(all, func(s *Snapshot) { s.DeadLetterFailingSince = now.Add(-11 * time.Second) }), false,
+			"member: producing to dead-letter topic orders.dlq failing for 11s (1 messages waiting, holding their partitions' offsets)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

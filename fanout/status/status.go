@@ -22,14 +22,19 @@ import (
 // daemon's own view: fanout status, which reads Kafka and ZooKeeper, leaves
 // them out.
 type Status struct {
-	ID             string      `json:"id"`
-	Topic          string      `json:"topic"`
-	HeartbeatTopic string      `json:"heartbeat_topic"`
-	Mode           string      `json:"mode,omitempty"` // the leader's --assignment; "" when unknown
-	Leader         *Leader     `json:"leader"`         // nil: no leader recorded (fanout status) or known (a daemon)
-	Members        []Member    `json:"members"`
-	Partitions     []Partition `json:"partitions"`
-	TotalLag       int64       `json:"total_lag"` // over the partitions with a committed offset
+	ID             string `json:"id"`
+	Topic          string `json:"topic"`
+	HeartbeatTopic string `json:"heartbeat_topic"`
+	Mode           string `json:"mode,omitempty"` // the leader's --assignment; "" when unknown
+	// OffsetStore is the store the leader record and the committed offsets
+	// were read from (fanout status), or the daemon's own (--offset-store);
+	// StoreFrom says how fanout status chose it.
+	OffsetStore string      `json:"offset_store,omitempty"`
+	StoreFrom   string      `json:"offset_store_from,omitempty"`
+	Leader      *Leader     `json:"leader"` // nil: no leader recorded (fanout status) or known (a daemon)
+	Members     []Member    `json:"members"`
+	Partitions  []Partition `json:"partitions"`
+	TotalLag    int64       `json:"total_lag"` // over the partitions with a committed offset
 
 	// Spread mode (AddSpread): the leader's assignment (nil when none is
 	// known) and the partitions whose ownership record does not name, live,
@@ -61,6 +66,31 @@ type Member struct {
 	Epoch    uint64    `json:"epoch"`
 	LastSeen time.Time `json:"last_seen"`
 	Mode     string    `json:"mode"` // its --assignment (ModeName)
+	// OffsetStore is its --offset-store (cluster.StoreName); "" when its
+	// heartbeats do not say (a member older than the field).
+	OffsetStore string `json:"offset_store,omitempty"`
+	// Ready and Reason are what its /readyz answered as of its heartbeat;
+	// Ready is nil when its heartbeats do not say.
+	Ready  *bool  `json:"ready,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// MemberOf is the Member a heartbeat describes, heard at lastSeen.
+func MemberOf(hb *cluster.Heartbeat, lastSeen time.Time) Member {
+	m := Member{NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: RoleName(hb.GetRole()), Epoch: hb.GetEpoch(),
+		LastSeen: lastSeen, Mode: cluster.ModeName(hb.GetMode()), OffsetStore: cluster.StoreName(hb.GetOffsetStore())}
+	m.SetReadiness(hb.GetReadiness())
+	return m
+}
+
+// SetReadiness sets Ready and Reason from r (nil: not said).
+func (m *Member) SetReadiness(r *cluster.Readiness) {
+	if r == nil {
+		m.Ready, m.Reason = nil, ""
+		return
+	}
+	ready := r.GetReady()
+	m.Ready, m.Reason = &ready, r.GetReason()
 }
 
 // Partition is one partition's offsets; Committed and Lag are nil when no

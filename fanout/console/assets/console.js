@@ -139,18 +139,24 @@
     ready.textContent = node.ready ? 'yes' : 'no';
     ready.title = node.reason || '';
     ready.className = node.ready ? 'ok' : 'bad';
+    // Not ready: why, in red, where it is seen first.
+    const notReady = $('not-ready');
+    notReady.hidden = !!node.ready;
+    notReady.textContent = node.ready ? '' : 'Not ready: ' + (node.reason || 'no reason given') + '.';
 
     const note = $('follower-note');
     note.hidden = false;
+    // The reason of a node not ready is above already.
+    const why = node.ready ? (node.reason || 'Not serving') + '. ' : '';
     if (node.partial) {
       note.textContent = 'Only the partitions this member serves are shown: ' + node.partial + '.';
     } else if (node.serving) {
       note.hidden = true;
     } else if (node.mode === 'spread') {
-      note.textContent = (node.reason || 'Not serving') + '. Each member of a spread cluster shows its own clients.';
+      note.textContent = why + 'Each member of a spread cluster shows its own clients.';
     } else {
-      note.textContent = (node.reason || 'Not serving') +
-        '. Partitions and clients are shown by the console of the node that serves them' +
+      note.textContent = why +
+        'Partitions and clients are shown by the console of the node that serves them' +
         (st.leader ? ' (' + st.leader.node + (st.leader.addr ? ', clients at ' + st.leader.addr : '') + ').' : '.');
     }
 
@@ -184,9 +190,19 @@
       ['Address', m.addr || '–', 'addr'],
       ['Role', m.role, 'role'],
       ['Mode', m.mode || '–', 'mode'],
+      ['Store', m.offset_store || '–', 'store'],
       ['Epoch', m.epoch, 'num'],
       ['Last heartbeat', now ? fmtAge(m.last_seen, now) + ' ago' : m.last_seen, 'num'],
+      memberReady(m),
     ], { class: m.node_id === leader ? 'leader' : null, 'data-node': m.node_id })), 'No members heard from.');
+  }
+
+  // memberReady is the Ready cell of a member: yes, or no and why (red), or
+  // – when its heartbeats do not say (an older daemon).
+  function memberReady(m) {
+    if (m.ready === undefined || m.ready === null) return ['Ready', '–', 'ready'];
+    if (m.ready) return ['Ready', 'yes', 'ready ok'];
+    return ['Ready', 'no: ' + (m.reason || 'no reason given'), 'ready bad'];
   }
 
   // ranges writes ascending partitions as ranges: 0-2, 5.
