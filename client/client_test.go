@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -519,6 +522,33 @@ func TestDialUnreachable(t *testing.T) {
 	}
 	t.Log(err)
 	waitFor(t, testTimeout, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// TestDialHTTPServer: an address that answers HTTP (a daemon's metrics and
+// console port) fails Dial at once, saying so, not with a frame length, and
+// is not retried.
+func TestDialHTTPServer(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	// The default frame size limit, and one that takes HTTP's first bytes
+	// as a length.
+	for _, maxFrame := range []int{0, 1<<32 - 1} {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		c, err := Dial(ctx, Config{Addrs: []string{srv.Listener.Addr().String()}, MaxFrameSize: maxFrame})
+		cancel()
+		if err == nil {
+			_ = c.Close()
+			t.Fatal("Dial succeeded")
+		}
+		var he *protocol.HTTPError
+		if !errors.As(err, &he) || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("MaxFrameSize %d: Dial: %v; want an HTTPError at once, not a retry until the deadline", maxFrame, err)
+		}
+		if want := "this is an HTTP server (the metrics and console port?), not a fanout client port"; !strings.Contains(err.Error(), want) {
+			t.Errorf("Dial: %v; want it to say %q", err, want)
+		}
+	}
 }
 
 func TestDialAllRefusedNoReconnect(t *testing.T) {

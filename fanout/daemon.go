@@ -439,13 +439,28 @@ func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offse
 }
 
 // checkDeadLetterTopic checks, before this node serves, that the dead-letter
-// topic exists and may be used: an error that says what to fix when it does
-// not; nil once it does, or when ctx ends (Kafka out of reach is retried).
+// topic exists and may be used, and creates it when it does not and
+// Options.CreateDeadLetterTopic asks for it: an error that says what to fix
+// when it cannot be used; nil once it can, or when ctx ends (Kafka out of
+// reach is retried).
 func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client) error {
 	var unusable error
-	err := retry(ctx, d.log.WithField("dead_letter_topic", d.opts.DeadLetterTopic), "check the dead-letter topic", d.opts.ConnectBackoffMax,
+	log := d.log.WithField("dead_letter_topic", d.opts.DeadLetterTopic)
+	err := retry(ctx, log, "check the dead-letter topic", d.opts.ConnectBackoffMax,
 		func(context.Context) error {
 			err := checkDeadLetterTopic(client, d.opts.DeadLetterTopic)
+			if errors.Is(err, errDeadLetterTopicMissing) && d.opts.CreateDeadLetterTopic {
+				n, cerr := createDeadLetterTopic(client, d.opts.DeadLetterTopic, d.opts.Topic)
+				if cerr != nil {
+					return cerr
+				}
+				if n > 0 {
+					log.WithField("partitions", n).Info("created the dead-letter topic (the cluster's default replication factor)")
+				}
+				if err = checkDeadLetterTopic(client, d.opts.DeadLetterTopic); errors.Is(err, errDeadLetterTopicMissing) {
+					return fmt.Errorf("dead-letter topic %q: created, not yet in the cluster's metadata", d.opts.DeadLetterTopic)
+				}
+			}
 			if errors.Is(err, errDeadLetterTopic) {
 				unusable = err
 				return nil

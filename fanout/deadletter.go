@@ -222,8 +222,9 @@ func checkDeadLetterTopic(client sarama.Client, topic string) error {
 	}
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
-		return fmt.Errorf("%w: topic %q does not exist: create it (e.g. kafka-topics.sh --create --topic %s), or fix --dead-letter-topic",
-			errDeadLetterTopic, topic, topic)
+		return fmt.Errorf("%w: topic %q does not exist: create it (e.g. kafka-topics.sh --create --topic %s, "+
+			"or run the daemon once with --create-dead-letter-topic), or fix --dead-letter-topic: %w",
+			errDeadLetterTopic, topic, topic, errDeadLetterTopicMissing)
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed):
 		return fmt.Errorf("%w: not authorized to use topic %q: grant the daemon's Kafka user Describe and Write on it: %w",
 			errDeadLetterTopic, topic, err)
@@ -236,5 +237,39 @@ func checkDeadLetterTopic(client sarama.Client, topic string) error {
 }
 
 // errDeadLetterTopic is wrapped by the errors of a dead-letter topic that
-// cannot be used: retrying will not help.
-var errDeadLetterTopic = errors.New("--dead-letter-topic cannot be used")
+// cannot be used: retrying will not help. errDeadLetterTopicMissing is
+// wrapped too when the topic does not exist.
+var (
+	errDeadLetterTopic        = errors.New("--dead-letter-topic cannot be used")
+	errDeadLetterTopicMissing = errors.New("no such topic")
+)
+
+// createDeadLetterTopic creates the dead-letter topic topic with as many
+// partitions as the topic source and the cluster's default replication
+// factor and settings (-1: the brokers' default.replication.factor, Kafka
+// 2.4 or later). It returns the partitions created; a topic that exists
+// meanwhile is no error (0 partitions). A source topic not found is an
+// error to retry: its partition count is needed.
+func createDeadLetterTopic(client sarama.Client, topic, source string) (int32, error) {
+	if err := client.RefreshMetadata(source); err != nil {
+		return 0, fmt.Errorf("create the dead-letter topic %q: topic %q: %w", topic, source, err)
+	}
+	parts, err := client.Partitions(source)
+	if err != nil {
+		return 0, fmt.Errorf("create the dead-letter topic %q: partitions of %q: %w", topic, source, err)
+	}
+	// Not closed: closing an admin made from a client closes the client.
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return 0, fmt.Errorf("create the dead-letter topic %q: cluster admin: %w", topic, err)
+	}
+	n := int32(len(parts))
+	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: -1}, false)
+	switch {
+	case errors.Is(err, sarama.ErrTopicAlreadyExists):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("create the dead-letter topic %q (%d partitions, the cluster's default replication factor): %w", topic, n, err)
+	}
+	return n, nil
+}

@@ -134,12 +134,9 @@ const ownedAhead = 1 << 20
 // at its declared size up to 1 MiB before the bytes arrive (the size is
 // checked against the maximum first); it grows larger ones as bytes arrive.
 func (r *Reader) ReadBatch(f *Frame, b *Batch) (bool, error) {
-	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+	size, err := r.readHeader()
+	if err != nil {
 		return false, err
-	}
-	size := binary.BigEndian.Uint32(r.hdr[:])
-	if uint64(size) > uint64(r.max) {
-		return false, &FrameTooLargeError{Size: uint64(size), Max: r.max}
 	}
 	if size == 0 {
 		return false, r.decode(nil, f)
