@@ -44,9 +44,12 @@ type Daemon struct {
 
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
-	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
-	tls       *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
-	tokens    *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
+	// consoleAddr is the metrics listener's address once it listens, for
+	// the server's answer to an HTTP request on the client port.
+	consoleAddr atomic.Pointer[string]
+	rates       *console.Rates  // the console's message rates, sampled while the metrics listener runs
+	tls         *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
+	tokens      *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
 
 	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
 
@@ -102,6 +105,12 @@ func New(opts Options) (_ *Daemon, err error) {
 		Leadership:     d.leadership,
 		Members:        d.members,
 		Logger:         d.log,
+		ConsoleAddr: func() string {
+			if a := d.consoleAddr.Load(); a != nil {
+				return *a
+			}
+			return ""
+		},
 
 		MaxObserverBytes: opts.MaxObserverBytes,
 	}, &d.backend)
@@ -579,6 +588,8 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 		return nil, err
 	}
 	d.metrics = ms
+	addr := ms.Addr().String()
+	d.consoleAddr.Store(&addr)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

@@ -96,10 +96,16 @@ func runTail(c *cli.Context) error {
 		TLS:          tlsCfg,
 	})
 	if err != nil {
-		if ctx.Err() != nil {
+		var notFanout *protocol.HTTPError
+		switch {
+		case ctx.Err() != nil:
 			return nil // interrupted while connecting
+		case errors.As(err, &notFanout):
+			return fmt.Errorf("tail: --connect %s: %w", strings.Join(addrs, ","), notFanout)
+		case errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("tail: cannot connect to %s within %v: %w", strings.Join(addrs, ","), c.Duration("timeout"), err)
 		}
-		return fmt.Errorf("tail: cannot connect to %s within %v: %w", strings.Join(addrs, ","), c.Duration("timeout"), err)
+		return fmt.Errorf("tail: cannot connect to %s: %w", strings.Join(addrs, ","), err)
 	}
 	t := &tailer{
 		out:       bufio.NewWriter(c.App.Writer),

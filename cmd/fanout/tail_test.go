@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -174,6 +176,25 @@ func TestTailUnreachable(t *testing.T) {
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("took %v with --timeout 300ms", took)
+	}
+}
+
+// TestTailHTTPServer: tail pointed at an HTTP server (a daemon's metrics
+// and console port) says so at once, not that a frame is too large.
+func TestTailHTTPServer(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), tailTestTimeout)
+	defer cancel()
+	if code := run(ctx, []string{"fanout", "tail", "--connect", addr}, &stdout, &stderr); code != 1 {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	want := "fanout: tail: --connect " + addr + ": this is an HTTP server (the metrics and console port?), not a fanout client port\n"
+	if got := stderr.String(); got != want {
+		t.Errorf("stderr %q, want %q", got, want)
 	}
 }
 
