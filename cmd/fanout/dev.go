@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -144,6 +145,11 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 		}),
 	)
 	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("in-process Kafka on %s: %w: is a Kafka broker (or another fanout dev) running on this host? "+
+				"Give fanout dev another --kafka-listen (127.0.0.1:0: any free port), or stop the process that holds the port",
+				cfg.KafkaListen, err)
+		}
 		return fmt.Errorf("in-process Kafka on %s: %w", cfg.KafkaListen, err)
 	}
 	defer cluster.Close()
@@ -166,9 +172,9 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 	case <-d.Ready():
 		printDevHints(stdout, kafkaAddr, cfg.Topic, dialable(d.Addr()))
 	case err := <-runErr:
-		return devStopped(err)
+		return err
 	}
-	return devStopped(<-runErr)
+	return <-runErr
 }
 
 // devMetricsListen returns --metrics-listen. Left at its default, a port
@@ -186,14 +192,6 @@ func devMetricsListen(c *cli.Context) string {
 	}
 	ln.Close()
 	return addr
-}
-
-// devStopped wraps the daemon's error, if any.
-func devStopped(err error) error {
-	if err != nil {
-		return fmt.Errorf("fanout dev: %w", err)
-	}
-	return nil
 }
 
 // printDevHints tells the user how to produce to the dev broker and consume

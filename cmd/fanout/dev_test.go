@@ -249,8 +249,12 @@ func TestDevBadFlags(t *testing.T) {
 		{"bad ack timeout", []string{"--ack-timeout=-1s"}, 2, "--ack-timeout"},
 		{"bad listen", []string{"--listen", "nope"}, 2, "--listen"},
 		{"stray argument", []string{"extra"}, 2, "extra"},
-		{"kafka port taken", []string{"--kafka-listen", taken.Addr().String(), "--listen", "127.0.0.1:0"}, 1, "in-process Kafka"},
-		{"listen port taken", []string{"--kafka-listen", "127.0.0.1:0", "--listen", taken.Addr().String()}, 1, "address already in use"},
+		{"kafka port taken", []string{"--kafka-listen", taken.Addr().String(), "--listen", "127.0.0.1:0"}, 1, "Give fanout dev another --kafka-listen"},
+		{"listen port taken", []string{"--kafka-listen", "127.0.0.1:0", "--listen", taken.Addr().String()}, 1, "its own --listen"},
+		{"metrics port taken", []string{"--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--metrics-listen", taken.Addr().String()}, 1, "its own --metrics-listen"},
+		{"dead-letter topic without max attempts", []string{"--dead-letter-topic", "dlq"}, 2, "--max-attempts"},
+		{"bad retry backoff", []string{"--retry-backoff", "1s,2x"}, 2, "--retry-backoff"},
+		{"bad ordering", []string{"--ordering", "fifo"}, 2, "--ordering"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -260,6 +264,9 @@ func TestDevBadFlags(t *testing.T) {
 			}
 			if !strings.Contains(stderr, tt.want) {
 				t.Fatalf("stderr does not mention %q:\n%s", tt.want, stderr)
+			}
+			if strings.Contains(stderr, "fanout: fanout") {
+				t.Errorf("a doubled prefix:\n%s", stderr)
 			}
 		})
 	}
