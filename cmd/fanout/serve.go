@@ -178,7 +178,15 @@ func policyOptions(opts *fanout.Options, flags flagValues) error {
 // serve runs the daemon until SIGINT or SIGTERM.
 func serve(c *cli.Context) error {
 	if c.Args().Present() {
-		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: %s)", c.Args().First(), commandNames(c)))
+		arg := c.Args().First()
+		var names []string
+		for _, cmd := range c.App.Commands {
+			names = append(names, cmd.Names()...)
+		}
+		if near := nearest(arg, names); near != "" {
+			return usageError(fmt.Errorf("unknown command %q: did you mean %s? (commands: %s)", arg, near, commandNames(c)))
+		}
+		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: %s)", arg, commandNames(c)))
 	}
 	opts, err := serveOptions(c, environ())
 	if err != nil {
