@@ -220,6 +220,10 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	if err := c.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	before := len(logs.String())
 	cancel()
 	select {
 	case err := <-done:
@@ -228,6 +232,12 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		}
 	case <-time.After(testWait):
 		t.Fatal("dev did not stop after cancel")
+	}
+	// A clean stop (as Ctrl-C) warns of nothing.
+	for _, line := range strings.Split(logs.String()[before:], "\n") {
+		if strings.Contains(line, "level=warning") || strings.Contains(line, "level=error") {
+			t.Errorf("logged at stop: %s", line)
+		}
 	}
 }
 
