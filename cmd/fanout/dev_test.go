@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/status"
 )
 
@@ -326,6 +327,57 @@ func TestDevProduceThenTail(t *testing.T) {
 	case code := <-exit:
 		if code != 0 {
 			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(testWait):
+		t.Fatal("dev did not stop after cancel")
+	}
+}
+
+// TestDevDefaultsDoNotSpinAPoisonRecord runs fanout dev with its default
+// flags and one tail that gives every message back at once (--no-ack
+// --nack-delay 0), as a handler failing on a poison record does, and
+// counts its deliveries of one record over 10 seconds. Without a retry
+// backoff it went round tens of thousands of times; with the default one
+// (1s doubling: deliveries at about 0, 1, 3, 7 s, jittered into the upper
+// half of each wait) at most 5 fit. The bound leaves room for a new term on
+// a loaded machine, which delivers at once (a delay is not stored); it is a
+// bound on the count, not on time.
+func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	out, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		defer outW.Close()
+		done <- runDev(ctx, devConfig{
+			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+			AckTimeout: fanout.DefaultAckTimeout, Heartbeat: fanout.DefaultHeartbeat, MaxInFlight: fanout.DefaultMaxInFlight,
+			Log: logrus.NewEntry(log),
+		}, outW)
+	}()
+	h := readDevHints(t, out)
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("poison\n"), h.produce...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	tailCtx, stopTail := context.WithTimeout(ctx, 10*time.Second)
+	defer stopTail()
+	code, printed, errOut := runApp(tailCtx, t, nil, "tail", "--connect", h.connect, "--no-ack", "--nack-delay", "0", "--meta")
+	if code != 0 {
+		t.Fatalf("tail: exit code %d\n%s", code, errOut)
+	}
+	deliveries := strings.Count(printed, "poison")
+	if deliveries < 1 || deliveries > 8 {
+		t.Fatalf("one record nacked at once was delivered %d times in 10 s, want 1 to 8:\n%s", deliveries, printed)
+	}
+	t.Logf("%d deliveries in 10 s:\n%s", deliveries, printed)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("runDev: %v", err)
 		}
 	case <-time.After(testWait):
 		t.Fatal("dev did not stop after cancel")
