@@ -222,9 +222,9 @@ func checkDeadLetterTopic(client sarama.Client, topic string) error {
 	}
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
-		return fmt.Errorf("%w: topic %q does not exist: create it (e.g. kafka-topics.sh --create --topic %s, "+
-			"or run the daemon once with --create-dead-letter-topic), or fix --dead-letter-topic: %w",
-			errDeadLetterTopic, topic, topic, errDeadLetterTopicMissing)
+		return fmt.Errorf("%w: topic %q %w: create it (kafka-topics.sh --create --topic %s, or give the daemon "+
+			"--create-dead-letter-topic), or fix --dead-letter-topic",
+			errDeadLetterTopic, topic, errDeadLetterTopicMissing, topic)
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed):
 		return fmt.Errorf("%w: not authorized to use topic %q: grant the daemon's Kafka user Describe and Write on it: %w",
 			errDeadLetterTopic, topic, err)
@@ -241,7 +241,7 @@ func checkDeadLetterTopic(client sarama.Client, topic string) error {
 // wrapped too when the topic does not exist.
 var (
 	errDeadLetterTopic        = errors.New("--dead-letter-topic cannot be used")
-	errDeadLetterTopicMissing = errors.New("no such topic")
+	errDeadLetterTopicMissing = errors.New("does not exist")
 )
 
 // createDeadLetterTopic creates the dead-letter topic topic with as many

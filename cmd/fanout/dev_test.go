@@ -6,15 +6,19 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/status"
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // devHints are the commands fanout dev prints once it is ready, split into
@@ -378,6 +382,90 @@ func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
 	case err := <-done:
 		if err != nil {
 			t.Fatalf("runDev: %v", err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("dev did not stop after cancel")
+	}
+}
+
+// TestDevDeadLetters runs fanout dev with the delivery-policy flags: the
+// dead-letter topic is created in the in-process broker, and a record
+// nacked --max-attempts times lands there.
+func TestDevDeadLetters(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out, outW := io.Pipe()
+	var stderr syncBuffer
+	exit := make(chan int, 1)
+	go func() {
+		defer outW.Close()
+		exit <- runAppTo(ctx, nil, outW, &stderr, "dev", "--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
+			"--metrics-listen", "", "--topic", "jobs", "--partitions", "3",
+			"--max-attempts", "2", "--dead-letter-topic", "jobs_dlq", "--retry-backoff", "10ms,20ms", "--ordering", "key")
+	}()
+	h := readDevHints(t, out)
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("k=poison\n"), append(h.produce, "--key-separator", "=")...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{h.connect}})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	for attempt := 1; attempt <= 2; attempt++ {
+		m := receive(t, c)
+		if string(m.Value) != "poison" || m.Attempt != attempt {
+			t.Fatalf("got %q attempt %d, want poison attempt %d", m.Value, m.Attempt, attempt)
+		}
+		if err := m.NackWith(0, "cannot parse"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	kafkaAddr := h.produce[slices.Index(h.produce, "--kafka")+1]
+	kc, err := sarama.NewClient([]string{kafkaAddr}, kafka.NewConfig("dev-dlq-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	if parts, err := kc.Partitions("jobs_dlq"); err != nil || len(parts) != 3 {
+		t.Fatalf("dead-letter topic partitions %v, %v; want 3, as the topic", parts, err)
+	}
+	// The partition the dead letter went to: the one that holds a record.
+	held := int32(-1)
+	testutil.WaitFor(t, testWait, "the dead letter", func() bool {
+		for p := range int32(3) {
+			if n, err := kc.GetOffset("jobs_dlq", p, sarama.OffsetNewest); err == nil && n > 0 {
+				held = p
+				return true
+			}
+		}
+		return false
+	})
+	consumer, err := sarama.NewConsumerFromClient(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition("jobs_dlq", held, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	select {
+	case got := <-pc.Messages():
+		if string(got.Key) != "k" || string(got.Value) != "poison" {
+			t.Fatalf("dead letter %q=%q, want k=poison", got.Key, got.Value)
+		}
+	case <-time.After(testWait):
+		t.Fatal("the dead letter not read")
+	}
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
 		}
 	case <-time.After(testWait):
 		t.Fatal("dev did not stop after cancel")
