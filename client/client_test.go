@@ -638,3 +638,24 @@ func TestIDsPerFrameFitTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestMessageKeyNilOnlyWithoutAKey: a record without a key comes with a nil
+// Key, one with an empty key with an empty, non-nil one (Kafka tells them
+// apart, and so does the wire).
+func TestMessageKeyNilOnlyWithoutAKey(t *testing.T) {
+	t.Parallel()
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 1, Value: []byte("none")}))
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 2, Key: []byte{}, Value: []byte("empty")}))
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 3, Key: []byte("k"), Value: []byte("k")}))
+	for _, want := range []struct {
+		value string
+		key   []byte
+	}{{"none", nil}, {"empty", []byte{}}, {"k", []byte("k")}} {
+		m := receive(t, c)
+		if string(m.Value) != want.value || (m.Key == nil) != (want.key == nil) || !bytes.Equal(m.Key, want.key) {
+			t.Errorf("message %q: key %#v, want %#v", m.Value, m.Key, want.key)
+		}
+	}
+}

@@ -16,6 +16,9 @@ type Header struct {
 type Message struct {
 	Partition int32
 	Offset    int64
+	// Key is nil for a record without a key (Kafka's null key), and empty
+	// but not nil for a record whose key is empty. (A daemon older than
+	// this distinction sends an empty key as none.)
 	Key       []byte
 	Value     []byte
 	Headers   []Header

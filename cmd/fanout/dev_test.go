@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -469,5 +470,51 @@ func TestDevDeadLetters(t *testing.T) {
 		}
 	case <-time.After(testWait):
 		t.Fatal("dev did not stop after cancel")
+	}
+}
+
+// TestDevTailTellsNullKeysFromEmptyOnes: through the broker, the daemon and
+// the client, a record without a key prints "key": null in tail --json, one
+// with an empty key "".
+func TestDevTailTellsNullKeysFromEmptyOnes(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	out, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		defer outW.Close()
+		done <- runDev(ctx, devConfig{
+			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+			AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10, Log: logrus.NewEntry(log),
+		}, outW)
+	}()
+	h := readDevHints(t, out)
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("k=one\n=two\nthree\n"), append(h.produce, "--key-separator", "=")...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	code, printed, errOut := runApp(ctx, t, nil, "tail", "--connect", h.connect, "--count", "3", "--json")
+	if code != 0 {
+		t.Fatalf("tail: exit code %d\n%s", code, errOut)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(printed), "\n") {
+		var rec struct {
+			Key   json.RawMessage `json:"key"`
+			Value string          `json:"value"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		got = append(got, fmt.Sprintf("%s=%s", rec.Key, rec.Value))
+	}
+	if want := []string{`"k"=one`, `""=two`, `null=three`}; !slices.Equal(got, want) {
+		t.Errorf("tail --json keys and values %q, want %q", got, want)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("runDev: %v", err)
 	}
 }

@@ -81,6 +81,18 @@ def test_messages_are_iterated_and_acked(daemon):
         c.close()
 
 
+def test_a_record_without_a_key_has_key_none(daemon):
+    c, conn, _ = open_session(daemon)
+    try:
+        conn.deliver(1, b"none")
+        conn.deliver(2, b"empty", key=b"")
+        conn.deliver(3, b"k", key=b"k")
+        got = [(m.value, m.key) for m in (c.get(TIMEOUT) for _ in range(3))]
+        assert got == [(b"none", None), (b"empty", b""), (b"k", b"k")]
+    finally:
+        c.close()
+
+
 def test_touch_and_plain_nack(daemon):
     c, conn, _ = open_session(daemon)
     try:

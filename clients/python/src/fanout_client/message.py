@@ -38,7 +38,9 @@ class Message:
     Attributes:
         partition: the Kafka partition.
         offset: the offset within the partition.
-        key: the record key (``b""`` when it has none).
+        key: the record key: ``None`` when the record has none (Kafka's null
+            key), ``b""`` when its key is empty. (A daemon older than this
+            distinction sends an empty key as none.)
         value: the record value.
         headers: the record headers, in order.
         timestamp_ms: the record timestamp, milliseconds since the Unix epoch.
@@ -52,7 +54,7 @@ class Message:
         self,
         partition: int,
         offset: int,
-        key: bytes,
+        key: Optional[bytes],
         value: bytes,
         headers: List[Header],
         timestamp_ms: int,
