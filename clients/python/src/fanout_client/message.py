@@ -109,9 +109,10 @@ class Message:
 
         Args:
             delay: seconds before the daemon redelivers it (at most 15
-                minutes; None or 0: at once, or after the daemon's
-                --retry-backoff). A daemon without nack delays (before issue
-                12) ignores it and redelivers at once.
+                minutes; None or 0: after the daemon's --retry-backoff, by
+                default 1 s doubling with each failure of the message, at
+                most 1 min; the client adds no delay of its own). A daemon
+                without nack delays (before issue 12) ignores it.
             reason: why, for the daemon's logs and the dead-letter record
                 (the daemon keeps 256 bytes of it).
         """
