@@ -348,7 +348,6 @@ func TestDevProduceThenTail(t *testing.T) {
 // a loaded machine, which delivers at once (a delay is not stored); it is a
 // bound on the count, not on time.
 func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := logrus.New()
@@ -393,7 +392,6 @@ func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
 // dead-letter topic is created in the in-process broker, and a record
 // nacked --max-attempts times lands there.
 func TestDevDeadLetters(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out, outW := io.Pipe()
@@ -477,7 +475,6 @@ func TestDevDeadLetters(t *testing.T) {
 // the client, a record without a key prints "key": null in tail --json, one
 // with an empty key "".
 func TestDevTailTellsNullKeysFromEmptyOnes(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := logrus.New()

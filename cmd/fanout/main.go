@@ -143,6 +143,11 @@ func unknownFlag(c *cli.Context, name string) error {
 		}
 	}
 	help := strings.Join(append([]string{c.App.Name}, path...), " ")
+	if slices.Contains(names, name+"-file") {
+		// A secret: never a flag, where ps and the shell history show it.
+		env := "FANOUT_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		return fmt.Errorf("unknown flag --%s: a secret is read from a file (--%s-file) or the environment (%s), never from a flag", name, name, env)
+	}
 	if near := nearest(name, names); near != "" {
 		return fmt.Errorf("unknown flag --%s: did you mean --%s? (%s lists the flags)", name, near, help)
 	}

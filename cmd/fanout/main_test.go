@@ -58,7 +58,6 @@ func TestBadFlagsExitTwo(t *testing.T) {
 // right one suggested, once, with no doubled prefix; one like nothing gets
 // none.
 func TestMistypedFlagSuggestsTheFlag(t *testing.T) {
-	t.Parallel()
 	for _, tt := range []struct {
 		args []string
 		want string // the whole of stderr

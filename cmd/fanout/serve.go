@@ -156,7 +156,7 @@ func policyFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.IntFlag{Name: "max-attempts", Usage: "produce a message whose delivery failed this many times (ack timeout, nack, client gone) to --dead-letter-topic instead of delivering it again (0: unlimited)", EnvVars: env("MAX_ATTEMPTS")},
 		&cli.StringFlag{Name: "dead-letter-topic", Usage: "the topic that takes the messages that failed --max-attempts times (it must exist, or see --create-dead-letter-topic)", EnvVars: env("DEAD_LETTER_TOPIC")},
-		&cli.BoolFlag{Name: "create-dead-letter-topic", Usage: "create --dead-letter-topic at start when it does not exist, with as many partitions as --topic and the cluster's default replication factor", EnvVars: env("CREATE_DEAD_LETTER_TOPIC")},
+		&cli.BoolFlag{Name: "create-dead-letter-topic", Usage: "create --dead-letter-topic at start when it does not exist, with as many partitions as --topic and the replication factor the cluster gives new topics", EnvVars: env("CREATE_DEAD_LETTER_TOPIC")},
 		&cli.StringFlag{Name: "retry-backoff", Value: fanout.DefaultRetryBackoff, Usage: "`MIN,MAX`: wait MIN·2^(failures-1), at most MAX, with jitter, before redelivering after a timeout, a nack without a delay or a client gone (off: at once; a nack's own delay wins)", EnvVars: env("RETRY_BACKOFF")},
 		&cli.StringFlag{Name: "ordering", Value: fanout.DefaultOrdering, Usage: "none, or key: a key's messages go out one at a time, in offset order", EnvVars: env("ORDERING")},
 		&cli.IntFlag{Name: "max-observer-bytes", Value: fanout.DefaultMaxObserverBytes, Usage: "drop an observer with more than this many bytes of copies queued and not written", EnvVars: env("MAX_OBSERVER_BYTES")},

@@ -164,7 +164,6 @@ func TestTailJSONIsValid(t *testing.T) {
 // "", a text key as text (HTML characters as they are), a binary one as
 // key_b64.
 func TestTailJSONKeys(t *testing.T) {
-	t.Parallel()
 	ds := deliveries("a", "b", "c", "d")
 	ds[1].Key, ds[2].Key, ds[3].Key = []byte{}, []byte("<k&>"), []byte{0xff}
 	d := startTailDaemon(t, ds...)
@@ -212,7 +211,6 @@ func TestTailUnreachable(t *testing.T) {
 // TestTailHTTPServer: tail pointed at an HTTP server (a daemon's metrics
 // and console port) says so at once, not that a frame is too large.
 func TestTailHTTPServer(t *testing.T) {
-	t.Parallel()
 	srv := httptest.NewServer(http.NotFoundHandler())
 	defer srv.Close()
 	addr := srv.Listener.Addr().String()
