@@ -247,6 +247,20 @@ def test_unauthorized_fails_connect_at_once(daemon):
     assert daemon.no_connection(0.3)  # not retried
 
 
+def test_an_http_server_fails_connect_at_once_saying_so(daemon):
+    out, t = connect_bg(daemon.addr)
+    conn = daemon.accept()
+    conn.expect("hello")
+    conn.send_raw(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+    conn.close()
+    t.join(TIMEOUT)
+    err = out["error"]
+    assert isinstance(err, fanout_client.ConnectError)
+    assert isinstance(err.__cause__, fanout_client.HTTPServerError)
+    assert str(err.__cause__) == "this is an HTTP server (the metrics and console port?), not a fanout client port"
+    assert daemon.no_connection(0.3)  # not retried
+
+
 def test_no_leader_waits_retry_after(daemon):
     out, t = connect_bg(daemon.addr)
     conn = daemon.accept()
