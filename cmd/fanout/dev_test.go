@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,22 +93,84 @@ func receive(t *testing.T, c *client.Client) *client.Message {
 	}
 }
 
+// devRun is a fanout dev started by a test: its hints, and stop, which ends
+// it as SIGINT would and fails the test unless it stops cleanly.
+type devRun struct {
+	devHints
+	stop func()
+}
+
+// startDevApp runs fanout dev through the app with args (on free ports
+// unless args say otherwise) until stop or the test's end; stderr gets its
+// output.
+func startDevApp(t *testing.T, stderr io.Writer, args ...string) devRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, outW := io.Pipe()
+	exit := make(chan int, 1)
+	go func() {
+		defer outW.Close()
+		exit <- runAppTo(ctx, nil, outW, stderr, append([]string{"dev", "--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"}, args...)...)
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case code := <-exit:
+				if code != 0 {
+					t.Errorf("dev exit code %d after cancel", code)
+				}
+			case <-time.After(testWait):
+				t.Error("dev did not stop after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return devRun{readDevHints(t, out), stop}
+}
+
+// startDev runs runDev with cfg (its log discarded unless cfg.Log is set)
+// until stop or the test's end.
+func startDev(t *testing.T, cfg devConfig) devRun {
+	t.Helper()
+	if cfg.Log == nil {
+		log := logrus.New()
+		log.SetOutput(io.Discard)
+		cfg.Log = logrus.NewEntry(log)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	out, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		defer outW.Close()
+		done <- runDev(ctx, cfg, outW)
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("runDev: %v", err)
+				}
+			case <-time.After(testWait):
+				t.Error("dev did not stop after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return devRun{readDevHints(t, out), stop}
+}
+
 // TestDevCommand runs fanout dev through the app on free ports, follows its
 // produce hint with the produce command, consumes what it hints with the
 // client library, and stops it as SIGINT would.
 func TestDevCommand(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out, outW := io.Pipe()
+	ctx := context.Background()
 	var stderr syncBuffer
-	exit := make(chan int, 1)
-	go func() {
-		defer outW.Close()
-		exit <- runAppTo(ctx, nil, outW, &stderr, "dev",
-			"--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
-			"--topic", "dev_topic", "--partitions", "2", "--ack-timeout", "20s")
-	}()
-	h := readDevHints(t, out)
+	h := startDevApp(t, &stderr, "--topic", "dev_topic", "--partitions", "2", "--ack-timeout", "20s")
 	if !strings.Contains(stderr.String(), "not durable") {
 		t.Errorf("no warning that offsets are not durable:\n%s", stderr.String())
 	}
@@ -136,38 +199,22 @@ func TestDevCommand(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("close (flushes the ack): %v", err)
 	}
-
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
-	}
+	h.stop()
 }
 
 // TestDevCommitsAckedOffsets runs dev, which keeps its offsets in the
 // in-process Kafka's group fanout_dev through the Kafka offset store: an
 // acked message's offset is committed there, as status (hinted) shows.
 func TestDevCommitsAckedOffsets(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	log := logrus.New()
 	var logs syncBuffer
 	log.Out = &logs
-	out, outW := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		defer outW.Close()
-		done <- runDev(ctx, devConfig{
-			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
-			AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
-			Log: logrus.NewEntry(log),
-		}, outW)
-	}()
-	h := readDevHints(t, out)
+	h := startDev(t, devConfig{
+		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+		AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
+		Log: logrus.NewEntry(log),
+	})
 	// The dev mode has no ZooKeeper, and its first log line says so.
 	if got := logs.String(); !strings.Contains(got, "connecting to Kafka (offsets in Kafka, no ZooKeeper)") {
 		t.Errorf("dev's start log does not say it runs without ZooKeeper:\n%s", got)
@@ -230,15 +277,7 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		t.Fatalf("close: %v", err)
 	}
 	before := len(logs.String())
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("runDev: %v", err)
-		}
-	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
-	}
+	h.stop()
 	// A clean stop (as Ctrl-C) warns of nothing.
 	for _, line := range strings.Split(logs.String()[before:], "\n") {
 		if strings.Contains(line, "level=warning") || strings.Contains(line, "level=error") {
@@ -310,16 +349,8 @@ func TestDevProduceThenTail(t *testing.T) {
 	if newApp(io.Discard, io.Discard).Command("tail") == nil {
 		t.Skip("the tail command is not registered in main.go yet")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out, outW := io.Pipe()
-	var stderr syncBuffer
-	exit := make(chan int, 1)
-	go func() {
-		defer outW.Close()
-		exit <- runAppTo(ctx, nil, outW, &stderr, "dev", "--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0")
-	}()
-	h := readDevHints(t, out)
+	ctx := context.Background()
+	h := startDevApp(t, io.Discard)
 	if code, _, errOut := runApp(ctx, t, strings.NewReader("hello tail\n"), h.produce...); code != 0 {
 		t.Fatalf("produce: exit code %d\n%s", code, errOut)
 	}
@@ -327,15 +358,7 @@ func TestDevProduceThenTail(t *testing.T) {
 	if code != 0 || !strings.Contains(printed, "hello tail") {
 		t.Fatalf("tail as hinted: exit code %d, printed %q\n%s", code, printed, errOut)
 	}
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
-	}
+	h.stop()
 }
 
 // TestDevDefaultsDoNotSpinAPoisonRecord runs fanout dev with its default
@@ -348,21 +371,11 @@ func TestDevProduceThenTail(t *testing.T) {
 // a loaded machine, which delivers at once (a delay is not stored); it is a
 // bound on the count, not on time.
 func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	out, outW := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		defer outW.Close()
-		done <- runDev(ctx, devConfig{
-			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
-			AckTimeout: fanout.DefaultAckTimeout, Heartbeat: fanout.DefaultHeartbeat, MaxInFlight: fanout.DefaultMaxInFlight,
-			Log: logrus.NewEntry(log),
-		}, outW)
-	}()
-	h := readDevHints(t, out)
+	ctx := context.Background()
+	h := startDev(t, devConfig{
+		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+		AckTimeout: fanout.DefaultAckTimeout, Heartbeat: fanout.DefaultHeartbeat, MaxInFlight: fanout.DefaultMaxInFlight,
+	})
 	if code, _, errOut := runApp(ctx, t, strings.NewReader("poison\n"), h.produce...); code != 0 {
 		t.Fatalf("produce: exit code %d\n%s", code, errOut)
 	}
@@ -377,33 +390,16 @@ func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
 		t.Fatalf("one record nacked at once was delivered %d times in 10 s, want 1 to 8:\n%s", deliveries, printed)
 	}
 	t.Logf("%d deliveries in 10 s:\n%s", deliveries, printed)
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("runDev: %v", err)
-		}
-	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
-	}
+	h.stop()
 }
 
 // TestDevDeadLetters runs fanout dev with the delivery-policy flags: the
 // dead-letter topic is created in the in-process broker, and a record
 // nacked --max-attempts times lands there.
 func TestDevDeadLetters(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out, outW := io.Pipe()
-	var stderr syncBuffer
-	exit := make(chan int, 1)
-	go func() {
-		defer outW.Close()
-		exit <- runAppTo(ctx, nil, outW, &stderr, "dev", "--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
-			"--metrics-listen", "", "--topic", "jobs", "--partitions", "3",
-			"--max-attempts", "2", "--dead-letter-topic", "jobs_dlq", "--retry-backoff", "10ms,20ms", "--ordering", "key")
-	}()
-	h := readDevHints(t, out)
+	ctx := context.Background()
+	h := startDevApp(t, io.Discard, "--metrics-listen", "", "--topic", "jobs", "--partitions", "3",
+		"--max-attempts", "2", "--dead-letter-topic", "jobs_dlq", "--retry-backoff", "10ms,20ms", "--ordering", "key")
 	if code, _, errOut := runApp(ctx, t, strings.NewReader("k=poison\n"), append(h.produce, "--key-separator", "=")...); code != 0 {
 		t.Fatalf("produce: exit code %d\n%s", code, errOut)
 	}
@@ -460,35 +456,18 @@ func TestDevDeadLetters(t *testing.T) {
 	case <-time.After(testWait):
 		t.Fatal("the dead letter not read")
 	}
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
-	}
+	h.stop()
 }
 
 // TestDevTailTellsNullKeysFromEmptyOnes: through the broker, the daemon and
 // the client, a record without a key prints "key": null in tail --json, one
 // with an empty key "".
 func TestDevTailTellsNullKeysFromEmptyOnes(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	out, outW := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		defer outW.Close()
-		done <- runDev(ctx, devConfig{
-			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
-			AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10, Log: logrus.NewEntry(log),
-		}, outW)
-	}()
-	h := readDevHints(t, out)
+	ctx := context.Background()
+	h := startDev(t, devConfig{
+		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+		AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
+	})
 	if code, _, errOut := runApp(ctx, t, strings.NewReader("k=one\n=two\nthree\n"), append(h.produce, "--key-separator", "=")...); code != 0 {
 		t.Fatalf("produce: exit code %d\n%s", code, errOut)
 	}
@@ -510,8 +489,5 @@ func TestDevTailTellsNullKeysFromEmptyOnes(t *testing.T) {
 	if want := []string{`"k"=one`, `""=two`, `null=three`}; !slices.Equal(got, want) {
 		t.Errorf("tail --json keys and values %q, want %q", got, want)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("runDev: %v", err)
-	}
+	h.stop()
 }
