@@ -460,6 +460,10 @@ func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client)
 			err := checkDeadLetterTopic(client, d.opts.DeadLetterTopic)
 			if errors.Is(err, errDeadLetterTopicMissing) && d.opts.CreateDeadLetterTopic {
 				n, cerr := createDeadLetterTopic(client, d.opts.DeadLetterTopic, d.opts.Topic)
+				if errors.Is(cerr, errDeadLetterTopic) {
+					unusable = cerr
+					return nil
+				}
 				if cerr != nil {
 					return cerr
 				}

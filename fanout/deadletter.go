@@ -248,8 +248,10 @@ var (
 // partitions as the topic source and the cluster's default replication
 // factor and settings (-1: the brokers' default.replication.factor, Kafka
 // 2.4 or later). It returns the partitions created; a topic that exists
-// meanwhile is no error (0 partitions). A source topic not found is an
-// error to retry: its partition count is needed.
+// meanwhile is no error (0 partitions). A refusal (no permission, a
+// replication factor or setting the cluster does not allow) wraps
+// errDeadLetterTopic; other errors, a source topic not found among them
+// (its partition count is needed), are worth retrying.
 func createDeadLetterTopic(client sarama.Client, topic, source string) (int32, error) {
 	if err := client.RefreshMetadata(source); err != nil {
 		return 0, fmt.Errorf("create the dead-letter topic %q: topic %q: %w", topic, source, err)
@@ -268,6 +270,13 @@ func createDeadLetterTopic(client sarama.Client, topic, source string) (int32, e
 	switch {
 	case errors.Is(err, sarama.ErrTopicAlreadyExists):
 		return 0, nil
+	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed):
+		return 0, fmt.Errorf("%w: not authorized to create topic %q: grant the daemon's Kafka user Create on it, or create it yourself: %w",
+			errDeadLetterTopic, topic, err)
+	case errors.Is(err, sarama.ErrInvalidReplicationFactor), errors.Is(err, sarama.ErrPolicyViolation),
+		errors.Is(err, sarama.ErrInvalidPartitions), errors.Is(err, sarama.ErrInvalidConfig):
+		return 0, fmt.Errorf("%w: the cluster refused to create topic %q (%d partitions, its default replication factor): create it yourself: %w",
+			errDeadLetterTopic, topic, n, err)
 	case err != nil:
 		return 0, fmt.Errorf("create the dead-letter topic %q (%d partitions, the cluster's default replication factor): %w", topic, n, err)
 	}
