@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -533,6 +536,33 @@ func TestDialUnreachable(t *testing.T) {
 	waitFor(t, testTimeout, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
 }
 
+// TestDialHTTPServer: an address that answers HTTP (a daemon's metrics and
+// console port) fails Dial at once, saying so, not with a frame length, and
+// is not retried.
+func TestDialHTTPServer(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	// The default frame size limit, and one that takes HTTP's first bytes
+	// as a length.
+	for _, maxFrame := range []int{0, 1<<32 - 1} {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		c, err := Dial(ctx, Config{Addrs: []string{srv.Listener.Addr().String()}, MaxFrameSize: maxFrame})
+		cancel()
+		if err == nil {
+			_ = c.Close()
+			t.Fatal("Dial succeeded")
+		}
+		var he *protocol.HTTPError
+		if !errors.As(err, &he) || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("MaxFrameSize %d: Dial: %v; want an HTTPError at once, not a retry until the deadline", maxFrame, err)
+		}
+		if want := "this is an HTTP server (the metrics and console port?), not a fanout client port"; !strings.Contains(err.Error(), want) {
+			t.Errorf("Dial: %v; want it to say %q", err, want)
+		}
+	}
+}
+
 func TestDialAllRefusedNoReconnect(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -617,6 +647,27 @@ func TestIDsPerFrameFitTheLimit(t *testing.T) {
 		w := protocol.NewWriter(&buf, limit)
 		if err := w.WriteFrame(protocol.AckFrame(ids)); err != nil {
 			t.Errorf("max frame %d: %d ids of 10 bytes do not fit: %v", max, n, err)
+		}
+	}
+}
+
+// TestMessageKeyNilOnlyWithoutAKey: a record without a key comes with a nil
+// Key, one with an empty key with an empty, non-nil one (Kafka tells them
+// apart, and so does the wire).
+func TestMessageKeyNilOnlyWithoutAKey(t *testing.T) {
+	t.Parallel()
+	d := startFake(t)
+	c, fc, _ := connectTo(t, d, Config{})
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 1, Value: []byte("none")}))
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 2, Key: []byte{}, Value: []byte("empty")}))
+	fc.send(t, protocol.DeliverFrame(&protocol.Deliver{DeliveryId: 3, Key: []byte("k"), Value: []byte("k")}))
+	for _, want := range []struct {
+		value string
+		key   []byte
+	}{{"none", nil}, {"empty", []byte{}}, {"k", []byte("k")}} {
+		m := receive(t, c)
+		if string(m.Value) != want.value || (m.Key == nil) != (want.key == nil) || !bytes.Equal(m.Key, want.key) {
+			t.Errorf("message %q: key %#v, want %#v", m.Value, m.Key, want.key)
 		}
 	}
 }

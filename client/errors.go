@@ -40,11 +40,13 @@ var (
 // the daemon would send again after a reconnect; a TLS refusal (ErrTLS);
 // and an Error frame saying
 // the client sent a frame too large or naming too many ids, which would
-// happen again too. Every other failure, including other error codes, is
-// retried.
+// happen again too; and an address that answers HTTP (*protocol.HTTPError:
+// a daemon's metrics and console port, say). Every other failure, including
+// other error codes, is retried.
 func permanent(err error) bool {
 	var tooLarge *protocol.FrameTooLargeError
-	if errors.As(err, &tooLarge) || errors.Is(err, ErrNoObservers) || errors.Is(err, ErrTLS) {
+	var http *protocol.HTTPError
+	if errors.As(err, &tooLarge) || errors.As(err, &http) || errors.Is(err, ErrNoObservers) || errors.Is(err, ErrTLS) {
 		return true
 	}
 	var re *protocol.RemoteError

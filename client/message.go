@@ -16,6 +16,9 @@ type Header struct {
 type Message struct {
 	Partition int32
 	Offset    int64
+	// Key is nil for a record without a key (Kafka's null key), and empty
+	// but not nil for a record whose key is empty. (A daemon older than
+	// this distinction sends an empty key as none.)
 	Key       []byte
 	Value     []byte
 	Headers   []Header
@@ -40,9 +43,10 @@ type Message struct {
 // in those cases nothing is sent.
 func (m *Message) Ack() error { return m.finish(opAck) }
 
-// Nack gives the message back to the daemon for redelivery at once (or
-// after the daemon's --retry-backoff), possibly to another client. It fails
-// like Ack.
+// Nack gives the message back to the daemon for redelivery after the
+// daemon's --retry-backoff (by default 1s, doubling with each failure of
+// the message, at most 1m; at once with it off), possibly to another
+// client. It fails like Ack.
 func (m *Message) Nack() error { return m.finish(opNack) }
 
 // NackWithDelay gives the message back for redelivery no earlier than d

@@ -13,8 +13,11 @@ import (
 
 // Handler processes one message for Consume. It returns nil once the
 // message is processed, and Consume acks it; an error makes Consume nack it,
-// so the daemon delivers it again: at once (or after its --retry-backoff),
-// or no earlier than d from now for an error made by RetryAfter(d, err).
+// so the daemon delivers it again: after its --retry-backoff (by default 1s,
+// doubling with each failure of the message, at most 1m), or no earlier
+// than d from now for an error made by RetryAfter(d, err). Consume adds no
+// delay of its own: the daemon counts the message's failures across
+// clients and restarts, and its operator sets the policy for every client.
 // The error's text goes with the nack as its reason, into the daemon's logs
 // and, when the message fails --max-attempts times, the fanout.dlq.*
 // headers of its dead-letter record. A handler may ack, nack or touch the

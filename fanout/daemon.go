@@ -47,10 +47,13 @@ type Daemon struct {
 	health    *kafkaHealth // the topic's existence and Kafka's answers, for /readyz
 	collector *metrics.Collector
 	metrics   *metrics.Server // nil when Options.MetricsListen is ""; set before listening closes
-	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
-	tls       *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
-	tokens    *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
-	recheck   chan struct{}   // capacity 1: the tokens or the client CA changed (watchCredentials)
+	// consoleAddr is the metrics listener's address once it listens, for
+	// the server's answer to an HTTP request on the client port.
+	consoleAddr atomic.Pointer[string]
+	rates       *console.Rates  // the console's message rates, sampled while the metrics listener runs
+	tls         *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
+	tokens      *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
+	recheck     chan struct{}   // capacity 1: the tokens or the client CA changed (watchCredentials)
 
 	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
 	lastReady   atomic.Pointer[readyState]  // what /readyz answered at the last refresh, for the heartbeats
@@ -119,6 +122,12 @@ func New(opts Options) (_ *Daemon, err error) {
 		Leadership:     d.leadership,
 		Members:        d.members,
 		Logger:         d.log,
+		ConsoleAddr: func() string {
+			if a := d.consoleAddr.Load(); a != nil {
+				return *a
+			}
+			return ""
+		},
 
 		MaxObserverBytes: opts.MaxObserverBytes,
 	}, &d.backend)
@@ -568,13 +577,32 @@ func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offse
 }
 
 // checkDeadLetterTopic checks, before this node serves, that the dead-letter
-// topic exists and may be used: an error that says what to fix when it does
-// not; nil once it does, or when ctx ends (Kafka out of reach is retried).
+// topic exists and may be used, and creates it when it does not and
+// Options.CreateDeadLetterTopic asks for it: an error that says what to fix
+// when it cannot be used; nil once it can, or when ctx ends (Kafka out of
+// reach is retried).
 func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client) error {
 	var unusable error
-	err := retry(ctx, d.log.WithField("dead_letter_topic", d.opts.DeadLetterTopic), "check the dead-letter topic", d.opts.ConnectBackoffMax,
+	log := d.log.WithField("dead_letter_topic", d.opts.DeadLetterTopic)
+	err := retry(ctx, log, "check the dead-letter topic", d.opts.ConnectBackoffMax,
 		func(context.Context) error {
 			err := checkDeadLetterTopic(client, d.opts.DeadLetterTopic)
+			if errors.Is(err, errDeadLetterTopicMissing) && d.opts.CreateDeadLetterTopic {
+				n, cerr := createDeadLetterTopic(client, d.opts.DeadLetterTopic, d.opts.Topic)
+				if errors.Is(cerr, errDeadLetterTopic) {
+					unusable = cerr
+					return nil
+				}
+				if cerr != nil {
+					return cerr
+				}
+				if n > 0 {
+					log.WithField("partitions", n).Info("created the dead-letter topic (the cluster's default replication factor)")
+				}
+				if err = checkDeadLetterTopic(client, d.opts.DeadLetterTopic); errors.Is(err, errDeadLetterTopicMissing) {
+					return fmt.Errorf("dead-letter topic %q: created, not yet in the cluster's metadata", d.opts.DeadLetterTopic)
+				}
+			}
 			if errors.Is(err, errDeadLetterTopic) {
 				unusable = err
 				return nil
@@ -709,6 +737,8 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 		return nil, err
 	}
 	d.metrics = ms
+	addr := ms.Addr().String()
+	d.consoleAddr.Store(&addr)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

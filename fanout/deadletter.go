@@ -417,8 +417,9 @@ func checkDeadLetterTopic(client sarama.Client, topic string) error {
 	}
 	switch {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
-		return fmt.Errorf("%w: topic %q does not exist: create it (e.g. kafka-topics.sh --create --topic %s), or fix --dead-letter-topic",
-			errDeadLetterTopic, topic, topic)
+		return fmt.Errorf("%w: topic %q %w: create it (kafka-topics.sh --create --topic %s, or give the daemon "+
+			"--create-dead-letter-topic), or fix --dead-letter-topic",
+			errDeadLetterTopic, topic, errDeadLetterTopicMissing, topic)
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed):
 		return fmt.Errorf("%w: not authorized to use topic %q: grant the daemon's Kafka user Describe and Write on it: %w",
 			errDeadLetterTopic, topic, err)
@@ -486,5 +487,48 @@ func topicMaxMessageBytes(client sarama.Client, topic string) (int, error) {
 }
 
 // errDeadLetterTopic is wrapped by the errors of a dead-letter topic that
-// cannot be used: retrying will not help.
-var errDeadLetterTopic = errors.New("--dead-letter-topic cannot be used")
+// cannot be used: retrying will not help. errDeadLetterTopicMissing is
+// wrapped too when the topic does not exist.
+var (
+	errDeadLetterTopic        = errors.New("--dead-letter-topic cannot be used")
+	errDeadLetterTopicMissing = errors.New("does not exist")
+)
+
+// createDeadLetterTopic creates the dead-letter topic topic with as many
+// partitions as the topic source and the cluster's default replication
+// factor and settings (-1: the brokers' default.replication.factor, Kafka
+// 2.4 or later). It returns the partitions created; a topic that exists
+// meanwhile is no error (0 partitions). A refusal (no permission, a
+// replication factor or setting the cluster does not allow) wraps
+// errDeadLetterTopic; other errors, a source topic not found among them
+// (its partition count is needed), are worth retrying.
+func createDeadLetterTopic(client sarama.Client, topic, source string) (int32, error) {
+	if err := client.RefreshMetadata(source); err != nil {
+		return 0, fmt.Errorf("create the dead-letter topic %q: topic %q: %w", topic, source, err)
+	}
+	parts, err := client.Partitions(source)
+	if err != nil {
+		return 0, fmt.Errorf("create the dead-letter topic %q: partitions of %q: %w", topic, source, err)
+	}
+	// Not closed: closing an admin made from a client closes the client.
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return 0, fmt.Errorf("create the dead-letter topic %q: cluster admin: %w", topic, err)
+	}
+	n := int32(len(parts))
+	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: -1}, false)
+	switch {
+	case errors.Is(err, sarama.ErrTopicAlreadyExists):
+		return 0, nil
+	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed):
+		return 0, fmt.Errorf("%w: not authorized to create topic %q: grant the daemon's Kafka user Create on it, or create it yourself: %w",
+			errDeadLetterTopic, topic, err)
+	case errors.Is(err, sarama.ErrInvalidReplicationFactor), errors.Is(err, sarama.ErrPolicyViolation),
+		errors.Is(err, sarama.ErrInvalidPartitions), errors.Is(err, sarama.ErrInvalidConfig):
+		return 0, fmt.Errorf("%w: the cluster refused to create topic %q (%d partitions, its default replication factor): create it yourself: %w",
+			errDeadLetterTopic, topic, n, err)
+	case err != nil:
+		return 0, fmt.Errorf("create the dead-letter topic %q (%d partitions, the cluster's default replication factor): %w", topic, n, err)
+	}
+	return n, nil
+}

@@ -142,12 +142,21 @@ type Options struct {
 	// of being delivered again; 0 = unlimited, the default.
 	MaxAttempts int
 	// DeadLetterTopic takes the messages that failed MaxAttempts times;
-	// required with MaxAttempts, and it must exist.
+	// required with MaxAttempts, and it must exist (or see
+	// CreateDeadLetterTopic).
 	DeadLetterTopic string
-	// RetryBackoffMin and RetryBackoffMax, when Min > 0, delay a redelivery
-	// after a failure without a delay of its own (an ack timeout, a nack
-	// without a delay, a client gone) by Min·2^(failures−1) capped at Max,
-	// with jitter (--retry-backoff MIN,MAX; default off).
+	// CreateDeadLetterTopic creates DeadLetterTopic at start when it does
+	// not exist: with as many partitions as Topic (dead letters spread as
+	// the records they come from, and can be worked with the same
+	// parallelism) and the cluster's default replication factor and
+	// retention (what its operator chose for data topics).
+	CreateDeadLetterTopic bool
+	// RetryBackoffMin and RetryBackoffMax delay a redelivery after a
+	// failure without a delay of its own (an ack timeout, a nack without a
+	// delay, a client gone) by Min·2^(failures−1) capped at Max, with
+	// jitter (--retry-backoff MIN,MAX). Both zero: the default,
+	// DefaultRetryBackoffMin to DefaultRetryBackoffMax. Min negative
+	// (RetryBackoffOff): no backoff, a failed delivery goes again at once.
 	RetryBackoffMin, RetryBackoffMax time.Duration
 	// Ordering is "none" (the default) or "key": a key's messages go out one
 	// at a time, in offset order.
@@ -203,7 +212,21 @@ const (
 	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
 	DefaultAssignment       = AssignmentLeader
 	DefaultHandoffTimeout   = 10 * time.Second
+	// DefaultRetryBackoffMin and DefaultRetryBackoffMax are the default
+	// --retry-backoff: a record that keeps failing is delivered again
+	// after about 1s, 2s, 4s, ... then once a minute, never in a loop as
+	// fast as clients can nack. See ParseRetryBackoff for why these.
+	DefaultRetryBackoffMin = time.Second
+	DefaultRetryBackoffMax = time.Minute
 )
+
+// DefaultRetryBackoff is the --retry-backoff flag's default, the text of
+// DefaultRetryBackoffMin and DefaultRetryBackoffMax.
+const DefaultRetryBackoff = "1s,1m"
+
+// RetryBackoffOff as Options.RetryBackoffMin turns the retry backoff off
+// (--retry-backoff off): a failed delivery goes again at once.
+const RetryBackoffOff time.Duration = -1
 
 // The values of Options.Assignment (--assignment).
 const (
@@ -224,11 +247,28 @@ const (
 const MaxMaxAttempts = 10000
 
 // ParseRetryBackoff parses --retry-backoff: "MIN,MAX" as Go durations (e.g.
-// "1s,5m"), "MIN" alone (MAX = MIN), or "" and "off" (no backoff).
+// "1s,5m"), "MIN" alone (MAX = MIN), "off" (RetryBackoffOff: no backoff),
+// or "" (zero: the default).
+//
+// Why the default starts at 1s and stops at 1m: without a backoff a record
+// that every client nacks at once (a poison record, a handler that fails
+// on a dependency that is down) went round as fast as the clients could
+// take it, tens of thousands of deliveries a second. NSQ's Go client
+// requeues a failed message after 90s × its attempts, at most 15m, and
+// backs the whole consumer off up to 2m; Kafka's share groups redeliver at
+// once and give up after 5 deliveries. Starting at 1s keeps a transient
+// failure (a restart, a lock) about as quick to retry as before; doubling
+// makes a record that keeps failing cost a handful of deliveries a minute
+// at first and one a minute after 7 failures; stopping at 1m rather than
+// NSQ's 15m means a record comes back within a minute of its cause being
+// fixed, since without --max-attempts it is never given up.
 func ParseRetryBackoff(s string) (lo, hi time.Duration, err error) {
 	s = strings.TrimSpace(s)
-	if s == "" || s == "off" {
+	switch s {
+	case "":
 		return 0, 0, nil
+	case "off":
+		return RetryBackoffOff, 0, nil
 	}
 	a, b, pair := strings.Cut(s, ",")
 	if lo, err = time.ParseDuration(strings.TrimSpace(a)); err != nil {
@@ -290,6 +330,9 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
 	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
 	seti(&o.MaxObserverBytes, DefaultMaxObserverBytes)
+	if o.RetryBackoffMin == 0 && o.RetryBackoffMax == 0 {
+		o.RetryBackoffMin, o.RetryBackoffMax = DefaultRetryBackoffMin, DefaultRetryBackoffMax
+	}
 	if o.Ordering == "" {
 		o.Ordering = DefaultOrdering
 	}
@@ -463,6 +506,8 @@ func (o Options) Validate() error {
 		bad("--max-attempts %d needs --dead-letter-topic: the topic that takes the messages that failed that often", o.MaxAttempts)
 	case o.MaxAttempts == 0 && o.DeadLetterTopic != "":
 		bad("--dead-letter-topic %q without --max-attempts: no message would ever go there", o.DeadLetterTopic)
+	case o.CreateDeadLetterTopic && o.DeadLetterTopic == "":
+		bad("--create-dead-letter-topic without --dead-letter-topic: name the topic to create")
 	}
 	if o.DeadLetterTopic != "" {
 		switch {
@@ -473,7 +518,9 @@ func (o Options) Validate() error {
 		}
 	}
 	switch {
-	case o.RetryBackoffMin < 0 || o.RetryBackoffMax < 0:
+	case o.RetryBackoffMin < 0 && o.RetryBackoffMax != 0:
+		bad("--retry-backoff off: no MAX without a MIN")
+	case o.RetryBackoffMax < 0:
 		bad("--retry-backoff %v,%v: must not be negative", o.RetryBackoffMin, o.RetryBackoffMax)
 	case o.RetryBackoffMin > 0 && o.RetryBackoffMax < o.RetryBackoffMin:
 		bad("--retry-backoff %v,%v: MAX below MIN", o.RetryBackoffMin, o.RetryBackoffMax)

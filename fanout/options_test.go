@@ -62,6 +62,10 @@ func TestValidate(t *testing.T) {
 		{"retry backoff max below min", func(o *Options) { o.RetryBackoffMin, o.RetryBackoffMax = time.Minute, time.Second }, "MAX below MIN"},
 		{"retry backoff max too long", func(o *Options) { o.RetryBackoffMin, o.RetryBackoffMax = time.Second, time.Hour }, "--retry-backoff"},
 		{"retry backoff without min", func(o *Options) { o.RetryBackoffMax = time.Second }, "MIN"},
+		{"retry backoff off", func(o *Options) { o.RetryBackoffMin = RetryBackoffOff }, ""},
+		{"retry backoff off with a max", func(o *Options) { o.RetryBackoffMin, o.RetryBackoffMax = RetryBackoffOff, time.Second }, "--retry-backoff off"},
+		{"create a dead-letter topic", func(o *Options) { o.MaxAttempts, o.DeadLetterTopic, o.CreateDeadLetterTopic = 3, "dlq", true }, ""},
+		{"create no dead-letter topic", func(o *Options) { o.CreateDeadLetterTopic = true }, "--create-dead-letter-topic without --dead-letter-topic"},
 		{"key ordering", func(o *Options) { o.Ordering = OrderingKey }, ""},
 		{"bad ordering", func(o *Options) { o.Ordering = "fifo" }, "--ordering"},
 		{"tiny observer bound", func(o *Options) { o.MaxObserverBytes = 100 }, "--max-observer-bytes"},
@@ -144,13 +148,31 @@ func TestNodeIDsDiffer(t *testing.T) {
 	}
 }
 
+// TestRetryBackoffDefault: options that leave the retry backoff unset get
+// the default one (a redelivery after a failure waits), and the dispatcher
+// is configured with it; RetryBackoffOff gives none.
+func TestRetryBackoffDefault(t *testing.T) {
+	o := Options{}.withDefaults()
+	if o.RetryBackoffMin != DefaultRetryBackoffMin || o.RetryBackoffMax != DefaultRetryBackoffMax {
+		t.Errorf("default retry backoff %v,%v; want %v,%v", o.RetryBackoffMin, o.RetryBackoffMax, DefaultRetryBackoffMin, DefaultRetryBackoffMax)
+	}
+	if cfg := (&term{opts: o}).dispatchConfig(); cfg.RetryBackoffMin != time.Second || cfg.RetryBackoffMax != time.Minute {
+		t.Errorf("dispatcher's retry backoff %v,%v; want 1s,1m", cfg.RetryBackoffMin, cfg.RetryBackoffMax)
+	}
+	off := Options{RetryBackoffMin: RetryBackoffOff}.withDefaults()
+	if cfg := (&term{opts: off}).dispatchConfig(); cfg.RetryBackoffMin != 0 || cfg.RetryBackoffMax != 0 {
+		t.Errorf("--retry-backoff off: dispatcher's retry backoff %v,%v; want none", cfg.RetryBackoffMin, cfg.RetryBackoffMax)
+	}
+}
+
 func TestParseRetryBackoff(t *testing.T) {
 	for _, tc := range []struct {
 		in     string
 		lo, hi time.Duration
 		bad    bool
 	}{
-		{"", 0, 0, false}, {"off", 0, 0, false}, {"1s,5m", time.Second, 5 * time.Minute, false},
+		{"", 0, 0, false}, {"off", RetryBackoffOff, 0, false}, {"1s,5m", time.Second, 5 * time.Minute, false},
+		{DefaultRetryBackoff, DefaultRetryBackoffMin, DefaultRetryBackoffMax, false},
 		{" 100ms , 2s ", 100 * time.Millisecond, 2 * time.Second, false}, {"1s", time.Second, time.Second, false},
 		{"1s,", 0, 0, true}, {"x,1s", 0, 0, true}, {"1s,y", 0, 0, true},
 	} {

@@ -210,8 +210,8 @@ func (t *term) dispatchConfig() dispatch.Config {
 		OnCommit:         t.onCommit,
 		FrameSize:        server.DeliverFrameSize,
 		MaxAttempts:      t.opts.MaxAttempts,
-		RetryBackoffMin:  t.opts.RetryBackoffMin,
-		RetryBackoffMax:  t.opts.RetryBackoffMax,
+		RetryBackoffMin:  max(0, t.opts.RetryBackoffMin), // RetryBackoffOff: 0, none
+		RetryBackoffMax:  max(0, t.opts.RetryBackoffMax),
 		DisconnectWindow: time.Duration(t.opts.Liveness) * t.opts.Heartbeat,
 		KeyOrdering:      t.opts.Ordering == OrderingKey,
 	}

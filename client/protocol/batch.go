@@ -86,7 +86,8 @@ func frameSize(n int) int { return 1 + protowire.SizeVarint(uint64(n)) + n }
 
 // Delivery is one delivery read by ReadBatch: the fields of a Deliver.
 // Key, Value and the header values alias the frame's buffer (Batch.Buf);
-// empty ones are nil, as proto.Unmarshal makes them.
+// empty ones are nil, as proto.Unmarshal makes them, except an empty Key:
+// Key is nil only for a record without a key (the field has presence).
 type Delivery struct {
 	ID          uint64 // Deliver.delivery_id
 	Partition   int32
@@ -134,12 +135,9 @@ const ownedAhead = 1 << 20
 // at its declared size up to 1 MiB before the bytes arrive (the size is
 // checked against the maximum first); it grows larger ones as bytes arrive.
 func (r *Reader) ReadBatch(f *Frame, b *Batch) (bool, error) {
-	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+	size, err := r.readHeader()
+	if err != nil {
 		return false, err
-	}
-	size := binary.BigEndian.Uint32(r.hdr[:])
-	if uint64(size) > uint64(r.max) {
-		return false, &FrameTooLargeError{Size: uint64(size), Max: r.max}
 	}
 	if size == 0 {
 		return false, r.decode(nil, f)
@@ -313,7 +311,7 @@ func (b *Batch) decodeDeliver(msg []byte) bool {
 			i += m
 			switch tag {
 			case tagKey:
-				d.Key = nilIfEmpty(v)
+				d.Key = v[:len(v):len(v)] // presence: an empty key is empty, not nil
 			case tagValue:
 				d.Value = nilIfEmpty(v)
 			default:

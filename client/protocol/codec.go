@@ -83,11 +83,12 @@ const keepBuffer = 64 << 10
 // *TooManyIDsError the stream is out of step and the Reader must not be used
 // again.
 type Reader struct {
-	r      *bufio.Reader
-	max    int
-	maxIDs int // 0: no limit
-	hdr    [HeaderSize]byte
-	buf    []byte
+	r       *bufio.Reader
+	max     int
+	maxIDs  int // 0: no limit
+	hdr     [HeaderSize]byte
+	buf     []byte
+	started bool // a frame's header was read: HTTP is looked for only before
 }
 
 // NewReader returns a Reader that refuses frames larger than maxFrameSize
@@ -119,20 +120,37 @@ func (r *Reader) SetMaxIDs(n int) { r.maxIDs = max(n, 0) }
 // short, a *FrameTooLargeError for a declared length above the maximum, a
 // *TooManyIDsError for an Ack, Nack or Touch above the SetMaxIDs limit, an
 // error wrapping ErrBadFrame for bytes that do not decode (or ranges that
-// CheckRanges refuses), or the underlying read error.
+// CheckRanges refuses), a *HTTPError when the stream starts as HTTP does,
+// or the underlying read error.
 func (r *Reader) ReadFrame(f *Frame) error {
-	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+	size, err := r.readHeader()
+	if err != nil {
 		return err
-	}
-	size := binary.BigEndian.Uint32(r.hdr[:])
-	if uint64(size) > uint64(r.max) {
-		return &FrameTooLargeError{Size: uint64(size), Max: r.max}
 	}
 	body, err := r.readBody(int(size))
 	if err != nil {
 		return unexpected(err)
 	}
 	return r.decode(body, f)
+}
+
+// readHeader reads a frame's length prefix and checks it: against the
+// maximum, and for the stream's first frame, against HTTP's first bytes.
+func (r *Reader) readHeader() (uint32, error) {
+	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+		return 0, err
+	}
+	if !r.started {
+		r.started = true
+		if err := httpStart(r.hdr); err != nil {
+			return 0, err
+		}
+	}
+	size := binary.BigEndian.Uint32(r.hdr[:])
+	if uint64(size) > uint64(r.max) {
+		return 0, &FrameTooLargeError{Size: uint64(size), Max: r.max}
+	}
+	return size, nil
 }
 
 // decode decodes body, the bytes of one frame, into f (ReadFrame).

@@ -221,6 +221,55 @@ func TestReadErrors(t *testing.T) {
 	}
 }
 
+// TestReadHTTP: a stream that starts as HTTP does is told apart from a
+// frame too large, by ReadFrame and ReadBatch, with the error saying which
+// side of HTTP the peer is; only a stream's first frame is looked at.
+func TestReadHTTP(t *testing.T) {
+	ping := encodeFrames(t, PingFrame(1))
+	for _, tc := range []struct {
+		name, stream string
+		start        string
+		response     bool
+	}{
+		{"a server's answer", "HTTP/1.1 400 Bad Request\r\n\r\n", "HTTP", true},
+		{"a GET", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "GET ", false},
+		{"a POST", "POST /api HTTP/1.1\r\n\r\n", "POST", false},
+		{"HTTP/2's preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "PRI ", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, batch := range []bool{false, true} {
+				r := NewReader(strings.NewReader(tc.stream), 1<<32-1) // a limit that takes the length
+				var f Frame
+				var err error
+				if batch {
+					_, err = r.ReadBatch(&f, new(Batch))
+				} else {
+					err = r.ReadFrame(&f)
+				}
+				var he *HTTPError
+				if !errors.As(err, &he) || he.Start != tc.start || he.Response() != tc.response {
+					t.Fatalf("batch %v: error %#v, want an HTTPError starting %q", batch, err, tc.start)
+				}
+				if want := "this is an HTTP server (the metrics and console port?), not a fanout client port"; tc.response && err.Error() != want {
+					t.Errorf("error %q, want %q", err, want)
+				}
+				if !tc.response && !strings.Contains(err.Error(), "an HTTP request ("+strings.TrimSpace(tc.start)+")") {
+					t.Errorf("error %q does not name the request", err)
+				}
+			}
+		})
+	}
+	// The same bytes after a first frame are a length like any other.
+	r := NewReader(bytes.NewReader(append(ping, "HTTP/1.1 200 OK\r\n"...)), 0)
+	var f Frame
+	if err := r.ReadFrame(&f); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ReadFrame(&f); !isTooLarge(uint64(binary.BigEndian.Uint32([]byte("HTTP"))), DefaultMaxFrameSize)(err) {
+		t.Fatalf("second frame: %#v, want a frame too large", err)
+	}
+}
+
 func isErr(want error) func(error) bool {
 	return func(err error) bool { return err == want || (want != io.EOF && errors.Is(err, want)) }
 }

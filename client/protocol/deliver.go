@@ -59,6 +59,15 @@ func appendVarintField(b []byte, tag byte, v uint64) []byte {
 	return protowire.AppendVarint(append(b, tag), v)
 }
 
+// sizeKeyField returns the encoded size of Deliver.key, a bytes field with
+// presence: nothing for a nil key, a tag and a length for an empty one.
+func sizeKeyField(key []byte) int {
+	if key == nil {
+		return 0
+	}
+	return 1 + protowire.SizeVarint(uint64(len(key))) + len(key)
+}
+
 // appendBytesHeader appends the tag and length of a proto3 bytes or string
 // field of n bytes, nothing when empty. The caller writes the n bytes.
 func appendBytesHeader(b []byte, tag byte, n int) []byte {
@@ -83,7 +92,7 @@ func deliverSize(d *Deliver) (int, error) {
 	n := sizeVarintField(d.DeliveryId) +
 		sizeVarintField(uint64(int64(d.Partition))) + // negative int32s take 10 bytes
 		sizeVarintField(uint64(d.Offset)) +
-		sizeBytesField(len(d.Key)) +
+		sizeKeyField(d.Key) +
 		sizeBytesField(len(d.Value)) +
 		sizeVarintField(uint64(d.TimestampMs)) +
 		sizeVarintField(uint64(d.Attempt)) +
@@ -142,10 +151,13 @@ func (w *Writer) appendDeliver(b []byte, d *Deliver) []byte {
 	b = appendVarintField(b, tagDeliveryID, d.DeliveryId)
 	b = appendVarintField(b, tagPartition, uint64(int64(d.Partition)))
 	b = appendVarintField(b, tagOffset, uint64(d.Offset))
-	if b = appendBytesHeader(b, tagKey, len(d.Key)); len(d.Key) > 0 {
-		_, _ = w.w.Write(b)
-		_, _ = w.w.Write(d.Key)
-		b = b[:0]
+	if d.Key != nil { // a field with presence: an empty key is written
+		b = protowire.AppendVarint(append(b, tagKey), uint64(len(d.Key)))
+		if len(d.Key) > 0 {
+			_, _ = w.w.Write(b)
+			_, _ = w.w.Write(d.Key)
+			b = b[:0]
+		}
 	}
 	if b = appendBytesHeader(b, tagValue, len(d.Value)); len(d.Value) > 0 {
 		_, _ = w.w.Write(b)
@@ -189,7 +201,8 @@ type deliverAlloc struct {
 // before the fast path existed.
 //
 // The result is what proto.Unmarshal would produce: the last occurrence of a
-// non-repeated field wins, empty bytes fields are nil, and nothing aliases
+// non-repeated field wins, empty bytes fields are nil (but a key present and
+// empty is empty, not nil: the field has presence), and nothing aliases
 // body. The key, value and header values share one new allocation (each
 // capped at its length) and the header keys one string.
 func decodeDeliver(body []byte) *Frame_Deliver {
@@ -205,6 +218,7 @@ func decodeDeliver(body []byte) *Frame_Deliver {
 	// First pass: validate, take the scalars and size the allocations.
 	var id, partition, offset, timestamp, attempt uint64
 	var key, value []byte
+	var hasKey bool
 	var headers, data, keyBytes int
 	for i := 0; i < len(msg); {
 		tag := msg[i]
@@ -236,7 +250,7 @@ func decodeDeliver(body []byte) *Frame_Deliver {
 			i += m
 			switch tag {
 			case tagKey:
-				key = v
+				key, hasKey = v, true
 			case tagValue:
 				value = v
 			default:
@@ -269,6 +283,9 @@ func decodeDeliver(body []byte) *Frame_Deliver {
 		return buf[start:len(buf):len(buf)]
 	}
 	d.Key, d.Value = take(key), take(value)
+	if hasKey && d.Key == nil {
+		d.Key = []byte{} // present and empty: no record key is nil
+	}
 	if headers > 0 {
 		var keys strings.Builder
 		keys.Grow(keyBytes)

@@ -415,12 +415,77 @@ func TestWriteDeliverReadFrameStream(t *testing.T) {
 	}
 }
 
+// TestDeliverKeyPresence: a record without a key (nil) and one with an
+// empty key are told apart on the wire, by WriteDeliver, WriteBatch,
+// ReadFrame and ReadBatch alike, as protobuf's own code does (Deliver.key
+// has presence).
+func TestDeliverKeyPresence(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		key  []byte
+		wire []byte // the key field's bytes in the Deliver
+	}{
+		{"no key", nil, nil},
+		{"empty key", []byte{}, []byte{tagKey, 0}},
+		{"a key", []byte("k"), []byte{tagKey, 1, 'k'}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &Deliver{DeliveryId: 7, Key: tc.key, Value: []byte("v")}
+			want, err := proto.MarshalOptions{Deterministic: true}.Marshal(DeliverFrame(d))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := append([]byte{tagDeliveryID, 7}, tc.wire...)
+			body = append(body, tagValue, 1, 'v')
+			if wantBody := append([]byte{tagFrameDeliver, byte(len(body))}, body...); !bytes.Equal(want, wantBody) {
+				t.Fatalf("protobuf writes %x, want %x", want, wantBody)
+			}
+			var buf bytes.Buffer
+			w := NewWriter(&buf, 0)
+			if err := w.WriteDeliver(d); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.WriteDeliverBatch([]*Deliver{d}, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if got := buf.Bytes()[HeaderSize : HeaderSize+len(want)]; !bytes.Equal(got, want) {
+				t.Fatalf("WriteDeliver wrote %x, want %x", got, want)
+			}
+			wantBatch, err := proto.MarshalOptions{Deterministic: true}.Marshal(DeliverBatchFrame([]*Deliver{d}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := buf.Bytes()[2*HeaderSize+len(want):]; !bytes.Equal(got, wantBatch) {
+				t.Fatalf("WriteDeliverBatch wrote %x, want %x", got, wantBatch)
+			}
+			r := NewReader(bytes.NewReader(buf.Bytes()), 0)
+			var f Frame
+			if err := r.ReadFrame(&f); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.GetDeliver().GetKey(); (got == nil) != (tc.key == nil) || !bytes.Equal(got, tc.key) {
+				t.Errorf("ReadFrame: key %#v, want %#v", got, tc.key)
+			}
+			var b Batch
+			if _, err := r.ReadBatch(&f, &b); err != nil || len(b.Deliveries) != 1 {
+				t.Fatalf("ReadBatch: %v, %d deliveries", err, len(b.Deliveries))
+			}
+			if got := b.Deliveries[0].Key; (got == nil) != (tc.key == nil) || !bytes.Equal(got, tc.key) {
+				t.Errorf("ReadBatch: key %#v, want %#v", got, tc.key)
+			}
+		})
+	}
+}
+
 func TestDeliverSchema(t *testing.T) {
 	// deliver.go encodes and decodes Deliver and Header by hand: a field
 	// added to either, or changed, must be added there too.
 	want := map[protoreflect.FullName][]string{
 		"fanout.v1.Frame": {"deliver 4 message"}, // the only Frame field deliver.go knows
-		"fanout.v1.Deliver": {"delivery_id 1 uint64", "partition 2 int32", "offset 3 int64", "key 4 bytes",
+		"fanout.v1.Deliver": {"delivery_id 1 uint64", "partition 2 int32", "offset 3 int64", "key 4 bytes with presence",
 			"value 5 bytes", "headers 6 message repeated", "timestamp_ms 7 int64", "attempt 8 uint32"},
 		"fanout.v1.Header": {"key 1 string", "value 2 bytes"},
 	}
@@ -435,8 +500,11 @@ func TestDeliverSchema(t *testing.T) {
 			if f.IsList() {
 				s += " repeated"
 			}
-			if f.IsPacked() || f.HasPresence() && f.ContainingOneof() == nil && f.Kind() != protoreflect.MessageKind {
-				s += " with presence or packed"
+			switch {
+			case f.IsPacked():
+				s += " packed"
+			case f.HasPresence() && f.Kind() != protoreflect.MessageKind: // proto3 optional: a synthetic oneof
+				s += " with presence"
 			}
 			got = append(got, s)
 		}

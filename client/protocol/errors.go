@@ -3,8 +3,48 @@ package protocol
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
+
+// HTTPError is what a Reader returns when a stream starts as HTTP does
+// rather than with a frame: the peer is an HTTP server (its response starts
+// "HTTP/") or an HTTP client (a request line, "GET /", "POST /", ...), not a
+// fanout daemon or client; it usually means an address names the wrong
+// port (a daemon's metrics and console port, say). Only a stream's first
+// four bytes are checked: read as a frame length they are above 1 GiB, and
+// a stream's first frame (a Hello, a Welcome or an Error) is never that
+// large.
+type HTTPError struct {
+	// Start holds the stream's first four bytes, e.g. "HTTP" or "GET ".
+	Start string
+}
+
+// Response reports whether the peer answered as an HTTP server.
+func (e *HTTPError) Response() bool { return e.Start == "HTTP" }
+
+// Error says what the peer is.
+func (e *HTTPError) Error() string {
+	if e.Response() {
+		return "this is an HTTP server (the metrics and console port?), not a fanout client port"
+	}
+	return fmt.Sprintf("an HTTP request (%s), not a fanout client: this port speaks fanout's protocol", strings.TrimSpace(e.Start))
+}
+
+// httpStarts are the first four bytes of an HTTP/1 response and of the
+// request lines of HTTP/1's methods and HTTP/2's preface.
+var httpStarts = [...]string{"HTTP", "GET ", "HEAD", "POST", "PUT ", "DELE", "CONN", "OPTI", "TRAC", "PATC", "PRI "}
+
+// httpStart returns a *HTTPError when b, a stream's first four bytes, are
+// HTTP's, else nil.
+func httpStart(b [HeaderSize]byte) error {
+	for _, s := range httpStarts {
+		if string(b[:]) == s {
+			return &HTTPError{Start: s}
+		}
+	}
+	return nil
+}
 
 // RemoteError is an Error frame received from the peer, as a Go error.
 type RemoteError struct {

@@ -995,12 +995,15 @@ type Deliver struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Identifies this delivery on this daemon; unique across connections and
 	// attempts. Acks and nacks name it.
-	DeliveryId uint64    `protobuf:"varint,1,opt,name=delivery_id,json=deliveryId,proto3" json:"delivery_id,omitempty"`
-	Partition  int32     `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
-	Offset     int64     `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
-	Key        []byte    `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
-	Value      []byte    `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
-	Headers    []*Header `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty"`
+	DeliveryId uint64 `protobuf:"varint,1,opt,name=delivery_id,json=deliveryId,proto3" json:"delivery_id,omitempty"`
+	Partition  int32  `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Offset     int64  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// The record's key. Absent: the record has no key (Kafka's null key);
+	// present and empty: an empty key. (Older daemons send an empty key as
+	// none.)
+	Key     []byte    `protobuf:"bytes,4,opt,name=key,proto3,oneof" json:"key,omitempty"`
+	Value   []byte    `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
+	Headers []*Header `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty"`
 	// The Kafka record timestamp in milliseconds since the Unix epoch.
 	TimestampMs int64 `protobuf:"varint,7,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
 	// 1 for the first delivery of this message by this daemon, then 2, 3, ...
@@ -1611,17 +1614,18 @@ const file_fanout_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xf2\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xff\x01\n" +
 	"\aDeliver\x12\x1f\n" +
 	"\vdelivery_id\x18\x01 \x01(\x04R\n" +
 	"deliveryId\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x10\n" +
-	"\x03key\x18\x04 \x01(\fR\x03key\x12\x14\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x15\n" +
+	"\x03key\x18\x04 \x01(\fH\x00R\x03key\x88\x01\x01\x12\x14\n" +
 	"\x05value\x18\x05 \x01(\fR\x05value\x12+\n" +
 	"\aheaders\x18\x06 \x03(\v2\x11.fanout.v1.HeaderR\aheaders\x12!\n" +
 	"\ftimestamp_ms\x18\a \x01(\x03R\vtimestampMs\x12\x18\n" +
-	"\aattempt\x18\b \x01(\rR\aattempt\"B\n" +
+	"\aattempt\x18\b \x01(\rR\aattemptB\x06\n" +
+	"\x04_key\"B\n" +
 	"\fDeliverBatch\x122\n" +
 	"\n" +
 	"deliveries\x18\x01 \x03(\v2\x12.fanout.v1.DeliverR\n" +
@@ -1753,6 +1757,7 @@ func file_fanout_proto_init() {
 		(*Frame_Members)(nil),
 		(*Frame_DeliverBatch)(nil),
 	}
+	file_fanout_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

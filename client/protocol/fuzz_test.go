@@ -41,6 +41,9 @@ func readFrameSeeds(tb testing.TB) [][]byte {
 		rawFrame(6, []byte{0x2a, 0x04, 0x08, 0x01, 0x08, 0x02}), // ack ids unpacked
 		rawFrame(5, []byte{0x5a, 0x03, 0x0a, 0x01, 0xff}),       // goodbye, invalid UTF-8
 		[]byte("\x00\x00\x00\x10GET / HTTP/1.1\r\n"),
+		[]byte("GET / HTTP/1.1\r\nHost: fanout\r\n\r\n"),                 // an HTTP client
+		[]byte("HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"),  // an HTTP server
+		append(encodeFrames(tb, PingFrame(1)), "HTTP/1.1 200 OK\r\n"...), // HTTP's bytes later: a length
 	)
 	// Capabilities and member lists: the paths protobuf decodes for them.
 	seeds = append(seeds,
@@ -84,11 +87,11 @@ func FuzzReadFrame(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r := NewReader(bytes.NewReader(data), fuzzMax)
 		rest := data // what a reference parser has not consumed yet
-		for {
+		for first := true; ; first = false {
 			var got Frame
 			err := r.ReadFrame(&got)
 			// A reference parse of the same frame.
-			want, size, wantErr := referenceFrame(rest)
+			want, size, wantErr := referenceFrame(rest, first)
 			if len(rest) >= HeaderSize+size && decodeDeliver(rest[HeaderSize:HeaderSize+size]) != nil && wantErr != nil {
 				t.Fatalf("Deliver fast path decoded a frame proto.Unmarshal refuses: %v", wantErr)
 			}
@@ -119,12 +122,20 @@ func FuzzReadFrame(f *testing.F) {
 
 // referenceFrame parses the first frame of data independently of Reader,
 // returning the frame, its declared size and the error ReadFrame must give.
-func referenceFrame(data []byte) (*Frame, int, error) {
+// first says data starts the stream, where HTTP's first bytes are refused.
+func referenceFrame(data []byte, first bool) (*Frame, int, error) {
 	switch {
 	case len(data) == 0:
 		return nil, 0, io.EOF
 	case len(data) < HeaderSize:
 		return nil, 0, io.ErrUnexpectedEOF
+	}
+	if first {
+		for _, s := range []string{"HTTP", "GET ", "HEAD", "POST", "PUT ", "DELE", "CONN", "OPTI", "TRAC", "PATC", "PRI "} {
+			if string(data[:HeaderSize]) == s {
+				return nil, 0, &HTTPError{Start: s}
+			}
+		}
 	}
 	size := binary.BigEndian.Uint32(data)
 	switch {
@@ -169,9 +180,12 @@ func rangesValid(f *Frame) bool {
 
 func sameError(got, want error) bool {
 	var g, w *FrameTooLargeError
+	var gh, wh *HTTPError
 	switch {
 	case errors.As(want, &w):
 		return errors.As(got, &g) && *g == *w
+	case errors.As(want, &wh):
+		return errors.As(got, &gh) && *gh == *wh
 	case want == io.EOF:
 		return got == io.EOF
 	}
@@ -436,10 +450,10 @@ func FuzzReadBatch(f *testing.F) {
 		r := NewReader(bytes.NewReader(data), fuzzMax)
 		rest := data
 		var b Batch
-		for {
+		for first := true; ; first = false {
 			var got Frame
 			ok, err := r.ReadBatch(&got, &b)
-			want, size, wantErr := referenceFrame(rest)
+			want, size, wantErr := referenceFrame(rest, first)
 			if wantErr != nil {
 				if ok || !sameError(err, wantErr) {
 					t.Fatalf("ReadBatch: %v, %v; reference says %v", ok, err, wantErr)

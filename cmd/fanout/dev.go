@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -33,14 +34,16 @@ func devCommand() *cli.Command {
 		Name:  "dev",
 		Usage: "run a complete fanout for development: in-process Kafka, offsets in its consumer group, the daemon",
 		UsageText: "fanout dev [--topic user_need] [--partitions 4] [--kafka-listen 127.0.0.1:9092] [--listen :4987]\n" +
+			"fanout dev --max-attempts 5 --dead-letter-topic user_need_dlq\n" +
 			"go run ./cmd/fanout dev",
 		Description: "Starts an in-process Kafka-protocol broker (kfake) with the topic and runs the daemon on it\n" +
 			"with the Kafka offset store (--offset-store kafka: offsets and the leader record in the consumer\n" +
 			"group fanout_dev of the in-process broker, the code a production daemon runs; not durable: they\n" +
 			"are lost when it stops), with service id \"dev\" and partitions without an offset starting at\n" +
 			"the oldest message. Nothing else is needed, no ZooKeeper. Once it serves clients it prints how\n" +
-			"to produce to it, consume from it and see its offsets.",
-		Flags: []cli.Flag{
+			"to produce to it, consume from it and see its offsets. The delivery policies are the daemon's\n" +
+			"flags; a --dead-letter-topic is created in the in-process broker.",
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "kafka-listen", Value: devKafkaListen, Usage: "address of the in-process Kafka broker (port 0: any free port)", EnvVars: env("DEV_KAFKA_LISTEN")},
 			&cli.StringFlag{Name: "topic", Value: devTopic, Usage: "the topic to create and consume", EnvVars: env("TOPIC")},
 			&cli.IntFlag{Name: "partitions", Value: devPartitions, Usage: "partitions of the topic", EnvVars: env("DEV_PARTITIONS")},
@@ -49,7 +52,7 @@ func devCommand() *cli.Command {
 			&cli.DurationFlag{Name: "heartbeat", Value: fanout.DefaultHeartbeat, Usage: "ping clients this often", EnvVars: env("HEARTBEAT")},
 			&cli.IntFlag{Name: "max-in-flight", Value: fanout.DefaultMaxInFlight, Usage: "most unacked messages per client", EnvVars: env("MAX_IN_FLIGHT")},
 			&cli.StringFlag{Name: "metrics-listen", Value: fanout.DefaultMetricsListen, Usage: "address for /metrics, /healthz, /readyz and the web console (empty: disabled)", EnvVars: env("METRICS_LISTEN")},
-		},
+		}, policyFlags()...),
 		Action:       devAction,
 		OnUsageError: commandUsageError,
 	}
@@ -67,7 +70,10 @@ type devConfig struct {
 	// MetricsListen is the address of /metrics, /healthz, /readyz and the
 	// console; "" disables them.
 	MetricsListen string
-	Log           *logrus.Entry
+	// Policies holds the delivery policies (policyFlags); its other fields
+	// are left zero. A DeadLetterTopic is created in the in-process broker.
+	Policies fanout.Options
+	Log      *logrus.Entry
 }
 
 func devAction(c *cli.Context) error {
@@ -83,6 +89,9 @@ func devAction(c *cli.Context) error {
 		Heartbeat:   c.Duration("heartbeat"),
 		MaxInFlight: c.Int("max-in-flight"),
 		Log:         logrus.NewEntry(logrus.StandardLogger()),
+	}
+	if err := policyOptions(&cfg.Policies, contextValues(c)); err != nil {
+		return usageError(err)
 	}
 	cfg.MetricsListen = devMetricsListen(c)
 	return runDev(c.Context, cfg, c.App.Writer)
@@ -108,20 +117,22 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 	// daemon runs as in production with --offset-store kafka: it is elected
 	// through the heartbeat topic and the group fanout_dev, and commits
 	// there.
-	opts := fanout.Options{
-		ID:               devID,
-		Topic:            cfg.Topic,
-		OffsetStore:      fanout.OffsetStoreKafka,
-		Listen:           cfg.Listen,
-		NodeID:           devID,
-		AckTimeout:       cfg.AckTimeout,
-		Heartbeat:        cfg.Heartbeat,
-		MaxInFlight:      cfg.MaxInFlight,
-		MetricsListen:    cfg.MetricsListen,
-		InitialOffset:    "oldest",
-		ClusterHeartbeat: devHeartbeat,
-		Logger:           cfg.Log,
-	}
+	opts := cfg.Policies
+	opts.ID = devID
+	opts.Topic = cfg.Topic
+	opts.OffsetStore = fanout.OffsetStoreKafka
+	opts.Listen = cfg.Listen
+	opts.NodeID = devID
+	opts.AckTimeout = cfg.AckTimeout
+	opts.Heartbeat = cfg.Heartbeat
+	opts.MaxInFlight = cfg.MaxInFlight
+	opts.MetricsListen = cfg.MetricsListen
+	opts.InitialOffset = "oldest"
+	opts.ClusterHeartbeat = devHeartbeat
+	opts.Logger = cfg.Log
+	// The in-process broker starts empty: the daemon creates the
+	// dead-letter topic in it, as a production daemon does when asked.
+	opts.CreateDeadLetterTopic = opts.DeadLetterTopic != ""
 	if err := opts.Validate(); err != nil {
 		return usageError(err)
 	}
@@ -134,6 +145,11 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 		}),
 	)
 	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("in-process Kafka on %s: %w: is a Kafka broker (or another fanout dev) running on this host? "+
+				"Give fanout dev another --kafka-listen (127.0.0.1:0: any free port), or stop the process that holds the port",
+				cfg.KafkaListen, err)
+		}
 		return fmt.Errorf("in-process Kafka on %s: %w", cfg.KafkaListen, err)
 	}
 	defer cluster.Close()
@@ -156,9 +172,9 @@ func runDev(ctx context.Context, cfg devConfig, stdout io.Writer) error {
 	case <-d.Ready():
 		printDevHints(stdout, kafkaAddr, cfg.Topic, dialable(d.Addr()))
 	case err := <-runErr:
-		return devStopped(err)
+		return err
 	}
-	return devStopped(<-runErr)
+	return <-runErr
 }
 
 // devMetricsListen returns --metrics-listen. Left at its default, a port
@@ -176,14 +192,6 @@ func devMetricsListen(c *cli.Context) string {
 	}
 	ln.Close()
 	return addr
-}
-
-// devStopped wraps the daemon's error, if any.
-func devStopped(err error) error {
-	if err != nil {
-		return fmt.Errorf("fanout dev: %w", err)
-	}
-	return nil
 }
 
 // printDevHints tells the user how to produce to the dev broker and consume

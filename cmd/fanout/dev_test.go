@@ -4,16 +4,23 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/status"
+	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
 // devHints are the commands fanout dev prints once it is ready, split into
@@ -86,22 +93,84 @@ func receive(t *testing.T, c *client.Client) *client.Message {
 	}
 }
 
+// devRun is a fanout dev started by a test: its hints, and stop, which ends
+// it as SIGINT would and fails the test unless it stops cleanly.
+type devRun struct {
+	devHints
+	stop func()
+}
+
+// startDevApp runs fanout dev through the app with args (on free ports
+// unless args say otherwise) until stop or the test's end; stderr gets its
+// output.
+func startDevApp(t *testing.T, stderr io.Writer, args ...string) devRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, outW := io.Pipe()
+	exit := make(chan int, 1)
+	go func() {
+		defer outW.Close()
+		exit <- runAppTo(ctx, nil, outW, stderr, append([]string{"dev", "--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"}, args...)...)
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case code := <-exit:
+				if code != 0 {
+					t.Errorf("dev exit code %d after cancel", code)
+				}
+			case <-time.After(testWait):
+				t.Error("dev did not stop after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return devRun{readDevHints(t, out), stop}
+}
+
+// startDev runs runDev with cfg (its log discarded unless cfg.Log is set)
+// until stop or the test's end.
+func startDev(t *testing.T, cfg devConfig) devRun {
+	t.Helper()
+	if cfg.Log == nil {
+		log := logrus.New()
+		log.SetOutput(io.Discard)
+		cfg.Log = logrus.NewEntry(log)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	out, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		defer outW.Close()
+		done <- runDev(ctx, cfg, outW)
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("runDev: %v", err)
+				}
+			case <-time.After(testWait):
+				t.Error("dev did not stop after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return devRun{readDevHints(t, out), stop}
+}
+
 // TestDevCommand runs fanout dev through the app on free ports, follows its
 // produce hint with the produce command, consumes what it hints with the
 // client library, and stops it as SIGINT would.
 func TestDevCommand(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out, outW := io.Pipe()
+	ctx := context.Background()
 	var stderr syncBuffer
-	exit := make(chan int, 1)
-	go func() {
-		defer outW.Close()
-		exit <- runAppTo(ctx, nil, outW, &stderr, "dev",
-			"--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0",
-			"--topic", "dev_topic", "--partitions", "2", "--ack-timeout", "20s")
-	}()
-	h := readDevHints(t, out)
+	h := startDevApp(t, &stderr, "--topic", "dev_topic", "--partitions", "2", "--ack-timeout", "20s")
 	if !strings.Contains(stderr.String(), "not durable") {
 		t.Errorf("no warning that offsets are not durable:\n%s", stderr.String())
 	}
@@ -130,38 +199,22 @@ func TestDevCommand(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("close (flushes the ack): %v", err)
 	}
-
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
-	}
+	h.stop()
 }
 
 // TestDevCommitsAckedOffsets runs dev, which keeps its offsets in the
 // in-process Kafka's group fanout_dev through the Kafka offset store: an
 // acked message's offset is committed there, as status (hinted) shows.
 func TestDevCommitsAckedOffsets(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	log := logrus.New()
 	var logs syncBuffer
 	log.Out = &logs
-	out, outW := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		defer outW.Close()
-		done <- runDev(ctx, devConfig{
-			KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
-			AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
-			Log: logrus.NewEntry(log),
-		}, outW)
-	}()
-	h := readDevHints(t, out)
+	h := startDev(t, devConfig{
+		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+		AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
+		Log: logrus.NewEntry(log),
+	})
 	// The dev mode has no ZooKeeper, and its first log line says so.
 	if got := logs.String(); !strings.Contains(got, "connecting to Kafka (offsets in Kafka, no ZooKeeper)") {
 		t.Errorf("dev's start log does not say it runs without ZooKeeper:\n%s", got)
@@ -241,14 +294,16 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 		t.Errorf("status %v without --offset-store:\n%s", args, doc)
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("runDev: %v", err)
+	if err := c.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	before := len(logs.String())
+	h.stop()
+	// A clean stop (as Ctrl-C) warns of nothing.
+	for _, line := range strings.Split(logs.String()[before:], "\n") {
+		if strings.Contains(line, "level=warning") || strings.Contains(line, "level=error") {
+			t.Errorf("logged at stop: %s", line)
 		}
-	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
 	}
 }
 
@@ -270,8 +325,12 @@ func TestDevBadFlags(t *testing.T) {
 		{"bad ack timeout", []string{"--ack-timeout=-1s"}, 2, "--ack-timeout"},
 		{"bad listen", []string{"--listen", "nope"}, 2, "--listen"},
 		{"stray argument", []string{"extra"}, 2, "extra"},
-		{"kafka port taken", []string{"--kafka-listen", taken.Addr().String(), "--listen", "127.0.0.1:0"}, 1, "in-process Kafka"},
-		{"listen port taken", []string{"--kafka-listen", "127.0.0.1:0", "--listen", taken.Addr().String()}, 1, "address already in use"},
+		{"kafka port taken", []string{"--kafka-listen", taken.Addr().String(), "--listen", "127.0.0.1:0"}, 1, "Give fanout dev another --kafka-listen"},
+		{"listen port taken", []string{"--kafka-listen", "127.0.0.1:0", "--listen", taken.Addr().String()}, 1, "its own --listen"},
+		{"metrics port taken", []string{"--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--metrics-listen", taken.Addr().String()}, 1, "its own --metrics-listen"},
+		{"dead-letter topic without max attempts", []string{"--dead-letter-topic", "dlq"}, 2, "--max-attempts"},
+		{"bad retry backoff", []string{"--retry-backoff", "1s,2x"}, 2, "--retry-backoff"},
+		{"bad ordering", []string{"--ordering", "fifo"}, 2, "--ordering"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -281,6 +340,9 @@ func TestDevBadFlags(t *testing.T) {
 			}
 			if !strings.Contains(stderr, tt.want) {
 				t.Fatalf("stderr does not mention %q:\n%s", tt.want, stderr)
+			}
+			if strings.Contains(stderr, "fanout: fanout") {
+				t.Errorf("a doubled prefix:\n%s", stderr)
 			}
 		})
 	}
@@ -308,16 +370,8 @@ func TestDevProduceThenTail(t *testing.T) {
 	if newApp(io.Discard, io.Discard).Command("tail") == nil {
 		t.Skip("the tail command is not registered in main.go yet")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	out, outW := io.Pipe()
-	var stderr syncBuffer
-	exit := make(chan int, 1)
-	go func() {
-		defer outW.Close()
-		exit <- runAppTo(ctx, nil, outW, &stderr, "dev", "--kafka-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0")
-	}()
-	h := readDevHints(t, out)
+	ctx := context.Background()
+	h := startDevApp(t, io.Discard)
 	if code, _, errOut := runApp(ctx, t, strings.NewReader("hello tail\n"), h.produce...); code != 0 {
 		t.Fatalf("produce: exit code %d\n%s", code, errOut)
 	}
@@ -325,13 +379,136 @@ func TestDevProduceThenTail(t *testing.T) {
 	if code != 0 || !strings.Contains(printed, "hello tail") {
 		t.Fatalf("tail as hinted: exit code %d, printed %q\n%s", code, printed, errOut)
 	}
-	cancel()
+	h.stop()
+}
+
+// TestDevDefaultsDoNotSpinAPoisonRecord runs fanout dev with its default
+// flags and one tail that gives every message back at once (--no-ack
+// --nack-delay 0), as a handler failing on a poison record does, and
+// counts its deliveries of one record over 10 seconds. Without a retry
+// backoff it went round tens of thousands of times; with the default one
+// (1s doubling: deliveries at about 0, 1, 3, 7 s, jittered into the upper
+// half of each wait) at most 5 fit. The bound leaves room for a new term on
+// a loaded machine, which delivers at once (a delay is not stored); it is a
+// bound on the count, not on time.
+func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
+	ctx := context.Background()
+	h := startDev(t, devConfig{
+		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+		AckTimeout: fanout.DefaultAckTimeout, Heartbeat: fanout.DefaultHeartbeat, MaxInFlight: fanout.DefaultMaxInFlight,
+	})
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("poison\n"), h.produce...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	tailCtx, stopTail := context.WithTimeout(ctx, 10*time.Second)
+	defer stopTail()
+	code, printed, errOut := runApp(tailCtx, t, nil, "tail", "--connect", h.connect, "--no-ack", "--nack-delay", "0", "--meta")
+	if code != 0 {
+		t.Fatalf("tail: exit code %d\n%s", code, errOut)
+	}
+	deliveries := strings.Count(printed, "poison")
+	if deliveries < 1 || deliveries > 8 {
+		t.Fatalf("one record nacked at once was delivered %d times in 10 s, want 1 to 8:\n%s", deliveries, printed)
+	}
+	t.Logf("%d deliveries in 10 s:\n%s", deliveries, printed)
+	h.stop()
+}
+
+// TestDevDeadLetters runs fanout dev with the delivery-policy flags: the
+// dead-letter topic is created in the in-process broker, and a record
+// nacked --max-attempts times lands there.
+func TestDevDeadLetters(t *testing.T) {
+	ctx := context.Background()
+	h := startDevApp(t, io.Discard, "--metrics-listen", "", "--topic", "jobs", "--partitions", "3",
+		"--max-attempts", "2", "--dead-letter-topic", "jobs_dlq", "--retry-backoff", "10ms,20ms", "--ordering", "key")
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("k=poison\n"), append(h.produce, "--key-separator", "=")...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{h.connect}})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	for attempt := 1; attempt <= 2; attempt++ {
+		m := receive(t, c)
+		if string(m.Value) != "poison" || m.Attempt != attempt {
+			t.Fatalf("got %q attempt %d, want poison attempt %d", m.Value, m.Attempt, attempt)
+		}
+		if err := m.NackWith(0, "cannot parse"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	kafkaAddr := h.produce[slices.Index(h.produce, "--kafka")+1]
+	kc, err := sarama.NewClient([]string{kafkaAddr}, kafka.NewConfig("dev-dlq-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	if parts, err := kc.Partitions("jobs_dlq"); err != nil || len(parts) != 3 {
+		t.Fatalf("dead-letter topic partitions %v, %v; want 3, as the topic", parts, err)
+	}
+	// The partition the dead letter went to: the one that holds a record.
+	held := int32(-1)
+	testutil.WaitFor(t, testWait, "the dead letter", func() bool {
+		for p := range int32(3) {
+			if n, err := kc.GetOffset("jobs_dlq", p, sarama.OffsetNewest); err == nil && n > 0 {
+				held = p
+				return true
+			}
+		}
+		return false
+	})
+	consumer, err := sarama.NewConsumerFromClient(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition("jobs_dlq", held, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
 	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Fatalf("dev exit code %d after cancel; stderr:\n%s", code, stderr.String())
+	case got := <-pc.Messages():
+		if string(got.Key) != "k" || string(got.Value) != "poison" {
+			t.Fatalf("dead letter %q=%q, want k=poison", got.Key, got.Value)
 		}
 	case <-time.After(testWait):
-		t.Fatal("dev did not stop after cancel")
+		t.Fatal("the dead letter not read")
 	}
+	h.stop()
+}
+
+// TestDevTailTellsNullKeysFromEmptyOnes: through the broker, the daemon and
+// the client, a record without a key prints "key": null in tail --json, one
+// with an empty key "".
+func TestDevTailTellsNullKeysFromEmptyOnes(t *testing.T) {
+	ctx := context.Background()
+	h := startDev(t, devConfig{
+		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
+		AckTimeout: 20 * time.Second, Heartbeat: time.Second, MaxInFlight: 10,
+	})
+	if code, _, errOut := runApp(ctx, t, strings.NewReader("k=one\n=two\nthree\n"), append(h.produce, "--key-separator", "=")...); code != 0 {
+		t.Fatalf("produce: exit code %d\n%s", code, errOut)
+	}
+	code, printed, errOut := runApp(ctx, t, nil, "tail", "--connect", h.connect, "--count", "3", "--json")
+	if code != 0 {
+		t.Fatalf("tail: exit code %d\n%s", code, errOut)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(printed), "\n") {
+		var rec struct {
+			Key   json.RawMessage `json:"key"`
+			Value string          `json:"value"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		got = append(got, fmt.Sprintf("%s=%s", rec.Key, rec.Value))
+	}
+	if want := []string{`"k"=one`, `""=two`, `null=three`}; !slices.Equal(got, want) {
+		t.Errorf("tail --json keys and values %q, want %q", got, want)
+	}
+	h.stop()
 }

@@ -94,12 +94,20 @@ func commandUsageError(c *cli.Context, err error, _ bool) error {
 	return usageError(explainUsage(c, err))
 }
 
-// badValue matches the flag parser's complaint about a value it cannot parse.
-var badValue = regexp.MustCompile(`^invalid value "(.*)" for flag -([\w-]+): parse error$`)
+// badValue matches the flag parser's complaint about a value it cannot
+// parse, undefinedFlag the one about a flag it does not know.
+var (
+	badValue      = regexp.MustCompile(`^invalid value "(.*)" for flag -([\w-]+): parse error$`)
+	undefinedFlag = regexp.MustCompile(`^flag provided but not defined: -+(.+)$`)
+)
 
-// explainUsage rewrites the flag parser's "invalid value ... parse error"
-// into what the flag expects: a duration needs a unit, a number digits.
+// explainUsage rewrites the flag parser's terse complaints: a flag it does
+// not know gets the nearest one suggested; "invalid value ... parse error"
+// says what the flag expects (a duration needs a unit, a number digits).
 func explainUsage(c *cli.Context, err error) error {
+	if m := undefinedFlag.FindStringSubmatch(err.Error()); m != nil && c != nil && c.Command != nil {
+		return unknownFlag(c, m[1])
+	}
 	m := badValue.FindStringSubmatch(err.Error())
 	if m == nil || c == nil {
 		return err
@@ -119,6 +127,76 @@ func explainUsage(c *cli.Context, err error) error {
 		}
 	}
 	return fmt.Errorf("--%s %q: cannot parse the value", name, value)
+}
+
+// unknownFlag is the error for a flag the command of c does not have,
+// suggesting the one nearest to it.
+func unknownFlag(c *cli.Context, name string) error {
+	var names []string
+	for _, f := range c.Command.Flags {
+		names = append(names, f.Names()...)
+	}
+	path := []string{"--help"}
+	for _, ctx := range c.Lineage() {
+		if ctx.Command != nil && ctx.Command.Name != "" && ctx.Command.Name != c.App.Name {
+			path = append([]string{ctx.Command.Name}, path...)
+		}
+	}
+	help := strings.Join(append([]string{c.App.Name}, path...), " ")
+	if slices.Contains(names, name+"-file") {
+		// A secret: never a flag, where ps and the shell history show it.
+		env := "FANOUT_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		return fmt.Errorf("unknown flag --%s: a secret is read from a file (--%s-file) or the environment (%s), never from a flag", name, name, env)
+	}
+	if near := nearest(name, names); near != "" {
+		return fmt.Errorf("unknown flag --%s: did you mean --%s? (%s lists the flags)", name, near, help)
+	}
+	return fmt.Errorf("unknown flag --%s (%s lists the flags)", name, help)
+}
+
+// nearest returns the name of names closest to s when it is close enough
+// to be a typo of it: one edit away (a letter missing, extra, wrong, or two
+// swapped) for names of up to 5 letters, two for longer ones; else "".
+// (urfave/cli's own suggestions always name a flag, however unlike.)
+func nearest(s string, names []string) string {
+	if len(s) < 2 {
+		return ""
+	}
+	best, limit := "", 1
+	if len(s) > 5 {
+		limit = 2
+	}
+	for _, n := range names {
+		if d := editDistance(s, n); d <= limit {
+			best, limit = n, d-1 // a later name must be closer
+		}
+	}
+	return best
+}
+
+// editDistance is the optimal string alignment distance of a and b: the
+// insertions, deletions, substitutions and swaps of adjacent bytes that
+// turn a into b.
+func editDistance(a, b string) int {
+	prev2, prev, cur := make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 // commandNames lists the app's commands for "unexpected argument" errors.

@@ -54,6 +54,32 @@ func TestBadFlagsExitTwo(t *testing.T) {
 	}
 }
 
+// TestMistypedFlagSuggestsTheFlag: a flag or command a letter off gets the
+// right one suggested, once, with no doubled prefix; one like nothing gets
+// none.
+func TestMistypedFlagSuggestsTheFlag(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string // the whole of stderr
+	}{
+		{[]string{"--tpic", "x"}, "fanout: unknown flag --tpic: did you mean --topic? (fanout --help lists the flags)\n"},
+		{[]string{"dev", "--kafka-listn", "127.0.0.1:0"}, "fanout: unknown flag --kafka-listn: did you mean --kafka-listen? (fanout dev --help lists the flags)\n"},
+		{[]string{"dev", "--retry-backof", "1s"}, "fanout: unknown flag --retry-backof: did you mean --retry-backoff? (fanout dev --help lists the flags)\n"},
+		{[]string{"tail", "--conect", "x"}, "fanout: unknown flag --conect: did you mean --connect? (fanout tail --help lists the flags)\n"},
+		{[]string{"offsets", "show", "--tpic", "x"}, "fanout: unknown flag --tpic: did you mean --topic? (fanout offsets show --help lists the flags)\n"},
+		{[]string{"--xyzzy", "1"}, "fanout: unknown flag --xyzzy (fanout --help lists the flags)\n"},
+		{[]string{"dve"}, "fanout: unknown command \"dve\": did you mean dev? (commands: serve, produce, dev, tail, status, offsets, healthcheck, help)\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), append([]string{"fanout"}, tt.args...), &stdout, &stderr); code != 2 {
+			t.Errorf("%v: exit code %d, want 2; stderr:\n%s", tt.args, code, stderr.String())
+		}
+		if got := stderr.String(); got != tt.want {
+			t.Errorf("%v: stderr %q, want %q", tt.args, got, tt.want)
+		}
+	}
+}
+
 // A given --id or --topic that is invalid is never reported as missing.
 func TestInvalidValueNotCalledRequired(t *testing.T) {
 	for _, args := range [][]string{{"--id", "a b", "--topic", "t"}, {"--id", "svc", "--topic", "a/b"}} {

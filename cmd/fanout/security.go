@@ -33,9 +33,12 @@ func secretFlag(name string) string {
 type flagValues struct {
 	str     func(string) string
 	boolean func(string) bool
+	num     func(string) int
 }
 
-func contextValues(c *cli.Context) flagValues { return flagValues{c.String, c.Bool} }
+func contextValues(c *cli.Context) flagValues {
+	return flagValues{str: c.String, boolean: c.Bool, num: c.Int}
+}
 
 // readSecret returns the secret FANOUT_<name> from env, or the content of
 // the file its --<name>-file flag names (without a final line break); ""

@@ -136,7 +136,7 @@ func TestBadSecurityFlagsExitTwo(t *testing.T) {
 		{"no password source", nil, append(daemon, "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "u"),
 			"no password: set FANOUT_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file"},
 		{"no user", []string{"FANOUT_KAFKA_SASL_PASSWORD=" + testSecret}, append(daemon, "--kafka-sasl-mechanism", "PLAIN"), "--kafka-sasl-user: required"},
-		{"password as a flag", nil, append(daemon, "--kafka-sasl-password", testSecret), "flag provided but not defined: -kafka-sasl-password"},
+		{"password as a flag", nil, append(daemon, "--kafka-sasl-password", testSecret), "unknown flag --kafka-sasl-password: a secret is read from a file (--kafka-sasl-password-file) or the environment (FANOUT_KAFKA_SASL_PASSWORD), never from a flag"},
 		{"CA unreadable", nil, append(daemon, "--kafka-tls-ca", missing), "--kafka-tls: CA file: open " + missing},
 		{"client key unreadable", nil, append(daemon, "--kafka-tls-cert", files.ClientCert, "--kafka-tls-key", missing), missing},
 		{"certificate without key", nil, append(daemon, "--kafka-tls-cert", files.ClientCert), "needs both"},

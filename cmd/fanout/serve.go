@@ -56,17 +56,13 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "zookeeper-session-timeout", Value: fanout.DefaultZKSessionTimeout, Usage: "ZooKeeper session timeout; a leader whose offset commits have failed this long steps down", EnvVars: env("ZOOKEEPER_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "kafka-session-timeout", Value: fanout.DefaultKafkaSession, Usage: "with --offset-store kafka: session timeout of the leader's membership of the group fanout_<id>; a leader whose offset commits have failed this long steps down", EnvVars: env("KAFKA_SESSION_TIMEOUT")},
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
-		&cli.IntFlag{Name: "max-attempts", Usage: "produce a message whose delivery failed this many times (ack timeout, nack, client gone) to --dead-letter-topic instead of delivering it again (0: unlimited)", EnvVars: env("MAX_ATTEMPTS")},
-		&cli.StringFlag{Name: "dead-letter-topic", Usage: "the existing topic that takes the messages that failed --max-attempts times", EnvVars: env("DEAD_LETTER_TOPIC")},
-		&cli.StringFlag{Name: "retry-backoff", Value: "off", Usage: "`MIN,MAX`: wait MIN·2^(failures-1), at most MAX, with jitter, before redelivering after a timeout, a nack without a delay or a client gone (off: at once)", EnvVars: env("RETRY_BACKOFF")},
-		&cli.StringFlag{Name: "ordering", Value: fanout.DefaultOrdering, Usage: "none, or key: a key's messages go out one at a time, in offset order", EnvVars: env("ORDERING")},
-		&cli.IntFlag{Name: "max-observer-bytes", Value: fanout.DefaultMaxObserverBytes, Usage: "drop an observer with more than this many bytes of copies queued and not written", EnvVars: env("MAX_OBSERVER_BYTES")},
 		&cli.StringFlag{Name: "assignment", Value: fanout.DefaultAssignment, Usage: "leader (the leader serves every partition) or spread (each member serves the partitions the leader assigns it); the same on every member", EnvVars: env("ASSIGNMENT")},
 		&cli.IntFlag{Name: "weight", Value: 1, Usage: "spread mode: this member's share of the partitions is proportional to its weight", EnvVars: env("WEIGHT")},
 		&cli.DurationFlag{Name: "handoff-timeout", Value: fanout.DefaultHandoffTimeout, Usage: "spread mode: a partition moving away waits this long for its in-flight messages to be acked", EnvVars: env("HANDOFF_TIMEOUT")},
 		metricsTokenFlag(),
 		clusterSecretFlag(),
 	}
+	flags = append(flags, policyFlags()...)
 	flags = append(flags, kafkaSecurityFlags()...)
 	return append(flags, zookeeperSecurityFlags()...)
 }
@@ -131,17 +127,13 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	opts.ClientTLS = tlsconf.ServerFiles{Cert: str("tls-cert"), Key: str("tls-key"), ClientCA: str("tls-client-ca")}
 	opts.Isolation = str("isolation")
 	opts.MaxOutstanding = num("max-outstanding")
-	opts.MaxAttempts = num("max-attempts")
-	opts.DeadLetterTopic = str("dead-letter-topic")
-	opts.Ordering = str("ordering")
-	opts.MaxObserverBytes = num("max-observer-bytes")
-	var err error
-	if opts.RetryBackoffMin, opts.RetryBackoffMax, err = fanout.ParseRetryBackoff(str("retry-backoff")); err != nil {
+	flags := flagValues{str: str, num: num, boolean: func(name string) bool { return at(name).Bool(name) }}
+	if err := policyOptions(&opts, flags); err != nil {
 		return fanout.Options{}, err
 	}
+	var err error
 	opts.Assignment, opts.Weight, opts.HandoffTimeout = str("assignment"), num("weight"), dur("handoff-timeout")
 	// Security: the flags, and the secrets from the environment or files.
-	flags := flagValues{str: str, boolean: func(name string) bool { return at(name).Bool(name) }}
 	if opts.KafkaSecurity, err = kafkaSecurity(environ, flags); err != nil {
 		return fanout.Options{}, err
 	}
@@ -157,10 +149,44 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	return opts, nil
 }
 
+// policyFlags are the flags of the delivery policies, the same for the
+// daemon and fanout dev.
+func policyFlags() []cli.Flag {
+	env := func(name string) []string { return []string{"FANOUT_" + name} }
+	return []cli.Flag{
+		&cli.IntFlag{Name: "max-attempts", Usage: "produce a message whose delivery failed this many times (ack timeout, nack, client gone) to --dead-letter-topic instead of delivering it again (0: unlimited)", EnvVars: env("MAX_ATTEMPTS")},
+		&cli.StringFlag{Name: "dead-letter-topic", Usage: "the topic that takes the messages that failed --max-attempts times (it must exist, or see --create-dead-letter-topic)", EnvVars: env("DEAD_LETTER_TOPIC")},
+		&cli.BoolFlag{Name: "create-dead-letter-topic", Usage: "create --dead-letter-topic at start when it does not exist, with as many partitions as --topic and the replication factor the cluster gives new topics", EnvVars: env("CREATE_DEAD_LETTER_TOPIC")},
+		&cli.StringFlag{Name: "retry-backoff", Value: fanout.DefaultRetryBackoff, Usage: "`MIN,MAX`: wait MIN·2^(failures-1), at most MAX, with jitter, before redelivering after a timeout, a nack without a delay or a client gone (off: at once; a nack's own delay wins)", EnvVars: env("RETRY_BACKOFF")},
+		&cli.StringFlag{Name: "ordering", Value: fanout.DefaultOrdering, Usage: "none, or key: a key's messages go out one at a time, in offset order", EnvVars: env("ORDERING")},
+		&cli.IntFlag{Name: "max-observer-bytes", Value: fanout.DefaultMaxObserverBytes, Usage: "drop an observer with more than this many bytes of copies queued and not written", EnvVars: env("MAX_OBSERVER_BYTES")},
+	}
+}
+
+// policyOptions sets the delivery policies of opts from policyFlags.
+func policyOptions(opts *fanout.Options, flags flagValues) error {
+	opts.MaxAttempts = flags.num("max-attempts")
+	opts.DeadLetterTopic = flags.str("dead-letter-topic")
+	opts.CreateDeadLetterTopic = flags.boolean("create-dead-letter-topic")
+	opts.Ordering = flags.str("ordering")
+	opts.MaxObserverBytes = flags.num("max-observer-bytes")
+	var err error
+	opts.RetryBackoffMin, opts.RetryBackoffMax, err = fanout.ParseRetryBackoff(flags.str("retry-backoff"))
+	return err
+}
+
 // serve runs the daemon until SIGINT or SIGTERM.
 func serve(c *cli.Context) error {
 	if c.Args().Present() {
-		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: %s)", c.Args().First(), commandNames(c)))
+		arg := c.Args().First()
+		var names []string
+		for _, cmd := range c.App.Commands {
+			names = append(names, cmd.Names()...)
+		}
+		if near := nearest(arg, names); near != "" {
+			return usageError(fmt.Errorf("unknown command %q: did you mean %s? (commands: %s)", arg, near, commandNames(c)))
+		}
+		return usageError(fmt.Errorf("unexpected argument %q (flags start with --; commands: %s)", arg, commandNames(c)))
 	}
 	opts, err := serveOptions(c, environ())
 	if err != nil {

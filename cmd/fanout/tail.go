@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -96,10 +97,16 @@ func runTail(c *cli.Context) error {
 		TLS:          tlsCfg,
 	})
 	if err != nil {
-		if ctx.Err() != nil {
+		var notFanout *protocol.HTTPError
+		switch {
+		case ctx.Err() != nil:
 			return nil // interrupted while connecting
+		case errors.As(err, &notFanout):
+			return fmt.Errorf("tail: --connect %s: %w", strings.Join(addrs, ","), notFanout)
+		case errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("tail: cannot connect to %s within %v: %w", strings.Join(addrs, ","), c.Duration("timeout"), err)
 		}
-		return fmt.Errorf("tail: cannot connect to %s within %v: %w", strings.Join(addrs, ","), c.Duration("timeout"), err)
+		return fmt.Errorf("tail: cannot connect to %s: %w", strings.Join(addrs, ","), err)
 	}
 	t := &tailer{
 		out:       bufio.NewWriter(c.App.Writer),
@@ -191,16 +198,17 @@ func (t *tailer) flush() error {
 }
 
 // tailRecord is the --json form of a message. Key and value are text when
-// they are valid UTF-8 and base64 (key_b64, value_b64) otherwise.
+// they are valid UTF-8 and base64 (key_b64, value_b64) otherwise; a record
+// without a key has "key": null (an empty key is "").
 type tailRecord struct {
-	Partition int32   `json:"partition"`
-	Offset    int64   `json:"offset"`
-	Key       *string `json:"key,omitempty"`
-	KeyB64    []byte  `json:"key_b64,omitempty"`
-	Value     *string `json:"value,omitempty"`
-	ValueB64  []byte  `json:"value_b64,omitempty"`
-	Attempt   int     `json:"attempt"`
-	Timestamp string  `json:"timestamp"`
+	Partition int32           `json:"partition"`
+	Offset    int64           `json:"offset"`
+	Key       json.RawMessage `json:"key,omitempty"` // null, a string, or left out for key_b64
+	KeyB64    []byte          `json:"key_b64,omitempty"`
+	Value     *string         `json:"value,omitempty"`
+	ValueB64  []byte          `json:"value_b64,omitempty"`
+	Attempt   int             `json:"attempt"`
+	Timestamp string          `json:"timestamp"`
 }
 
 func (t *tailer) print(m *client.Message) error {
@@ -209,7 +217,7 @@ func (t *tailer) print(m *client.Message) error {
 	case t.json:
 		r := tailRecord{Partition: m.Partition, Offset: m.Offset, Attempt: m.Attempt,
 			Timestamp: m.Timestamp.UTC().Format(time.RFC3339Nano)}
-		r.Key, r.KeyB64 = textOrBytes(m.Key)
+		r.Key, r.KeyB64 = jsonKey(m.Key)
 		r.Value, r.ValueB64 = textOrBytes(m.Value)
 		enc := json.NewEncoder(t.out)
 		enc.SetEscapeHTML(false)
@@ -225,6 +233,24 @@ func (t *tailer) print(m *client.Message) error {
 		return fmt.Errorf("tail: write: %w", err)
 	}
 	return nil
+}
+
+// jsonKey returns the key field of a --json record: null for a record
+// without a key, a string for a key of valid UTF-8 (HTML characters left as
+// they are, as in the rest of the record), else nothing and the bytes for
+// key_b64.
+func jsonKey(key []byte) (json.RawMessage, []byte) {
+	if key == nil {
+		return json.RawMessage("null"), nil
+	}
+	if !utf8.Valid(key) {
+		return nil, key
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(string(key)) // a string always encodes
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // textOrBytes returns b as a string when it is valid UTF-8 (encoding/json

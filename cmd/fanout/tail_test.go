@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -125,8 +128,8 @@ func TestTail(t *testing.T) {
 		{"meta", []string{"a"}, []string{"--count", "1", "--meta"}, "2/10 1 a\n", []uint64{1}},
 		{"no-ack", []string{"a", "b"}, []string{"--count", "2", "--no-ack"}, "a\nb\n", nil},
 		{"json", []string{"text", "\xff\x00"}, []string{"--count", "2", "--json"},
-			`{"partition":2,"offset":10,"key":"","value":"text","attempt":1,"timestamp":"2023-11-14T22:13:20Z"}` + "\n" +
-				`{"partition":2,"offset":11,"key":"","value_b64":"/wA=","attempt":1,"timestamp":"2023-11-14T22:13:20Z"}` + "\n",
+			`{"partition":2,"offset":10,"key":null,"value":"text","attempt":1,"timestamp":"2023-11-14T22:13:20Z"}` + "\n" +
+				`{"partition":2,"offset":11,"key":null,"value_b64":"/wA=","attempt":1,"timestamp":"2023-11-14T22:13:20Z"}` + "\n",
 			[]uint64{1, 2}},
 	}
 	for _, tt := range tests {
@@ -158,6 +161,34 @@ func TestTailJSONIsValid(t *testing.T) {
 	}
 	if rec["key_b64"] != "/g==" || rec["value"] != `{"x":"<y>"}` || rec["key"] != nil {
 		t.Errorf("record = %v", rec)
+	}
+}
+
+// TestTailJSONKeys: a record without a key prints "key": null, an empty key
+// "", a text key as text (HTML characters as they are), a binary one as
+// key_b64.
+func TestTailJSONKeys(t *testing.T) {
+	ds := deliveries("a", "b", "c", "d")
+	ds[1].Key, ds[2].Key, ds[3].Key = []byte{}, []byte("<k&>"), []byte{0xff}
+	d := startTailDaemon(t, ds...)
+	out, err := runTailCommand(t, "--connect", d.addr, "--count", "4", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var rec map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		k, ok := rec["key"]
+		if !ok {
+			k = json.RawMessage("absent")
+		}
+		keys = append(keys, fmt.Sprintf("%s %s", k, rec["key_b64"]))
+	}
+	if want := []string{"null ", `"" `, `"<k&>" `, `absent "/w=="`}; !slices.Equal(keys, want) {
+		t.Errorf("keys %q, want %q", keys, want)
 	}
 }
 
@@ -193,6 +224,24 @@ func TestTailUnreachable(t *testing.T) {
 	if !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "cannot connect") ||
 		!strings.Contains(err.Error(), "within 300ms") {
 		t.Errorf("error %q does not say what failed", err)
+	}
+}
+
+// TestTailHTTPServer: tail pointed at an HTTP server (a daemon's metrics
+// and console port) says so at once, not that a frame is too large.
+func TestTailHTTPServer(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), tailTestTimeout)
+	defer cancel()
+	if code := run(ctx, []string{"fanout", "tail", "--connect", addr}, &stdout, &stderr); code != 1 {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	want := "fanout: tail: --connect " + addr + ": this is an HTTP server (the metrics and console port?), not a fanout client port\n"
+	if got := stderr.String(); got != want {
+		t.Errorf("stderr %q, want %q", got, want)
 	}
 }
 

@@ -12,8 +12,10 @@
 //     with a delay, client.RetryAfter: the daemon delivers the message again
 //     no earlier than --retry-delay (or the service's Retry-After), to this
 //     worker or another, and holds no worker meanwhile.
-//   - A message the service refuses (another 4xx) is nacked at once with the
-//     reason. The worker does not keep track of poison messages: the
+//   - A message the service refuses (another 4xx) is nacked with the
+//     reason and no delay of its own: the daemon delivers it again after its
+//     --retry-backoff (by default 1s, doubling with each failure, at most
+//     1m). The worker does not keep track of poison messages: the
 //     daemon, run with --max-attempts N --dead-letter-topic T, produces a
 //     message that failed N times to T, with the reason, and moves on.
 //     Transient failures count as attempts too: choose N, and --retry-delay,

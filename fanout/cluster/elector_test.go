@@ -311,6 +311,10 @@ func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
 	if n.e.Leadership().Leader {
 		t.Error("Leadership().Leader after Resign")
 	}
+	// A resign is how a clean stop ends a term: nothing to warn of.
+	if n.logs.count("warning: leadership term ended") != 0 || n.logs.count("info: leadership term ended", "resigned") != 1 {
+		t.Errorf("the resigned term's end is not logged once at info: %d warnings", n.logs.count("warning: leadership term ended"))
+	}
 }
 
 // stoppableClock is an Elector's clock (Config.Now) that reads the time

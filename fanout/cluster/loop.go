@@ -411,7 +411,11 @@ func (l *loop) endTerm(cause error) {
 	}
 	l.v.bench(l.e.cfg.NodeID, l.e.cfg.Now())
 	l.term.finish(cause)
-	l.e.log.WithError(cause).WithField("epoch", l.term.Epoch).Warn("leadership term ended")
+	level := logrus.WarnLevel
+	if errors.Is(cause, ErrResigned) {
+		level = logrus.InfoLevel // a shutdown or handover: nothing went wrong
+	}
+	l.e.log.WithError(cause).WithField("epoch", l.term.Epoch).Log(level, "leadership term ended")
 	l.term = nil
 	select { // never blocks: a release is queued at most once per CAS
 	case l.reqs <- fenceReq{release: true, rec: l.termRec}:

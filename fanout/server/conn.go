@@ -154,8 +154,11 @@ type conn struct {
 	// finalRaw writes final, and lingers, on raw rather than nc: the TLS
 	// handshake failed, so only the TCP connection can still carry bytes.
 	finalRaw bool
-	reason   closeReason
-	closeErr error
+	// finalHTTP, when set, is written instead of a final frame: the answer
+	// to an HTTP request on the client port.
+	finalHTTP []byte
+	reason    closeReason
+	closeErr  error
 	// wantMembers is set with the Welcome of a client that announced
 	// CAPABILITY_MEMBERS; members is then the latest Members frame not yet
 	// taken by the pump (Server.MembersChanged), written after out.
@@ -369,6 +372,11 @@ func (c *conn) handshake(rd *protocol.Reader, f *protocol.Frame) bool {
 			c.close(closeProtocol, fmt.Errorf("no hello within %v", cfg.HelloTimeout), nil)
 			return false
 		}
+		var notFanout *protocol.HTTPError
+		if errors.As(err, &notFanout) && !c.closing.Load() {
+			c.closeHTTP(notFanout)
+			return false
+		}
 		if tlsHello(err) && !c.closing.Load() {
 			// The client's TLS layer cannot read an Error frame: it reports
 			// a non-TLS answer. The log says what happened.
@@ -475,6 +483,32 @@ func (c *conn) tlsHandshake(tc *tls.Conn) bool {
 func tlsHello(err error) bool {
 	var tooLarge *protocol.FrameTooLargeError
 	return errors.As(err, &tooLarge) && tooLarge.Size>>24 == 22 && (tooLarge.Size>>16)&0xff == 3
+}
+
+// closeHTTP closes a connection whose first bytes are HTTP's (a browser or
+// curl on the client port), answering with a short HTTP 400 that names the
+// port of the metrics and the console, which speaks HTTP. The close is the
+// one line logged.
+func (c *conn) closeHTTP(e *protocol.HTTPError) {
+	console := "this daemon serves them nowhere (--metrics-listen is empty)"
+	where := "the metrics and console port is not set (--metrics-listen)"
+	if f := c.s.cfg.ConsoleAddr; f != nil {
+		if addr := f(); addr != "" {
+			port := addr
+			if _, p, err := net.SplitHostPort(addr); err == nil {
+				port = p
+			}
+			console = "they are on port " + port + " (--metrics-listen)"
+			where = "the metrics and console port is " + port
+		}
+	}
+	body := "This is a fanout client port: it speaks fanout's own protocol, not HTTP.\n" +
+		"For /metrics, /healthz, /readyz and the web console, " + console + ".\n"
+	c.mu.Lock()
+	c.finalHTTP = fmt.Appendf(nil, "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"+
+		"Content-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	c.mu.Unlock()
+	c.close(closeRejected, fmt.Errorf("%w; answered HTTP 400 (%s)", e, where), nil)
 }
 
 // closeRaw closes like close, with the final frame (if any) written in plain

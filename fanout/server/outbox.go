@@ -585,16 +585,21 @@ func (p *pumpState) release() {
 func (c *conn) finish(p *pumpState, clean bool) {
 	<-c.closed
 	c.mu.Lock()
-	final, onRaw := c.final, c.finalRaw
+	final, onRaw, answer := c.final, c.finalRaw, c.finalHTTP
 	c.mu.Unlock()
 	nc := c.nc
 	if onRaw {
 		// The TLS handshake failed: nothing was written through nc.
 		nc, p.dw.nc, p.w = c.raw, c.raw, nil
 	}
-	if clean && (final != nil || onRaw) {
+	if clean && (final != nil || onRaw || answer != nil) {
 		var err error
-		if final != nil {
+		switch {
+		case answer != nil:
+			// An HTTP client: nothing else was written to it.
+			_ = nc.SetWriteDeadline(time.Now().Add(min(lingerTimeout, c.s.cfg.WriteTimeout)))
+			_, err = nc.Write(answer)
+		case final != nil:
 			p.dw.final, p.dw.deadline = true, time.Now().Add(min(lingerTimeout, c.s.cfg.WriteTimeout))
 			if p.w == nil {
 				// Nothing written yet (a rejected or evicted connection): a

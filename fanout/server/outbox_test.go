@@ -24,7 +24,7 @@ func TestDeliverEdgeValues(t *testing.T) {
 		{ID: 3, Attempt: 2, Msg: testMessage(2, 3, 100<<10)}, // larger than the write buffer
 	}
 	want := []*protocol.Deliver{
-		{DeliveryId: 1, Attempt: 1, Partition: -1, Offset: -2,
+		{DeliveryId: 1, Attempt: 1, Partition: -1, Offset: -2, Key: []byte{}, // an empty key, not none
 			Headers: []*protocol.Header{{Key: "bad \uFFFD key", Value: []byte{0xff}}, {}}},
 		{DeliveryId: 1<<64 - 1, Attempt: 1<<32 - 1},
 	}

@@ -115,6 +115,11 @@ type Config struct {
 	// MembersChanged: it must not block (read a snapshot) and must not call
 	// the Server. Nil means no members.
 	Members func() ([]string, *protocol.MembersVersion)
+
+	// ConsoleAddr returns the address of the daemon's metrics and console
+	// listener ("" when it has none). It is named in the short HTTP 400
+	// answer to an HTTP request on the client port; nil means none.
+	ConsoleAddr func() string
 }
 
 // Leadership is this node's view of the cluster leader.

@@ -72,7 +72,7 @@ def render(msg: fanout_client.Message) -> str:
     return json.dumps({
         "partition": msg.partition,
         "offset": msg.offset,
-        "key": text(msg.key),
+        "key": None if msg.key is None else text(msg.key),
         "value": text(msg.value),
         "timestamp": msg.timestamp.isoformat(),
         "attempt": msg.attempt,

@@ -81,6 +81,18 @@ def test_messages_are_iterated_and_acked(daemon):
         c.close()
 
 
+def test_a_record_without_a_key_has_key_none(daemon):
+    c, conn, _ = open_session(daemon)
+    try:
+        conn.deliver(1, b"none")
+        conn.deliver(2, b"empty", key=b"")
+        conn.deliver(3, b"k", key=b"k")
+        got = [(m.value, m.key) for m in (c.get(TIMEOUT) for _ in range(3))]
+        assert got == [(b"none", None), (b"empty", b""), (b"k", b"k")]
+    finally:
+        c.close()
+
+
 def test_touch_and_plain_nack(daemon):
     c, conn, _ = open_session(daemon)
     try:
@@ -232,6 +244,20 @@ def test_unauthorized_fails_connect_at_once(daemon):
     assert isinstance(err, fanout_client.ConnectError)
     assert isinstance(err.__cause__, fanout_client.RemoteError)
     assert err.__cause__.code == pb.ERROR_CODE_UNAUTHORIZED
+    assert daemon.no_connection(0.3)  # not retried
+
+
+def test_an_http_server_fails_connect_at_once_saying_so(daemon):
+    out, t = connect_bg(daemon.addr)
+    conn = daemon.accept()
+    conn.expect("hello")
+    conn.send_raw(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+    conn.close()
+    t.join(TIMEOUT)
+    err = out["error"]
+    assert isinstance(err, fanout_client.ConnectError)
+    assert isinstance(err.__cause__, fanout_client.HTTPServerError)
+    assert str(err.__cause__) == "this is an HTTP server (the metrics and console port?), not a fanout client port"
     assert daemon.no_connection(0.3)  # not retried
 
 

@@ -24,6 +24,7 @@ from .errors import (
     DaemonSilentError,
     FanoutError,
     FrameTooLargeError,
+    HTTPServerError,
     RemoteError,
 )
 from .message import Header, Message
@@ -41,6 +42,7 @@ __all__ = [
     "DaemonSilentError",
     "BadFrameError",
     "FrameTooLargeError",
+    "HTTPServerError",
     "RemoteError",
 ]
 

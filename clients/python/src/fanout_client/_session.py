@@ -351,7 +351,7 @@ class Session:
         m = Message(
             d.partition,
             d.offset,
-            d.key,
+            d.key if d.HasField("key") else None,
             d.value,
             [Header(h.key, h.value) for h in d.headers],
             d.timestamp_ms,

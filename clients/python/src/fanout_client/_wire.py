@@ -12,7 +12,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 from google.protobuf.message import DecodeError
 
 from ._proto import fanout_pb2 as pb
-from .errors import BadFrameError, FrameTooLargeError
+from .errors import BadFrameError, FrameTooLargeError, HTTPServerError
 
 #: The protocol version this client speaks.
 PROTOCOL_VERSION = 1
@@ -60,12 +60,15 @@ class FrameReader:
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
         self._buf = bytearray()
+        self._started = False  # a length read: HTTP is looked for only before
 
     def feed(self, data: bytes) -> List[pb.Frame]:
         """Adds data read from the socket; returns the frames it completes.
 
         Raises:
             FrameTooLargeError: a declared length above the limit.
+            HTTPServerError: the stream starts with "HTTP" (read as a length,
+                above 1 GiB: no first frame is that large).
             BadFrameError: an empty frame, or one that does not decode.
         """
         return [decode(body) for body in self.feed_bodies(data)]
@@ -76,6 +79,10 @@ class FrameReader:
         self._buf += data
         out = []
         while len(self._buf) >= 4:
+            if not self._started:
+                self._started = True
+                if self._buf[:4] == b"HTTP":
+                    raise HTTPServerError()
             (n,) = _LEN.unpack_from(self._buf)
             if n > self.max_size:
                 raise FrameTooLargeError(n, self.max_size)

@@ -12,6 +12,7 @@ __all__ = [
     "AlreadyAckedError",
     "RemoteError",
     "FrameTooLargeError",
+    "HTTPServerError",
     "BadFrameError",
     "ConnectionLostError",
     "DaemonSilentError",
@@ -62,6 +63,15 @@ class FrameTooLargeError(FanoutError):
         super().__init__(f"frame of {size} bytes {direction} is above the limit of {limit} bytes")
         self.size = size
         self.limit = limit
+
+
+class HTTPServerError(FanoutError):
+    """The address answered in HTTP: it is an HTTP server (a daemon's metrics
+    and console port, say), not a fanout client port. It stops the client:
+    reconnecting would get the same answer."""
+
+    def __init__(self) -> None:
+        super().__init__("this is an HTTP server (the metrics and console port?), not a fanout client port")
 
 
 # The codes worth retrying later or elsewhere (protocol.Temporary in Go).
@@ -125,10 +135,10 @@ class RemoteError(FanoutError):
 
 def is_permanent(err: Optional[BaseException]) -> bool:
     """Whether err ends the client instead of a reconnect: a frame above the
-    client's limit, or an Error frame whose cause a reconnect would not change
-    (a wrong token, an unsupported version, a frame too large or naming too
-    many ids)."""
-    if isinstance(err, FrameTooLargeError):
+    client's limit, an HTTP server's answer, or an Error frame whose cause a
+    reconnect would not change (a wrong token, an unsupported version, a
+    frame too large or naming too many ids)."""
+    if isinstance(err, (FrameTooLargeError, HTTPServerError)):
         return True
     return isinstance(err, RemoteError) and err.code in _PERMANENT
 

@@ -38,7 +38,9 @@ class Message:
     Attributes:
         partition: the Kafka partition.
         offset: the offset within the partition.
-        key: the record key (``b""`` when it has none).
+        key: the record key: ``None`` when the record has none (Kafka's null
+            key), ``b""`` when its key is empty. (A daemon older than this
+            distinction sends an empty key as none.)
         value: the record value.
         headers: the record headers, in order.
         timestamp_ms: the record timestamp, milliseconds since the Unix epoch.
@@ -52,7 +54,7 @@ class Message:
         self,
         partition: int,
         offset: int,
-        key: bytes,
+        key: Optional[bytes],
         value: bytes,
         headers: List[Header],
         timestamp_ms: int,
@@ -107,9 +109,10 @@ class Message:
 
         Args:
             delay: seconds before the daemon redelivers it (at most 15
-                minutes; None or 0: at once, or after the daemon's
-                --retry-backoff). A daemon without nack delays (an older
-                version) ignores it and redelivers at once.
+                minutes; None or 0: after the daemon's --retry-backoff, by
+                default 1 s doubling with each failure of the message, at
+                most 1 min; the client adds no delay of its own). A daemon
+                without nack delays (an older version) ignores it.
             reason: why, for the daemon's logs and the dead-letter record
                 (the daemon keeps 256 bytes of it).
         """
