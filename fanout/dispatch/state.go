@@ -37,6 +37,13 @@ type Stats struct {
 	// Outstanding is, per partition, the offsets the tracker holds:
 	// received and not yet behind the committable offset.
 	Outstanding map[int32]int
+	// PendingSince is, per partition with a message received and not yet
+	// acked (in flight, buffered, waiting out a delay, behind its key or
+	// for the dead-letter topic), when the oldest such message arrived from
+	// the source: the age of the oldest pending message is now minus it.
+	// Redeliveries do not make a message younger; a restart or failover
+	// does (the message arrives again).
+	PendingSince map[int32]time.Time
 	// Held lists, sorted, the partitions whose fetching is paused because
 	// they hold more than Config.MaxOutstanding offsets.
 	Held []int32
@@ -229,8 +236,8 @@ func (s *state) fitsAnyone(m *Message) bool {
 	return l == 0 || (l > 0 && m.frame <= l)
 }
 
-// addBatch takes messages from the source.
-func (s *state) addBatch(b Batch) {
+// addBatch takes messages from the source; now is when they arrived.
+func (s *state) addBatch(b Batch, now time.Time) {
 	if b.Start >= 0 {
 		s.restart(b.Partition, b.Start)
 	}
@@ -238,9 +245,13 @@ func (s *state) addBatch(b Batch) {
 	if s.restore != nil {
 		rs = s.restoring(b)
 	}
+	first, part := int64(-1), b.Partition // the first message received, for its arrival mark
 	for _, m := range b.Messages {
 		if !s.tracker.Received(m.Partition, m.Offset) {
 			continue // already tracked: a re-fetch
+		}
+		if first < 0 {
+			first, part = m.Offset, m.Partition
 		}
 		m.gen = s.tracker.Gen(m.Partition)
 		s.stats.Consumed++
@@ -255,6 +266,11 @@ func (s *state) addBatch(b Batch) {
 		}
 		s.fresh.push(m)
 		s.bytes += m.Size()
+	}
+	if first >= 0 {
+		// A batch holds one partition's messages, all of which arrived now:
+		// one mark tells when (Stats.PendingSince), nothing per message.
+		s.tracker.Arrived(part, first, now)
 	}
 }
 
@@ -788,6 +804,7 @@ func (s *state) snapshot() Stats {
 	st.KeyWaiting = s.keyWaiting
 	st.Observers = len(s.observers)
 	st.Outstanding = s.tracker.OutstandingAll()
+	st.PendingSince = s.tracker.OldestPendingAll()
 	for p := range s.held {
 		st.Held = append(st.Held, p)
 	}
