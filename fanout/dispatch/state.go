@@ -245,13 +245,19 @@ func (s *state) addBatch(b Batch, now time.Time) {
 	if s.restore != nil {
 		rs = s.restoring(b)
 	}
-	first, part := int64(-1), b.Partition // the first message received, for its arrival mark
+	if len(b.Messages) == 0 {
+		return
+	}
+	// Every offset the loop receives is at or above from, and every one
+	// received before is below it: one arrival mark for the batch, nothing
+	// per message.
+	from, tracked := s.tracker.Receivable(b.Partition)
+	if !tracked {
+		from = b.Messages[0].Offset
+	}
 	for _, m := range b.Messages {
 		if !s.tracker.Received(m.Partition, m.Offset) {
 			continue // already tracked: a re-fetch
-		}
-		if first < 0 {
-			first, part = m.Offset, m.Partition
 		}
 		m.gen = s.tracker.Gen(m.Partition)
 		s.stats.Consumed++
@@ -267,11 +273,7 @@ func (s *state) addBatch(b Batch, now time.Time) {
 		s.fresh.push(m)
 		s.bytes += m.Size()
 	}
-	if first >= 0 {
-		// A batch holds one partition's messages, all of which arrived now:
-		// one mark tells when (Stats.PendingSince), nothing per message.
-		s.tracker.Arrived(part, first, now)
-	}
+	s.tracker.Arrived(b.Partition, from, now) // Stats.PendingSince
 }
 
 // restart (re)starts partition p at offset r: the tracker forgets its

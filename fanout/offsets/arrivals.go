@@ -57,21 +57,41 @@ func (a *arrivals) truncate(offset int64) {
 	}
 }
 
+// Receivable returns the lowest offset of partition p that Received would
+// take now: one past the last received, or where the partition starts when
+// none is pending. It returns false when p is not tracked.
+func (t *Tracker) Receivable(p int32) (int64, bool) {
+	pt := t.get(p)
+	if pt == nil {
+		return 0, false
+	}
+	if pt.n > 0 {
+		return max(pt.at(pt.n-1).offset+1, pt.next), true
+	}
+	return pt.next, true
+}
+
 // Arrived records that the offsets of partition p received from offset on
 // arrived at when: the dispatcher calls it once per batch, after receiving
-// the batch's offsets, with the first one received. A mark at or below the
-// last one is ignored (offsets arrive in increasing order; a restart below
-// them has removed them, see Start).
+// the batch's offsets, with Receivable as it was before (or the batch's
+// first offset, for a partition not yet tracked). A mark at the last mark's
+// offset replaces its time (nothing was received under it); one below is
+// ignored (offsets arrive in increasing order, and a restart below them
+// has removed their marks, see Start).
 func (t *Tracker) Arrived(p int32, offset int64, when time.Time) {
 	pt := t.get(p)
 	if pt == nil {
 		return
 	}
 	a := &pt.arrivals
-	if a.n > 0 && a.at(a.n-1).offset >= offset {
+	switch {
+	case a.n > 0 && a.at(a.n-1).offset == offset:
+		a.at(a.n - 1).at = when.UnixNano()
+	case a.n > 0 && a.at(a.n-1).offset > offset:
 		return
+	default:
+		a.push(mark{offset: offset, at: when.UnixNano()})
 	}
-	a.push(mark{offset: offset, at: when.UnixNano()})
 	if pt.n == 0 {
 		a.n, a.head = 0, 0 // nothing pending: no mark is needed
 		return

@@ -14,15 +14,14 @@ func at(s int) time.Time { return base.Add(time.Duration(s) * time.Second) }
 // receiveBatch receives offsets from..to (inclusive) of p and marks them as
 // arrived at when, as the dispatcher does once per batch.
 func receiveBatch(tr *Tracker, p int32, from, to int64, when time.Time) {
-	first := int64(-1)
+	mark, ok := tr.Receivable(p)
+	if !ok {
+		mark = from
+	}
 	for o := from; o <= to; o++ {
-		if tr.Received(p, o) && first < 0 {
-			first = o
-		}
+		tr.Received(p, o)
 	}
-	if first >= 0 {
-		tr.Arrived(p, first, when)
-	}
+	tr.Arrived(p, mark, when)
 }
 
 func wantOldest(t *testing.T, tr *Tracker, p int32, want time.Time, ok bool) {
@@ -156,5 +155,46 @@ func TestOldestPendingAll(t *testing.T) {
 	tr.Ack(1, 0)
 	if got := tr.OldestPendingAll(); !maps.EqualFunc(got, map[int32]time.Time{0: at(3), 70000: at(4)}, time.Time.Equal) {
 		t.Fatalf("OldestPendingAll = %v", got)
+	}
+}
+
+// A batch that adds nothing (all of it re-fetched) leaves a mark that the
+// next batch's arrival replaces: the next batch's messages are dated by
+// their own arrival, not by the empty batch's.
+func TestArrivalsOfAnEmptyBatch(t *testing.T) {
+	tr := NewTracker()
+	tr.Start(0, 0)
+	receiveBatch(tr, 0, 0, 1, at(1))
+	receiveBatch(tr, 0, 0, 1, at(5)) // nothing new
+	receiveBatch(tr, 0, 2, 3, at(9))
+	tr.Ack(0, 0)
+	tr.Ack(0, 1)
+	wantOldest(t, tr, 0, at(9), true)
+}
+
+// Receivable is where the next offset received may start: past the last
+// received, or the start when nothing is pending, or a restart above both.
+func TestReceivable(t *testing.T) {
+	tr := NewTracker()
+	if _, ok := tr.Receivable(0); ok {
+		t.Fatal("an untracked partition is receivable")
+	}
+	tr.Start(0, 10)
+	for _, step := range []struct {
+		do   func()
+		want int64
+	}{
+		{func() {}, 10},
+		{func() { tr.Received(0, 10); tr.Received(0, 12) }, 13},
+		{func() { tr.Ack(0, 10); tr.Ack(0, 12) }, 13},
+		{func() { tr.Received(0, 13); tr.Start(0, 50) }, 50}, // 13 stays pending below the restart
+	} {
+		step.do()
+		if got, ok := tr.Receivable(0); !ok || got != step.want {
+			t.Fatalf("Receivable = %d %v, want %d", got, ok, step.want)
+		}
+		if tr.Received(0, step.want-1) {
+			t.Fatalf("offset %d below Receivable %d was taken", step.want-1, step.want)
+		}
 	}
 }

@@ -391,10 +391,11 @@ func BenchmarkTrackerBatches(b *testing.B) {
 	for i := 0; i < b.N; i += batch {
 		p := int32(i / batch % parts)
 		from := next[p]
+		mark, _ := tr.Receivable(p)
 		for o := from; o < from+batch; o++ {
 			tr.Received(p, o)
 		}
-		tr.Arrived(p, from, now)
+		tr.Arrived(p, mark, now)
 		next[p] += batch
 		if from >= batch {
 			for o := from - batch; o < from; o++ {
