@@ -23,13 +23,20 @@ COPY . .
 ARG VERSION=docker
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
       -o /out/fanout ./cmd/fanout \
- && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/example-consumer ./examples/consumer
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/example-consumer ./examples/consumer \
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/example-worker ./examples/worker
 
 # The example consumer of docker-compose.yml (docker build --target example-consumer).
 FROM gcr.io/distroless/static-debian12:nonroot AS example-consumer
 COPY --from=build /out/example-consumer /usr/local/bin/example-consumer
 USER nonroot:nonroot
 ENTRYPOINT ["/usr/local/bin/example-consumer"]
+
+# The example worker of deploy/kubernetes (docker build --target example-worker).
+FROM gcr.io/distroless/static-debian12:nonroot AS example-worker
+COPY --from=build /out/example-worker /usr/local/bin/example-worker
+USER nonroot:nonroot
+ENTRYPOINT ["/usr/local/bin/example-worker"]
 
 # The default target: the fanout image.
 FROM gcr.io/distroless/static-debian12:nonroot

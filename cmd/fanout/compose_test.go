@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -70,28 +71,52 @@ func loadCompose(t *testing.T, name string) composeFile {
 // options it would run with.
 func daemonOptions(t *testing.T, args []string) fanout.Options {
 	t.Helper()
+	return daemonOptionsEnv(t, args, nil)
+}
+
+// daemonOptionsEnv is daemonOptions with the environment env (NAME=value)
+// set for the parse (t.Setenv: the test must not be parallel), as the
+// daemon's flags and secrets read it.
+func daemonOptionsEnv(t *testing.T, args, env []string) fanout.Options {
+	t.Helper()
+	opts, err := parseDaemon(t, args, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opts
+}
+
+// parseDaemon parses args as the daemon's command line with the environment
+// env set (t.Setenv), and returns the validated options or why the daemon
+// would not run with them.
+func parseDaemon(t *testing.T, args, env []string) (fanout.Options, error) {
+	t.Helper()
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		t.Setenv(name, value)
+	}
 	app := newApp(io.Discard, io.Discard)
 	var opts fanout.Options
 	parsed := false
 	app.Action = func(c *cli.Context) error {
 		if c.Args().Present() {
-			t.Errorf("command %v: stray argument %q", args, c.Args().First())
+			return fmt.Errorf("stray argument %q", c.Args().First())
 		}
 		var err error
-		opts, err = serveOptions(c, nil)
+		opts, err = serveOptions(c, env)
 		parsed = true
 		return err
 	}
 	if err := app.Run(append([]string{"fanout"}, args...)); err != nil {
-		t.Fatalf("the daemon rejects command %v: %v", args, err)
+		return opts, fmt.Errorf("the daemon rejects command %v: %w", args, err)
 	}
 	if !parsed {
-		t.Fatalf("command %v does not run the daemon", args)
+		return opts, fmt.Errorf("command %v does not run the daemon", args)
 	}
 	if err := opts.Validate(); err != nil {
-		t.Fatalf("command %v: %v", args, err)
+		return opts, fmt.Errorf("command %v: %w", args, err)
 	}
-	return opts
+	return opts, nil
 }
 
 func TestComposeFile(t *testing.T) {

@@ -24,6 +24,10 @@ const (
 	secretCluster       = "CLUSTER_SECRET"      // --cluster-secret-file
 )
 
+// secrets lists the daemon's secrets: the variables FANOUT_<name> it reads
+// beside its flags' (deployment manifests are checked against both).
+var secrets = []string{secretKafkaPassword, secretZooKeeperAuth, secretMetricsToken, secretCluster}
+
 // secretFlag is the --<name>-file flag of the secret FANOUT_<name>.
 func secretFlag(name string) string {
 	return strings.ReplaceAll(strings.ToLower(name), "_", "-") + "-file"

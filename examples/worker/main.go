@@ -47,26 +47,61 @@ import (
 	"github.com/nanoservice/core-fanout/client"
 )
 
+// envVars names the environment variables the worker reads, by flag: each
+// is the flag's default.
+var envVars = map[string]string{"connect": "FANOUT_CONNECT", "target": "WORKER_TARGET"}
+
+// settings are the worker's flags.
+type settings struct {
+	connect, target                             string
+	concurrency                                 int
+	retryDelay, requestTimeout, shutdownTimeout time.Duration
+}
+
+// newFlags returns the worker's flag set, filling s when it parses; getenv
+// reads the variables of envVars.
+func newFlags(s *settings, getenv func(string) string) *flag.FlagSet {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	connect := getenv(envVars["connect"])
+	if connect == "" {
+		connect = "127.0.0.1:4987"
+	}
+	fs.StringVar(&s.connect, "connect", connect, "comma-separated fanout daemon addresses host:port ($FANOUT_CONNECT)")
+	fs.StringVar(&s.target, "target", getenv(envVars["target"]), "URL each message is POSTed to ($WORKER_TARGET)")
+	fs.IntVar(&s.concurrency, "concurrency", 8, "requests in flight at once")
+	fs.DurationVar(&s.retryDelay, "retry-delay", 5*time.Second, "how long a message that failed transiently waits before it is delivered again")
+	fs.DurationVar(&s.requestTimeout, "request-timeout", 10*time.Second, "bound of one request; past it the failure is transient")
+	fs.DurationVar(&s.shutdownTimeout, "shutdown-timeout", 20*time.Second, "on SIGTERM, how long the requests in flight may take to finish")
+	return fs
+}
+
+// check reports what is missing from s.
+func (s *settings) check() error {
+	if s.target == "" || s.concurrency < 1 {
+		return errors.New("--target is required and --concurrency at least 1")
+	}
+	return nil
+}
+
 func main() {
-	connect := flag.String("connect", envOr("FANOUT_CONNECT", "127.0.0.1:4987"), "comma-separated fanout daemon addresses host:port ($FANOUT_CONNECT)")
-	target := flag.String("target", os.Getenv("WORKER_TARGET"), "URL each message is POSTed to ($WORKER_TARGET)")
-	concurrency := flag.Int("concurrency", 8, "requests in flight at once")
-	retryDelay := flag.Duration("retry-delay", 5*time.Second, "how long a message that failed transiently waits before it is delivered again")
-	requestTimeout := flag.Duration("request-timeout", 10*time.Second, "bound of one request; past it the failure is transient")
-	shutdownTimeout := flag.Duration("shutdown-timeout", 20*time.Second, "on SIGTERM, how long the requests in flight may take to finish")
-	flag.Parse()
+	var s settings
+	if err := newFlags(&s, os.Getenv).Parse(os.Args[1:]); errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	} else if err != nil {
+		os.Exit(2) // the flag package has said why
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if *target == "" || *concurrency < 1 {
-		fmt.Fprintln(os.Stderr, "worker: --target is required and --concurrency at least 1")
+	if err := s.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(2)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	c, err := client.Dial(ctx, client.Config{
-		Addrs:       strings.Split(*connect, ","),
+		Addrs:       strings.Split(s.connect, ","),
 		ClientID:    "example-worker",
-		MaxInFlight: *concurrency, // no more messages held than workers to take them
+		MaxInFlight: s.concurrency, // no more messages held than workers to take them
 		Logger:      log,
 	})
 	if err != nil {
@@ -77,8 +112,8 @@ func main() {
 		os.Exit(1)
 	}
 	stopOnSignal := context.AfterFunc(ctx, func() {
-		log.Info("shutting down: finishing the requests in flight", "timeout", *shutdownTimeout)
-		sctx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
+		log.Info("shutting down: finishing the requests in flight", "timeout", s.shutdownTimeout)
+		sctx, cancel := context.WithTimeout(context.Background(), s.shutdownTimeout)
 		defer cancel()
 		if err := c.Shutdown(sctx); err != nil {
 			log.Warn("shutdown", "error", err)
@@ -86,9 +121,9 @@ func main() {
 	})
 	defer stopOnSignal()
 
-	w := &worker{target: *target, retryDelay: *retryDelay, http: &http.Client{Timeout: *requestTimeout}, log: log}
+	w := &worker{target: s.target, retryDelay: s.retryDelay, http: &http.Client{Timeout: s.requestTimeout}, log: log}
 	// Consume returns once Shutdown is done, or when the client gives up.
-	if err := c.Consume(context.Background(), *concurrency, w.handle); err != nil {
+	if err := c.Consume(context.Background(), s.concurrency, w.handle); err != nil {
 		log.Error("stopped", "error", err)
 		os.Exit(1)
 	}
@@ -136,14 +171,6 @@ func (w *worker) handle(ctx context.Context, m *client.Message) error {
 func retryAfter(header string, def time.Duration) time.Duration {
 	if s, err := strconv.Atoi(header); err == nil && s > 0 {
 		return time.Duration(s) * time.Second
-	}
-	return def
-}
-
-// envOr returns the environment variable name, or def when it is empty.
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
 	}
 	return def
 }

@@ -525,7 +525,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			if !s.takes(b.Partition) {
 				continue // not ours (any more): the owner fetches it
 			}
-			s.addBatch(b)
+			s.addBatch(b, now())
 			d.hold(s, b.Partition)
 			if b.Anchor != nil {
 				// The source waits for the partition's start to be stored

@@ -34,10 +34,10 @@ func ownedSetup(maxes ...int) (*state, []*recSink) {
 func TestRevokeDropsBufferedAndAwaitsInFlight(t *testing.T) {
 	s, sinks := ownedSetup(4)
 	k := sinks[0]
-	s.addBatch(Batch{Partition: 0, Start: 0})
-	s.addBatch(batch(0, 0, 6))
-	s.addBatch(Batch{Partition: 1, Start: 0})
-	s.addBatch(batch(1, 0, 3))
+	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
+	s.addBatch(batch(0, 0, 6), t0)
+	s.addBatch(Batch{Partition: 1, Start: 0}, t0)
+	s.addBatch(batch(1, 0, 3), t0)
 	s.dispatch(t0) // 0@0..3 in flight; 0@4, 0@5 and 1@0..2 buffered
 	if got := offsetsOf(k.got); !slices.Equal(got, []int64{0, 1, 2, 3}) {
 		t.Fatalf("delivered %v", got)
@@ -84,8 +84,8 @@ func TestRevokeDropsBufferedAndAwaitsInFlight(t *testing.T) {
 func TestRevokeDeadlineDropsUnacked(t *testing.T) {
 	s, sinks := ownedSetup(10)
 	k := sinks[0]
-	s.addBatch(Batch{Partition: 0, Start: 5})
-	s.addBatch(batch(0, 5, 9))
+	s.addBatch(Batch{Partition: 0, Start: 5}, t0)
+	s.addBatch(batch(0, 5, 9), t0)
 	s.dispatch(t0)
 	s.ack(1, []uint64{k.got[0].ID, k.got[2].ID}) // 5 and 7 acked; 6 and 8 not
 	reply := make(chan revokeReply, 1)
@@ -120,16 +120,16 @@ func TestRevokeDeadlineDropsUnacked(t *testing.T) {
 func TestForgetAndAssignAgain(t *testing.T) {
 	s, sinks := ownedSetup(2)
 	k := sinks[0]
-	s.addBatch(Batch{Partition: 0, Start: 0})
-	s.addBatch(batch(0, 0, 5))
+	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
+	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0) // 0, 1 in flight; 2-4 buffered
 	s.forget(0)
 	if s.flights.live != 0 || s.buffered() != 0 || s.bytes != 0 || s.takes(0) {
 		t.Fatalf("after forget: %d flights, %d buffered, %d bytes, takes %v", s.flights.live, s.buffered(), s.bytes, s.takes(0))
 	}
 	s.assign(0, testTerm(20), offsets.Progress{})
-	s.addBatch(Batch{Partition: 0, Start: 3})
-	s.addBatch(batch(0, 3, 4))
+	s.addBatch(Batch{Partition: 0, Start: 3}, t0)
+	s.addBatch(batch(0, 3, 4), t0)
 	s.dispatch(t0)
 	s.ack(1, []uint64{k.got[len(k.got)-1].ID})
 	if off, _ := s.tracker.Committable(0); off != 4 {

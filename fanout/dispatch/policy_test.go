@@ -38,7 +38,7 @@ func keysBatch(keys ...string) Batch {
 // the committed offset, and is the next deadline of the dispatcher's timer.
 func TestNackDelayWaitsInTheHeap(t *testing.T) {
 	s, sinks := setup(1, 1)
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
 	nacked := t0.Add(time.Second)
 	s.nack(1, ids(sinks[0].got), NackInfo{Delay: 5 * time.Second}, nacked)
@@ -76,7 +76,7 @@ func TestNackDelayWaitsInTheHeap(t *testing.T) {
 func TestRetryBackoffWindows(t *testing.T) {
 	s, sinks := setup(1)
 	s.retryMin, s.retryMax = time.Second, 4*time.Second
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	delivered := t0 // when the latest delivery was made
 	s.dispatch(delivered)
 	windows := []struct{ lo, hi time.Duration }{{500 * time.Millisecond, time.Second}, {time.Second, 2 * time.Second},
@@ -127,7 +127,7 @@ func TestMaxAttemptsDeadLetters(t *testing.T) {
 	s, sinks := setup(1, 10)
 	dl := &recDeadLetter{}
 	s.maxAttempts, s.deadLetter = 3, dl
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
 	poison := sinks[0].got[0]
 	s.expire(t0.Add(timeout)) // 1: timeout
@@ -138,7 +138,7 @@ func TestMaxAttemptsDeadLetters(t *testing.T) {
 	if len(sinks[1].got) > 1 || last(sinks[0]).Msg != poison.Msg {
 		holder = 2
 	}
-	s.addBatch(batch(0, 1, 3))
+	s.addBatch(batch(0, 1, 3), t0)
 	s.leave(holder, t0.Add(timeout)) // 3: disconnect
 	s.dispatch(t0.Add(timeout))
 	if len(dl.sent) != 1 {
@@ -198,10 +198,10 @@ func TestRestoredProgress(t *testing.T) {
 		0: {Base: 10, Acked: []offsets.Range{{First: 12, Last: 13}}, Failed: []offsets.Failure{{Offset: 10, Count: 2}, {Offset: 11, Count: 3}}},
 		1: {Base: 5, Acked: []offsets.Range{{First: 6, Last: 6}}},
 	})
-	s.addBatch(Batch{Partition: 0, Start: 10})
-	s.addBatch(batch(0, 10, 16))
-	s.addBatch(Batch{Partition: 1, Start: 7}) // not where its progress was recorded: void
-	s.addBatch(batch(1, 7, 8))
+	s.addBatch(Batch{Partition: 0, Start: 10}, t0)
+	s.addBatch(batch(0, 10, 16), t0)
+	s.addBatch(Batch{Partition: 1, Start: 7}, t0) // not where its progress was recorded: void
+	s.addBatch(batch(1, 7, 8), t0)
 	s.dispatch(t0)
 	var got []string
 	for _, d := range sinks[0].got {
@@ -234,7 +234,7 @@ func TestRestoredProgress(t *testing.T) {
 func TestKeyOrderingOneAtATime(t *testing.T) {
 	s, sinks := setup(10, 10)
 	s.keys = map[uint64]keyGate{}
-	s.addBatch(keysBatch("a", "b", "a", "a", "", "b"))
+	s.addBatch(keysBatch("a", "b", "a", "a", "", "b"), t0)
 	s.dispatch(t0)
 	out := func() []int64 {
 		var all []int64
@@ -335,7 +335,7 @@ func TestKeyOrderingRandomized(t *testing.T) {
 					off++
 				}
 			}
-			s.addBatch(b)
+			s.addBatch(b, t0)
 		}
 		now = now.Add(time.Duration(rng.IntN(300)) * time.Millisecond)
 		s.expire(now)
@@ -406,13 +406,13 @@ func TestKeyOrderingRestart(t *testing.T) {
 	for o := range int64(4) {
 		b.Messages = append(b.Messages, &Message{Partition: 0, Offset: o, Key: []byte("k"), Value: []byte{1}})
 	}
-	s.addBatch(b)
+	s.addBatch(b, t0)
 	s.dispatch(t0)
 	if got := offsetsOf(sinks[0].got); !slices.Equal(got, []int64{0}) {
 		t.Fatalf("delivered %v, want 0 alone", got)
 	}
 	// The partition restarts at 2: 2 and 3, waiting behind 0, are forgotten.
-	s.addBatch(Batch{Partition: 0, Start: 2})
+	s.addBatch(Batch{Partition: 0, Start: 2}, t0)
 	if st := s.snapshot(); st.KeyWaiting != 1 || st.Buffered != 1 || st.BufferBytes != 2 {
 		t.Fatalf("after the restart: %+v; want 1 waiting (offset 1)", st)
 	}
@@ -426,10 +426,10 @@ func TestKeyOrderingRestart(t *testing.T) {
 	for o := int64(2); o < 4; o++ {
 		b.Messages = append(b.Messages, &Message{Partition: 0, Offset: o, Key: []byte("k"), Value: []byte{1}})
 	}
-	s.addBatch(b)
+	s.addBatch(b, t0)
 	// A restart at 1 forgets the holder 1, in flight: it keeps the gate
 	// until its flight comes back; 2 and 3 are forgotten.
-	s.addBatch(Batch{Partition: 0, Start: 1})
+	s.addBatch(Batch{Partition: 0, Start: 1}, t0)
 	s.ack(1, ids(sinks[0].got[1:]))
 	if len(s.keys) != 0 || s.keyWaiting != 0 || s.buffered() != 0 || s.bytes != 0 {
 		t.Fatalf("gates %d, waiting %d, buffered %d (%d bytes); want none", len(s.keys), s.keyWaiting, s.buffered(), s.bytes)
@@ -446,7 +446,7 @@ func TestKeyOrderingWaitsForTheDeadLetter(t *testing.T) {
 	s.addBatch(Batch{Partition: 0, Start: -1, Messages: []*Message{
 		{Partition: 0, Offset: 0, Key: []byte("k"), Value: []byte{1}},
 		{Partition: 0, Offset: 1, Key: []byte("k"), Value: []byte{1}},
-	}})
+	}}, t0)
 	s.dispatch(t0)
 	s.nack(1, ids(sinks[0].got), NackInfo{}, t0)
 	s.dispatch(t0)
@@ -466,7 +466,7 @@ func TestObserverSeesEveryDelivery(t *testing.T) {
 	s, sinks := setup(2)
 	obs := &recSink{}
 	s.observe(9, "watch", obs)
-	s.addBatch(batch(0, 0, 3))
+	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
 	s.nack(1, ids(sinks[0].got[:1]), NackInfo{}, t0)
 	s.dispatch(t0)
@@ -514,7 +514,7 @@ func TestWeightsShareDeliveries(t *testing.T) {
 	for i, k := range sinks {
 		s.join(uint64(i+1), "c", 1<<20, k)
 	}
-	s.addBatch(batch(0, 0, 2050))
+	s.addBatch(batch(0, 0, 2050), t0)
 	s.dispatch(t0)
 	for i, want := range []int{1000, 1000, 50} {
 		if got := len(sinks[i].got); got != want {
@@ -535,7 +535,7 @@ func TestWeightsShareDeliveries(t *testing.T) {
 	big, small := &weightedSink{w: 1000}, &weightedSink{w: 1}
 	s2.join(1, "big", 1, big)
 	s2.join(2, "small", 100, small)
-	s2.addBatch(batch(0, 0, 50))
+	s2.addBatch(batch(0, 0, 50), t0)
 	s2.dispatch(t0)
 	if len(big.got) != 1 || len(small.got) != 49 {
 		t.Fatalf("big (room 1) got %d, small got %d; want 1 and 49", len(big.got), len(small.got))
@@ -557,7 +557,7 @@ func TestWeightsOffWhenAllDefault(t *testing.T) {
 	canary := &weightedSink{w: 5}
 	s.join(3, "canary", 10, canary)
 	s.leave(3, t0)
-	s.addBatch(batch(0, 0, 4))
+	s.addBatch(batch(0, 0, 4), t0)
 	s.dispatch(t0)
 	if s.weighted != 0 || !slices.Equal(offsetsOf(sinks[0].got), []int64{0, 2}) || !slices.Equal(offsetsOf(sinks[1].got), []int64{1, 3}) {
 		t.Fatalf("weighted %d; got %v and %v, want round-robin", s.weighted, offsetsOf(sinks[0].got), offsetsOf(sinks[1].got))
@@ -585,8 +585,8 @@ func TestPoliciesAcrossAHandoff(t *testing.T) {
 	s.keys = map[uint64]keyGate{}
 	s.tracker.TrackProgress()
 	s.assign(0, testTerm(10), offsets.Progress{Base: 0, Acked: []offsets.Range{{First: 1, Last: 1}}, Failed: []offsets.Failure{{Offset: 0, Count: 2}}})
-	s.addBatch(Batch{Partition: 0, Start: 0})
-	s.addBatch(keyedBatch(0, 0, 4, "k"))
+	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
+	s.addBatch(keyedBatch(0, 0, 4, "k"), t0)
 	s.dispatch(t0)
 	if len(k.got) != 1 || k.got[0].Msg.Offset != 0 || k.got[0].Attempt != 3 {
 		t.Fatalf("delivered %v, want 0@0 alone (its key holds 2, 3; 1 acked before), at attempt 3", k.got)
@@ -610,8 +610,8 @@ func TestPoliciesAcrossAHandoff(t *testing.T) {
 	// Assigned again (its offset 2 committed by the final commit): the key
 	// is free.
 	s.assign(0, testTerm(12), prog)
-	s.addBatch(Batch{Partition: 0, Start: 2})
-	s.addBatch(keyedBatch(0, 2, 4, "k"))
+	s.addBatch(Batch{Partition: 0, Start: 2}, t0)
+	s.addBatch(keyedBatch(0, 2, 4, "k"), t0)
 	s.dispatch(t0)
 	if len(k.got) != 3 || k.got[2].Msg.Offset != 2 {
 		t.Fatalf("after the partition came back: %v, want 0@2 delivered", k.got[2:])
@@ -654,7 +654,7 @@ func TestFailuresThatDoNotCount(t *testing.T) {
 			}
 			join()
 			now := t0
-			s.addBatch(batch(0, 0, 1))
+			s.addBatch(batch(0, 0, 1), t0)
 			s.dispatch(now)
 			for i, st := range tc.steps {
 				now = now.Add(st.after)

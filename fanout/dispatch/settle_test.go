@@ -78,9 +78,9 @@ func TestFlightIDsSkipTakenSlots(t *testing.T) {
 // the round-robin order among clients, so that it can ack them as a range.
 func TestRoundIDsAreConsecutivePerClient(t *testing.T) {
 	s, sinks := setup(100, 100, 100, 100)
-	s.addBatch(batch(0, 0, 40))
+	s.addBatch(batch(0, 0, 40), t0)
 	s.dispatch(t0)
-	s.addBatch(batch(1, 0, 8))
+	s.addBatch(batch(1, 0, 8), t0)
 	s.dispatch(t0)
 	for i, k := range sinks {
 		if got := offsetsOf(k.got[:10]); !slices.Equal(got, []int64{int64(i), int64(i + 4), int64(i + 8), int64(i + 12), int64(i + 16),
@@ -99,7 +99,7 @@ func TestRoundIDsAreConsecutivePerClient(t *testing.T) {
 
 func TestSettleRanges(t *testing.T) {
 	s, sinks := setup(10, 10)
-	s.addBatch(batch(0, 0, 20))
+	s.addBatch(batch(0, 0, 20), t0)
 	s.dispatch(t0)
 	a, b := sinks[0].got, sinks[1].got // 10 each, offsets 0, 2, ... and 1, 3, ...
 	first := a[0].ID
@@ -154,11 +154,11 @@ func TestSettleRanges(t *testing.T) {
 // makes a flight expire late, never early.
 func TestDeadlineListOrder(t *testing.T) {
 	s, sinks := setup(10)
-	s.addBatch(batch(0, 0, 3))
+	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
 	got := sinks[0].got
 	s.touch(1, []uint64{got[0].ID}, t0.Add(5*time.Second))
-	s.addBatch(batch(0, 3, 4))
+	s.addBatch(batch(0, 3, 4), t0)
 	s.dispatch(t0.Add(-time.Hour)) // the clock stepped back
 	var order []int64
 	var deadlines []time.Time
@@ -200,7 +200,7 @@ func TestSettleRangesHonourPolicies(t *testing.T) {
 	s.keys = map[uint64]keyGate{}
 	obs := &recSink{}
 	s.observe(9, "watch", obs)
-	s.addBatch(keysBatch("a", "a", "b", ""))
+	s.addBatch(keysBatch("a", "a", "b", ""), t0)
 	s.dispatch(t0)
 	k := sinks[0]
 	if got := offsetsOf(k.got); !slices.Equal(got, []int64{0, 2, 3}) {
@@ -270,7 +270,7 @@ func TestWeightedRoundsSettleByRange(t *testing.T) {
 	for i, k := range sinks {
 		s.join(uint64(i+1), "c", 1<<20, k)
 	}
-	s.addBatch(batch(0, 0, 300))
+	s.addBatch(batch(0, 0, 300), t0)
 	s.dispatch(t0)
 	if a, b := len(sinks[0].got), len(sinks[1].got); a != 200 || b != 100 {
 		t.Fatalf("weights 100 and 50 got %d and %d of 300, want 200 and 100", a, b)

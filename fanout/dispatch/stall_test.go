@@ -15,8 +15,8 @@ import (
 func TestStalledPartitionReported(t *testing.T) {
 	const after = time.Minute
 	s, sinks := setup(10)
-	s.addBatch(batch(0, 0, 3))
-	s.addBatch(batch(1, 0, 2))
+	s.addBatch(batch(0, 0, 3), t0)
+	s.addBatch(batch(1, 0, 2), t0)
 	s.dispatch(t0)
 	got := sinks[0].got
 	s.ack(1, []uint64{got[1].ID, got[2].ID, got[3].ID, got[4].ID}) // all but partition 0's offset 0
@@ -55,7 +55,7 @@ func TestStalledPartitionReported(t *testing.T) {
 func TestStallWatchWhere(t *testing.T) {
 	const after = time.Minute
 	s, sinks := setup(1)
-	s.addBatch(batch(0, 0, 3))
+	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
 	for i := range 3 {
 		now := t0.Add(time.Duration(i) * after)
@@ -69,7 +69,7 @@ func TestStallWatchWhere(t *testing.T) {
 		t.Fatalf("reports %+v, watch %v with nothing held", r, s.stalls)
 	}
 
-	s.addBatch(batch(0, 3, 5)) // the client holds 3: 4 waits for it
+	s.addBatch(batch(0, 3, 5), t0) // the client holds 3: 4 waits for it
 	s.dispatch(t0)
 	s.nack(1, []uint64{sinks[0].got[3].ID}, NackInfo{Delay: time.Hour}, t0)
 	s.checkStalls(t0, after)
@@ -88,7 +88,7 @@ func TestStallWatchWhere(t *testing.T) {
 // flight nor buffered) would never be delivered: the report says so.
 func TestStallWatchNamesALostMessage(t *testing.T) {
 	s, _ := setup()
-	s.addBatch(batch(0, 0, 2))
+	s.addBatch(batch(0, 0, 2), t0)
 	s.fresh.pop() // offset 0 lost between the buffer and the clients
 	s.checkStalls(t0, time.Minute)
 	r := s.checkStalls(t0.Add(time.Minute), time.Minute)

@@ -37,6 +37,13 @@ type Stats struct {
 	// Outstanding is, per partition, the offsets the tracker holds:
 	// received and not yet behind the committable offset.
 	Outstanding map[int32]int
+	// PendingSince is, per partition with a message received and not yet
+	// acked (in flight, buffered, waiting out a delay, behind its key or
+	// for the dead-letter topic), when the oldest such message arrived from
+	// the source: the age of the oldest pending message is now minus it.
+	// Redeliveries do not make a message younger; a restart or failover
+	// does (the message arrives again).
+	PendingSince map[int32]time.Time
 	// Held lists, sorted, the partitions whose fetching is paused because
 	// they hold more than Config.MaxOutstanding offsets.
 	Held []int32
@@ -236,14 +243,24 @@ func (s *state) fitsAnyone(m *Message) bool {
 	return l == 0 || (l > 0 && m.frame <= l)
 }
 
-// addBatch takes messages from the source.
-func (s *state) addBatch(b Batch) {
+// addBatch takes messages from the source; now is when they arrived.
+func (s *state) addBatch(b Batch, now time.Time) {
 	if b.Start >= 0 {
 		s.restart(b.Partition, b.Start)
 	}
 	var rs *restoring
 	if s.restore != nil {
 		rs = s.restoring(b)
+	}
+	if len(b.Messages) == 0 {
+		return
+	}
+	// Every offset the loop receives is at or above from, and every one
+	// received before is below it: one arrival mark for the batch, nothing
+	// per message.
+	from, tracked := s.tracker.Receivable(b.Partition)
+	if !tracked {
+		from = b.Messages[0].Offset
 	}
 	for _, m := range b.Messages {
 		if !s.tracker.Received(m.Partition, m.Offset) {
@@ -263,6 +280,7 @@ func (s *state) addBatch(b Batch) {
 		s.fresh.push(m)
 		s.bytes += m.Size()
 	}
+	s.tracker.Arrived(b.Partition, from, now) // Stats.PendingSince
 }
 
 // restart (re)starts partition p at offset r: the tracker forgets its
@@ -795,6 +813,7 @@ func (s *state) snapshot() Stats {
 	st.KeyWaiting = s.keyWaiting
 	st.Observers = len(s.observers)
 	st.Outstanding = s.tracker.OutstandingAll()
+	st.PendingSince = s.tracker.OldestPendingAll()
 	for p := range s.held {
 		st.Held = append(st.Held, p)
 	}

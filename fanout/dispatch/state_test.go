@@ -58,7 +58,7 @@ func setup(maxes ...int) (*state, []*recSink) {
 
 func TestRoundRobin(t *testing.T) {
 	s, sinks := setup(10, 10, 10)
-	s.addBatch(batch(0, 0, 9))
+	s.addBatch(batch(0, 0, 9), t0)
 	s.dispatch(t0)
 	want := [][]int64{{0, 3, 6}, {1, 4, 7}, {2, 5, 8}}
 	for i, k := range sinks {
@@ -75,7 +75,7 @@ func TestRoundRobin(t *testing.T) {
 
 func TestFullClientSkipped(t *testing.T) {
 	s, sinks := setup(1, 10)
-	s.addBatch(batch(0, 0, 5))
+	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0)
 	if got := offsetsOf(sinks[0].got); !slices.Equal(got, []int64{0}) {
 		t.Fatalf("full client got %v", got)
@@ -85,7 +85,7 @@ func TestFullClientSkipped(t *testing.T) {
 	}
 	// An ack gives the full client room again: it rejoins the rotation
 	// behind the client that kept it.
-	s.addBatch(batch(0, 5, 7))
+	s.addBatch(batch(0, 5, 7), t0)
 	s.ack(1, ids(sinks[0].got))
 	s.dispatch(t0)
 	if got := offsetsOf(sinks[0].got); !slices.Equal(got, []int64{0, 6}) {
@@ -95,7 +95,7 @@ func TestFullClientSkipped(t *testing.T) {
 
 func TestNothingWithoutRoom(t *testing.T) {
 	s, sinks := setup(2)
-	s.addBatch(batch(0, 0, 5))
+	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0)
 	if len(sinks[0].got) != 2 || s.buffered() != 3 {
 		t.Fatalf("delivered %d, buffered %d; want 2 and 3", len(sinks[0].got), s.buffered())
@@ -104,7 +104,7 @@ func TestNothingWithoutRoom(t *testing.T) {
 
 func TestAckTimeoutRedeliversToAnotherClient(t *testing.T) {
 	s, sinks := setup(1, 1)
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
 	first := sinks[0].got
 	if len(first) != 1 {
@@ -143,7 +143,7 @@ func TestAckTimeoutRedeliversToAnotherClient(t *testing.T) {
 
 func TestRedeliveryToTheSameClientWhenAlone(t *testing.T) {
 	s, sinks := setup(5)
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
 	s.expire(t0.Add(timeout))
 	s.dispatch(t0.Add(timeout))
@@ -154,9 +154,9 @@ func TestRedeliveryToTheSameClientWhenAlone(t *testing.T) {
 
 func TestRedeliveriesGoFirst(t *testing.T) {
 	s, sinks := setup(1, 1)
-	s.addBatch(batch(0, 0, 2))
+	s.addBatch(batch(0, 0, 2), t0)
 	s.dispatch(t0)
-	s.addBatch(batch(0, 2, 4))
+	s.addBatch(batch(0, 2, 4), t0)
 	s.nack(1, ids(sinks[0].got), NackInfo{}, t0) // offset 0 back; client 1 has room again
 	s.dispatch(t0)
 	// Client 1 is skipped for its own redelivery while client 2 is full,
@@ -173,7 +173,7 @@ func TestRedeliveriesGoFirst(t *testing.T) {
 
 func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
 	s, sinks := setup(1, 1)
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
 	s.nack(1, ids(sinks[0].got), NackInfo{}, t0)
 	s.dispatch(t0)
@@ -187,7 +187,7 @@ func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
 
 func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
 	s, sinks := setup(3, 3)
-	s.addBatch(batch(0, 0, 6))
+	s.addBatch(batch(0, 0, 6), t0)
 	s.dispatch(t0)
 	s.leave(1, t0)
 	s.ack(2, ids(sinks[1].got))
@@ -213,7 +213,7 @@ func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
 
 func TestAckFromAnotherClientIgnored(t *testing.T) {
 	s, sinks := setup(1, 1)
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
 	s.ack(2, ids(sinks[0].got))
 	s.ack(1, []uint64{999})
@@ -224,7 +224,7 @@ func TestAckFromAnotherClientIgnored(t *testing.T) {
 
 func TestTouchRestartsTheTimeout(t *testing.T) {
 	s, sinks := setup(1, 1)
-	s.addBatch(batch(0, 0, 1))
+	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
 	s.touch(1, ids(sinks[0].got), t0.Add(20*time.Second))
 	s.expire(t0.Add(timeout))
@@ -242,7 +242,7 @@ func TestTouchRestartsTheTimeout(t *testing.T) {
 
 func TestBufferedUntilAClientJoins(t *testing.T) {
 	s := newState(timeout)
-	s.addBatch(batch(0, 0, 3))
+	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
 	if s.buffered() != 3 || s.bytes != 3 {
 		t.Fatalf("buffered %d (%d bytes)", s.buffered(), s.bytes)
@@ -257,10 +257,10 @@ func TestBufferedUntilAClientJoins(t *testing.T) {
 
 func TestCommittableFollowsAckedPrefixAcrossPartitions(t *testing.T) {
 	s, sinks := setup(100)
-	s.addBatch(Batch{Partition: 0, Start: 100})
+	s.addBatch(Batch{Partition: 0, Start: 100}, t0)
 	b := batch(0, 100, 106)
-	s.addBatch(b)
-	s.addBatch(Batch{Partition: 1, Start: 7})
+	s.addBatch(b, t0)
+	s.addBatch(Batch{Partition: 1, Start: 7}, t0)
 	s.dispatch(t0)
 	byOffset := map[int64]uint64{}
 	for _, d := range sinks[0].got {
@@ -282,10 +282,10 @@ func TestCommittableFollowsAckedPrefixAcrossPartitions(t *testing.T) {
 
 func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
 	s, sinks := setup(10)
-	s.addBatch(batch(0, 0, 2))
+	s.addBatch(batch(0, 0, 2), t0)
 	s.dispatch(t0)
 	s.drain("shutting down")
-	s.addBatch(batch(0, 2, 4))
+	s.addBatch(batch(0, 2, 4), t0)
 	s.dispatch(t0)
 	if sinks[0].goodbye != "shutting down" || len(sinks[0].got) != 2 {
 		t.Fatalf("goodbye %q, deliveries %d", sinks[0].goodbye, len(sinks[0].got))
@@ -304,7 +304,7 @@ func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
 func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 	s, sinks := setup(10, 10)
 	s.leave(1, t0)
-	s.addBatch(batch(0, 0, 4))
+	s.addBatch(batch(0, 0, 4), t0)
 	s.dispatch(t0)
 	if len(sinks[0].got) != 0 || len(sinks[1].got) != 4 {
 		t.Fatalf("deliveries: %d and %d", len(sinks[0].got), len(sinks[1].got))
@@ -396,7 +396,7 @@ func benchDispatchAck(b *testing.B, o benchOpts) {
 			}
 			off++
 		}
-		s.addBatch(Batch{Start: -1, Messages: msgs})
+		s.addBatch(Batch{Start: -1, Messages: msgs}, t0)
 		// With few keys the messages behind their key go out as the acks
 		// free it: a round per message of a key.
 		for s.buffered() > 0 {
@@ -439,7 +439,7 @@ func BenchmarkDelayHeap(b *testing.B) {
 		msgs[i] = &Message{Offset: int64(i), Value: make([]byte, 100)}
 		b0.Messages = append(b0.Messages, msgs[i])
 	}
-	s.addBatch(b0)
+	s.addBatch(b0, t0)
 	s.dispatch(t0)
 	now := t0
 	for i, id := range k.ids[:waiting] { // 1000 waiting, due over the next 1000s
@@ -475,12 +475,12 @@ func (d *discardSink) Goodbye(string) {}
 // has the same offset.
 func TestAckFromBeforeARestartDoesNotCommitTheRefetch(t *testing.T) {
 	s, sinks := setup(10)
-	s.addBatch(Batch{Partition: 0, Start: 0})
-	s.addBatch(batch(0, 0, 2))
+	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
+	s.addBatch(batch(0, 0, 2), t0)
 	s.dispatch(t0)
 	before := sinks[0].got // offsets 0 and 1, not acked
-	s.addBatch(Batch{Partition: 0, Start: 0})
-	s.addBatch(batch(0, 0, 2)) // the same offsets, fetched again
+	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
+	s.addBatch(batch(0, 0, 2), t0) // the same offsets, fetched again
 	s.dispatch(t0)
 	s.ack(1, ids(before))
 	if c, _ := s.tracker.Committable(0); c != 0 {
@@ -530,7 +530,7 @@ func TestTooLargeWaitsWhileSmallerFlow(t *testing.T) {
 	}
 	small := &sizedSink{max: 100}
 	s.join(1, "small", 10, small)
-	s.addBatch(sizedBatch(0, 10, 500, 20, 30))
+	s.addBatch(sizedBatch(0, 10, 500, 20, 30), t0)
 	s.dispatch(t0)
 	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 2, 3}) {
 		t.Fatalf("small client got %v, want 0, 2, 3 (1 is 500 bytes)", got)
@@ -543,7 +543,7 @@ func TestTooLargeWaitsWhileSmallerFlow(t *testing.T) {
 	}
 	// More traffic: the waiting message stays put and is not reported again.
 	s.ack(1, ids(small.got))
-	s.addBatch(sizedBatch(4, 40))
+	s.addBatch(sizedBatch(4, 40), t0)
 	s.dispatch(t0)
 	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 2, 3, 4}) {
 		t.Fatalf("small client got %v, want 0, 2, 3, 4", got)
@@ -579,7 +579,7 @@ func TestLargeWaitsForTheClientItFits(t *testing.T) {
 	small, big := &sizedSink{max: 100}, &sizedSink{max: 1000}
 	s.join(1, "small", 10, small)
 	s.join(2, "big", 1, big)
-	s.addBatch(sizedBatch(0, 10, 20, 500, 30, 600, 40))
+	s.addBatch(sizedBatch(0, 10, 20, 500, 30, 600, 40), t0)
 	s.dispatch(t0)
 	// Round-robin: 0 small, 1 big (now full), 2 large waits, 3 small, 4
 	// waits, 5 small.
@@ -623,7 +623,7 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 	s := sizedState()
 	any := &recSink{}
 	s.join(1, "any", 10, any)
-	s.addBatch(sizedBatch(0, 10, 1<<30))
+	s.addBatch(sizedBatch(0, 10, 1<<30), t0)
 	s.dispatch(t0)
 	if got := offsetsOf(any.got); !slices.Equal(got, []int64{0, 1}) {
 		t.Fatalf("unlimited client got %v", got)
@@ -631,7 +631,7 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 	s = newState(timeout) // no FrameSize
 	small := &sizedSink{max: 1}
 	s.join(1, "small", 10, small)
-	s.addBatch(sizedBatch(0, 10, 1<<20))
+	s.addBatch(sizedBatch(0, 10, 1<<20), t0)
 	s.dispatch(t0)
 	if got := offsetsOf(small.got); !slices.Equal(got, []int64{0, 1}) {
 		t.Fatalf("client got %v without FrameSize", got)
@@ -643,7 +643,7 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 // leaves is gone from the snapshot; weights and observers are reported.
 func TestClientStats(t *testing.T) {
 	s, sinks := setup(4, 3)
-	s.addBatch(batch(0, 0, 6))
+	s.addBatch(batch(0, 0, 6), t0)
 	s.dispatch(t0)
 	a, b := ids(sinks[0].got), ids(sinks[1].got) // 3 each
 	s.ack(1, []uint64{a[0], a[1], b[0], 999})    // b[0] is not client 1's, 999 unknown
@@ -778,9 +778,9 @@ func TestRestartKeepsUnackedBelowAndForgetsFrom(t *testing.T) {
 			for i, st := range tt.steps {
 				switch st.op {
 				case "start":
-					s.addBatch(Batch{Partition: 0, Start: st.offs[0]})
+					s.addBatch(Batch{Partition: 0, Start: st.offs[0]}, t0)
 				case "batch":
-					s.addBatch(batch(0, st.offs[0], st.offs[1]))
+					s.addBatch(batch(0, st.offs[0], st.offs[1]), t0)
 				case "ack", "ack-first":
 					var acks []uint64
 					for _, o := range st.offs {
@@ -846,7 +846,7 @@ func TestTooLargeDeadLetteredAfterMaxAttemptsTimeouts(t *testing.T) {
 	limit := 2 * timeout // MaxAttempts ack timeouts
 	small := &sizedSink{max: 100}
 	s.join(1, "small", 10, small)
-	s.addBatch(sizedBatch(0, 10, 500, 20))
+	s.addBatch(sizedBatch(0, 10, 500, 20), t0)
 	s.dispatch(t0)
 	s.ack(1, ids(small.got))
 	if got := s.expireTooLarge(t0.Add(limit)); len(got) != 0 || len(dl.sent) != 0 {
@@ -897,7 +897,7 @@ func TestTooLargeWaitsWithoutClientsOrDeadLetterTopic(t *testing.T) {
 			s.maxAttempts, s.deadLetter = maxAttempts, dl
 		}
 		s.join(1, "small", 10, &sizedSink{max: 100})
-		s.addBatch(sizedBatch(0, 500))
+		s.addBatch(sizedBatch(0, 500), t0)
 		s.dispatch(t0)
 		if maxAttempts > 0 {
 			s.leave(1, t0)
@@ -909,4 +909,52 @@ func TestTooLargeWaitsWithoutClientsOrDeadLetterTopic(t *testing.T) {
 			t.Fatalf("max attempts %d: buffered %d, want 1", maxAttempts, st.Buffered)
 		}
 	}
+}
+
+// The oldest pending message of each partition is dated by when its batch
+// arrived, on the dispatcher's clock: acks of later messages do not change
+// it, a redelivery does not make it younger, an ack of it moves to the next
+// pending message's arrival, and a partition with nothing pending has none.
+func TestPendingSinceOnAFakeClock(t *testing.T) {
+	t.Parallel()
+	s, sinks := setup(10)
+	s.addBatch(batch(0, 0, 3), t0)
+	s.addBatch(batch(1, 0, 2), t0.Add(5*time.Second))
+	s.addBatch(batch(0, 3, 5), t0.Add(10*time.Second))
+	s.dispatch(t0.Add(10 * time.Second))
+	want := func(what string, exp map[int32]time.Time) {
+		t.Helper()
+		got := s.snapshot().PendingSince
+		if len(got) != len(exp) {
+			t.Fatalf("%s: PendingSince %v, want %v", what, got, exp)
+		}
+		for p, at := range exp {
+			if !got[p].Equal(at) {
+				t.Fatalf("%s: PendingSince %v, want %v", what, got, exp)
+			}
+		}
+	}
+	want("received", map[int32]time.Time{0: t0, 1: t0.Add(5 * time.Second)})
+
+	byOffset := map[[2]int64]uint64{} // partition, offset -> delivery id
+	for _, d := range sinks[0].got {
+		byOffset[[2]int64{int64(d.Msg.Partition), d.Msg.Offset}] = d.ID
+	}
+	s.ack(1, []uint64{byOffset[[2]int64{0, 1}], byOffset[[2]int64{0, 2}], byOffset[[2]int64{0, 3}]})
+	want("acks behind the oldest", map[int32]time.Time{0: t0, 1: t0.Add(5 * time.Second)})
+
+	// Partition 1's first message fails and is delivered again: still as old.
+	s.nack(1, []uint64{byOffset[[2]int64{1, 0}]}, NackInfo{}, t0.Add(20*time.Second))
+	s.dispatch(t0.Add(20 * time.Second))
+	want("redelivered", map[int32]time.Time{0: t0, 1: t0.Add(5 * time.Second)})
+
+	s.ack(1, []uint64{byOffset[[2]int64{0, 0}]})
+	want("oldest acked", map[int32]time.Time{0: t0.Add(10 * time.Second), 1: t0.Add(5 * time.Second)})
+
+	var rest []uint64
+	for _, d := range sinks[0].got {
+		rest = append(rest, d.ID)
+	}
+	s.ack(1, rest)
+	want("all acked", map[int32]time.Time{})
 }

@@ -114,6 +114,7 @@ var commitBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1,
 type Collector struct {
 	snapshot func(context.Context) Snapshot
 	timeout  time.Duration
+	now      func() time.Time // the ages' clock
 
 	commitLatency  prometheus.Histogram
 	commitFailures prometheus.Counter
@@ -123,6 +124,7 @@ type Collector struct {
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
 	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
+	oldestPending, oldestPendingAll                              *prometheus.Desc
 	outstanding, held, stalled                                   *prometheus.Desc
 	leader, epoch, failovers, members                            *prometheus.Desc
 	unauthHeartbeats, clientsByIdentity                          *prometheus.Desc
@@ -145,6 +147,7 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 	return &Collector{
 		snapshot: snapshot,
 		timeout:  DefaultScrapeTimeout,
+		now:      time.Now,
 		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "commit_duration_seconds",
 			Help:    "Duration of offset commits to the store, failed ones included.",
@@ -176,13 +179,17 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
 		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
 		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
-		outstanding:   desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
-		held:          desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
-		stalled:       desc("partitions_commit_stalled", "Partitions whose committed offset has not moved for 3 ack timeouts (at least 30s) while they hold unacked messages; each is logged with where its oldest unacked message is."),
-		leader:        desc("leader", "1 while this node leads the cluster."),
-		epoch:         desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
-		failovers:     desc("failovers_total", "Leader changes this node has seen after the first leader."),
-		members:       desc("cluster_members", "Cluster members heard from recently, this node included."),
+		oldestPending: desc("partition_oldest_pending_age_seconds",
+			"Age of the partition's oldest message received from Kafka and not yet acked (in flight, buffered, delayed or going to the dead-letter topic), since it arrived; 0 when none is.", "partition"),
+		oldestPendingAll: desc("oldest_pending_age_seconds",
+			"Age of the oldest message received from Kafka and not yet acked, over the partitions this daemon serves; 0 when none is."),
+		outstanding: desc("outstanding_offsets", "Offsets of the partition received and not yet committable: an unacked message holds every later one.", "partition"),
+		held:        desc("partitions_held", "Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message."),
+		stalled:     desc("partitions_commit_stalled", "Partitions whose committed offset has not moved for 3 ack timeouts (at least 30s) while they hold unacked messages; each is logged with where its oldest unacked message is."),
+		leader:      desc("leader", "1 while this node leads the cluster."),
+		epoch:       desc("leader_epoch", "Epoch of the leader this node knows (0: none)."),
+		failovers:   desc("failovers_total", "Leader changes this node has seen after the first leader."),
+		members:     desc("cluster_members", "Cluster members heard from recently, this node included."),
 		unauthHeartbeats: desc("heartbeats_unauthenticated_total",
 			"Heartbeat records ignored because they carry no valid MAC (--cluster-secret): someone writes unauthenticated records."),
 		clientsByIdentity: desc("clients_connected_by_identity",
@@ -236,7 +243,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
 		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
-		c.lag, c.committed, c.highWater, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
+		c.lag, c.committed, c.highWater, c.oldestPending, c.oldestPendingAll, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
 		c.observersDropped, c.skipped, c.notCounted, c.attempts,
@@ -296,6 +303,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for p, n := range st.Outstanding {
 		gauge(c.outstanding, float64(n), partition(p))
 	}
+	// The ages are computed now, from when the oldest pending message of
+	// each partition arrived: every tracked partition has one, 0 when
+	// nothing is pending.
+	now, oldest := c.now(), 0.0
+	for p := range st.Outstanding {
+		age := 0.0
+		if since, ok := st.PendingSince[p]; ok {
+			age = max(0, now.Sub(since).Seconds())
+		}
+		gauge(c.oldestPending, age, partition(p))
+		oldest = max(oldest, age)
+	}
+	gauge(c.oldestPendingAll, oldest)
 	gauge(c.held, float64(len(st.Held)))
 	gauge(c.stalled, float64(len(st.Stalled)))
 

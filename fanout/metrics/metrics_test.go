@@ -15,6 +15,9 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 )
 
+// scrapedAt is when the tests' collectors scrape.
+var scrapedAt = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
 // leaderSnapshot is a serving leader with two partitions.
 func leaderSnapshot() Snapshot {
 	return Snapshot{
@@ -25,6 +28,7 @@ func leaderSnapshot() Snapshot {
 			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true, TooLarge: 1,
 			Committed:    map[int32]int64{0: 5, 1: 9},
 			Outstanding:  map[int32]int{0: 60001, 1: 2},
+			PendingSince: map[int32]time.Time{0: scrapedAt.Add(-90 * time.Second)},
 			Held:         []int32{0},
 			Stalled:      []int32{0, 1},
 			DeadLettered: 2, DeadLetterPending: 1, Delayed: 3, KeyWaiting: 4, Observers: 1, Skipped: 9, NotCounted: 6,
@@ -46,6 +50,7 @@ func TestCollectorReportsSnapshot(t *testing.T) {
 	snap.DeadLetterFailingSince = time.Unix(1700000000, 500000000)
 	snap.DeadLetterRefused, snap.DeadLetterValuesOmitted, snap.Stats.TooLargeDeadLettered = 2, 3, 4
 	c := NewCollector(func(context.Context) Snapshot { return snap })
+	c.now = func() time.Time { return scrapedAt }
 	c.ObserveCommit(3*time.Millisecond, nil)
 	c.ObserveCommit(20*time.Millisecond, errors.New("zookeeper down"))
 
@@ -117,6 +122,13 @@ fanout_high_watermark{partition="2"} 4
 # TYPE fanout_outstanding_offsets gauge
 fanout_outstanding_offsets{partition="0"} 60001
 fanout_outstanding_offsets{partition="1"} 2
+# HELP fanout_partition_oldest_pending_age_seconds Age of the partition's oldest message received from Kafka and not yet acked (in flight, buffered, delayed or going to the dead-letter topic), since it arrived; 0 when none is.
+# TYPE fanout_partition_oldest_pending_age_seconds gauge
+fanout_partition_oldest_pending_age_seconds{partition="0"} 90
+fanout_partition_oldest_pending_age_seconds{partition="1"} 0
+# HELP fanout_oldest_pending_age_seconds Age of the oldest message received from Kafka and not yet acked, over the partitions this daemon serves; 0 when none is.
+# TYPE fanout_oldest_pending_age_seconds gauge
+fanout_oldest_pending_age_seconds 90
 # HELP fanout_partitions_held Partitions whose fetching is paused because they hold more than --max-outstanding offsets behind an unacked message.
 # TYPE fanout_partitions_held gauge
 fanout_partitions_held 1
@@ -367,5 +379,43 @@ func TestListenServesAndShutsDown(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("Serve = %v, want nil after Shutdown", err)
+	}
+}
+
+// The overall age is the largest partition's; a partition with nothing
+// pending reports 0, one dated after the scrape (the clock stepped back)
+// reports 0 too, and a daemon that tracks no partition (a follower) reports
+// an overall 0 and no partition.
+func TestOldestPendingAge(t *testing.T) {
+	t.Parallel()
+	snap := Snapshot{Serving: true, Stats: dispatch.Stats{
+		Outstanding:  map[int32]int{0: 3, 1: 1, 2: 0, 3: 1},
+		PendingSince: map[int32]time.Time{0: scrapedAt.Add(-2 * time.Second), 1: scrapedAt.Add(-61500 * time.Millisecond), 3: scrapedAt.Add(time.Second)},
+	}}
+	c := NewCollector(func(context.Context) Snapshot { return snap })
+	c.now = func() time.Time { return scrapedAt }
+	const want = `
+# HELP fanout_partition_oldest_pending_age_seconds Age of the partition's oldest message received from Kafka and not yet acked (in flight, buffered, delayed or going to the dead-letter topic), since it arrived; 0 when none is.
+# TYPE fanout_partition_oldest_pending_age_seconds gauge
+fanout_partition_oldest_pending_age_seconds{partition="0"} 2
+fanout_partition_oldest_pending_age_seconds{partition="1"} 61.5
+fanout_partition_oldest_pending_age_seconds{partition="2"} 0
+fanout_partition_oldest_pending_age_seconds{partition="3"} 0
+# HELP fanout_oldest_pending_age_seconds Age of the oldest message received from Kafka and not yet acked, over the partitions this daemon serves; 0 when none is.
+# TYPE fanout_oldest_pending_age_seconds gauge
+fanout_oldest_pending_age_seconds 61.5
+`
+	names := []string{"fanout_partition_oldest_pending_age_seconds", "fanout_oldest_pending_age_seconds"}
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+	snap = Snapshot{Clustered: true, LeaderKnown: true}
+	const follower = `
+# HELP fanout_oldest_pending_age_seconds Age of the oldest message received from Kafka and not yet acked, over the partitions this daemon serves; 0 when none is.
+# TYPE fanout_oldest_pending_age_seconds gauge
+fanout_oldest_pending_age_seconds 0
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(follower), names...); err != nil {
+		t.Fatal(err)
 	}
 }

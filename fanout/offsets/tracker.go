@@ -47,6 +47,8 @@ type partition struct {
 	// moved: with TrackProgress, the progress above the committable
 	// offset changed since the last report (an ack, a failure).
 	moved bool
+	// arrivals: when the pending offsets arrived (arrivals.go).
+	arrivals arrivals
 }
 
 type entry struct {
@@ -119,6 +121,7 @@ func (t *Tracker) Start(p int32, offset int64) int {
 		pt.n--
 		forgot++
 	}
+	pt.arrivals.truncate(offset)
 	pt.next = offset
 	pt.gen++
 	pt.dirty = pt.committable() != pt.last

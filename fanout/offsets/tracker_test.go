@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 )
 
 func TestTrackerCommittable(t *testing.T) {
@@ -376,7 +377,8 @@ func TestTrackerAckFindsEntriesAcrossGaps(t *testing.T) {
 
 // BenchmarkTrackerBatches measures a message through the tracker as the
 // dispatcher drives it: batches of 256 received per partition, 8
-// partitions, acked in delivery order a batch later.
+// partitions, each batch's arrival marked, acked in delivery order a batch
+// later.
 func BenchmarkTrackerBatches(b *testing.B) {
 	const parts, batch = 8, 256
 	tr := NewTracker()
@@ -384,13 +386,16 @@ func BenchmarkTrackerBatches(b *testing.B) {
 		tr.Start(p, 0)
 	}
 	var next [parts]int64
+	now := time.Unix(1_700_000_000, 0)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i += batch {
 		p := int32(i / batch % parts)
 		from := next[p]
+		mark, _ := tr.Receivable(p)
 		for o := from; o < from+batch; o++ {
 			tr.Received(p, o)
 		}
+		tr.Arrived(p, mark, now)
 		next[p] += batch
 		if from >= batch {
 			for o := from - batch; o < from; o++ {
