@@ -294,11 +294,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	watchCtx, stopWatching := context.WithCancel(ctx)
-	var watcher actor.Group
-	watcher.Go(d.log, "credentials watcher", func() { d.watchCredentials(watchCtx) }, nil)
-	defer watcher.Wait()
-	defer stopWatching()
+	credCtx, stopCredWatch := context.WithCancel(ctx)
+	var credWatch actor.Group
+	credWatch.Go(d.log, "credentials watcher", func() { d.watchCredentials(credCtx) }, nil)
+	defer credWatch.Wait()
+	defer stopCredWatch()
 	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "heartbeat_security": d.heartbeatSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
 		"kafka_security": d.opts.KafkaSecurity.String(), "offset_store": d.opts.OffsetStore}
 	if d.opts.usesZooKeeper() {
