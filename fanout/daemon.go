@@ -17,6 +17,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/console"
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
@@ -53,6 +54,8 @@ type Daemon struct {
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
 	committed atomic.Bool                     // spread mode: the group has committed offsets, as far as this member knows
+
+	delivery *deliverylog.Log // --delivery-log, open while Run runs; nil without
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -207,6 +210,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return portTaken(err, "--metrics-listen")
 	}
 	defer stopMetrics()
+	if d.opts.DeliveryLog != "" {
+		if d.delivery, err = deliverylog.OpenFile(d.opts.DeliveryLog, d.opts.NodeID, d.log); err != nil {
+			return err
+		}
+		// Closed after every term: Run returns once their dispatchers have.
+		defer d.delivery.Close()
+	}
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()

@@ -63,6 +63,7 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "max-observer-bytes", Value: fanout.DefaultMaxObserverBytes, Usage: "drop an observer with more than this many bytes of copies queued and not written", EnvVars: env("MAX_OBSERVER_BYTES")},
 		&cli.StringFlag{Name: "assignment", Value: fanout.DefaultAssignment, Usage: "leader (the leader serves every partition) or spread (each member serves the partitions the leader assigns it); the same on every member", EnvVars: env("ASSIGNMENT")},
 		&cli.IntFlag{Name: "weight", Value: 1, Usage: "spread mode: this member's share of the partitions is proportional to its weight", EnvVars: env("WEIGHT")},
+		&cli.StringFlag{Name: "delivery-log", Usage: "append a line per delivery attempt and its outcome to this file (debugging; never waits for the disk: events that do not fit its queue are dropped and the file says how many)", EnvVars: env("DELIVERY_LOG")},
 		&cli.DurationFlag{Name: "handoff-timeout", Value: fanout.DefaultHandoffTimeout, Usage: "spread mode: a partition moving away waits this long for its in-flight messages to be acked", EnvVars: env("HANDOFF_TIMEOUT")},
 		metricsTokenFlag(),
 		clusterSecretFlag(),
@@ -135,6 +136,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	opts.DeadLetterTopic = str("dead-letter-topic")
 	opts.Ordering = str("ordering")
 	opts.MaxObserverBytes = num("max-observer-bytes")
+	opts.DeliveryLog = str("delivery-log")
 	var err error
 	if opts.RetryBackoffMin, opts.RetryBackoffMax, err = fanout.ParseRetryBackoff(str("retry-backoff")); err != nil {
 		return fanout.Options{}, err

@@ -1,5 +1,7 @@
 package dispatch
 
+import "github.com/nanoservice/core-fanout/fanout/deliverylog"
+
 // Max attempts and the dead-letter topic (Config.MaxAttempts,
 // Config.DeadLetter). A message whose deliveries failed MaxAttempts times
 // (ack timeouts, nacks, clients gone; counted across restarts and failovers
@@ -36,6 +38,9 @@ type DeadLetterRecord struct {
 // toDeadLetter hands m, which failed maxAttempts times and is counted in
 // bytes, to the dead-letter producer.
 func (s *state) toDeadLetter(m *Message) {
+	if s.trace != nil {
+		s.traceMessage(deliverylog.DeadLetter, m, m.failed)
+	}
 	s.deadPending++
 	s.deadLetter.Send(DeadLetterRecord{
 		Msg:         m,
@@ -49,6 +54,9 @@ func (s *state) toDeadLetter(m *Message) {
 // acked, and its key goes on.
 func (s *state) deadLettered(ms []*Message) {
 	for _, m := range ms {
+		if s.trace != nil {
+			s.traceMessage(deliverylog.DeadLettered, m, m.failed)
+		}
 		s.deadPending--
 		s.bytes -= m.Size()
 		s.stats.DeadLettered++

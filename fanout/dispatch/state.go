@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 	"github.com/nanoservice/core-fanout/protocol"
@@ -186,6 +187,11 @@ type state struct {
 	// stalls watches the committable offsets of the partitions with
 	// offsets held (stall.go); nil when there are none.
 	stalls map[int32]*stall
+
+	// trace is the delivery log (Config.DeliveryLog, trace.go); nil: none.
+	// now stamps its events.
+	trace *deliverylog.Log
+	now   func() time.Time
 }
 
 func newState(ackTimeout time.Duration) *state {
@@ -197,6 +203,7 @@ func newState(ackTimeout time.Duration) *state {
 		held:       map[int32]bool{},
 		largest:    -1,
 		keySeed:    maphash.MakeSeed(),
+		now:        time.Now,
 	}
 }
 
@@ -232,6 +239,9 @@ func (s *state) fitsAnyone(m *Message) bool {
 // addBatch takes messages from the source.
 func (s *state) addBatch(b Batch) {
 	if b.Start >= 0 {
+		if s.trace != nil {
+			s.tracePartition(deliverylog.Restart, b.Partition, b.Start, "")
+		}
 		s.restart(b.Partition, b.Start)
 	}
 	var rs *restoring
@@ -245,6 +255,9 @@ func (s *state) addBatch(b Batch) {
 		m.gen = s.tracker.Gen(m.Partition)
 		s.stats.Consumed++
 		if rs != nil && s.restored(rs, m) {
+			if s.trace != nil {
+				s.traceMessage(deliverylog.Skipped, m, 0)
+			}
 			continue // acked before the restart
 		}
 		if s.frameSize != nil {
@@ -321,6 +334,9 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 		s.weighted++
 	}
 	s.clients[id] = c
+	if s.trace != nil {
+		s.traceClient(deliverylog.Join, id, name, "")
+	}
 	if l := s.largestSize(); l != 0 && (c.maxSize == 0 || c.maxSize > l) {
 		s.largest = c.maxSize
 	}
@@ -425,6 +441,9 @@ func (s *state) settleRange(id uint64, op Op, r Range, how NackInfo, now time.Ti
 func (s *state) settleFlight(op Op, f *flight, how NackInfo, now time.Time) uint64 {
 	switch op {
 	case OpAck:
+		if s.trace != nil {
+			s.traceFlight(deliverylog.Ack, f, "")
+		}
 		s.deadlines.remove(f)
 		c, m := f.client, f.msg
 		s.unlink(f)
@@ -507,6 +526,9 @@ func (s *state) own(id, did uint64) *flight {
 func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	c, m := f.client, f.msg
 	if s.revoking > 0 && s.revoked(m.Partition) {
+		if s.trace != nil {
+			s.traceFlight(deliverylog.Returned, f, outcomeKinds[reason].String())
+		}
 		s.parts[m.Partition].revoke.returned++
 		s.unlink(f)
 		s.recycle(f)
@@ -515,15 +537,23 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 		}
 		return
 	}
+	pending := s.tracker.Pending(m.Partition, m.Offset, m.gen)
+	counted := pending && s.counts(m, reason, how, now)
+	if s.trace != nil {
+		if pending {
+			s.traceFailure(f, reason, counted)
+		} else {
+			s.traceFlight(deliverylog.Forgotten, f, outcomeKinds[reason].String())
+		}
+	}
 	s.unlink(f)
 	s.recycle(f)
-	if !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
+	if !pending {
 		if m.keyHash != 0 {
 			s.keyDone(m)
 		}
 		return
 	}
-	counted := s.counts(m, reason, how, now)
 	if counted {
 		s.failed(m, reason, how.Reason, now)
 	} else {
@@ -711,6 +741,9 @@ func (s *state) number(c *client) {
 	for i := range c.out {
 		s.flights.insert(f)
 		c.out[i].ID = f.id
+		if s.trace != nil {
+			s.traceFlight(deliverylog.Deliver, f, "")
+		}
 		f = f.next
 	}
 }

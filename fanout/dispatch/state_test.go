@@ -3,9 +3,15 @@ package dispatch
 import (
 	"cmp"
 	"fmt"
+	"io"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 )
 
 // recSink records what the dispatcher sends to one client.
@@ -328,12 +334,16 @@ func BenchmarkDispatchAck(b *testing.B) {
 	b.Run("keys=many", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, keys: 1 << 30}) })
 	b.Run("keys=few", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, keys: 8}) })
 	b.Run("observer", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, observer: true}) })
+	// With --delivery-log: two events per message (delivery, ack) queued
+	// for the log's writer.
+	b.Run("delivery-log", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, deliveryLog: true}) })
 }
 
 type benchOpts struct {
 	sized, weighted, observer bool
 	ranges                    bool // acks by ranges, as batch clients send them
 	keys                      int  // key ordering over this many keys; 0: off
+	deliveryLog               bool // a delivery log in a temporary directory
 }
 
 // weightedDiscardSink is a discarding client of weight w.
@@ -352,6 +362,16 @@ func benchDispatchAck(b *testing.B, o benchOpts) {
 	}
 	if o.keys > 0 {
 		s.keys = map[uint64]keyGate{}
+	}
+	if o.deliveryLog {
+		quiet := logrus.New()
+		quiet.SetOutput(io.Discard)
+		l, err := deliverylog.OpenFile(filepath.Join(b.TempDir(), "delivery.log"), "bench", logrus.NewEntry(quiet))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		s.trace = l
 	}
 	sinks := make([]ClientSink, clients)
 	discards := make([]*discardSink, clients)
