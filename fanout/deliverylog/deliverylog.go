@@ -58,9 +58,10 @@ const (
 	Nack
 	// Timeout: no ack came within the ack timeout (Detail: counted).
 	Timeout
-	// Gone: its client left holding it (Detail: counted, or
-	// uncounted-window: within the liveness window of the message's last
-	// counted disconnect).
+	// Gone: its client left holding it (Detail: counted; uncounted-goodbye,
+	// the client said goodbye; uncounted-shutdown, the daemon closed the
+	// connection; or uncounted-window: within the liveness window of the
+	// message's last counted disconnect).
 	Gone
 	// Returned: it came back while its partition was being handed over
 	// (Detail: nack, timeout or gone): left to the next owner, not counted.
@@ -112,6 +113,9 @@ const (
 	Counted              = "counted"
 	UncountedUnprocessed = "uncounted-unprocessed"
 	UncountedWindow      = "uncounted-window"
+	// Uncounted, with a client's leave reason after it (goodbye, shutdown),
+	// says why a Gone did not count.
+	Uncounted = "uncounted-"
 )
 
 // Event is one line of the log. Partition and Offset are -1, ID, Attempt

@@ -673,7 +673,7 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 				s.traceClient(deliverylog.Leave, c.id, c.name, r.reason.String())
 			}
 		}
-		s.leave(r.id, now)
+		s.leave(r.id, r.reason, now)
 	case reqAck:
 		s.ack(r.id, r.ids)
 	case reqNack:

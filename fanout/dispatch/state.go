@@ -56,8 +56,10 @@ type Stats struct {
 	Observers         int    // observers joined
 	// NotCounted counts the failed deliveries that did not count toward
 	// Config.MaxAttempts: nacks of deliveries the client never processed
-	// (NackInfo.Unprocessed), and disconnects within Config.DisconnectWindow
-	// of a message's last counted one.
+	// (NackInfo.Unprocessed), deliveries unanswered when their client said
+	// goodbye (LeaveGoodbye) or the daemon closed its connection
+	// (LeaveShutdown), and disconnects within Config.DisconnectWindow of a
+	// message's last counted one.
 	NotCounted uint64
 	// Skipped counts the messages received after a restart that the stored
 	// progress shows acked already (Config.Progress): not delivered again.
@@ -321,7 +323,7 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 		max = 1
 	}
 	if s.clients[id] != nil || s.observer(id) != nil {
-		s.leave(id, time.Time{}) // a reused id replaces the old client
+		s.leave(id, LeaveDisconnect, time.Time{}) // a reused id replaces the old client
 	}
 	c := &client{id: id, name: name, sink: sink, max: max, weight: protocol.DefaultWeight}
 	if ls, ok := sink.(LimitedSink); ok && ls.MaxFrameSize() > 0 {
@@ -348,8 +350,8 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 }
 
 // leave removes a client, or an observer, and queues its flights for other
-// clients; now is when, for their retry delay.
-func (s *state) leave(id uint64, now time.Time) {
+// clients; reason is why it left, now when (for their retry delay).
+func (s *state) leave(id uint64, reason LeaveReason, now time.Time) {
 	c := s.clients[id]
 	if c == nil {
 		s.unobserve(id)
@@ -363,10 +365,20 @@ func (s *state) leave(id uint64, now time.Time) {
 	if c.maxSize == s.largest {
 		s.largestStale = true
 	}
+	// A client that says goodbye did not crash on what it held: it left
+	// gracefully, and its deliveries unanswered were not processed (a
+	// retiring session of the Go and Python clients holds what reached it
+	// after it gave one back). Nor did one whose connection the daemon
+	// closed (it stops serving, or shuts down). Their deliveries do not
+	// count as failed attempts.
+	var how NackInfo
+	if reason == LeaveGoodbye || reason == LeaveShutdown {
+		how = NackInfo{Unprocessed: true, Reason: reason.String()}
+	}
 	for f := c.first; f != nil; {
 		next := f.next
 		s.deadlines.remove(f)
-		s.requeue(f, RedeliverDisconnect, now, NackInfo{})
+		s.requeue(f, RedeliverDisconnect, now, how)
 		f = next
 	}
 	c.first, c.last, c.n = nil, nil, 0
@@ -541,7 +553,7 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	counted := pending && s.counts(m, reason, how, now)
 	if s.trace != nil {
 		if pending {
-			s.traceFailure(f, reason, counted)
+			s.traceFailure(f, reason, how, counted)
 		} else {
 			s.traceFlight(deliverylog.Forgotten, f, outcomeKinds[reason].String())
 		}

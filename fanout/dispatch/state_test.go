@@ -195,7 +195,7 @@ func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
 	s, sinks := setup(3, 3)
 	s.addBatch(batch(0, 0, 6))
 	s.dispatch(t0)
-	s.leave(1, t0)
+	s.leave(1, LeaveDisconnect, t0)
 	s.ack(2, ids(sinks[1].got))
 	s.dispatch(t0)
 	got := offsetsOf(sinks[1].got)
@@ -309,7 +309,7 @@ func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
 
 func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 	s, sinks := setup(10, 10)
-	s.leave(1, t0)
+	s.leave(1, LeaveDisconnect, t0)
 	s.addBatch(batch(0, 0, 4))
 	s.dispatch(t0)
 	if len(sinks[0].got) != 0 || len(sinks[1].got) != 4 {
@@ -630,7 +630,7 @@ func TestLargeWaitsForTheClientItFits(t *testing.T) {
 	}
 	// When the only client that fits leaves, the large message it held is
 	// too large for everyone left.
-	s.leave(2, t0)
+	s.leave(2, LeaveDisconnect, t0)
 	s.dispatch(t0)
 	if st := s.snapshot(); st.TooLarge != 1 || !slices.Equal(reported, []int64{4}) {
 		t.Fatalf("too large %d, reported %v after the big client left; want 1, [4]", st.TooLarge, reported)
@@ -682,7 +682,7 @@ func TestClientStats(t *testing.T) {
 	if st := s.snapshot(); st.Acked != 3 || st.UnknownAcks != 3 {
 		t.Errorf("Acked %d, UnknownAcks %d; want 3 and 3", st.Acked, st.UnknownAcks)
 	}
-	s.leave(1, t0)
+	s.leave(1, LeaveDisconnect, t0)
 	if got := s.clientStats(); len(got) != 1 || got[0].ID != 2 {
 		t.Errorf("after client 1 left: %+v", got)
 	}

@@ -37,13 +37,15 @@ func (s *state) traceClient(k deliverylog.Kind, id uint64, name, detail string) 
 	s.trace.Add(deliverylog.Event{At: s.now(), Kind: k, Partition: -1, Offset: -1, Session: id, Detail: detail, Client: name})
 }
 
-// traceFailure logs the failed attempt f (reason, counted or not).
-func (s *state) traceFailure(f *flight, reason int, counted bool) {
+// traceFailure logs the failed attempt f (reason, how, counted or not).
+func (s *state) traceFailure(f *flight, reason int, how NackInfo, counted bool) {
 	detail := deliverylog.Counted
 	switch {
 	case counted:
 	case reason == RedeliverNack:
 		detail = deliverylog.UncountedUnprocessed
+	case how.Unprocessed: // the client left gracefully, or the daemon closed its connection
+		detail = deliverylog.Uncounted + how.Reason
 	default:
 		detail = deliverylog.UncountedWindow
 	}

@@ -90,7 +90,7 @@ func TestDeliveryLogRecordsEveryAttemptAndItsOutcome(t *testing.T) {
 	s.ack(1, ids(k1.got))                                                 // 0 done
 	s.nack(2, ids(k2.got), NackInfo{Unprocessed: true}, now)              // 1 given back: not counted
 	s.dispatch(now)                                                       // 1 to c1 (another client)
-	s.leave(1, now)                                                       // counted
+	s.leave(1, LeaveDisconnect, now)                                      // counted
 	s.dispatch(now)                                                       // 1 to c2, attempt 2
 	now = now.Add(timeout)                                                //
 	s.expire(now)                                                         // counted

@@ -519,18 +519,23 @@ func (v *verifier) stretchOf(d *delivery, a *attempt) *stretch {
 
 // replayCause explains a record delivered again after prev was acked (or
 // ended unanswered, its daemon's stretch over): its partition restarted
-// below it, or cur comes from another stretch than prev's, which a handoff
-// or a fault of prev's daemon ended.
+// below it within the stretch, or cur comes from another stretch than
+// prev's, which a handoff or a fault of prev's daemon ended.
 func (v *verifier) replayCause(prev, cur *delivery, a, b *attempt) string {
 	node := v.node(prev)
-	if v.h != nil && ((a != nil && a.out.Kind == deliverylog.Forgotten) ||
-		v.h.restartedBelow(v.node(cur), cur.Partition, cur.Offset, prev.At, cur.At)) {
+	if a != nil && a.out.Kind == deliverylog.Forgotten {
 		return causeRestart
 	}
 	sa, sb := v.stretchOf(prev, a), v.stretchOf(cur, b)
 	switch {
 	case sa != nil && sa == sb:
-		return causeUnexplained // the same stretch delivered it again
+		// The same stretch delivered it again: only after its source
+		// restarted the partition below it (a new stretch starts each
+		// partition where the store says: that is no restart).
+		if v.h.restartedBelow(sa.node, cur.Partition, cur.Offset, prev.At, cur.At) {
+			return causeRestart
+		}
+		return causeUnexplained
 	case sa != nil && v.spread && sa.how == endRevoked && !sa.end.After(cur.At):
 		return causeHandoff // its ownership moved
 	case sa == nil && v.spread && v.ownerMoved(node, prev, cur):
