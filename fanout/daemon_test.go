@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -274,12 +273,7 @@ func TestDaemonWritesItsDeliveryLog(t *testing.T) {
 	}
 	var evs []deliverylog.Event
 	testutil.WaitFor(t, 10*time.Second, "the ack in the delivery log", func() bool {
-		f, err := os.Open(path)
-		if err != nil {
-			return false
-		}
-		defer f.Close()
-		evs, _, _ = deliverylog.Parse(f)
+		evs, _, _ = deliverylog.ReadFile(path)
 		return len(evs) > 0 && evs[len(evs)-1].Kind == deliverylog.Ack
 	})
 	var kinds []string

@@ -316,6 +316,16 @@ func appendWord(b []byte, s string, last bool) []byte {
 	return b
 }
 
+// ReadFile reads the delivery log at path (Parse).
+func ReadFile(path string) (events []Event, bad int, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("delivery log: %w", err)
+	}
+	defer f.Close()
+	return Parse(f)
+}
+
 // Parse reads a delivery log. Lines it cannot read (a file cut short by a
 // full disk) are skipped and counted in bad.
 func Parse(r io.Reader) (events []Event, bad int, err error) {

@@ -3,7 +3,6 @@ package deliverylog
 import (
 	"bytes"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -162,12 +161,7 @@ func TestOpenFileAppendsAndNamesTheProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	evs, bad, err := Parse(f)
+	evs, bad, err := ReadFile(path)
 	if err != nil || bad != 0 || len(evs) != 4 {
 		t.Fatalf("%d events, %d bad, err %v", len(evs), bad, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -32,12 +31,7 @@ func openLog(t *testing.T) (l *deliverylog.Log, read func() []deliverylog.Event)
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		f, err := os.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		evs, bad, err := deliverylog.Parse(f)
+		evs, bad, err := deliverylog.ReadFile(path)
 		if err != nil || bad != 0 || len(evs) == 0 || evs[0].Kind != deliverylog.Open {
 			t.Fatalf("log: %d events, %d bad lines, err %v", len(evs), bad, err)
 		}
@@ -98,11 +92,7 @@ func TestDeliveryLogRecordsEveryAttemptAndItsOutcome(t *testing.T) {
 	s.nack(2, []uint64{last(k2).ID}, NackInfo{Reason: "no"}, now)         // counted: the third
 	s.deadLettered([]*Message{s.deadLetter.(*recDeadLetter).sent[0].Msg}) // stored
 	evs := read()
-	var got []string
-	for _, e := range evs {
-		got = append(got, line(e))
-	}
-	want := []string{
+	checkLog(t, evs, []string{
 		"join -1/-1 a0 s1  c1",
 		"join -1/-1 a0 s2  c2",
 		"restart 0/0 a0 s0  ",
@@ -118,11 +108,20 @@ func TestDeliveryLogRecordsEveryAttemptAndItsOutcome(t *testing.T) {
 		"nack 0/1 a3 s2 counted c2",
 		"dead-letter 0/1 a3 s0  ",
 		"dead-lettered 0/1 a3 s0  ",
+	})
+	checkOutcomes(t, evs)
+}
+
+// checkLog compares the events, as lines, with want.
+func checkLog(t *testing.T, evs []deliverylog.Event, want []string) {
+	t.Helper()
+	var got []string
+	for _, e := range evs {
+		got = append(got, line(e))
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("log:\n%s\nwant:\n%s", join(got), join(want))
 	}
-	checkOutcomes(t, evs)
 }
 
 func join(ls []string) string {
@@ -155,11 +154,7 @@ func TestDeliveryLogRecordsWhatThePartitionsDo(t *testing.T) {
 	s.addBatch(batch(0, 0, 1))
 	s.dispatch(now)
 	s.forget(0, "lost")
-	var got []string
-	for _, e := range read() {
-		got = append(got, line(e))
-	}
-	want := []string{
+	checkLog(t, read(), []string{
 		"assign 0/-1 a0 s0  ",
 		"deliver 0/0 a1 s1  c1",
 		"deliver 0/1 a1 s2  c2",
@@ -170,10 +165,7 @@ func TestDeliveryLogRecordsWhatThePartitionsDo(t *testing.T) {
 		"deliver 0/0 a1 s1  c1",
 		"lost 0/-1 a0 s0 lost ",
 		"dropped 0/0 a1 s1 lost c1",
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("log:\n%s\nwant:\n%s", join(got), join(want))
-	}
+	})
 }
 
 // The dispatcher logs its start, and at its stop every delivery still out
@@ -195,18 +187,11 @@ func TestDeliveryLogRecordsTheDispatchersStartAndStop(t *testing.T) {
 	k.next(t)
 	cancel(ErrAbandon)
 	<-done
-	var got []string
-	for _, e := range read() {
-		got = append(got, line(e))
-	}
-	want := []string{
+	checkLog(t, read(), []string{
 		"start -1/-1 a0 s0 all-partitions ",
 		"join -1/-1 a0 s7  c7",
 		"deliver 0/0 a1 s7  c7",
 		"dropped 0/0 a1 s7 stopped c7",
 		"stop -1/-1 a0 s0 abandoned ",
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("log:\n%s\nwant:\n%s", join(got), join(want))
-	}
+	})
 }

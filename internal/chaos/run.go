@@ -614,12 +614,7 @@ func readDeliveryLogs(dir string) (map[string][]deliverylog.Event, int, error) {
 	out := map[string][]deliverylog.Event{}
 	bad := 0
 	for _, name := range files {
-		f, err := os.Open(name)
-		if err != nil {
-			return nil, 0, err
-		}
-		evs, n, err := deliverylog.Parse(f)
-		f.Close()
+		evs, n, err := deliverylog.ReadFile(name)
 		if err != nil {
 			return nil, 0, fmt.Errorf("%s: %w", name, err)
 		}
