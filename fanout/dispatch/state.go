@@ -731,7 +731,7 @@ func (s *state) dispatch(now time.Time) {
 	for _, c := range s.touched {
 		c.touched = false
 		if !c.gone {
-			s.number(c)
+			s.number(c, now)
 			c.sink.Send(c.out)
 		}
 		c.out = nil
@@ -744,8 +744,8 @@ func (s *state) dispatch(now time.Time) {
 
 // number gives the flights of c's deliveries of this round, the last of its
 // list, their ids: consecutive ones (but where a slot is taken), so that c
-// can name them as a range.
-func (s *state) number(c *client) {
+// can name them as a range; now is the round's time.
+func (s *state) number(c *client, now time.Time) {
 	f := c.last
 	for range len(c.out) - 1 {
 		f = f.prev
@@ -754,7 +754,8 @@ func (s *state) number(c *client) {
 		s.flights.insert(f)
 		c.out[i].ID = f.id
 		if s.trace != nil {
-			s.traceFlight(deliverylog.Deliver, f, "")
+			// Stamped with the time its ack deadline counts from.
+			s.traceFlightAt(deliverylog.Deliver, f, "", now)
 		}
 		f = f.next
 	}

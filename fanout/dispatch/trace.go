@@ -1,6 +1,10 @@
 package dispatch
 
-import "github.com/nanoservice/core-fanout/fanout/deliverylog"
+import (
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
+)
 
 // The delivery log (Config.DeliveryLog): the state writes one event per
 // delivery, per outcome of one, and per change of what it serves. Every call
@@ -17,7 +21,12 @@ var outcomeKinds = [numRedeliverReasons]deliverylog.Kind{
 
 // traceFlight logs event k of flight f, which must still be whole.
 func (s *state) traceFlight(k deliverylog.Kind, f *flight, detail string) {
-	s.trace.Add(deliverylog.Event{At: s.now(), Kind: k, Partition: f.msg.Partition, Offset: f.msg.Offset, ID: f.id,
+	s.traceFlightAt(k, f, detail, s.now())
+}
+
+// traceFlightAt is traceFlight at time at.
+func (s *state) traceFlightAt(k deliverylog.Kind, f *flight, detail string, at time.Time) {
+	s.trace.Add(deliverylog.Event{At: at, Kind: k, Partition: f.msg.Partition, Offset: f.msg.Offset, ID: f.id,
 		Attempt: f.attempt, Session: f.client.id, Detail: detail, Client: f.client.name})
 }
 

@@ -73,7 +73,8 @@ func TestDeliveryLogRecordsEveryAttemptAndItsOutcome(t *testing.T) {
 	l, read := openLog(t)
 	now := t0
 	s := newState(timeout)
-	s.trace, s.now = l, func() time.Time { return now }
+	// The state's clock runs a little ahead of the rounds' time.
+	s.trace, s.now = l, func() time.Time { return now.Add(time.Millisecond) }
 	s.maxAttempts, s.deadLetter, s.disconnectWindow = 3, &recDeadLetter{}, 2*time.Second
 	k1, k2 := &recSink{}, &recSink{}
 	s.join(1, "c1", 1, k1)
@@ -110,6 +111,16 @@ func TestDeliveryLogRecordsEveryAttemptAndItsOutcome(t *testing.T) {
 		"dead-lettered 0/1 a3 s0  ",
 	})
 	checkOutcomes(t, evs)
+	// A delivery is stamped with the round's time, which its ack deadline
+	// counts from: its timeout comes no sooner than the ack timeout after.
+	for _, e := range evs {
+		if e.Kind == deliverylog.Deliver && !e.At.Equal(t0) && !e.At.Equal(t0.Add(timeout)) {
+			t.Fatalf("%s stamped %v, not its round's time", line(e), e.At.Sub(t0))
+		}
+		if e.Kind == deliverylog.Timeout && e.At.Sub(evs[9].At) < timeout {
+			t.Fatalf("timed out %v after its delivery", e.At.Sub(evs[9].At))
+		}
+	}
 }
 
 // checkLog compares the events, as lines, with want.

@@ -332,6 +332,13 @@ func (v *verifier) leftHolding(a *attempt) bool {
 		(a.seen.outcome == 0 || a.seen.doneAt.After(leave.At))
 }
 
+// closedByDaemon reports whether a's daemon closed its client's connection
+// itself (leave reason shutdown: it stopped serving, or shut down).
+func (v *verifier) closedByDaemon(a *attempt) bool {
+	leave, ok := v.h.leaves[sessionKey{a.node, a.inc, a.Session}]
+	return ok && leave.Detail == "shutdown"
+}
+
 // failureCause explains the counted failure of attempt a of record k, or
 // returns causeUnexplained. A fault that excuses it is used up for k.
 func (v *verifier) failureCause(a *attempt, k key) string {
@@ -459,6 +466,11 @@ func (v *verifier) duplicateCause(prev, cur *delivery) string {
 	case deliverylog.Gone:
 		if v.leftHolding(a) {
 			return causeClientLeft
+		}
+		if v.closedByDaemon(a) {
+			// The daemon sent its clients away (it stopped serving):
+			// what served it ended.
+			return v.replayCause(prev, cur, a, b)
 		}
 	case 0:
 		// Without the daemon's log: the client never answered it; the

@@ -306,3 +306,35 @@ func TestVerifyExplainsADuplicateByTheFailureBeforeIt(t *testing.T) {
 		t.Fatalf("without the cut: duplicates %v, failures %v", res.Duplicates, res.Failures)
 	}
 }
+
+// A delivery its daemon took back by closing the connection itself (it
+// stopped serving the partition: in a ZooKeeper restart, a spread member
+// sends its clients away) is delivered again by what serves it next: a
+// handoff; while its partition stays with it, nothing explains it.
+func TestVerifyExplainsADeliveryTheDaemonTookBackByWhatServesItNext(t *testing.T) {
+	in := healthy()
+	var l dlog
+	l.partition(0, deliverylog.Start, "assigned-partitions")
+	l.add(10, deliverylog.Assign, 0, -1, 0, 0, 0, "", "")
+	// The client reads, and acks, what was in its socket when the daemon
+	// closed it.
+	first := l.deliver(1000, 100, 1, 1, "c0.1", "m2")
+	l.add(1010, deliverylog.Leave, -1, -1, 0, 0, 1, "shutdown", "c0.1")
+	l.outcome(1010, deliverylog.Gone, 100, 1, 1, deliverylog.Uncounted+"shutdown", "c0.1")
+	first.At = at(1020)
+	in.Events = append(in.Events, first, ev(1030, EventAck, "c0.1", 100, 0, 0))
+	handoff := []deliverylog.Event{{At: at(1100), Kind: deliverylog.Revoked, Partition: 0, Offset: 0},
+		{At: at(5000), Kind: deliverylog.Assign, Partition: 0, Offset: 0}}
+	var next dlog
+	in.Events = append(in.Events, next.deliver(5100, 101, 1, 2, "c1.1", "m2"), ev(5110, EventAck, "c1.1", 101, 0, 0))
+	next.outcome(5111, deliverylog.Ack, 101, 1, 2, "", "c1.1")
+	in.Deliveries = map[string][]deliverylog.Event{"d2": append(append(l, handoff...), next...)}
+	res := Verify(in, false)
+	if res.Duplicates[causeHandoff] != 1 || res.NotCounted[deliverylog.Uncounted+"shutdown"] != 1 || !res.Passed() {
+		t.Fatalf("handed over: duplicates %v, not counted %v (passed %v)", res.Duplicates, res.NotCounted, res.Passed())
+	}
+	in.Deliveries = map[string][]deliverylog.Event{"d2": append(l, next...)}
+	if res := Verify(in, false); res.Duplicates[causeUnexplained] != 1 || res.Passed() {
+		t.Fatalf("kept: duplicates %v (passed %v), want unexplained", res.Duplicates, res.Passed())
+	}
+}
