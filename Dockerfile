@@ -18,7 +18,6 @@ WORKDIR /src
 # Modules first, so that the download layer is cached across source changes.
 COPY go.mod go.sum ./
 COPY client/go.mod client/go.sum client/
-COPY protocol/go.mod protocol/go.sum protocol/
 RUN go mod download
 COPY . .
 ARG VERSION=docker

@@ -7,6 +7,7 @@ require (
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/prometheus/client_golang v1.25.0
 	github.com/xdg-go/scram v1.4.0
+	golang.org/x/mod v0.43.0
 	golang.org/x/term v0.46.0
 )
 
@@ -34,7 +35,6 @@ require (
 	github.com/jcmturner/rpc/v2 v2.0.3 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/nanoservice/core-fanout/client v0.0.0
-	github.com/nanoservice/core-fanout/protocol v0.0.0
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/rcrowley/go-metrics v0.0.0-20250401214520-65e299d6c5c9
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
@@ -52,5 +52,3 @@ require (
 )
 
 replace github.com/nanoservice/core-fanout/client => ./client
-
-replace github.com/nanoservice/core-fanout/protocol => ./protocol

@@ -6,7 +6,6 @@ require (
 	github.com/IBM/sarama v1.61.1
 	github.com/nanoservice/core-fanout v0.0.0
 	github.com/nanoservice/core-fanout/client v0.0.0
-	github.com/nanoservice/core-fanout/protocol v0.0.0
 	github.com/sirupsen/logrus v1.10.2
 )
 
@@ -39,5 +38,3 @@ require (
 replace github.com/nanoservice/core-fanout => ../
 
 replace github.com/nanoservice/core-fanout/client => ../client
-
-replace github.com/nanoservice/core-fanout/protocol => ../protocol

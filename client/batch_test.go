@@ -8,7 +8,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // batchWelcome is testWelcome listing CAPABILITY_BATCH: the daemon reads

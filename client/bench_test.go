@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // BenchmarkAck measures acks per second from the Ack call through the

@@ -77,10 +77,10 @@
 //		}
 //	}
 //
-// Delivery policies (the daemon's README): a worker that should retry later
-// gives the message back with a delay, and may say why (the reason reaches
-// the daemon's log and, once the message has failed the daemon's
-// --max-attempts, its dead-letter record):
+// Delivery policies (docs/delivery.md in the daemon's repository): a
+// worker that should retry later gives the message back with a delay, and
+// may say why (the reason reaches the daemon's log and, once the message
+// has failed the daemon's --max-attempts, its dead-letter record):
 //
 //	if err := process(m.Value); err != nil {
 //		m.NackWith(30*time.Second, err.Error()) // or m.NackWithDelay(30 * time.Second)

@@ -3,7 +3,7 @@ package client_test
 import (
 	"net"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // startExampleDaemon starts a stand-in for a fanout daemon, written with

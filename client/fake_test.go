@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // testTimeout bounds every wait in these tests.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // eventKind says what a link tells the client's run loop.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // spread dials a client with credit to ds[0], which lists every fake of ds
@@ -213,7 +213,7 @@ func TestRetiringSessionWaitsAtMostTheAckTimeout(t *testing.T) {
 // daemon does not know the session retires: it has credit there) is given
 // back at once, with a nack, rather than left in flight at the daemon until
 // its ack timeout or the session's Goodbye, which waits for the messages
-// passed on. Issue 16: a record the chaos run saw its owner never deliver
+// passed on. A record the chaos run saw its owner never deliver
 // (docs/chaos/evidence/quick-spread-seed7-p7-gap.tar.gz) had gone to the
 // silent client's retiring session.
 func TestRetiringSessionGivesBackLateDeliveries(t *testing.T) {

@@ -24,15 +24,15 @@ func goLine(tb testing.TB, path string) string {
 }
 
 // oldestGo is the oldest Go that applications importing the client may
-// use, as the README says: the go directive of google.golang.org/protobuf,
+// use, as docs/clients.md says: the go directive of google.golang.org/protobuf,
 // which protocol needs.
 const oldestGo = "1.23"
 
 // An application on oldestGo imports the client: its go.mod stays at that
 // Go after go mod tidy (which raises it to the highest go directive of the
-// modules it builds from), and it builds. The client and protocol are
-// modules of their own for this: the daemon's module needs a newer Go. It
-// runs offline, from the module cache.
+// modules it builds from), and it builds. The client, with the protocol
+// package inside, is a module of its own for this: the daemon's module needs
+// a newer Go. It runs offline, from the module cache.
 func TestImportableFromOlderGo(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("the go command is needed: %v", err)
@@ -41,12 +41,9 @@ func TestImportableFromOlderGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	protocolDir := filepath.Join(filepath.Dir(clientDir), "protocol")
 	want := oldestGo
-	for _, mod := range []string{"go.mod", filepath.Join(protocolDir, "go.mod")} {
-		if got := goLine(t, mod); got != want {
-			t.Errorf("%s: go %s, want %s (oldestGo)", mod, got, want)
-		}
+	if got := goLine(t, "go.mod"); got != want {
+		t.Errorf("go.mod: go %s, want %s (oldestGo)", got, want)
 	}
 	app := t.TempDir()
 	write := func(name, text string) {
@@ -56,8 +53,7 @@ func TestImportableFromOlderGo(t *testing.T) {
 	}
 	write("go.mod", "module example.com/app\n\ngo "+want+"\n\n"+
 		"require github.com/nanoservice/core-fanout/client v0.0.0\n\n"+
-		"replace github.com/nanoservice/core-fanout/client => "+clientDir+"\n\n"+
-		"replace github.com/nanoservice/core-fanout/protocol => "+protocolDir+"\n")
+		"replace github.com/nanoservice/core-fanout/client => "+clientDir+"\n")
 	write("main.go", `package main
 
 import (
@@ -95,4 +91,30 @@ func main() {
 	}
 	run("vet", ".")
 	run("build", "-o", filepath.Join(app, "app"), ".")
+}
+
+// The client's go.mod names no other module of this repository and
+// replaces nothing: a replace directive counts only in the main module, so an
+// application importing the client would have to find such a module on a
+// proxy, at the version named (integration's
+// TestGoClientFromOutsideTheRepository builds one that way, from a proxy).
+func TestModuleNeedsNothingElseOfThisRepository(t *testing.T) {
+	b, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if fields[0] == "replace" {
+			t.Errorf("go.mod:%d: %s: a replace directive, which an application importing the client ignores", i+1, line)
+		}
+		for _, f := range fields {
+			if strings.HasPrefix(f, "github.com/nanoservice/") && f != "github.com/nanoservice/core-fanout/client" {
+				t.Errorf("go.mod:%d: %s: names another module of this repository", i+1, line)
+			}
+		}
+	}
 }

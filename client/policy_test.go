@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // Weight and Observe go in the Hello; a client that sets neither sends the

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // Handler processes one message for Consume. It returns nil once the

@@ -12,13 +12,13 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/go-zookeeper/zk"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Status returns the daemon's view of its cluster, the console's document:

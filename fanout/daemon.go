@@ -2,7 +2,9 @@ package fanout
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -48,12 +50,18 @@ type Daemon struct {
 	rates     *console.Rates  // the console's message rates, sampled while the metrics listener runs
 	tls       *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
 	tokens    *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
+	recheck   chan struct{}   // capacity 1: the tokens or the client CA changed (watchCredentials)
 
 	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
 
 	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
 	handoffs  atomic.Uint64                   // spread mode: handoffs done
 	committed atomic.Bool                     // spread mode: the group has committed offsets, as far as this member knows
+
+	// With --max-attempts, set by Run before any term: the dead-letter
+	// producers' client, and the largest record it sends (deadLetterLimit).
+	deadClient sarama.Client
+	deadLimit  int
 
 	delivery *deliverylog.Log // --delivery-log, open while Run runs; nil without
 }
@@ -69,6 +77,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		log:       opts.Logger.WithFields(logrus.Fields{"id": opts.ID, "topic": opts.Topic}),
 		listening: make(chan struct{}),
 		ready:     make(chan struct{}),
+		recheck:   make(chan struct{}, 1),
 	}
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	d.rates = console.NewRates(console.SampleInterval)
@@ -79,12 +88,16 @@ func New(opts Options) (_ *Daemon, err error) {
 		}
 		tlsCfg = d.tls.Config()
 	}
-	var authenticate func(string) (string, bool)
+	var authenticate func([sha256.Size]byte) (string, bool)
 	if opts.AuthTokensFile != "" {
 		if d.tokens, err = authtoken.Open(opts.AuthTokensFile, d.tokensReloaded); err != nil {
 			return nil, err
 		}
-		authenticate = d.tokens.Check
+		authenticate = d.tokens.CheckSum
+	}
+	var verifyClient func([]*x509.Certificate) error
+	if d.tls != nil && d.tls.MutualTLS() {
+		verifyClient = d.tls.VerifyClient
 	}
 	srv, err := server.New(server.Config{
 		Listen:         opts.Listen,
@@ -102,6 +115,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		AuthToken:      opts.AuthToken,
 		TLS:            tlsCfg,
 		Authenticate:   authenticate,
+		VerifyClient:   verifyClient,
 		Leadership:     d.leadership,
 		Members:        d.members,
 		Logger:         d.log,
@@ -115,14 +129,70 @@ func New(opts Options) (_ *Daemon, err error) {
 	return d, nil
 }
 
-// ReloadTLS re-reads the client listener's certificate, key and client CA
-// (SIGHUP); they are also re-read when the files change. On error the
-// previous ones stay in force. Without TLS it does nothing.
-func (d *Daemon) ReloadTLS() error {
-	if d.tls == nil {
-		return nil
+// Reload re-reads the client listener's certificate, key and client CA and
+// the named tokens now, whether or not their files changed (SIGHUP), and
+// ends the sessions whose token or certificate they no longer accept (an
+// Error UNAUTHORIZED; their deliveries go to other clients at once). The
+// files are also re-read when they change (watchCredentials). A file that
+// does not load leaves the previous version in force; the outcome is
+// logged.
+func (d *Daemon) Reload() {
+	if d.tls != nil {
+		_ = d.tls.Reload()
 	}
-	return d.tls.Reload()
+	if d.tokens != nil {
+		_ = d.tokens.Reload()
+	}
+	d.reauthorize()
+}
+
+// credentialsPoll is how often watchCredentials looks for changed files:
+// a few stat calls.
+const credentialsPoll = time.Second
+
+// watchCredentials re-reads the named tokens and the client listener's TLS
+// files when they change (looked for every credentialsPoll), and, after
+// every change put in force, ends the sessions whose credentials are no
+// longer accepted, until ctx ends. Without named tokens or a client CA it
+// returns at once: nothing to revoke.
+func (d *Daemon) watchCredentials(ctx context.Context) {
+	if d.tokens == nil && (d.tls == nil || !d.tls.MutualTLS()) {
+		return
+	}
+	tick := time.NewTicker(credentialsPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if d.tokens != nil {
+				d.tokens.Refresh()
+			}
+			if d.tls != nil {
+				d.tls.Refresh()
+			}
+		case <-d.recheck:
+			d.reauthorize()
+		}
+	}
+}
+
+// reauthorize ends the sessions whose credentials are no longer accepted,
+// and logs how many.
+func (d *Daemon) reauthorize() {
+	if n := d.srv.Reauthorize(); n > 0 {
+		d.log.WithField("sessions", n).Warn("client credentials changed: the sessions they no longer accept were ended")
+	}
+}
+
+// credentialsChanged has watchCredentials re-check the sessions; it never
+// blocks (the files' readers call it).
+func (d *Daemon) credentialsChanged() {
+	select {
+	case d.recheck <- struct{}{}:
+	default:
+	}
 }
 
 // tlsReloaded logs the outcome of re-reading the listener's TLS files.
@@ -132,7 +202,8 @@ func (d *Daemon) tlsReloaded(err error) {
 		log.WithError(err).Error("client TLS files changed but do not load: the previous certificate stays in force")
 		return
 	}
-	log.Info("client TLS files reloaded: new connections use them")
+	log.Info("client TLS files reloaded: new connections use them, sessions whose certificate they no longer accept end")
+	d.credentialsChanged()
 }
 
 // tokensReloaded logs the outcome of re-reading the named tokens; never a
@@ -143,7 +214,8 @@ func (d *Daemon) tokensReloaded(err error) {
 		log.WithError(err).Error("client tokens file changed but does not load: the previous tokens stay in force")
 		return
 	}
-	log.WithField("tokens", d.tokens.Len()).Info("client tokens file reloaded: new connections use it")
+	log.WithField("tokens", d.tokens.Len()).Info("client tokens file reloaded: new connections use it, sessions whose token it no longer holds end")
+	d.credentialsChanged()
 }
 
 // Addr returns the client listener's address once Listening is closed.
@@ -220,6 +292,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	var watcher actor.Group
+	watcher.Go(d.log, "credentials watcher", func() { d.watchCredentials(watchCtx) }, nil)
+	defer watcher.Wait()
+	defer stopWatching()
 	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "heartbeat_security": d.heartbeatSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
 		"kafka_security": d.opts.KafkaSecurity.String(), "offset_store": d.opts.OffsetStore}
 	if d.opts.usesZooKeeper() {
@@ -247,6 +324,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if err := d.checkDeadLetterTopic(ctx, client); err != nil {
 			return err
 		}
+		// The dead letters' client: the one place their producer is
+		// configured, its record limit the topic's.
+		d.deadLimit = deadLetterLimit(client, d.opts.DeadLetterTopic, d.log)
+		dead, err := d.connectKafka(ctx, "fanout-dead-letters-"+d.opts.NodeID, func(c *sarama.Config) {
+			c.Producer.MaxMessageBytes = d.deadLimit
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+		defer dead.Close()
+		d.deadClient = dead
 	}
 
 	if d.opts.Store != nil {
@@ -611,6 +699,8 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.HighWaterMarks = t.src.HighWaterMarks()
 		if t.dead != nil {
 			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.topic, t.dead.FailingSince()
+			s.DeadLetterRefused, s.DeadLetterRefusedError = t.dead.Refused()
+			s.DeadLetterValuesOmitted = t.dead.ValuesOmitted()
 		}
 	}
 	s.Clients = d.srv.Clients()

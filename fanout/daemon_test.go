@@ -27,11 +27,25 @@ import (
 // adjusts the options.
 func soloDaemon(t *testing.T, store *offsets.MemoryStore, tune ...func(*Options)) (*Daemon, []string, <-chan error) {
 	t.Helper()
+	return soloDaemonOn(t, newJobsCluster(t), store, tune...)
+}
+
+// newJobsCluster returns an in-process Kafka with topic "jobs" of one
+// partition, closed when the test ends.
+func newJobsCluster(t *testing.T) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
+	return c
+}
+
+// soloDaemonOn is soloDaemon on the in-process Kafka c, which has topic
+// "jobs".
+func soloDaemonOn(t *testing.T, c *kfake.Cluster, store *offsets.MemoryStore, tune ...func(*Options)) (*Daemon, []string, <-chan error) {
+	t.Helper()
 	log := logrus.New()
 	log.SetOutput(io.Discard)
 	opts := Options{

@@ -17,12 +17,12 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Options configures a daemon. Zero values take the defaults noted.
@@ -139,7 +139,7 @@ type Options struct {
 	// ZooKeeper or a missing topic; default 30s.
 	ConnectBackoffMax time.Duration
 
-	// Delivery policies (README: Delivery policies). The zero values
+	// Delivery policies (docs/delivery.md). The zero values
 	// change nothing.
 
 	// MaxAttempts is how many failed deliveries (ack timeout, nack, client

@@ -422,7 +422,7 @@ func TestOwnershipReservesHandsOverAndWaitsForRelease(t *testing.T) {
 
 // A handoff whose release fails (ZooKeeper out of reach, the session alive:
 // a ZooKeeper restart) retries it: a record left naming a live session
-// would keep the next owner waiting until that session ends (issue 16: a
+// would keep the next owner waiting until that session ends (a chaos
 // --quick spread run, seed 8, lost 453 records that way).
 func TestOwnershipRetriesAFailedRelease(t *testing.T) {
 	zk, assign := newFakeZK(), newFakeAssign()

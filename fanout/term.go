@@ -25,15 +25,19 @@ import (
 // alone): the daemon makes a term for each fence it wins and runs them one
 // after another.
 type term struct {
-	fence    offsets.Fence // given to every commit of the term
-	store    offsets.Store
-	client   sarama.Client
-	opts     Options
-	log      *logrus.Entry
-	onCommit func(took time.Duration, err error) // the committer's report, for metrics
-	redirect func()                              // sends every client away once the term is lost
-	serving  *atomic.Pointer[term]               // holds the term while its dispatcher runs
-	delivery *deliverylog.Log                    // --delivery-log; nil without
+	fence  offsets.Fence // given to every commit of the term
+	store  offsets.Store
+	client sarama.Client
+	opts   Options
+	// With --max-attempts: the dead-letter producer's client, and the
+	// largest record it sends (deadLetterLimit).
+	deadClient sarama.Client
+	deadLimit  int
+	log        *logrus.Entry
+	onCommit   func(took time.Duration, err error) // the committer's report, for metrics
+	redirect   func()                              // sends every client away once the term is lost
+	serving    *atomic.Pointer[term]               // holds the term while its dispatcher runs
+	delivery   *deliverylog.Log                    // --delivery-log; nil without
 
 	// Spread mode (nil spread: a leader's term, fenced as a whole): the
 	// term serves the partitions this member owns, each under its own
@@ -53,15 +57,18 @@ type term struct {
 // newTerm returns the daemon's term under fence, not yet running.
 func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offsets.Fence, log *logrus.Entry) *term {
 	return &term{
-		fence:    fence,
-		store:    store,
-		client:   client,
-		opts:     d.opts,
-		log:      log,
-		onCommit: d.observeCommit,
-		redirect: func() { d.srv.RedirectAll(d.leadership()) },
-		serving:  &d.backend.cur,
-		delivery: d.delivery,
+		fence:  fence,
+		store:  store,
+		client: client,
+		opts:   d.opts,
+
+		deadClient: d.deadClient,
+		deadLimit:  d.deadLimit,
+		log:        log,
+		onCommit:   d.observeCommit,
+		redirect:   func() { d.srv.RedirectAll(d.leadership()) },
+		serving:    &d.backend.cur,
+		delivery:   d.delivery,
 
 		ownStatus: &d.ownStatus,
 		handoffs:  &d.handoffs,
@@ -177,17 +184,17 @@ func (t *term) loadProgress(ctx context.Context) (map[int32]offsets.Progress, er
 }
 
 // newDeadLetters returns, with --max-attempts, the term's dead-letter
-// producer on the term's Kafka client (the caller runs it, and closes it
-// once it has stopped); nil without.
+// producer on the daemon's dead-letter client (the caller runs it, and
+// closes it once it has stopped); nil without.
 func (t *term) newDeadLetters() (*deadLetters, error) {
 	if t.opts.MaxAttempts == 0 {
 		return nil, nil
 	}
-	producer, err := sarama.NewSyncProducerFromClient(t.client)
+	producer, err := sarama.NewSyncProducerFromClient(t.deadClient)
 	if err != nil {
 		return nil, fmt.Errorf("dead-letter producer: %w", err)
 	}
-	return newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.opts.ConnectBackoffMax, t.log), nil
+	return newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.deadLimit, t.opts.ConnectBackoffMax, t.log), nil
 }
 
 // dispatchConfig is the dispatcher's configuration derived from the

@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/internal/testutil"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
-// Issue 13 against the real Kafka: a Go client with the batch API receives
+// Batched delivery against the real Kafka: a Go client with the batch API receives
 // DeliverBatch frames (whole batches, acked in one call, by ranges) while a
 // client of today's protocol (no CAPABILITY_BATCH) connected to the same
 // daemon keeps receiving single Deliver frames and acking by id; together

@@ -22,10 +22,10 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // ctClientTLS is the client side of TLS: f's CA, and cert and key when set.
@@ -290,8 +290,25 @@ func TestClientNamedTokens(t *testing.T) {
 	if d.logLine("client welcomed", "identity=", "token billing") == "" {
 		t.Error("no log line names the client by its token's name")
 	}
+	// billing holds a second message, unacked (the ack timeout is 2 s):
+	// revoking its token ends its session and the message goes to reports.
+	produceSeq(t, topic, "m", 1, 1)
+	held := recv(t, c, 30*time.Second)
 
 	ctInstall(t, writeTemp(t, "reports:"+reports+"\n"), file)
+	testutil.WaitFor(t, 30*time.Second, "billing's open session ended as unauthorized", func() bool {
+		var re *protocol.RemoteError
+		return errors.As(c.Err(), &re) && re.Code == protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED
+	})
+	if d.logLine("client connection closed", "reason=revoked", "token billing") == "" {
+		t.Errorf("no log line says billing's session was ended as revoked:\n%s", d.output())
+	}
+	r := procDial(t, client.Config{AuthToken: reports}, addr)
+	if m := recv(t, r, 30*time.Second); m.Offset != held.Offset || m.Attempt < 2 {
+		t.Errorf("reports got offset %d attempt %d, want the message billing held (offset %d) again", m.Offset, m.Attempt, held.Offset)
+	} else if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
 	dialWith := func(token string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()

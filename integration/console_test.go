@@ -27,11 +27,11 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/internal/testutil"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // chromium runs Debian's headless Chromium with args, plus the flags that
@@ -282,7 +282,7 @@ func TestConsoleInChromium(t *testing.T) {
 		}
 		return perClient == 2 && sampled >= 3
 	})
-	// The desktop screenshot while messages flow (the README shows it).
+	// The desktop screenshot while messages flow (docs/metrics.md shows it).
 	page := base + "/#token=" + url.QueryEscape(opts.MetricsToken)
 	dir := t.ArtifactDir()
 	screenshot(t, page, filepath.Join(dir, "console.png"), 1280, 860)

@@ -2,7 +2,7 @@
 
 package integration
 
-// Delivery policies (issue 12) against the real Kafka and ZooKeeper: a
+// Delivery policies against the real Kafka and ZooKeeper: a
 // poison message dead-lettered after --max-attempts with its attempts
 // counted across a leader's kill -9, a dead-letter topic the broker refuses
 // holding the offset until it takes the record, and the acked ranges that
@@ -206,20 +206,185 @@ func testPoisonDeadLetteredAcrossFailover(t *testing.T, kafkaStore bool) {
 	t.Logf("dead letter %s/%d@%d headers %v", dlq, r.Partition, r.Offset, h)
 }
 
-// A dead-letter topic the broker refuses (its max.message.bytes below the
-// record) loses nothing: the message is retried with backoff, the offset
-// stays below it while the messages behind it are acked, the failure shows
-// in the log; once the topic takes the record, the offset moves on.
-func TestDeadLetterTopicRefusedHoldsTheOffset(t *testing.T) {
-	setMax := func(t *testing.T, admin sarama.ClusterAdmin, dlq, v string) {
+// A poison record larger than the dead-letter topic takes (its
+// max.message.bytes below the record) is dead-lettered without its value:
+// the letter names the record's topic, partition and offset, carries its
+// key, headers and failures, and says what was left out and why; the
+// partition's committed offset moves on. Whether the topic's limit is known
+// at start (the producer leaves the value out before sending) or lowered
+// afterwards (the broker refuses the record as too large).
+func TestDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		lowered bool // the limit is lowered after the daemon's start
+	}{{"limit at start", false}, {"limit lowered after start", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 5
+			topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
+			createTopic(t, topic, 1)
+			createTopic(t, dlq, 1)
+			admin := polAdmin(t)
+			setMax := func(v string) {
+				t.Helper()
+				if err := admin.AlterConfig(sarama.TopicResource, dlq, map[string]*string{"max.message.bytes": &v}, false); err != nil {
+					t.Fatalf("alter %s max.message.bytes=%s: %v", dlq, v, err)
+				}
+			}
+			if !tc.lowered {
+				setMax("2048")
+			}
+			poison := strings.Repeat("p", 8000)
+			polPoison(t, topic, poison, n)
+			id := uniqueName(t, "svc")
+			addr := procFreeAddr(t)
+			p := procStart(t, procDaemonArgs(t, id, topic, addr, "--max-attempts", "1", "--dead-letter-topic", dlq)...)
+			c := procDial(t, client.Config{MaxInFlight: 20}, addr)
+			if tc.lowered {
+				setMax("2048")
+			}
+			for acked := 0; acked < n; {
+				m := recv(t, c, 30*time.Second)
+				if string(m.Value) == poison {
+					if err := m.NackWith(0, "too big to handle"); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				if err := m.Ack(); err != nil {
+					t.Fatal(err)
+				}
+				acked++
+			}
+			r := polReadTopic(t, dlq, 1)[0]
+			h := polHeaders(r)
+			want := map[string]string{"trace": "t1", fanout.HeaderDeadLetterTopic: topic, fanout.HeaderDeadLetterPartition: "0",
+				fanout.HeaderDeadLetterOffset: "0", fanout.HeaderDeadLetterAttempts: "1", fanout.HeaderDeadLetterLastFailure: "nack",
+				fanout.HeaderDeadLetterNackReason: "too big to handle"}
+			for k, v := range want {
+				if h[k] != v {
+					t.Errorf("dead letter header %s = %q, want %q (headers %v)", k, h[k], v, h)
+				}
+			}
+			if r.Value != nil || string(r.Key) != "poison-key" {
+				t.Errorf("dead letter key %q, value of %d bytes; want the key and no value", r.Key, len(r.Value))
+			}
+			if why := h[fanout.HeaderDeadLetterOmitted]; !strings.HasPrefix(why, "value: ") || !strings.Contains(why, "too large") {
+				t.Errorf("header %s = %q, want what was left out and why", fanout.HeaderDeadLetterOmitted, why)
+			}
+			testutil.WaitFor(t, 30*time.Second, "the offset committed past the dead letter", func() bool {
+				return zkOffsets(t, id, topic)[0] == n+1
+			})
+			if line := p.logLine("dead letter too large for the dead-letter topic", "without the message's value"); line == "" {
+				t.Error("no log line says the dead letter went without its value")
+			}
+			noMessage(t, c, time.Second)
+		})
+	}
+}
+
+// polAdmin returns a cluster admin of the test's Kafka, closed at cleanup.
+func polAdmin(t *testing.T) sarama.ClusterAdmin {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(kafkaAddrs(t), kafka.NewConfig("fanout-integration-admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	return admin
+}
+
+// A compacted dead-letter topic refuses a record without a key, and no
+// retry can change that: the daemon keeps the record (the partition's
+// committed offset stays below it while the records behind it are acked),
+// raises the alert (fanout_dead_letter_refused, /readyz 503 naming it, one
+// error line a minute rather than one per retry), and drops nothing; once
+// an operator makes the topic take it, the letter is stored, the offset
+// moves on and the daemon is ready again.
+func TestDeadLetterRefusedByACompactedTopicAlertsAndHolds(t *testing.T) {
+	const n = 5
+	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
+	createTopic(t, topic, 1)
+	createTopic(t, dlq, 1)
+	admin := polAdmin(t)
+	setPolicy := func(v string) {
 		t.Helper()
-		if err := admin.AlterConfig(sarama.TopicResource, dlq, map[string]*string{"max.message.bytes": &v}, false); err != nil {
-			t.Fatalf("alter %s max.message.bytes=%s: %v", dlq, v, err)
+		if err := admin.AlterConfig(sarama.TopicResource, dlq, map[string]*string{"cleanup.policy": &v}, false); err != nil {
+			t.Fatalf("alter %s cleanup.policy=%s: %v", dlq, v, err)
 		}
 	}
-	testDeadLetterTopicOutOfReach(t,
-		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) { setMax(t, admin, dlq, "1024") },
-		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) { setMax(t, admin, dlq, "1048576") })
+	setPolicy("compact")
+	const poison = "poison without a key"
+	msgs := []*sarama.ProducerMessage{{Value: sarama.StringEncoder(poison)}}
+	for i := 1; i <= n; i++ {
+		msgs = append(msgs, &sarama.ProducerMessage{Key: sarama.StringEncoder(fmt.Sprintf("k-%d", i)),
+			Value: sarama.StringEncoder(fmt.Sprintf("ok-%d", i))})
+	}
+	produce(t, topic, msgs...)
+
+	id, addr, metricsAddr := uniqueName(t, "svc"), procFreeAddr(t), procFreeAddr(t)
+	p := procStart(t, procDaemonArgs(t, id, topic, addr, "--max-attempts", "1", "--dead-letter-topic", dlq,
+		"--metrics-listen", metricsAddr)...)
+	c := procDial(t, client.Config{MaxInFlight: 20}, addr)
+	for acked := 0; acked < n; {
+		m := recv(t, c, 30*time.Second)
+		if string(m.Value) == poison {
+			if err := m.NackWith(0, "cannot parse"); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+		acked++
+	}
+	testutil.WaitFor(t, 30*time.Second, "/readyz to report the refused dead letter", func() bool {
+		code, body, _ := testutil.HTTPGet(t, "http://"+metricsAddr+"/readyz", "")
+		return code == 503 && strings.Contains(body, "dead letters failing") && strings.Contains(body, dlq)
+	})
+	if _, body, _ := testutil.HTTPGet(t, "http://"+metricsAddr+"/metrics", ""); !strings.Contains(body, "fanout_dead_letter_refused 1\n") {
+		t.Errorf("/metrics does not count the refused dead letter:\n%s", polMetricLines(body, "fanout_dead_letter"))
+	}
+	testutil.WaitFor(t, 15*time.Second, "the acks above the held message stored", func() bool {
+		return polProgress(t, false, id, topic)[0].AckedAt(n)
+	})
+	// Retried every few seconds at most (--connect-backoff-max), logged once a minute.
+	time.Sleep(3 * time.Second) // an absence: retries that would log
+	if lines := strings.Count(p.output(), "dead-letter topic refuses records"); lines != 1 {
+		t.Errorf("%d log lines about the refusal, want 1 (once a minute):\n%s", lines, p.output())
+	}
+	if line := p.logLine("dead-letter topic refuses records"); !strings.Contains(line, dlq) || !strings.Contains(line, "level=error") {
+		t.Errorf("the refusal's line does not name the topic at level error: %s", line)
+	}
+	if o := zkOffsets(t, id, topic)[0]; o != 0 {
+		t.Fatalf("committed offset %d while the dead letter is refused", o)
+	}
+
+	setPolicy("delete")
+	r := polReadTopic(t, dlq, 1)[0]
+	if h := polHeaders(r); string(r.Value) != poison || r.Key != nil || h[fanout.HeaderDeadLetterOffset] != "0" ||
+		h[fanout.HeaderDeadLetterNackReason] != "cannot parse" || h[fanout.HeaderDeadLetterOmitted] != "" {
+		t.Fatalf("dead letter key %q value %q headers %v", r.Key, r.Value, h)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the offset committed past the dead letter", func() bool {
+		return zkOffsets(t, id, topic)[0] == n+1
+	})
+	testutil.WaitFor(t, 15*time.Second, "/readyz ready again", func() bool {
+		code, _, _ := testutil.HTTPGet(t, "http://"+metricsAddr+"/readyz", "")
+		return code == 200
+	})
+	noMessage(t, c, time.Second)
+}
+
+// polMetricLines returns the lines of a /metrics body that start with prefix.
+func polMetricLines(body, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // The same with the dead-letter topic deleted after the daemon's start
@@ -255,7 +420,8 @@ func TestDeadLetterTopicMissingAtStart(t *testing.T) {
 }
 
 // testDeadLetterTopicOutOfReach: a poison message with --max-attempts 1
-// while breakIt has made the dead-letter topic unusable is held (the
+// while breakIt has made the dead-letter topic unusable for a while (a
+// failure retrying fixes once the topic is back) is held (the
 // messages behind it acked and stored as progress, the committed offset
 // below it, the failures logged) until fix makes the topic usable again;
 // then the dead letter is stored with its headers and the offset moves on.
@@ -264,11 +430,7 @@ func testDeadLetterTopicOutOfReach(t *testing.T, breakIt, fix func(*testing.T, s
 	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
 	createTopic(t, topic, 1)
 	createTopic(t, dlq, 1)
-	admin, err := sarama.NewClusterAdmin(kafkaAddrs(t), kafka.NewConfig("fanout-integration-admin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	admin := polAdmin(t)
 	poison := strings.Repeat("p", 8000)
 	polPoison(t, topic, poison, n)
 

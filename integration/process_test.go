@@ -23,7 +23,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -104,13 +104,22 @@ func procStartEnv(t testing.TB, env []string, args ...string) *procProcess {
 // the environment env (nil: the test's) and args until the test ends.
 func procRun(t testing.TB, bin string, env []string, args ...string) *procProcess {
 	t.Helper()
-	name := filepath.Base(bin)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	return procRunCmd(t, cmd)
+}
+
+// procRunCmd starts cmd, its output going to a file, until the test ends;
+// then it is killed, with its process group when it has one of its own
+// (SysProcAttr.Setpgid).
+func procRunCmd(t testing.TB, cmd *exec.Cmd) *procProcess {
+	t.Helper()
+	name := filepath.Base(cmd.Path)
 	logFile, err := os.CreateTemp(t.TempDir(), name+"-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &procProcess{cmd: exec.Command(bin, args...), logPath: logFile.Name(), done: make(chan struct{})}
-	p.cmd.Env = env
+	p := &procProcess{cmd: cmd, logPath: logFile.Name(), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -121,13 +130,17 @@ func procRun(t testing.TB, bin string, env []string, args ...string) *procProces
 		_ = logFile.Close()
 		close(p.done)
 	}()
+	group := cmd.SysProcAttr != nil && cmd.SysProcAttr.Setpgid
 	t.Cleanup(func() {
+		if group {
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // what the process started too
+		}
 		if !p.exited() {
 			_ = p.cmd.Process.Kill()
 			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("%s %v output:\n%s", name, args, p.output())
+			t.Logf("%s %v output:\n%s", name, cmd.Args[1:], p.output())
 		}
 	})
 	return p
@@ -164,7 +177,7 @@ func (p *procProcess) wait(t testing.TB, timeout time.Duration) int {
 	case <-p.done:
 		return p.cmd.ProcessState.ExitCode()
 	case <-time.After(timeout):
-		t.Fatalf("fanout still running %v later", timeout)
+		t.Fatalf("%s still running %v later:\n%s", filepath.Base(p.cmd.Path), timeout, p.output())
 		return -1
 	}
 }

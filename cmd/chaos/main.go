@@ -1,8 +1,8 @@
-// Command chaos is the fault-injection run of issue 16 (bin/chaos is its
-// wrapper): it starts its own Kafka and ZooKeeper (bin/services in a
-// directory and on ports of its own), fanout daemons, client processes and a
-// producer, injects faults on a seeded schedule, drains, and verifies that
-// nothing was lost. `chaos client` is one of its client processes.
+// Command chaos is the fault-injection run (bin/chaos is its wrapper): it
+// starts its own Kafka and ZooKeeper (bin/services in a directory and on
+// ports of its own), fanout daemons, client processes and a producer,
+// injects faults on a seeded schedule, drains, and verifies that nothing
+// was lost. `chaos client` is one of its client processes.
 package main
 
 import (
@@ -36,7 +36,9 @@ func main() {
 	default:
 		err = run(ctx, os.Args[1:], logrus.NewEntry(log))
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, flag.ErrHelp): // -help: the usage was printed
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(1)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/mod/modfile"
 
 	"github.com/nanoservice/core-fanout/fanout"
 )
@@ -389,6 +390,50 @@ func TestDockerfile(t *testing.T) {
 	var hc []string
 	if !ok || json.Unmarshal([]byte(cmd), &hc) != nil || len(hc) != 2 || hc[0] != ep[0] || !hasCommand(hc[1]) {
 		t.Errorf("HEALTHCHECK %q: want CMD [%q, \"healthcheck\"] in exec form", hcs[0], ep[0])
+	}
+}
+
+// The build stage downloads the modules before it copies the sources (a
+// cached layer): the files it copies for that exist, and they include the
+// go.mod and go.sum of every module the daemon's go.mod replaces by a
+// directory of the repository, without which go mod download fails.
+func TestDockerfileCopiesTheModules(t *testing.T) {
+	build := dockerStages(t)["build"]
+	if build == nil {
+		t.Fatal("no build stage")
+	}
+	copied := map[string]bool{}
+	for _, in := range build.instr {
+		if in[0] == "RUN" {
+			break
+		}
+		if in[0] != "COPY" {
+			continue
+		}
+		f := strings.Fields(in[1])
+		for _, src := range f[:len(f)-1] {
+			if strings.HasPrefix(src, "--") {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join("..", "..", src)); err != nil {
+				t.Errorf("COPY %s: %v", in[1], err)
+			}
+			copied[filepath.Clean(src)] = true
+		}
+	}
+	mf, err := modfile.Parse("go.mod", repoFile(t, "go.mod"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range mf.Replace {
+		if !modfile.IsDirectoryPath(r.New.Path) {
+			continue
+		}
+		for _, f := range []string{"go.mod", "go.sum"} {
+			if p := filepath.Join(r.New.Path, f); !copied[p] {
+				t.Errorf("the build stage does not copy %s (of %s) before its first RUN", p, r.Old.Path)
+			}
+		}
 	}
 }
 

@@ -11,10 +11,10 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // serveFlags are the daemon's flags; each can also be set by its
@@ -186,7 +186,7 @@ func serve(c *cli.Context) error {
 			case <-ctx.Done():
 				return
 			case <-hup:
-				_ = d.ReloadTLS() // the daemon logs the outcome
+				d.Reload() // the daemon logs the outcome
 			}
 		}
 	}, nil)

@@ -15,7 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/urfave/cli/v2"
 )
 

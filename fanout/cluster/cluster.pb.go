@@ -283,7 +283,16 @@ type Heartbeat struct {
 	Mode       Mode                   `protobuf:"varint,9,opt,name=mode,proto3,enum=fanout.cluster.v1.Mode" json:"mode,omitempty"`   // the member's --assignment
 	Weight     uint32                 `protobuf:"varint,10,opt,name=weight,proto3" json:"weight,omitempty"`                          // spread mode: the member's capacity (--weight); 0 means 1
 	// Spread mode, from the leader: the assignment in force.
-	Assignment    *PartitionAssignment `protobuf:"bytes,11,opt,name=assignment,proto3" json:"assignment,omitempty"`
+	Assignment *PartitionAssignment `protobuf:"bytes,11,opt,name=assignment,proto3" json:"assignment,omitempty"`
+	// seq grows with every heartbeat the instance publishes, from 1: a record
+	// not above the last one read of its instance is a copy (a replay, or a
+	// retried produce). 0: a member of a version without it.
+	Seq uint64 `protobuf:"varint,12,opt,name=seq,proto3" json:"seq,omitempty"`
+	// seen is a position of this log (the next offset) that the sender had
+	// reached, by reading or by asking for the log's end, when it made the
+	// record: the record was made after every record below seen was appended.
+	// It orders the instances of one node id and dates a replay (see vote).
+	Seen          int64 `protobuf:"varint,13,opt,name=seen,proto3" json:"seen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -395,6 +404,20 @@ func (x *Heartbeat) GetAssignment() *PartitionAssignment {
 	return nil
 }
 
+func (x *Heartbeat) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetSeen() int64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
@@ -415,7 +438,7 @@ const file_cluster_proto_rawDesc = "" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\x05R\n" +
-	"partitions\"\xfd\x02\n" +
+	"partitions\"\xa3\x03\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
@@ -432,7 +455,9 @@ const file_cluster_proto_rawDesc = "" +
 	" \x01(\rR\x06weight\x12F\n" +
 	"\n" +
 	"assignment\x18\v \x01(\v2&.fanout.cluster.v1.PartitionAssignmentR\n" +
-	"assignment*T\n" +
+	"assignment\x12\x10\n" +
+	"\x03seq\x18\f \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04seen\x18\r \x01(\x03R\x04seen*T\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rROLE_FOLLOWER\x10\x01\x12\x12\n" +

@@ -386,21 +386,27 @@ func (e *Elector) ensureTopic(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// startOffset is where reading the log begins: the first record of the
-// last max(1 minute, 10 × LeaderTimeout), so that every member reads the
-// same recent suffix; the oldest offset when the lookup fails.
-func (e *Elector) startOffset() int64 {
+// startOffset returns where reading the log begins, the first record of
+// the last max(1 minute, 10 × LeaderTimeout), so that every member reads
+// the same recent suffix (the oldest offset when a lookup fails), and the
+// log's end before it (0 when unknown).
+func (e *Elector) startOffset() (start, end int64) {
+	end, err := e.cfg.Client.GetOffset(e.topic, 0, sarama.OffsetNewest)
+	if err != nil {
+		e.log.WithError(err).Warn("heartbeat log: its end unknown; reading from the oldest")
+		return sarama.OffsetOldest, 0
+	}
 	back := max(time.Minute, 10*e.cfg.LeaderTimeout)
 	ms := e.cfg.Now().Add(-back).UnixMilli()
 	off, err := e.cfg.Client.GetOffset(e.topic, 0, ms)
 	switch {
 	case err != nil:
 		e.log.WithError(err).Warn("heartbeat log: offset by time unknown; reading from the oldest")
-		return sarama.OffsetOldest
+		return sarama.OffsetOldest, end
 	case off < 0:
-		return sarama.OffsetNewest // nothing that recent
+		return end, end // nothing that recent
 	}
-	return off
+	return off, end
 }
 
 // retry calls fn until it succeeds or ctx ends, backing off from 250 ms to

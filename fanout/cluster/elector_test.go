@@ -313,10 +313,33 @@ func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
 	}
 }
 
+// stoppableClock is an Elector's clock (Config.Now) that reads the time
+// until stopped, then always the time it was stopped at: a member whose
+// clock stands still never finds another silent for a leader timeout, so
+// what it does after that, it does on the records it reads.
+type stoppableClock struct{ at atomic.Pointer[time.Time] }
+
+func (c *stoppableClock) Now() time.Time {
+	if at := c.at.Load(); at != nil {
+		return *at
+	}
+	return time.Now()
+}
+
+func (c *stoppableClock) stop() {
+	now := time.Now()
+	c.at.Store(&now)
+}
+
+// withClock sets a node's clock.
+func withClock(c *stoppableClock) func(*Config) { return func(cfg *Config) { cfg.Now = c.Now } }
+
 func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 	c := newKafka(t)
 	fence := &memFence{}
-	a, b, cc := startNode(t, c, fence, "trio", "a"), startNode(t, c, fence, "trio", "b"), startNode(t, c, fence, "trio", "c")
+	var aClock stoppableClock
+	a := startNodeWith(t, c, fence, "trio", "a", withClock(&aClock))
+	b, cc := startNode(t, c, fence, "trio", "b"), startNode(t, c, fence, "trio", "c")
 	all := []*node{a, b, cc}
 	agree := func(leader string, epoch uint64) func() bool {
 		return func() bool {
@@ -353,8 +376,10 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 		t.Errorf("a: Failovers() = %d, want 1", a.e.Failovers())
 	}
 
-	// b resigns: a takes over well before the timeout. b's term reaches
-	// its Terms channel after its Leadership says so: wait for it.
+	// b resigns: a takes over on b's leaving heartbeat, not after a leader
+	// timeout of silence: a's clock stands still from here on, so it never
+	// finds b silent for one. b's term reaches its Terms channel after its
+	// Leadership says so: wait for it.
 	testutil.WaitFor(t, 10*time.Second, "b's term of epoch 2", func() bool {
 		term := b.lastTerm()
 		return term != nil && term.Epoch == 2
@@ -362,19 +387,31 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 	bTerm := b.lastTerm()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// Before a's clock stops: a has read the log up to b's heartbeats as
+	// leader of epoch 2 (so every record of the crashed c), and c is
+	// silent for a timeout in its view (else it would stay live for good).
+	testutil.WaitFor(t, 10*time.Second, "a to see b lead epoch 2 and c gone", func() bool {
+		bLeads, cSeen := false, false
+		for _, m := range a.e.Members() {
+			switch m.NodeID {
+			case "b":
+				bLeads = m.Role == Role_ROLE_LEADER && m.Epoch == 2
+			case "c":
+				cSeen = true
+			}
+		}
+		return bLeads && !cSeen
+	})
+	aClock.stop()
 	resigned := time.Now()
 	if err := b.e.Resign(ctx); err != nil {
 		t.Fatalf("b: Resign: %v", err)
 	}
-	testutil.WaitFor(t, 10*time.Second, "a to lead epoch 3", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "a to lead epoch 3 on b's leaving heartbeat", func() bool {
 		l := a.e.Leadership()
 		return l.Leader && l.Epoch == 3
 	})
-	took := time.Since(resigned)
-	t.Logf("failover after Resign: %v", took)
-	if took >= testLeaderTTL {
-		t.Errorf("failover after Resign took %v, want less than LeaderTimeout %v", took, testLeaderTTL)
-	}
+	t.Logf("failover after Resign: %v", time.Since(resigned))
 	if !errors.Is(bTerm.Cause(), ErrResigned) {
 		t.Errorf("b's term cause = %v, want ErrResigned", bTerm.Cause())
 	}
@@ -599,16 +636,22 @@ func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
 
 // A term ended by its holder (a commit under its fence was refused) ends in
 // the election too: the node stops heartbeating as leader at once, without
-// leaving, and another member leads within about a leader timeout.
+// leaving, and another member leads on that heartbeat (the others' clocks
+// stand still from the end of the term: none of them waits out a leader
+// timeout).
 func TestElectorTermEndedByItsHolderHandsOver(t *testing.T) {
 	c := newKafka(t)
 	fence := &memFence{}
-	a, b, cc := startNode(t, c, fence, "ended", "a"), startNode(t, c, fence, "ended", "b"), startNode(t, c, fence, "ended", "c")
+	var aClock, bClock stoppableClock
+	a, b := startNodeWith(t, c, fence, "ended", "a", withClock(&aClock)), startNodeWith(t, c, fence, "ended", "b", withClock(&bClock))
+	cc := startNode(t, c, fence, "ended", "c")
 	testutil.WaitFor(t, 10*time.Second, "c to lead", func() bool {
 		return len(leaders(cc)) == 1 && a.e.Leadership().LeaderID == "c" && b.e.Leadership().LeaderID == "c"
 	})
 	term := cc.lastTerm()
 	fenced := fmt.Errorf("final commit: %w", offsets.ErrFenced)
+	aClock.stop()
+	bClock.stop()
 	ended := time.Now()
 	term.End(fenced)
 	if !errors.Is(term.Cause(), offsets.ErrFenced) {
@@ -617,13 +660,7 @@ func TestElectorTermEndedByItsHolderHandsOver(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "another member to lead", func() bool {
 		return len(leaders(a, b)) == 1
 	})
-	took := time.Since(ended)
-	t.Logf("another member leads %v after the term was ended by its holder", took)
-	// Without the handover c would claim again at once and lead again; the
-	// bound only has a margin for a loaded machine.
-	if bound := testLeaderTTL + 2*time.Second; took > bound {
-		t.Errorf("handover took %v, want within about a leader timeout (%v)", took, bound)
-	}
+	t.Logf("another member leads %v after the term was ended by its holder", time.Since(ended))
 	if l := cc.e.Leadership(); l.Leader {
 		t.Errorf("c still says it leads: %+v", l)
 	}

@@ -33,6 +33,10 @@ type loop struct {
 	pc             sarama.PartitionConsumer // nil while (re)opening
 	next           int64                    // offset to read from when reopening
 	reopenFailures int                      // failed reopen attempts in a row
+	position       int64                    // the next offset after the last record read (where reading began, before)
+	logEnd         int64                    // the log's end when reading began: the first heartbeats' seen
+	resync         bool                     // reading restarts at the oldest offset: the next record may not follow the last
+	seq            uint64                   // the sequence number of the last heartbeat published
 	term           *Term                    // the running term, if any
 	termRec        record                   // the fence record the running term wrote
 	fencing        uint64                   // epoch whose CAS runs; 0 when none
@@ -51,13 +55,16 @@ type loop struct {
 	warned      map[string]time.Time // when an implausible heartbeat of a node was last logged
 	saidUnauth  bool                 // a record without a valid MAC was logged (once per Elector)
 	saidOpen    bool                 // the warning that heartbeats are not authenticated was logged
+	saidUnbound bool                 // a record without a sequence number was logged (once per Elector)
+	saidCrowded time.Time            // when a record ignored for want of room was last logged
 }
 
 // run drives the election until ctx ends.
 func (l *loop) run(ctx context.Context) {
 	e := l.e
 	l.warned = map[string]time.Time{}
-	l.next = e.startOffset()
+	l.next, l.logEnd = e.startOffset()
+	l.position = max(l.next, 0) // OffsetOldest: from the log's start
 	if !l.open(ctx) {
 		return
 	}
@@ -68,6 +75,8 @@ func (l *loop) run(ctx context.Context) {
 	}()
 	now := e.cfg.Now()
 	l.v = newVote(e.cfg.NodeID, e.instance, e.cfg.LeaderTimeout, now) // the startup grace begins
+	l.v.strict = len(e.cfg.Secret) > 0
+	l.v.readFrom(l.position)
 	l.update(now, true)
 
 	ticker := time.NewTicker(e.cfg.Heartbeat)
@@ -94,7 +103,7 @@ func (l *loop) run(ctx context.Context) {
 				l.pc = nil
 				continue
 			}
-			l.next = m.Offset + 1
+			l.read(m.Offset)
 			if !Authentic(e.cfg.Secret, e.topic, m) {
 				l.unauthenticated(m)
 				continue
@@ -155,13 +164,36 @@ func (l *loop) openOnce() {
 func (l *loop) consume() error {
 	pc, err := l.consumer.ConsumePartition(l.e.topic, 0, l.next)
 	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
-		l.next = sarama.OffsetOldest
+		l.next, l.resync = sarama.OffsetOldest, true
 	}
 	if err != nil {
 		return fmt.Errorf("consume %s/0 at %d: %w", l.e.topic, l.next, err)
 	}
 	l.pc = pc
 	return nil
+}
+
+// read notes that the record at offset was read. The first record read
+// after starting over from the oldest (the log was truncated past the last
+// record read, or the topic was recreated) does not follow that one: the
+// vote then judges from there (readFrom).
+func (l *loop) read(offset int64) {
+	if l.resync && offset != l.position {
+		l.e.log.WithFields(logrus.Fields{"offset": offset, "expected": l.position}).
+			Warn("heartbeat log: reading resumed elsewhere than where it stopped (the topic was truncated or recreated): " +
+				"heartbeats made before this offset are ignored from now on")
+		l.v.readFrom(offset)
+		l.logEnd = 0
+	}
+	l.resync = false
+	l.next, l.position = offset+1, offset+1
+}
+
+// stamp gives hb, about to be published, the next sequence number and the
+// position of the log this node has reached (see vote, Replays).
+func (l *loop) stamp(hb *Heartbeat) {
+	l.seq++
+	hb.Seq, hb.Seen = l.seq, max(l.position, l.logEnd)
 }
 
 // unauthenticated counts a record without a valid MAC and says once,
@@ -187,7 +219,7 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 			l.e.topic + " can disturb the election; give every member the same --cluster-secret")
 	}
 	wasDuplicated := l.v.duplicated(now)
-	switch l.v.observe(hb, now) {
+	switch l.v.observe(hb, offset, now) {
 	case implausible:
 		// At most once per node and leader timeout: a flood of forged
 		// records must not flood the log.
@@ -208,6 +240,24 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 	case observed:
 		if a := hb.GetAssignment(); a != nil {
 			l.acceptAssignment(hb, a)
+		}
+	case stale:
+		l.e.log.WithFields(logrus.Fields{"offset": offset, "from_node": hb.GetNodeId(), "from_instance": hb.GetInstance(),
+			"seq": hb.GetSeq(), "seen": hb.GetSeen()}).
+			Debug("heartbeat log: stale heartbeat ignored (a copy of one read, an older instance's, or made before what this member can judge)")
+	case unbound:
+		if !l.saidUnbound {
+			l.saidUnbound = true
+			l.e.log.WithFields(logrus.Fields{"offset": offset, "from_node": hb.GetNodeId()}).
+				Warn("heartbeat log: heartbeats without a sequence number are ignored with --cluster-secret (a member of an " +
+					"older version, or a replay of its records); this is said once")
+		}
+	case crowded:
+		if now.Sub(l.saidCrowded) >= l.e.cfg.LeaderTimeout {
+			l.saidCrowded = now
+			l.e.log.WithFields(logrus.Fields{"offset": offset, "from_node": hb.GetNodeId(), "members": maxMembers}).
+				Warn("heartbeat log: heartbeat of a new node id ignored: as many members as are kept were heard from " +
+					"within two leader timeouts (forged node ids?)")
 		}
 	}
 }
@@ -282,6 +332,7 @@ func (l *loop) update(now time.Time, tick bool) {
 		gen := hb.GetAssignment().GetGeneration()
 		if tick || hb.Epoch != l.sent.epoch || hb.Role != l.sent.role || hb.ClaimEpoch != l.sent.claim || gen != l.sent.generation {
 			l.sent.epoch, l.sent.role, l.sent.claim, l.sent.generation = hb.Epoch, hb.Role, hb.ClaimEpoch, gen
+			l.stamp(hb)
 			l.pub.send(pubReq{hb: hb})
 		}
 	}
@@ -405,6 +456,7 @@ func (l *loop) doResign(done chan<- error) {
 	l.left, l.claim = true, 0
 	hb := l.heartbeat(now)
 	hb.Leaving = true
+	l.stamp(hb)
 	l.pub.send(pubReq{hb: hb, done: done})
 	l.publishSnapshot(now)
 	l.e.log.Info("resigned: leaving heartbeat sent")

@@ -15,6 +15,9 @@ const MACHeader = "fanout-mac"
 // the encoded Heartbeat as it travels (so that no re-encoding is needed to
 // check it). The topic's name binds the record to its cluster: a record
 // copied from another cluster's log, with the same secret, does not pass.
+// The value holds what binds the record to its sender and dates it
+// (instance, seq, seen): a copy written again later carries them unchanged,
+// and the members ignore it (see vote).
 func HeartbeatMAC(secret []byte, topic string, value []byte) []byte {
 	h := hmac.New(sha256.New, secret)
 	h.Write([]byte(topic))

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
@@ -172,5 +173,129 @@ func TestSpreadWithSecretIgnoresAForgedLeaderAssignment(t *testing.T) {
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The MAC covers what binds a heartbeat to its sender and dates it: a
+// record whose instance, sequence number or position was changed does not
+// pass with the original's MAC, so a replay cannot be made to look new.
+func TestHeartbeatMACCoversTheBinding(t *testing.T) {
+	topic := TopicName("mac", "jobs")
+	hb := &Heartbeat{NodeId: "c", Addr: "c:4000", Instance: "c-1", Seq: 7, Seen: 40, Role: Role_ROLE_LEADER, Epoch: 3}
+	mac := HeartbeatMAC([]byte(testSecret), topic, mustMarshal(t, hb))
+	record := func(h *Heartbeat) *sarama.ConsumerMessage {
+		return &sarama.ConsumerMessage{Value: mustMarshal(t, h), Headers: []*sarama.RecordHeader{{Key: []byte(MACHeader), Value: mac}}}
+	}
+	if !Authentic([]byte(testSecret), topic, record(hb)) {
+		t.Fatal("the original record does not pass")
+	}
+	for name, change := range map[string]func(*Heartbeat){
+		"instance": func(h *Heartbeat) { h.Instance = "c-2" },
+		"seq":      func(h *Heartbeat) { h.Seq++ },
+		"seen":     func(h *Heartbeat) { h.Seen += 100 },
+	} {
+		h := proto.CloneOf(hb)
+		change(h)
+		if Authentic([]byte(testSecret), topic, record(h)) {
+			t.Errorf("a record with another %s passes with the original's MAC", name)
+		}
+	}
+}
+
+// recordedHeartbeats returns every record of instance id's heartbeat log
+// on c, oldest first.
+func recordedHeartbeats(t *testing.T, c *kfake.Cluster, id string) []*sarama.ConsumerMessage {
+	t.Helper()
+	client := newKafkaClient(t, c)
+	topic := TopicName(id, "jobs")
+	end, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	pc, err := consumer.ConsumePartition(topic, 0, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	var out []*sarama.ConsumerMessage
+	for len(out) == 0 || out[len(out)-1].Offset < end-1 {
+		select {
+		case m := <-pc.Messages():
+			out = append(out, m)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d records of %s read, none more (end %d)", len(out), topic, end)
+		}
+	}
+	return out
+}
+
+// In spread mode, with the cluster secret, a member that left is given no
+// partition when its recorded heartbeats (MACs and all) are written again:
+// the leader does not take it for live, and nothing is published.
+func TestSpreadWithSecretReplayedDepartedMemberGetsNothing(t *testing.T) {
+	c := newSpreadKafka(t, 6)
+	fence := &memFence{}
+	spread := func(cfg *Config) {
+		cfg.Mode, cfg.PartitionRefresh, cfg.Secret = Mode_MODE_SPREAD, 100*time.Millisecond, []byte(testSecret)
+	}
+	a := startNodeWith(t, c, fence, "spr", "a", spread)
+	b, cc := startNodeWith(t, c, fence, "spr", "b", spread), startNodeWith(t, c, fence, "spr", "c", spread)
+	testutil.WaitFor(t, 15*time.Second, "a, b and c to agree", func() bool {
+		got := agreed(a, b, cc)
+		return got != nil && len(got.Owners) == 3
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.e.Resign(ctx); err != nil {
+		t.Fatalf("a resigns: %v", err)
+	}
+	a.stop()
+	var two *Assignment
+	testutil.WaitFor(t, 15*time.Second, "b and c to agree without a", func() bool {
+		two = agreed(b, cc)
+		return two != nil && len(two.Owners) == 2
+	})
+	var replay []*sarama.ConsumerMessage
+	for _, m := range recordedHeartbeats(t, c, "spr") {
+		var hb Heartbeat
+		if err := proto.Unmarshal(m.Value, &hb); err != nil {
+			t.Fatal(err)
+		}
+		if hb.GetNodeId() == "a" && !hb.GetLeaving() {
+			replay = append(replay, m)
+		}
+	}
+	p, err := sarama.NewSyncProducerFromClient(newKafkaClient(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, m := range replay {
+		msg := &sarama.ProducerMessage{Topic: TopicName("spr", "jobs"), Key: sarama.ByteEncoder(m.Key), Value: sarama.ByteEncoder(m.Value)}
+		for _, h := range m.Headers {
+			msg.Headers = append(msg.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		if _, _, err := p.SendMessage(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An absence of change: watch for three leader timeouts after the replay.
+	for end := time.Now().Add(3 * testLeaderTTL); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		for _, n := range []*node{b, cc} {
+			if got := n.e.Assignment(); got == nil || got.Generation != two.Generation || len(got.Of("a")) > 0 {
+				t.Fatalf("%s has %v in force after a's %d heartbeats were replayed, want generation %d: %v",
+					n.e.cfg.NodeID, got, len(replay), two.Generation, two)
+			}
+			for _, m := range n.e.Members() {
+				if m.NodeID == "a" {
+					t.Fatalf("%s counts the departed a: %+v", n.e.cfg.NodeID, m)
+				}
+			}
+		}
 	}
 }

@@ -12,6 +12,12 @@ import (
 // ZooKeeper at slightly different moments, never this far apart.
 const maxEpochAhead = 3
 
+// maxMembers bounds the node ids a vote keeps. Members leave the map two
+// timeouts after their last record, so only forged records (a log written
+// without a cluster secret) can fill it; records of further node ids are
+// then ignored until some leave.
+const maxMembers = 512
+
 // vote is the election logic of one member: it folds the fence record read
 // from the authority (ZooKeeper, or the Kafka group; "ZooKeeper" below
 // stands for either) and the heartbeat log (in log order, each heartbeat with its
@@ -53,9 +59,50 @@ const maxEpochAhead = 3
 // corrupt): it is not observed at all.
 //
 // Duplicates. A heartbeat with this member's node id but from another
-// instance, read after this instance's own first heartbeat, means another
+// instance, made after this instance's first own heartbeat was appended
+// (its seen position, below, is above that record's offset), means another
 // live process has the same node id: this member does not claim until one
-// timeout after the last such heartbeat.
+// timeout after the last such heartbeat. One made before is an earlier
+// incarnation's, or a copy of one: ignored.
+//
+// Replays. A record is bound to its sender's instance (random per process
+// start) by a sequence number that grows with every heartbeat the instance
+// publishes, and dated by its seen position: a position of this log the
+// sender had reached when it made the record, so the record was made after
+// every record below seen was appended. With the cluster secret both are
+// under the MAC, and a record appended again later (a replay, or a produce
+// retried) keeps them. Each member keeps, per node id, its current
+// instance, the highest sequence number read of it and the offset of its
+// last record, and takes a record only when
+//
+//   - it is of the current instance and its sequence number is above the
+//     highest read: any copy of a record already read is not;
+//   - it is of another instance that was made after the current instance's
+//     last record was appended (seen > that offset): the node restarted. An
+//     older instance stopped before the newer one started, so each of its
+//     records names a position no later than the offset of the newer one's
+//     first record, and is ignored however late a copy of it is appended:
+//     log order alone says nothing of a replay, the seen position in it does;
+//   - it is of a node id not kept, and was made at or after the horizon.
+//
+// The horizon dates what this member can no longer judge: it starts at the
+// offset where reading began (a record made before that belongs to a node
+// whose later records, if any, are read), and rises above the last record
+// of every member forgotten: members not heard from for two timeouts leave
+// the map (maxMembers bounds it meanwhile), and any copy of their records,
+// each made before their last one was appended, stays below it for good. So a
+// leaving or role record is taken only from a member's current instance,
+// and only once; a departed member's records cannot make it live again. A
+// live member's genuine record falls below the horizon only when its sender
+// had not read a record this member read two timeouts earlier: a sender
+// lagging that far does not see its own heartbeats come back either. A
+// record whose seen lies beyond its own offset was made for another log
+// (the topic was recreated) and is ignored too.
+//
+// Without the cluster secret a heartbeat without a sequence number (a
+// member of a version without it) is dated by its own offset and taken as
+// before (last writer wins); with the secret it is ignored (strict), as it
+// would leave replays open.
 type vote struct {
 	self     string
 	instance string
@@ -68,8 +115,12 @@ type vote struct {
 
 	pend        pending   // the claim being recorded; zero when none
 	vacantSince time.Time // first tick that found no live leader; zero while one is live
-	ownSeen     bool      // this instance's own heartbeat was read: later ones of other instances are duplicates
+	ownFirst    int64     // offset of this instance's first own heartbeat read; -1 before it
 	dupAt       time.Time // receive time of the last duplicate heartbeat; zero when none
+
+	strict    bool      // heartbeats without a sequence number are ignored (a cluster secret is set)
+	horizon   int64     // records made before this log position are ignored (see Replays)
+	nextPrune time.Time // when tick next forgets the members not heard from
 
 	members map[string]*member
 }
@@ -108,6 +159,10 @@ type pending struct {
 
 // member is what the vote knows of one node from its heartbeats.
 type member struct {
+	instance string // the instance whose records are taken (see Replays)
+	seq      uint64 // the highest sequence number read of instance; 0 when it sends none
+	offset   int64  // log offset of the last record taken
+	left     bool   // its instance said it leaves: not live, kept until forgotten
 	addr     string
 	role     Role
 	epoch    uint64
@@ -125,12 +180,29 @@ const (
 	observed    verdict = iota // folded into the state (or ignored as harmless)
 	implausible                // an epoch beyond what ZooKeeper makes plausible: ignored
 	duplicate                  // another process with this member's node id
+	stale                      // a copy of a record taken, an older instance's, or made before the horizon: ignored
+	unbound                    // no sequence number, with the cluster secret: ignored
+	crowded                    // a new node id while maxMembers are kept: ignored
 )
 
 // newVote returns the vote of node self (this process: instance), starting
-// (and starting its grace) at now.
+// (and starting its grace) at now, reading the log from its oldest record.
 func newVote(self, instance string, timeout time.Duration, now time.Time) *vote {
-	return &vote{self: self, instance: instance, timeout: timeout, start: now, members: map[string]*member{}}
+	return &vote{self: self, instance: instance, timeout: timeout, start: now, ownFirst: -1,
+		members: map[string]*member{}}
+}
+
+// readFrom says that reading the log (re)starts at offset: the horizon is
+// set there, and the members' last offsets are kept below it. At the start
+// it is where reading begins; later, where it resumed after a gap or after
+// the log began again (the topic was recreated), whose offsets say nothing
+// of the records read before.
+func (v *vote) readFrom(offset int64) {
+	v.horizon = offset
+	v.ownFirst = min(v.ownFirst, offset-1)
+	for _, m := range v.members {
+		m.offset = min(m.offset, offset-1)
+	}
 }
 
 // setRecord takes the fence record ZooKeeper shows now.
@@ -154,9 +226,10 @@ func (v *vote) plausible(epoch uint64) bool {
 	return !v.recKnown || epoch <= v.highest || epoch-v.highest <= maxEpochAhead
 }
 
-// observe folds one heartbeat, received at the local time at, into the
-// state. Heartbeats must be observed in log order.
-func (v *vote) observe(hb *Heartbeat, at time.Time) verdict {
+// observe folds one heartbeat, read at offset of the log and received at
+// the local time at, into the state. Heartbeats must be observed in log
+// order.
+func (v *vote) observe(hb *Heartbeat, offset int64, at time.Time) verdict {
 	id := hb.GetNodeId()
 	if id == "" {
 		return observed
@@ -164,33 +237,63 @@ func (v *vote) observe(hb *Heartbeat, at time.Time) verdict {
 	if !v.plausible(hb.GetEpoch()) || !v.plausible(hb.GetClaimEpoch()) {
 		return implausible
 	}
-	if id == v.self {
-		if hb.GetInstance() != v.instance {
-			if !v.ownSeen {
-				return observed // an earlier incarnation, from before this one started
-			}
-			v.dupAt = at
-			return duplicate
+	seen := hb.GetSeen()
+	if hb.GetSeq() == 0 {
+		if v.strict {
+			return unbound
 		}
-		v.ownSeen = true
+		seen = offset // a member of a version without it: dated by where it was appended
+	}
+	if seen > offset || seen < v.horizon {
+		return stale
+	}
+	if id == v.self && hb.GetInstance() != v.instance {
+		switch {
+		case v.ownFirst < 0:
+			return observed // an earlier incarnation, read before this one's first heartbeat: not folded
+		case seen <= v.ownFirst:
+			return stale // made before this instance's first heartbeat was appended: an earlier incarnation
+		}
+		v.dupAt = at
+		return duplicate
+	}
+	m := v.members[id]
+	switch {
+	case m == nil:
+		if len(v.members) >= maxMembers && v.prune(at) == 0 {
+			return crowded
+		}
+		if seen < v.horizon { // raised by the members just forgotten
+			return stale
+		}
+		m = &member{instance: hb.GetInstance()}
+		v.members[id] = m
+	case hb.GetInstance() != m.instance:
+		if seen <= m.offset {
+			return stale // made before the current instance's last record was appended: an older instance
+		}
+		m.instance, m.seq = hb.GetInstance(), 0 // the node restarted
+	case hb.GetSeq() != 0 && hb.GetSeq() <= m.seq:
+		return stale // a copy of a record taken: replayed, or appended twice
+	}
+	m.seq, m.offset, m.lastSeen, m.left = hb.GetSeq(), offset, at, false
+	if id == v.self && v.ownFirst < 0 {
+		v.ownFirst = offset
 	}
 	if hb.GetLeaving() {
-		delete(v.members, id)
+		// Forgotten but for what tells its later records from copies of
+		// the earlier ones.
+		*m = member{instance: m.instance, seq: m.seq, offset: m.offset, lastSeen: at, left: true}
 		if v.pend.node == id {
 			v.pend = pending{}
 		}
 		return observed
 	}
-	m := v.members[id]
-	if m == nil {
-		m = &member{}
-		v.members[id] = m
-	}
 	leads := hb.GetRole() == Role_ROLE_LEADER
 	if !leads && (m.role == Role_ROLE_LEADER || m.claim != 0 && hb.GetClaimEpoch() == 0) {
 		m.benched = at.Add(v.timeout) // stopped leading, or stopped claiming without winning
 	}
-	m.addr, m.role, m.epoch, m.claim, m.lastSeen = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch(), at
+	m.addr, m.role, m.epoch, m.claim = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch()
 	m.mode, m.weight = hb.GetMode(), max(1, int(hb.GetWeight()))
 	if m.mode == Mode_MODE_UNSPECIFIED {
 		m.mode = Mode_MODE_LEADER
@@ -230,10 +333,30 @@ func (v *vote) sitsOut(id string, now time.Time) bool {
 	return m != nil && now.Before(m.benched)
 }
 
-// live reports whether node id has a heartbeat within timeout of now.
+// live reports whether node id has a heartbeat within timeout of now and
+// has not left.
 func (v *vote) live(id string, now time.Time) bool {
 	m := v.members[id]
-	return m != nil && now.Sub(m.lastSeen) < v.timeout
+	return m != nil && !m.left && now.Sub(m.lastSeen) < v.timeout
+}
+
+// retention is how long a member is kept after its last record: the
+// window of view.
+func (v *vote) retention() time.Duration { return 2 * v.timeout }
+
+// prune forgets the members whose last record was received retention or
+// more before now, raising the horizon above their last records, and returns
+// how many it forgot.
+func (v *vote) prune(now time.Time) int {
+	n := 0
+	for id, m := range v.members {
+		if now.Sub(m.lastSeen) >= v.retention() {
+			v.horizon = max(v.horizon, m.offset+1)
+			delete(v.members, id)
+			n++
+		}
+	}
+	return n
 }
 
 // leaderLive reports whether the recorded leader is live at now.
@@ -272,6 +395,10 @@ func (v *vote) rank(now time.Time) int {
 // tick advances the vacancy clock to now and returns the epoch this node
 // must claim, or 0 when it must not claim.
 func (v *vote) tick(now time.Time) (claim uint64) {
+	if !now.Before(v.nextPrune) {
+		v.prune(now)
+		v.nextPrune = now.Add(v.timeout / 2)
+	}
 	v.expire(now)
 	if v.leaderLive(now) {
 		v.vacantSince = time.Time{}
@@ -322,11 +449,12 @@ type memberView struct {
 	member
 }
 
-// view lists the members seen within the last 2 timeouts, by node id.
+// view lists the members seen within the last 2 timeouts that have not
+// left, by node id.
 func (v *vote) view(now time.Time) []memberView {
 	out := make([]memberView, 0, len(v.members))
 	for id, m := range v.members {
-		if now.Sub(m.lastSeen) < 2*v.timeout {
+		if !m.left && now.Sub(m.lastSeen) < v.retention() {
 			out = append(out, memberView{id, *m})
 		}
 	}

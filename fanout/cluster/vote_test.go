@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -27,6 +28,13 @@ func claim(id string, epoch, c uint64) *Heartbeat {
 	return hb
 }
 func leaving(hb *Heartbeat) *Heartbeat { hb.Leaving = true; return hb }
+
+// logEnd is the offset of the last heartbeat fed to a vote by feed (all
+// tests share it: each vote sees offsets that grow).
+var logEnd atomic.Int64
+
+// feed has v observe hb at the next offset of the log, received at at.
+func feed(v *vote, hb *Heartbeat, at time.Time) verdict { return v.observe(hb, logEnd.Add(1), at) }
 
 // rec is a fence record of epoch led by node.
 func rec(epoch uint64, node string) *record {
@@ -283,7 +291,7 @@ func TestVote(t *testing.T) {
 					v.setRecord(*st.rec)
 				}
 				for _, hb := range st.hbs {
-					v.observe(hb, now)
+					feed(v, hb, now)
 				}
 				if st.tick {
 					if got := v.tick(now); got != st.wantClaim {
@@ -322,7 +330,7 @@ func sortSteps(steps []step) []step {
 func TestVoteImplausibleHeartbeatsAreNotObserved(t *testing.T) {
 	v := newVote("a", testInstance, testTimeout, t0)
 	forged := &Heartbeat{NodeId: "zz", Addr: "evil:1", Epoch: 1 << 40, Role: Role_ROLE_LEADER}
-	if got := v.observe(forged, t0); got != observed {
+	if got := feed(v, forged, t0); got != observed {
 		t.Errorf("before ZooKeeper was read: verdict %v, want observed (nothing to judge by)", got)
 	}
 	v.setRecord(*rec(10, "c"))
@@ -336,7 +344,7 @@ func TestVoteImplausibleHeartbeatsAreNotObserved(t *testing.T) {
 		{claim("b", 10, 1<<63), implausible},
 		{&Heartbeat{NodeId: "zz", Epoch: math.MaxUint64, Role: Role_ROLE_LEADER}, implausible},
 	} {
-		if got := v.observe(tc.hb, t0); got != tc.want {
+		if got := feed(v, tc.hb, t0); got != tc.want {
 			t.Errorf("observe(epoch %d claim %d) = %v, want %v", tc.hb.Epoch, tc.hb.ClaimEpoch, got, tc.want)
 		}
 	}
@@ -351,18 +359,18 @@ func TestVoteDuplicateNodeIDRefusesToClaim(t *testing.T) {
 	v.setRecord(*rec(0, ""))
 	old := follower("c", 0)
 	old.Instance = "earlier"
-	if got := v.observe(old, t0); got != observed {
+	if got := feed(v, old, t0); got != observed {
 		t.Fatalf("an earlier incarnation's heartbeat before our own: %v, want observed", got)
 	}
-	v.observe(follower("c", 0), t0)
+	feed(v, follower("c", 0), t0)
 	other := follower("c", 0)
 	other.Instance = "other"
 	other.Addr = "elsewhere:4000"
 	for at := time.Duration(0); at <= 4*s; at += s {
-		if got := v.observe(other, t0.Add(at)); got != duplicate {
+		if got := feed(v, other, t0.Add(at)); got != duplicate {
 			t.Fatalf("another instance at %v: verdict %v, want duplicate", at, got)
 		}
-		v.observe(follower("c", 0), t0.Add(at))
+		feed(v, follower("c", 0), t0.Add(at))
 		if got := v.tick(t0.Add(at)); got != 0 {
 			t.Fatalf("claimed %d at %v while another process has this node id", got, at)
 		}
@@ -371,7 +379,7 @@ func TestVoteDuplicateNodeIDRefusesToClaim(t *testing.T) {
 	if got := v.tick(t0.Add(7*s - time.Millisecond)); got != 0 {
 		t.Fatalf("claimed %d within a timeout of the duplicate", got)
 	}
-	v.observe(follower("c", 0), t0.Add(7*s))
+	feed(v, follower("c", 0), t0.Add(7*s))
 	if got := v.tick(t0.Add(7 * s)); got != 1 {
 		t.Fatalf("tick a timeout after the duplicate stopped = %d, want 1", got)
 	}
@@ -421,7 +429,7 @@ func TestVoteSimulatedCluster(t *testing.T) {
 				}
 				votes[id].setRecord(zk)
 				for ; read[id] < len(log); read[id]++ {
-					votes[id].observe(log[read[id]], now)
+					votes[id].observe(log[read[id]], int64(read[id]), now)
 				}
 			}
 		}
@@ -461,21 +469,21 @@ func TestVoteFailedClaimSitsOutATimeout(t *testing.T) {
 	v.setRecord(*rec(0, ""))
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	for d := time.Duration(0); d < 3*s; d += s {
-		v.observe(follower("c", 0), at(d))
+		feed(v, follower("c", 0), at(d))
 	}
 	if got := v.tick(at(3 * s)); got != 1 {
 		t.Fatalf("tick = %d, want claim 1", got)
 	}
-	v.observe(claim("c", 0, 1), at(3*s))
+	feed(v, claim("c", 0, 1), at(3*s))
 	if e, _, ok := v.recording(); !ok || e != 1 {
 		t.Fatalf("c's claim is not the one being recorded")
 	}
 	failed := at(3*s + 50*time.Millisecond)
 	v.giveUp(1, failed, true)
-	v.observe(claim("c", 0, 1), failed) // a claim heartbeat sent before the failure
+	feed(v, claim("c", 0, 1), failed) // a claim heartbeat sent before the failure
 	for d := 100 * time.Millisecond; d < testTimeout; d += 500 * time.Millisecond {
 		now := failed.Add(d)
-		v.observe(follower("c", 0), now)
+		feed(v, follower("c", 0), now)
 		if got := v.tick(now); got != 0 {
 			t.Fatalf("claimed %d %v after a failed claim, want no claim within a timeout", got, d)
 		}
@@ -483,7 +491,7 @@ func TestVoteFailedClaimSitsOutATimeout(t *testing.T) {
 	// The log showed c stop claiming 100 ms after the failure: a timeout
 	// after that, it claims again.
 	now := failed.Add(100*time.Millisecond + testTimeout)
-	v.observe(follower("c", 0), now)
+	feed(v, follower("c", 0), now)
 	if got := v.tick(now); got != 1 {
 		t.Fatalf("tick a timeout after the failure = %d, want claim 1 again", got)
 	}

@@ -74,7 +74,8 @@ const (
 	// it: the record is fetched again (or gone), not counted.
 	Forgotten
 	// DeadLetter: the message was handed to the dead-letter producer
-	// (Partition, Offset; Attempt: the failures counted).
+	// (Partition, Offset; Attempt: the failures counted; Detail: the last
+	// failure, as the fanout.dlq.last_failure header names it).
 	DeadLetter
 	// DeadLettered: the dead-letter topic stored it.
 	DeadLettered

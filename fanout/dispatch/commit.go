@@ -34,7 +34,10 @@ import (
 // which nothing of it is written). A commit's fence is made of the conditions
 // of the partitions it writes, and a fenced commit is not the end of the
 // committer: the partitions whose conditions no longer hold are reported on
-// lost, the others committed again one by one.
+// lost, the others committed again one by one. A final commit belongs to the
+// stretch it was asked in: only a commit under that stretch's condition
+// answers it, and a partition assigned again (a new stretch) answers a final
+// commit still pending with an error, since its offset is no longer written.
 type committer struct {
 	store        offsets.Store
 	ps           offsets.ProgressStore // store, when it keeps progress; else nil
@@ -50,7 +53,7 @@ type committer struct {
 	prog         map[int32]offsets.Progress  // with ps: the latest progress offered per partition
 	anchors      map[int32][]chan struct{}   // closed once a commit of their partition, offered after them, succeeds
 	conds        map[int32]offsets.Condition // per-partition mode: the partitions committed, each under its condition
-	finals       map[int32]chan error        // per-partition mode: finish waits for these partitions' next commit
+	finals       map[int32]final             // per-partition mode: finish waits for these partitions' next commit
 	lostParts    map[int32]offsets.Condition // per-partition mode: found fenced, not yet sent on lost
 	stored       map[int32]int64             // what the store holds, as far as this committer knows
 	failures     uint64                      // failed commits, in total
@@ -79,7 +82,7 @@ func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Durati
 		pending:      map[int32]int64{},
 		anchors:      map[int32][]chan struct{}{},
 		conds:        map[int32]offsets.Condition{},
-		finals:       map[int32]chan error{},
+		finals:       map[int32]final{},
 		stored:       maps.Clone(stored),
 		kick:         make(chan struct{}, 1),
 		fenced:       make(chan error, 1),
@@ -190,11 +193,25 @@ func (c *committer) poke() {
 	}
 }
 
+// final is a final commit that finish waits for: the partition's next
+// successful commit under cond answers it.
+type final struct {
+	done chan<- error
+	cond offsets.Condition
+}
+
 // assign makes partition p committable under cond (per-partition mode), with
-// stored, when >= 0, the offset the store holds for it.
+// stored, when >= 0, the offset the store holds for it. A new stretch of p
+// begins: a final commit of the previous one still pending is answered with
+// an error (its offset will not be written), so that no commit of the new
+// stretch is taken for it.
 func (c *committer) assign(p int32, cond offsets.Condition, stored int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if f, ok := c.finals[p]; ok {
+		f.done <- fmt.Errorf("dispatch: final commit of partition %d not written: the partition was assigned again", p)
+		delete(c.finals, p)
+	}
 	c.conds[p] = cond
 	delete(c.pending, p)
 	delete(c.prog, p)
@@ -222,8 +239,8 @@ func (c *committer) forgetLocked(p int32, err error) {
 	delete(c.prog, p)
 	delete(c.anchors, p)
 	delete(c.stored, p)
-	if w := c.finals[p]; w != nil {
-		w <- err
+	if f, ok := c.finals[p]; ok {
+		f.done <- err
 		delete(c.finals, p)
 	}
 }
@@ -242,12 +259,12 @@ func (c *committer) finish(p int32, o int64, prog map[int32]offsets.Progress) <-
 		done <- fmt.Errorf("dispatch: final commit of partition %d: not assigned", p)
 		return done
 	}
-	if w := c.finals[p]; w != nil {
-		w <- errors.New("dispatch: final commit replaced by a newer one")
+	if f, ok := c.finals[p]; ok {
+		f.done <- errors.New("dispatch: final commit replaced by a newer one")
 	}
 	c.pending[p] = o
 	c.setProgress(p, prog)
-	c.finals[p] = done
+	c.finals[p] = final{done: done, cond: c.conds[p]}
 	c.poke()
 	return done
 }
@@ -455,8 +472,8 @@ func (c *committer) flush(ctx context.Context, m map[int32]int64, prog map[int32
 func (c *committer) resolveFinals(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for p, w := range c.finals {
-		w <- err
+	for p, f := range c.finals {
+		f.done <- err
 		delete(c.finals, p)
 	}
 }
@@ -491,9 +508,9 @@ func (c *committer) record(m map[int32]int64, fence offsets.Fence, took time.Dur
 			continue // forgotten, or assigned again, since
 		}
 		c.stored[p] = o
-		if w := c.finals[p]; w != nil {
+		if f, ok := c.finals[p]; ok && f.cond == conds[0] {
 			if _, newer := c.pending[p]; !newer {
-				w <- nil
+				f.done <- nil
 				delete(c.finals, p)
 				delete(c.conds, p)
 				delete(c.stored, p)

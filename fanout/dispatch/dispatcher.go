@@ -443,9 +443,14 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	if d.cfg.DeadLetter != nil {
 		deadLetters = d.cfg.DeadLetter.Stored()
 	}
+	tooLarge := "message larger than any connected client accepts: it waits for a client that announces a large enough max_frame_size"
+	if d.cfg.MaxAttempts > 0 {
+		tooLarge += fmt.Sprintf(", for at most --max-attempts ack timeouts (%v), then it goes to the dead-letter topic",
+			time.Duration(d.cfg.MaxAttempts)*d.cfg.AckTimeout)
+	}
 	s.onTooLarge = func(m *Message, largest int) {
 		d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame, "largest_client_limit": largest}).
-			Warn("message larger than any connected client accepts: it waits for a client that announces a large enough max_frame_size")
+			Warn(tooLarge)
 	}
 	now := d.cfg.Now
 
@@ -572,6 +577,11 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 		case <-commitTick.C:
 			cm.offer(d.dirty(s, progress))
 			d.logStalls(s.checkStalls(now(), d.cfg.StallAfter))
+			for _, m := range s.expireTooLarge(now()) {
+				d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame,
+					"largest_client_limit": s.largestSize(), "waited_over": time.Duration(d.cfg.MaxAttempts) * d.cfg.AckTimeout}).
+					Warn("message larger than any connected client accepts, for --max-attempts ack timeouts: it goes to the dead-letter topic")
+			}
 			if since := cm.troubleSince(); d.cfg.MaxCommitFailure > 0 && !since.IsZero() && time.Since(since) >= d.cfg.MaxCommitFailure {
 				err := fmt.Errorf("%w: since %s (%v)", ErrCommitsFailing, since.Format(time.RFC3339Nano), time.Since(since).Round(time.Millisecond))
 				d.log.WithError(err).WithField("in_flight", s.flights.live).

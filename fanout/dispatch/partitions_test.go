@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -463,4 +464,108 @@ func testLog() *logrus.Entry {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	return logrus.NewEntry(l)
+}
+
+// commitOnce runs one pass of the committer's loop by hand: take what is
+// pending, commit it, release its anchors.
+func commitOnce(t *testing.T, cm *committer) {
+	t.Helper()
+	m, fence, anchors := cm.take()
+	if m == nil {
+		return
+	}
+	done, _ := cm.commit(context.Background(), m, fence, anchors)
+	release(anchors, done)
+}
+
+// A partition assigned again while the final commit of its previous
+// stretch is pending (its handoff stopped waiting for it, and the partition
+// came back) starts its new stretch clean: that final commit is answered
+// with an error at once, never by a commit of the new stretch, and every
+// offer of the new stretch is committed under the new condition.
+func TestCommitterAssignedAgainWithAFinalCommitPending(t *testing.T) {
+	store := &condStore{}
+	cm := newCommitter(store, offsets.Fence{}, time.Hour, testLog(), nil, nil)
+	first, second := testTerm(1), testTerm(2)
+	cm.assign(0, first, -1)
+	store.mu.Lock()
+	store.failing = errors.New("zookeeper down")
+	store.mu.Unlock()
+	final := cm.finish(0, 10, nil)
+	commitOnce(t, cm) // the final commit fails: pending again, as any failed commit
+	select {
+	case err := <-final:
+		t.Fatalf("the final commit was answered (%v) though it failed", err)
+	default:
+	}
+	cm.assign(0, second, 3) // the new stretch
+	store.mu.Lock()
+	store.failing = nil
+	store.mu.Unlock()
+	for _, o := range []int64{4, 5, 6} {
+		cm.offer(map[int32]int64{0: o}, nil)
+		commitOnce(t, cm)
+		if got := store.get()[0]; got != o {
+			t.Fatalf("offered %d in the new stretch, the store holds %d", o, got)
+		}
+	}
+	if !store.committedUnder(0, second) || store.committedUnder(0, first) {
+		t.Errorf("commits of partition 0: %+v, want them all under the new stretch's condition", store.commits)
+	}
+	select {
+	case err := <-final:
+		if err == nil {
+			t.Fatal("the previous stretch's final commit was answered as done; it was never written")
+		}
+	default:
+		t.Fatal("the previous stretch's final commit is still waiting")
+	}
+	var st Stats
+	cm.report(&st)
+	if st.Committed[0] != 6 {
+		t.Errorf("Stats.Committed = %v, want partition 0 at 6", st.Committed)
+	}
+}
+
+// The same through the dispatcher, on a fake clock: a handoff whose final
+// commit keeps failing gives up (Revoke's context ends), the partition is
+// assigned to this member again, and its new stretch is committed as it is
+// acked.
+func TestPerPartitionAssignedAgainAfterAHandoffGaveUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &condStore{}
+		h := startOwned(t, store, Config{Logger: testLog()}) // quiet: commits fail for seconds
+		k := newChanSink()
+		h.d.Join(1, "a", 10, k)
+		h.d.Assign(0, testTerm(10), -1, offsets.Progress{})
+		h.src.ch <- Batch{Partition: 0, Start: 0}
+		h.src.ch <- batch(0, 0, 2)
+		d, _ := k.next(t), k.next(t) // offset 1 stays unacked: the handoff waits for it, then drops it
+		h.d.Ack(1, []uint64{d.ID})
+		synctest.Wait()
+		store.mu.Lock()
+		store.failing = errors.New("zookeeper down")
+		store.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := h.d.Revoke(ctx, 0, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Revoke with the store failing: %v, want the context's deadline", err)
+		}
+		h.d.Assign(0, testTerm(12), 1, offsets.Progress{}) // reserved again: the stretch starts at 1
+		store.mu.Lock()
+		store.failing = nil
+		store.mu.Unlock()
+		h.src.ch <- Batch{Partition: 0, Start: 1}
+		h.src.ch <- batch(0, 1, 4)
+		for want := int64(2); want <= 4; want++ {
+			d := k.next(t)
+			h.d.Ack(1, []uint64{d.ID})
+			time.Sleep(time.Second) // commit intervals pass
+			synctest.Wait()
+			if got := store.get()[0]; got != want || !store.committedUnder(0, testTerm(12)) {
+				t.Fatalf("after the ack of offset %d the store holds %d (commits %+v), want %d under the new condition",
+					d.Msg.Offset, got, store.commits, want)
+			}
+		}
+	})
 }

@@ -5,10 +5,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/backoff"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Redelivery reasons, as indexes of Stats.Redelivered.
@@ -54,6 +54,10 @@ type Stats struct {
 	DeadLetterPending int    // messages handed to the dead-letter producer, not yet stored
 	KeyWaiting        int    // key ordering: messages waiting for the previous message of their key
 	Observers         int    // observers joined
+	// TooLargeDeadLettered counts the messages handed to the dead-letter
+	// producer because they fitted no joined client for MaxAttempts ack
+	// timeouts (FailureTooLarge).
+	TooLargeDeadLettered uint64
 	// NotCounted counts the failed deliveries that did not count toward
 	// Config.MaxAttempts: nacks of deliveries the client never processed
 	// (NackInfo.Unprocessed), deliveries unanswered when their client said
@@ -168,6 +172,9 @@ type state struct {
 	// any size, -1 with no client); stale after a leave until recomputed.
 	largest      int
 	largestStale bool
+	// stuck holds, with a dead-letter topic, the messages of large that fit
+	// no joined client, and since when (expireTooLarge); nil when none.
+	stuck map[*Message]time.Time
 
 	flights   flightTable  // outstanding deliveries by id
 	deadlines deadlineList // outstanding deliveries by deadline
@@ -258,7 +265,7 @@ func (s *state) addBatch(b Batch) {
 		s.stats.Consumed++
 		if rs != nil && s.restored(rs, m) {
 			if s.trace != nil {
-				s.traceMessage(deliverylog.Skipped, m, 0)
+				s.traceMessage(deliverylog.Skipped, m, 0, "")
 			}
 			continue // acked before the restart
 		}

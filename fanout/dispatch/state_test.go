@@ -852,3 +852,81 @@ func offsetsFrom(from, to int64) []int64 {
 	}
 	return out
 }
+
+// With a dead-letter topic, a message that fits no joined client is not
+// kept forever: once it has fitted none for MaxAttempts ack timeouts it
+// goes to the dead letter (last failure "too_large"), holding its offset
+// until stored, and the partition moves on. The time counts only while it
+// fits nobody connected: a client that fits it, or no client at all,
+// starts the count again.
+func TestTooLargeDeadLetteredAfterMaxAttemptsTimeouts(t *testing.T) {
+	s := sizedState()
+	dl := &recDeadLetter{}
+	s.maxAttempts, s.deadLetter = 2, dl
+	limit := 2 * timeout // MaxAttempts ack timeouts
+	small := &sizedSink{max: 100}
+	s.join(1, "small", 10, small)
+	s.addBatch(sizedBatch(0, 10, 500, 20))
+	s.dispatch(t0)
+	s.ack(1, ids(small.got))
+	if got := s.expireTooLarge(t0.Add(limit)); len(got) != 0 || len(dl.sent) != 0 {
+		t.Fatalf("dead-lettered %d after exactly %v, want none before it is longer", len(got), limit)
+	}
+	// A client that fits it joins and leaves: the count starts again.
+	s.join(2, "big", 1, &sizedSink{max: 1000}) // no dispatch round: it does not take the message
+	if got := s.expireTooLarge(t0.Add(limit + time.Second)); len(got) != 0 {
+		t.Fatal("dead-lettered while a joined client fits it")
+	}
+	s.leave(2, LeaveDisconnect, t0)
+	restart := t0.Add(limit + 2*time.Second)
+	if got := s.expireTooLarge(restart); len(got) != 0 {
+		t.Fatal("dead-lettered at once after the client that fits it left")
+	}
+	if got := s.expireTooLarge(restart.Add(limit)); len(got) != 0 {
+		t.Fatal("dead-lettered before it fitted nobody for MaxAttempts ack timeouts again")
+	}
+	got := s.expireTooLarge(restart.Add(limit + time.Millisecond))
+	if len(got) != 1 || got[0].Offset != 1 || len(dl.sent) != 1 {
+		t.Fatalf("dead-lettered %v, sent %v; want offset 1", got, dl.sent)
+	}
+	if r := dl.sent[0]; r.LastFailure != FailureTooLarge || r.Attempts != 0 {
+		t.Fatalf("dead letter %+v, want last failure %q and no attempt", r, FailureTooLarge)
+	}
+	if st := s.snapshot(); st.TooLarge != 0 || st.DeadLetterPending != 1 || st.Buffered != 1 || st.TooLargeDeadLettered != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
+	if c, _ := s.tracker.Committable(0); c != 1 {
+		t.Fatalf("committable %d while the dead letter is not stored, want 1", c)
+	}
+	s.deadLettered(got)
+	if c, _ := s.tracker.Committable(0); c != 3 {
+		t.Fatalf("committable %d after the dead letter is stored, want 3", c)
+	}
+	if st := s.snapshot(); st.Buffered != 0 || st.BufferBytes != 0 {
+		t.Fatalf("stats after: %+v", st)
+	}
+}
+
+// Without clients, or without a dead-letter topic, a message too large for
+// the clients seen waits as before.
+func TestTooLargeWaitsWithoutClientsOrDeadLetterTopic(t *testing.T) {
+	for _, maxAttempts := range []uint32{0, 2} {
+		s := sizedState()
+		dl := &recDeadLetter{}
+		if maxAttempts > 0 {
+			s.maxAttempts, s.deadLetter = maxAttempts, dl
+		}
+		s.join(1, "small", 10, &sizedSink{max: 100})
+		s.addBatch(sizedBatch(0, 500))
+		s.dispatch(t0)
+		if maxAttempts > 0 {
+			s.leave(1, LeaveDisconnect, t0)
+		}
+		if got := s.expireTooLarge(t0.Add(time.Hour)); len(got) != 0 || len(dl.sent) != 0 {
+			t.Fatalf("max attempts %d: dead-lettered %v", maxAttempts, got)
+		}
+		if st := s.snapshot(); st.Buffered != 1 {
+			t.Fatalf("max attempts %d: buffered %d, want 1", maxAttempts, st.Buffered)
+		}
+	}
+}

@@ -32,8 +32,8 @@ func (s *state) traceFlightAt(k deliverylog.Kind, f *flight, detail string, at t
 
 // traceMessage logs event k of message m; attempt is the event's number
 // (the failures counted, for a dead letter).
-func (s *state) traceMessage(k deliverylog.Kind, m *Message, attempt uint32) {
-	s.trace.Add(deliverylog.Event{At: s.now(), Kind: k, Partition: m.Partition, Offset: m.Offset, Attempt: attempt})
+func (s *state) traceMessage(k deliverylog.Kind, m *Message, attempt uint32, detail string) {
+	s.trace.Add(deliverylog.Event{At: s.now(), Kind: k, Partition: m.Partition, Offset: m.Offset, Attempt: attempt, Detail: detail})
 }
 
 // tracePartition logs event k of partition p (offset -1: none).

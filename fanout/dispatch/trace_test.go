@@ -107,7 +107,7 @@ func TestDeliveryLogRecordsEveryAttemptAndItsOutcome(t *testing.T) {
 		"timeout 0/1 a2 s2 counted c2",
 		"deliver 0/1 a3 s2  c2",
 		"nack 0/1 a3 s2 counted c2",
-		"dead-letter 0/1 a3 s0  ",
+		"dead-letter 0/1 a3 s0 nack ",
 		"dead-lettered 0/1 a3 s0  ",
 	})
 	checkOutcomes(t, evs)

@@ -31,6 +31,9 @@ func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, str
 		if !since.IsZero() && now.Sub(since) > maxCommitFailing {
 			return false, fmt.Sprintf("leader: offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
 		}
+		if r := deadLettersRefused(s); r != "" {
+			return false, "leader: " + r
+		}
 		if dl := s.DeadLetterFailingSince; !dl.IsZero() && now.Sub(dl) > maxCommitFailing {
 			return false, fmt.Sprintf("leader: producing to dead-letter topic %s failing for %s (%d messages waiting, holding their partitions' offsets)",
 				s.DeadLetterTopic, now.Sub(dl).Round(time.Millisecond), s.Stats.DeadLetterPending)
@@ -62,7 +65,21 @@ func readySpread(s Snapshot, now time.Time, maxCommitFailing time.Duration) (boo
 	if since := s.Stats.CommitFailingSince; !since.IsZero() && now.Sub(since) > maxCommitFailing {
 		return false, fmt.Sprintf("member: offset commits failing for %s", now.Sub(since).Round(time.Millisecond))
 	}
+	if r := deadLettersRefused(s); r != "" {
+		return false, "member: " + r
+	}
 	return true, fmt.Sprintf("member: serving partitions %v (generation %d)", s.Owned, s.Generation)
+}
+
+// deadLettersRefused is the reason a serving node is not ready while its
+// dead-letter topic refuses records for a reason retrying cannot fix (at
+// once: only an operator can fix it); "" when it refuses none.
+func deadLettersRefused(s Snapshot) string {
+	if s.DeadLetterRefused == 0 {
+		return ""
+	}
+	return fmt.Sprintf("dead letters failing: %s refuses %d (%s); they hold their partitions' offsets",
+		s.DeadLetterTopic, s.DeadLetterRefused, s.DeadLetterRefusedError)
 }
 
 // HandlerConfig configures Handler.

@@ -47,6 +47,14 @@ type Snapshot struct {
 	// has failed, zero while it works.
 	DeadLetterTopic        string
 	DeadLetterFailingSince time.Time
+	// DeadLetterRefused is the number of dead letters the topic refuses
+	// for a reason retrying cannot fix, DeadLetterRefusedError the last
+	// such refusal: they wait, holding their partitions' offsets.
+	DeadLetterRefused      int
+	DeadLetterRefusedError string
+	// DeadLetterValuesOmitted counts the dead letters written without the
+	// message's value, too large for the dead-letter topic.
+	DeadLetterValuesOmitted uint64
 
 	// Clustered: the daemon takes part in an election (not the dev mode).
 	// Before the election starts, Clustered is false and so is Serving.
@@ -110,6 +118,7 @@ type Collector struct {
 	deadLettered, deadLetterPending, deadLetterFailing *prometheus.Desc
 	delayed, keyWaiting, observers, observersDropped   *prometheus.Desc
 	skipped, notCounted, attempts                      *prometheus.Desc
+	deadLetterRefused, valuesOmitted, tooLargeDead     *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -180,6 +189,12 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		skipped:           desc("messages_skipped_total", "Messages received again after a restart or failover that the stored progress shows acked: not delivered again."),
 		notCounted:        desc("failures_not_counted_total", "Failed deliveries not counted toward --max-attempts: give-backs of deliveries a client never processed, deliveries unanswered at a client's goodbye or when the daemon closed its connection, and disconnects of clients dropping together (one per liveness window)."),
 		attempts:          desc("message_attempts", "Deliveries a message took until it was acked or dead-lettered."),
+		deadLetterRefused: desc("dead_letter_refused", "Dead letters the dead-letter topic refuses for a reason retrying cannot fix "+
+			"(authorization, a compacted topic given a record without a key, ...): they wait, holding their partitions' committed offsets, until it takes them."),
+		valuesOmitted: desc("dead_letter_values_omitted_total", "Dead letters written without the message's value, too large for the dead-letter topic: "+
+			"the message stays at its source offset."),
+		tooLargeDead: desc("messages_too_large_dead_lettered_total", "Messages handed to the dead-letter topic because they fitted no connected "+
+			"client's frame limit for --max-attempts ack timeouts."),
 	}
 }
 
@@ -212,6 +227,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
 		c.observersDropped, c.skipped, c.notCounted, c.attempts,
+		c.deadLetterRefused, c.valuesOmitted, c.tooLargeDead,
 	} {
 		ch <- d
 	}
@@ -277,6 +293,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		failing = float64(s.DeadLetterFailingSince.UnixNano()) / 1e9
 	}
 	gauge(c.deadLetterFailing, failing)
+	gauge(c.deadLetterRefused, float64(s.DeadLetterRefused))
+	counter(c.valuesOmitted, s.DeadLetterValuesOmitted)
+	counter(c.tooLargeDead, st.TooLargeDeadLettered)
 	gauge(c.delayed, float64(st.Delayed))
 	gauge(c.keyWaiting, float64(st.KeyWaiting))
 	gauge(c.observers, float64(st.Observers))

@@ -44,6 +44,7 @@ func leaderSnapshot() Snapshot {
 func TestCollectorReportsSnapshot(t *testing.T) {
 	snap := leaderSnapshot()
 	snap.DeadLetterFailingSince = time.Unix(1700000000, 500000000)
+	snap.DeadLetterRefused, snap.DeadLetterValuesOmitted, snap.Stats.TooLargeDeadLettered = 2, 3, 4
 	c := NewCollector(func(context.Context) Snapshot { return snap })
 	c.ObserveCommit(3*time.Millisecond, nil)
 	c.ObserveCommit(20*time.Millisecond, errors.New("zookeeper down"))
@@ -143,6 +144,15 @@ fanout_dead_letter_pending 1
 # HELP fanout_dead_letter_failing_since_seconds Since when (Unix time) producing to the dead-letter topic has been failing; 0 while it works.
 # TYPE fanout_dead_letter_failing_since_seconds gauge
 fanout_dead_letter_failing_since_seconds 1.7000000005e+09
+# HELP fanout_dead_letter_refused Dead letters the dead-letter topic refuses for a reason retrying cannot fix (authorization, a compacted topic given a record without a key, ...): they wait, holding their partitions' committed offsets, until it takes them.
+# TYPE fanout_dead_letter_refused gauge
+fanout_dead_letter_refused 2
+# HELP fanout_dead_letter_values_omitted_total Dead letters written without the message's value, too large for the dead-letter topic: the message stays at its source offset.
+# TYPE fanout_dead_letter_values_omitted_total counter
+fanout_dead_letter_values_omitted_total 3
+# HELP fanout_messages_too_large_dead_lettered_total Messages handed to the dead-letter topic because they fitted no connected client's frame limit for --max-attempts ack timeouts.
+# TYPE fanout_messages_too_large_dead_lettered_total counter
+fanout_messages_too_large_dead_lettered_total 4
 # HELP fanout_messages_delayed Redeliveries waiting out a retry delay (a nack's delay, or --retry-backoff).
 # TYPE fanout_messages_delayed gauge
 fanout_messages_delayed 3
@@ -225,6 +235,9 @@ func TestReady(t *testing.T) {
 		s.DeadLetterFailingSince = now.Add(-d)
 		return s
 	}
+	refused := leaderSnapshot()
+	refused.DeadLetterFailingSince = now // at once, not after a while
+	refused.DeadLetterRefused, refused.DeadLetterRefusedError = 2, "kafka server: The client is not authorized to access this topic"
 	tests := []struct {
 		name   string
 		snap   Snapshot
@@ -237,6 +250,8 @@ func TestReady(t *testing.T) {
 		{"dead-letter topic failing briefly", deadFailing(2 * time.Second), true, "leader: serving"},
 		{"dead-letter topic failing too long", deadFailing(12 * time.Second), false,
 			"leader: producing to dead-letter topic orders.dlq failing for 12s (1 messages waiting, holding their partitions' offsets)"},
+		{"dead letters refused", refused, false, "leader: dead letters failing: orders.dlq refuses 2 " +
+			"(kafka server: The client is not authorized to access this topic); they hold their partitions' offsets"},
 		{"elected, not serving", Snapshot{Clustered: true, Leader: true, LeaderKnown: true, LeaderID: "a"}, false, "leader: elected, not serving yet"},
 		{"follower knows leader", Snapshot{Clustered: true, LeaderKnown: true, LeaderID: "b", Epoch: 4}, true, "follower: leader b (epoch 4)"},
 		{"follower without leader", Snapshot{Clustered: true}, false, "follower: no leader known"},

@@ -83,6 +83,9 @@ func TestReadySpread(t *testing.T) {
 	noAssignment.Generation, noAssignment.Assigned, noAssignment.Owned = 0, nil, nil
 	none := all
 	none.Assigned, none.Owned = []int32{}, []int32{}
+	refused := all
+	refused.DeadLetterTopic, refused.DeadLetterRefused = "orders.dlq", 1
+	refused.DeadLetterRefusedError = "kafka server: Client sent an invalid record"
 	tests := []struct {
 		name   string
 		snap   Snapshot
@@ -93,6 +96,8 @@ func TestReadySpread(t *testing.T) {
 		{"owns some", spreadSnapshot(), false, "member: owns partitions [0 2] of [0 2 4] assigned (generation 12)"},
 		{"assigned none", none, true, "member: serving partitions [] (generation 12)"},
 		{"commits failing", failing, false, "member: offset commits failing for 11s"},
+		{"dead letters refused", refused, false, "member: dead letters failing: orders.dlq refuses 1 " +
+			"(kafka server: Client sent an invalid record); they hold their partitions' offsets"},
 		{"no assignment", noAssignment, false, "member: no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"},
 		{"not serving", Snapshot{Spread: true, Clustered: true}, false, "member: not serving yet"},
 	}

@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // batchHello is a Hello that announces CAPABILITY_BATCH.

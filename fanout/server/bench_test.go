@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // BenchmarkDeliverPump measures one delivery of a 1 KiB message from

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -16,8 +17,8 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // closeReason says why a connection closed, for the log line and the
@@ -36,12 +37,13 @@ const (
 	closeInternal                          // a bug: a goroutine of the connection panicked
 	closeEvicted                           // no Hello yet, and the longest waiting when too many waited
 	closeObserverBehind                    // an observer's queued copies passed MaxObserverBytes
+	closeRevoked                           // its token or certificate is no longer accepted (Server.Reauthorize)
 	numCloseReasons
 )
 
 // CloseReasons names the reasons a connection closes, as indexes of
 // Stats.Closed, for logs and metrics.
-var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted", "observer behind"}
+var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted", "observer behind", "revoked"}
 
 // String names the reason for logs.
 func (r closeReason) String() string { return CloseReasons[r] }
@@ -66,7 +68,7 @@ func (r closeReason) leave() dispatch.LeaveReason {
 // level is the log level of the one line logged when a connection closes.
 func (r closeReason) level() logrus.Level {
 	switch r {
-	case closeDead, closeSlow, closeProtocol, closeRejected, closeEvicted, closeObserverBehind:
+	case closeDead, closeSlow, closeProtocol, closeRejected, closeEvicted, closeObserverBehind, closeRevoked:
 		return logrus.WarnLevel
 	case closeInternal:
 		return logrus.ErrorLevel
@@ -142,6 +144,12 @@ type conn struct {
 	overflow bool       // an entry was dropped at the MaxOutboxBytes bound: the pump closes
 	name     string     // the client id from Hello
 	identity string     // the client certificate's subject (mutual TLS), for logs
+	// The credentials the client passed with, for Server.Reauthorize: its
+	// certificate chain (mutual TLS), and the SHA-256 of its token when a
+	// named token (Config.Authenticate) let it in.
+	certs    []*x509.Certificate
+	tokenSum [sha256.Size]byte
+	named    bool
 	final    *protocol.Frame
 	// finalRaw writes final, and lingers, on raw rather than nc: the TLS
 	// handshake failed, so only the TCP connection can still carry bytes.
@@ -435,6 +443,7 @@ func (c *conn) tlsHandshake(tc *tls.Conn) bool {
 		if certs := tc.ConnectionState().PeerCertificates; len(certs) > 0 {
 			c.mu.Lock()
 			c.identity = certs[0].Subject.String()
+			c.certs = certs
 			c.mu.Unlock()
 		}
 		return true
@@ -559,8 +568,9 @@ func (c *conn) reject(code protocol.ErrorCode, format string, args ...any) {
 }
 
 // authenticate checks the Hello's token against Config.AuthToken and
-// Config.Authenticate; a named token's name joins the client's identity.
-// Without either, every client passes.
+// Config.Authenticate; a named token's name joins the client's identity,
+// and its SHA-256 is kept for Server.Reauthorize. Without either, every
+// client passes.
 func (c *conn) authenticate(token string) bool {
 	cfg := &c.s.cfg
 	switch {
@@ -571,16 +581,40 @@ func (c *conn) authenticate(token string) bool {
 	case cfg.Authenticate == nil:
 		return false
 	}
-	name, ok := cfg.Authenticate(token)
+	sum := sha256.Sum256([]byte(token))
+	name, ok := cfg.Authenticate(sum)
 	if ok {
 		c.mu.Lock()
 		if c.identity != "" {
 			c.identity += ", "
 		}
 		c.identity += "token " + name
+		c.tokenSum, c.named = sum, true
 		c.mu.Unlock()
 	}
 	return ok
+}
+
+// stillAuthorized checks the credentials c passed with against those in
+// force now: its named token (Config.Authenticate), its certificate
+// (Config.VerifyClient). The shared Config.AuthToken does not change while
+// the daemon runs.
+func (c *conn) stillAuthorized() error {
+	cfg := &c.s.cfg
+	c.mu.Lock()
+	certs, sum, named := c.certs, c.tokenSum, c.named
+	c.mu.Unlock()
+	if named && cfg.Authenticate != nil {
+		if _, ok := cfg.Authenticate(sum); !ok {
+			return errors.New("its auth token is no longer accepted")
+		}
+	}
+	if len(certs) > 0 && cfg.VerifyClient != nil {
+		if err := cfg.VerifyClient(certs); err != nil {
+			return fmt.Errorf("its certificate is no longer accepted: %w", err)
+		}
+	}
+	return nil
 }
 
 // tokenMatches compares tokens in constant time; hashing first hides the

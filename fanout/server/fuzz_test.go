@@ -3,7 +3,7 @@ package server
 import (
 	"testing"
 
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"google.golang.org/protobuf/proto"
 )
 

@@ -14,14 +14,16 @@ import (
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/protocol"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
-// testTimeout bounds every wait in the tests.
-const testTimeout = 5 * time.Second
+// testTimeout bounds every wait in the tests: how long until a test that
+// waits for an event that does not come fails. Generous, as the machine may
+// be loaded; a wait ends as soon as its event happens.
+const testTimeout = 30 * time.Second
 
 // call is one recorded Backend call.
 type call struct {

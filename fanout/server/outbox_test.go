@@ -5,8 +5,8 @@ import (
 
 	"testing"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/protocol"
 	"google.golang.org/protobuf/proto"
 )
 

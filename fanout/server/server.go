@@ -11,7 +11,9 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math"
@@ -22,10 +24,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // Defaults for the zero values of Config fields.
@@ -82,12 +84,17 @@ type Config struct {
 	// DefaultMaxObserverBytes.
 	MaxObserverBytes int
 	AuthToken        string // when set, Hello.auth_token must equal it (or pass Authenticate)
-	// Authenticate, when set, checks Hello.auth_token against named tokens
-	// (--auth-tokens-file) and returns the token's name, which then names
-	// the client in the logs. A client passes with AuthToken or with a
-	// token Authenticate knows. It is called by the connection's reader at
-	// each Hello and must compare in constant time.
-	Authenticate func(token string) (name string, ok bool)
+	// Authenticate, when set, checks Hello.auth_token, given as its
+	// SHA-256, against named tokens (--auth-tokens-file) and returns the
+	// token's name, which then names the client in the logs. A client
+	// passes with AuthToken or with a token Authenticate knows. It is called
+	// by the connection's reader at each Hello, and by Reauthorize, and must
+	// compare in constant time.
+	Authenticate func(sum [sha256.Size]byte) (name string, ok bool)
+	// VerifyClient, when set, checks a client's certificate chain (mutual
+	// TLS) against the client CA in force now; Reauthorize ends the
+	// sessions whose chain it refuses.
+	VerifyClient func(chain []*x509.Certificate) error
 	// TLS, when set, makes the listener speak TLS with this configuration
 	// (tlsconf.Server.Config: TLS 1.2 minimum, certificates re-read when
 	// their files change). The handshake runs within HelloTimeout; a
@@ -411,6 +418,35 @@ func (s *Server) Close() error {
 	}
 	s.routines.Wait()
 	return err
+}
+
+// Reauthorize checks again the credentials of every connection that
+// passed them, against the tokens and the client CA in force now
+// (Config.Authenticate, Config.VerifyClient), and ends, with a fatal Error
+// UNAUTHORIZED, each whose named token or certificate is no longer
+// accepted: a welcomed client leaves the backend, which gives the
+// deliveries it held to other clients at once. The daemon calls it when
+// the tokens file or the TLS files changed, and on SIGHUP. It returns the
+// number of connections it ended.
+func (s *Server) Reauthorize() int {
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	ended := 0
+	for _, c := range conns {
+		if c.closing.Load() {
+			continue
+		}
+		if err := c.stillAuthorized(); err != nil {
+			c.close(closeRevoked, err, protocol.ErrorFrame(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED, true,
+				"the daemon no longer accepts this client: %v", err))
+			ended++
+		}
+	}
+	return ended
 }
 
 // errShutdown is the close error of connections closed by Server.Close.

@@ -1,19 +1,25 @@
 package server
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
-	"github.com/nanoservice/core-fanout/protocol"
 )
 
 // withTLS serves TLS with f's server certificate; mutual requires client
@@ -144,10 +150,9 @@ func TestTLSClientOnPlainListenerGetsAnErrorNotAHang(t *testing.T) {
 // Named tokens beside the shared one: each passes, a named one names the
 // client in the logs (never the token), an unknown one is refused.
 func TestNamedTokensNameTheClient(t *testing.T) {
-	named := map[string]string{"tok-billing": "billing"}
 	s := startServer(t, func(c *Config) {
 		c.AuthToken = "shared-token"
-		c.Authenticate = func(token string) (string, bool) { name, ok := named[token]; return name, ok }
+		c.Authenticate = namedTokens(&sync.Map{}, map[string]string{"tok-billing": "billing"})
 	})
 	for _, tc := range []struct{ token, identity string }{{"tok-billing", "token billing"}, {"shared-token", ""}} {
 		c := dial(t, s)
@@ -172,7 +177,7 @@ func TestNamedTokensNameTheClient(t *testing.T) {
 func TestCertificateAndNamedTokenBothNameTheClient(t *testing.T) {
 	f := testutil.NewTLSFiles(t)
 	s := startServer(t, withTLS(t, f, true), func(c *Config) {
-		c.Authenticate = func(token string) (string, bool) { return "billing", token == "tok-billing" }
+		c.Authenticate = namedTokens(&sync.Map{}, map[string]string{"tok-billing": "billing"})
 	})
 	c := dialTLS(t, s, f, f.ClientCert, f.ClientKey)
 	w := c.hello(&protocol.Hello{ClientId: "c", ProtocolVersion: protocol.Version, AuthToken: "tok-billing"})
@@ -191,4 +196,88 @@ func TestCertificateAndNamedTokenBothNameTheClient(t *testing.T) {
 	if got := s.Stats().Identities; len(got) != 0 {
 		t.Errorf("Stats().Identities = %v after the client left, want none", got)
 	}
+}
+
+// namedTokens returns a Config.Authenticate of the tokens in m (token to
+// name), kept in tokens by their SHA-256 so that a test can revoke one.
+func namedTokens(tokens *sync.Map, m map[string]string) func([sha256.Size]byte) (string, bool) {
+	for token, name := range m {
+		tokens.Store(sha256.Sum256([]byte(token)), name)
+	}
+	return func(sum [sha256.Size]byte) (string, bool) {
+		name, ok := tokens.Load(sum)
+		if !ok {
+			return "", false
+		}
+		return name.(string), true
+	}
+}
+
+// Reauthorize ends, with a fatal Error UNAUTHORIZED, the sessions whose
+// named token is no longer known, and they leave the backend; a session of
+// a token still known, or of the shared token, stays.
+func TestReauthorizeEndsSessionsOfRevokedTokens(t *testing.T) {
+	tokens := &sync.Map{}
+	s := startServer(t, func(c *Config) {
+		c.AuthToken = "shared-token"
+		c.Authenticate = namedTokens(tokens, map[string]string{"tok-a": "a", "tok-b": "b"})
+	})
+	hello := func(token string) (*client, uint64) {
+		c := dial(t, s)
+		w := c.hello(&protocol.Hello{ClientId: token, ProtocolVersion: protocol.Version, AuthToken: token})
+		s.b.waitCall(t, "join", w.GetSessionId())
+		return c, w.GetSessionId()
+	}
+	a, aID := hello("tok-a")
+	_, bID := hello("tok-b")
+	_, sharedID := hello("shared-token")
+	if n := s.Reauthorize(); n != 0 {
+		t.Fatalf("Reauthorize ended %d sessions with every token in force, want 0", n)
+	}
+	tokens.Delete(sha256.Sum256([]byte("tok-a")))
+	if n := s.Reauthorize(); n != 1 {
+		t.Fatalf("Reauthorize ended %d sessions, want 1", n)
+	}
+	a.expectError(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED)
+	s.b.waitCall(t, "leave", aID)
+	for _, id := range []uint64{bID, sharedID} {
+		if leaves := s.b.find("leave", id); len(leaves) != 0 {
+			t.Errorf("session %d left: %v", id, leaves)
+		}
+	}
+	if n := s.Stats().Closed[closeRevoked]; n != 1 {
+		t.Errorf("closed as revoked: %d, want 1", n)
+	}
+	if logs := s.closeLogs(aID); len(logs) != 1 || logs[0].Data["reason"] != "revoked" || logs[0].Level != logrus.WarnLevel {
+		t.Errorf("close log %v, want one warning with reason revoked", logs)
+	}
+}
+
+// Reauthorize ends the sessions whose certificate Config.VerifyClient now
+// refuses.
+func TestReauthorizeEndsSessionsOfRefusedCertificates(t *testing.T) {
+	f := testutil.NewTLSFiles(t)
+	var refuse atomic.Bool
+	s := startServer(t, withTLS(t, f, true), func(c *Config) {
+		c.VerifyClient = func(chain []*x509.Certificate) error {
+			if refuse.Load() && chain[0].Subject.CommonName == "fanout-test-client" {
+				return errors.New("x509: certificate signed by unknown authority")
+			}
+			return nil
+		}
+	})
+	c := dialTLS(t, s, f, f.ClientCert, f.ClientKey)
+	w := c.hello(&protocol.Hello{ClientId: "c", ProtocolVersion: protocol.Version})
+	s.b.waitCall(t, "join", w.GetSessionId())
+	if n := s.Reauthorize(); n != 0 {
+		t.Fatalf("Reauthorize ended %d sessions of accepted certificates", n)
+	}
+	refuse.Store(true)
+	if n := s.Reauthorize(); n != 1 {
+		t.Fatalf("Reauthorize ended %d sessions, want 1", n)
+	}
+	if e := c.expectError(protocol.ErrorCode_ERROR_CODE_UNAUTHORIZED); !strings.Contains(e.GetMessage(), "certificate") {
+		t.Errorf("error %q does not say the certificate is no longer accepted", e.GetMessage())
+	}
+	s.b.waitCall(t, "leave", w.GetSessionId())
 }

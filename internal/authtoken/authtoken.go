@@ -63,8 +63,14 @@ func (f *File) Len() int {
 // Check returns the name of token, re-reading the file first if it changed.
 // Every token in force is compared, in constant time, whichever matches.
 func (f *File) Check(token string) (name string, ok bool) {
+	return f.CheckSum(sha256.Sum256([]byte(token)))
+}
+
+// CheckSum is Check of the token whose SHA-256 is sum: a session keeps
+// the sum of its token, never the token, to check it again once the file
+// changed.
+func (f *File) CheckSum(sum [sha256.Size]byte) (name string, ok bool) {
 	f.refresh()
-	sum := sha256.Sum256([]byte(token))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, t := range f.tokens {
@@ -73,6 +79,32 @@ func (f *File) Check(token string) (name string, ok bool) {
 		}
 	}
 	return name, ok
+}
+
+// Refresh re-reads the file if its modification time or size changed,
+// telling onReload the outcome; the daemon calls it periodically, so that
+// a change takes effect without waiting for the next client.
+func (f *File) Refresh() { f.refresh() }
+
+// Reload re-reads the file now, whether or not it changed (SIGHUP), and
+// tells onReload the outcome. On error the previous tokens stay in force.
+func (f *File) Reload() error {
+	fi, err := os.Stat(f.path)
+	if err == nil {
+		f.mu.Lock()
+		f.mod, f.size = fi.ModTime(), fi.Size() // a broken version is not read again until it changes
+		f.mu.Unlock()
+	}
+	tokens, err := read(f.path)
+	if err == nil {
+		f.mu.Lock()
+		f.tokens = tokens
+		f.mu.Unlock()
+	}
+	if f.onReload != nil {
+		f.onReload(err)
+	}
+	return err
 }
 
 // refresh re-reads the file when its modification time or size changed.

@@ -1,6 +1,7 @@
 package authtoken
 
 import (
+	"crypto/sha256"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,5 +87,45 @@ func TestBadFilesNeverShowTheTokens(t *testing.T) {
 	}
 	if _, err := Open(filepath.Join(dir, "missing"), nil); err == nil {
 		t.Error("a missing file opened")
+	}
+}
+
+// CheckSum checks a token by its SHA-256; Refresh re-reads a changed file
+// without a check; Reload re-reads it even when its time and size did not
+// change, and reports the outcome.
+func TestCheckSumRefreshAndReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	mod := time.Now().Add(-time.Hour)
+	write(t, path, "a:tok-a\n", mod)
+	var reloads []error
+	f, err := Open(path, func(err error) { reloads = append(reloads, err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, ok := f.CheckSum(sha256.Sum256([]byte("tok-a"))); !ok || name != "a" {
+		t.Fatalf("CheckSum of tok-a: %q, %v", name, ok)
+	}
+	write(t, path, "b:tok-b\n", mod.Add(time.Minute))
+	f.Refresh()
+	if len(reloads) != 1 || reloads[0] != nil {
+		t.Fatalf("reloads after Refresh: %v", reloads)
+	}
+	write(t, path, "b:tok-c\n", mod.Add(time.Minute)) // same time, same size
+	f.Refresh()
+	if _, ok := f.Check("tok-c"); ok || len(reloads) != 1 {
+		t.Fatalf("Refresh read a file whose time and size did not change (reloads %v)", reloads)
+	}
+	if err := f.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if name, ok := f.Check("tok-c"); !ok || name != "b" || len(reloads) != 2 {
+		t.Fatalf("after Reload: %q, %v, reloads %v", name, ok, reloads)
+	}
+	write(t, path, "broken\n", mod.Add(time.Minute))
+	if err := f.Reload(); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("Reload of a broken file: %v", err)
+	}
+	if _, ok := f.Check("tok-c"); !ok {
+		t.Fatal("a broken file dropped the tokens in force")
 	}
 }

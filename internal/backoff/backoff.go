@@ -65,7 +65,11 @@ func Jitter(d time.Duration) time.Duration {
 func (b *Backoff) Reset() { b.cur = 0 }
 
 // Sleep waits d unless ctx ends first; it reports whether ctx is still live.
-func Sleep(ctx context.Context, d time.Duration) bool {
+func Sleep(ctx context.Context, d time.Duration) bool { return Wait(ctx, d, nil) }
+
+// Wait waits d unless ctx ends or wake yields first (a nil wake never
+// does); it reports whether ctx is still live.
+func Wait(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
@@ -75,6 +79,8 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	case <-t.C:
+		return true
+	case <-wake:
 		return true
 	}
 }

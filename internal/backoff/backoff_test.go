@@ -118,3 +118,17 @@ func TestSleep(t *testing.T) {
 		t.Fatal("Sleep(0) with an ended context = true")
 	}
 }
+
+// Wait ends early when wake yields, and reports a live context.
+func TestWaitEndsOnWake(t *testing.T) {
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{}
+	if !Wait(context.Background(), time.Hour, wake) {
+		t.Fatal("Wait reported the context ended")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if Wait(ctx, time.Hour, nil) {
+		t.Fatal("Wait with an ended context reported it live")
+	}
+}

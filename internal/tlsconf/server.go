@@ -102,6 +102,32 @@ func (s *Server) Reload() error {
 	return err
 }
 
+// Refresh re-reads the files if they changed since the last read, telling
+// onReload the outcome; the daemon calls it periodically, so that a change
+// takes effect without waiting for the next handshake.
+func (s *Server) Refresh() { s.current() }
+
+// VerifyClient checks a client's certificate chain (the leaf first) as a
+// handshake under the files' current version would: signed by the client
+// CA, through the chain's intermediates, valid now, for client
+// authentication. Without a client CA every chain passes.
+func (s *Server) VerifyClient(chain []*x509.Certificate) error {
+	cfg := s.current()
+	if cfg.ClientCAs == nil {
+		return nil
+	}
+	if len(chain) == 0 {
+		return errors.New("no client certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	_, err := chain[0].Verify(x509.VerifyOptions{Roots: cfg.ClientCAs, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return err
+}
+
 // current returns the configuration of the files' current version,
 // re-reading them when they changed since the last read.
 func (s *Server) current() *tls.Config {

@@ -2,6 +2,7 @@ package tlsconf
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"os"
 	"path/filepath"
@@ -238,5 +239,58 @@ func BenchmarkServerHandshake(b *testing.B) {
 		}
 		_ = a.Close()
 		_ = c.Close()
+	}
+}
+
+// VerifyClient checks a chain against the client CA in force now: a
+// client certificate the CA signs passes, an expired one or one of another
+// CA does not; after the CA file is replaced (Refresh sees it) the old
+// client's chain is refused. Without a client CA every chain passes.
+func TestServerVerifyClientFollowsTheClientCA(t *testing.T) {
+	f, other := testutil.NewTLSFiles(t), testutil.NewTLSFiles(t)
+	ca := filepath.Join(t.TempDir(), "client-ca.pem")
+	copyFile(t, f.CA, ca, time.Now().Add(-time.Hour))
+	var reloads []error
+	s, err := NewServer(ServerFiles{Cert: f.ServerCert, Key: f.ServerKey, ClientCA: ca}, func(err error) { reloads = append(reloads, err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := func(cert string) []*x509.Certificate {
+		pair, err := tls.LoadX509KeyPair(cert, strings.TrimSuffix(cert, ".pem")+"-key.pem")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []*x509.Certificate{c}
+	}
+	if err := s.VerifyClient(chain(f.ClientCert)); err != nil {
+		t.Fatalf("a client the CA signs: %v", err)
+	}
+	for name, c := range map[string][]*x509.Certificate{"expired": chain(f.ExpiredCert), "another CA's": chain(other.ClientCert), "none": nil} {
+		if err := s.VerifyClient(c); err == nil {
+			t.Errorf("%s certificate passed", name)
+		}
+	}
+	copyFile(t, other.CA, ca, time.Now())
+	s.Refresh()
+	if len(reloads) != 1 || reloads[0] != nil {
+		t.Fatalf("reloads after Refresh: %v, want one that worked", reloads)
+	}
+	if err := s.VerifyClient(chain(f.ClientCert)); err == nil {
+		t.Fatal("the old CA's client passed after the CA was replaced")
+	}
+	if err := s.VerifyClient(chain(other.ClientCert)); err != nil {
+		t.Fatalf("the new CA's client: %v", err)
+	}
+
+	plain, err := NewServer(ServerFiles{Cert: f.ServerCert, Key: f.ServerKey}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.VerifyClient(nil); err != nil {
+		t.Fatalf("without a client CA: %v", err)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/protocol"
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // runClient is one fanout client process: it acks every message it receives

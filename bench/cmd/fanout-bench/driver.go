@@ -147,7 +147,7 @@ func runDriver(args []string) error {
 	if err := rep.write(e.out); err != nil {
 		return err
 	}
-	say("targets of issue 13:")
+	say("targets:")
 	for _, t := range rep.Targets {
 		say("   %s", t.line())
 	}

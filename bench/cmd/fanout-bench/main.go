@@ -7,7 +7,7 @@
 //	client   one fanout client (the Go client library) that acks every message
 //	sarama   a plain sarama consumer of every partition (the ceiling for fanout)
 //	idle     many idle connections to a daemon that only answer pings
-//	targets  the targets of issue 13 in results.json files, side by side
+//	targets  the performance targets in results.json files, side by side
 //	         (fanout-bench targets BEFORE.json AFTER.json)
 //
 // Workers report one JSON object on standard output when their standard input

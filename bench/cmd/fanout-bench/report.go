@@ -265,7 +265,7 @@ func (r *report) markdown() string {
 		p("| %d | %d | %.1f | %.1f | %.1f | %.1f |", i.Clients, i.Connected, i.RSSBeforeMB, i.RSSMB, i.PeakRSSMB, i.CPUPercent)
 	}
 	p("")
-	p("## Targets of issue 13 (reported, not enforced)")
+	p("## Targets (reported, not enforced)")
 	p("")
 	p("| target | measured | ratio | result |")
 	p("|---|---|--:|---|")
@@ -275,7 +275,7 @@ func (r *report) markdown() string {
 	return b.String()
 }
 
-// Target is one goal of issue 13 against one measurement: Ratio is the
+// Target is one performance goal against one measurement: Ratio is the
 // measured value over the reference it is compared with (B, D, or the limit
 // itself), to be at most (AtMost) or at least Limit.
 type Target struct {
@@ -310,10 +310,10 @@ func (t Target) result() string {
 
 // line is the target as one line of the run's output.
 func (t Target) line() string {
-	return fmt.Sprintf("%-52s %-34s ratio %5s  %s", t.Name, t.Measured, t.ratio(), t.result())
+	return fmt.Sprintf("%-64s %-34s ratio %5s  %s", t.Name, t.Measured, t.ratio(), t.result())
 }
 
-// targets compares the results with the targets of issue 13: the daemon's
+// targets compares the results with the performance targets: the daemon's
 // and the clients' CPU per message against B's, C/B, C/D, the latency added
 // over B and the RSS of 10,000 idle clients. A target whose measurements are
 // missing (a quick run has no K = 16, no 10k msg/s, few idle clients) is left
@@ -344,7 +344,7 @@ func (r *report) targets() []Target {
 				continue
 			}
 			out = append(out, Target{
-				Name:     fmt.Sprintf("%s <= %.1f x B's, %s, K=%d", limit.what, limit.factor, sizeLabel(t.Size), t.K),
+				Name:     fmt.Sprintf("%s <= %.1f x plain sarama's (B), %s, K=%d", limit.what, limit.factor, sizeLabel(t.Size), t.K),
 				Measured: fmt.Sprintf("%.2f s (B %.2f s)", limit.of(t), ref.ClientCPUPerM),
 				Ratio:    limit.of(t) / ref.ClientCPUPerM, Limit: limit.factor, AtMost: true,
 			})
@@ -352,13 +352,13 @@ func (r *report) targets() []Target {
 	}
 	for _, t := range r.Throughput {
 		if strings.HasPrefix(t.Consumer, "C") && t.Size == 1024 && (t.K == 1 || t.K == 4) && t.CoverB > 0 {
-			out = append(out, Target{Name: fmt.Sprintf("C/B >= 0.6, %s, K=%d", sizeLabel(t.Size), t.K),
+			out = append(out, Target{Name: fmt.Sprintf("msg/s >= 0.6 x plain sarama's (C/B), %s, K=%d", sizeLabel(t.Size), t.K),
 				Measured: fmt.Sprintf("%.0f msg/s (B %.0f)", t.MsgPerS, b[t.Size].MsgPerS), Ratio: t.CoverB, Limit: 0.6})
 		}
 	}
 	for _, t := range r.Throughput {
 		if strings.HasPrefix(t.Consumer, "C") && t.CoverD > 0 {
-			out = append(out, Target{Name: fmt.Sprintf("C/D >= 2, %s, K=%d", sizeLabel(t.Size), t.K),
+			out = append(out, Target{Name: fmt.Sprintf("msg/s >= 2 x a share group's (C/D), %s, K=%d", sizeLabel(t.Size), t.K),
 				Measured: fmt.Sprintf("%.0f msg/s (D %.0f)", t.MsgPerS, t.MsgPerS/t.CoverD), Ratio: t.CoverD, Limit: 2})
 		}
 	}
@@ -382,7 +382,7 @@ func (r *report) targets() []Target {
 	return out
 }
 
-// runTargets prints the targets of issue 13 measured in each results.json
+// runTargets prints the performance targets measured in each results.json
 // given, one line per target and one column per file (for a before and
 // after), computed from the measurements whatever the file's own Targets say.
 func runTargets(args []string) error { return printTargets(os.Stdout, args) }
@@ -414,7 +414,7 @@ func printTargets(w io.Writer, args []string) error {
 			got[t.Name][i] = fmt.Sprintf("%s (%s)", t.ratio(), status)
 		}
 	}
-	fmt.Fprintf(w, "%-52s %s\n", "target", strings.Join(args, " -> "))
+	fmt.Fprintf(w, "%-64s %s\n", "target", strings.Join(args, " -> "))
 	for _, n := range names {
 		col := got[n]
 		for i := range col {
@@ -422,7 +422,7 @@ func printTargets(w io.Writer, args []string) error {
 				col[i] = "-"
 			}
 		}
-		fmt.Fprintf(w, "%-52s %s\n", n, strings.Join(col, " -> "))
+		fmt.Fprintf(w, "%-64s %s\n", n, strings.Join(col, " -> "))
 	}
 	return nil
 }

@@ -310,7 +310,7 @@ def test_no_reconnect_gives_up(daemon):
 
 
 def test_deliver_batch_and_ranges_when_confirmed(daemon):
-    # Welcome.capabilities = [CAPABILITY_BATCH] (field 11), as issue 13's daemon sends it.
+    # Welcome.capabilities = [CAPABILITY_BATCH] (field 11), as the daemon sends it.
     c, conn, hello = open_session(daemon, welcome=dict(max_in_flight=64))
     try:
         assert _wire.CAPABILITY_BATCH in hello.capabilities
@@ -394,7 +394,7 @@ def test_members_one_session_each_with_split_credit(daemon, daemon2):
         conn1.send(pb.Frame(members=pb.Members(members=[pb.Member(address=daemon.addr)])))
         # What the retiring session does not pass on (queued, or delivered
         # from now on) is given back at once, not left in flight until the
-        # daemon's ack timeout (issue 16).
+        # daemon's ack timeout.
         nack = conn2.expect("nack").nack
         assert list(nack.delivery_ids) == [3] and nack.unprocessed
         conn2.deliver(2, b"late", offset=2)

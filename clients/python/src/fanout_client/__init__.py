@@ -44,6 +44,7 @@ __all__ = [
     "RemoteError",
 ]
 
+# The package's version, its one place: pyproject.toml reads it (docs/releasing.md).
 __version__ = "0.1.0"
 
 # A library logs only where the application configured logging.

@@ -108,8 +108,8 @@ class Message:
         Args:
             delay: seconds before the daemon redelivers it (at most 15
                 minutes; None or 0: at once, or after the daemon's
-                --retry-backoff). A daemon without nack delays (before issue
-                12) ignores it and redelivers at once.
+                --retry-backoff). A daemon without nack delays (an older
+                version) ignores it and redelivers at once.
             reason: why, for the daemon's logs and the dead-letter record
                 (the daemon keeps 256 bytes of it).
         """

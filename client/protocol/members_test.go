@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// The byte examples of README.md's "Members and capabilities" section.
+// The byte examples of protocol/README.md's "Members and capabilities" section.
 func TestMembersWireBytes(t *testing.T) {
 	tests := []struct {
 		name  string

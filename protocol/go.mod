@@ -1,5 +1,0 @@
-module github.com/nanoservice/core-fanout/protocol
-
-go 1.23
-
-require google.golang.org/protobuf v1.36.12
