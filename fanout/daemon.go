@@ -19,6 +19,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/console"
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
@@ -66,6 +67,8 @@ type Daemon struct {
 	// producers' client, and the largest record it sends (deadLetterLimit).
 	deadClient sarama.Client
 	deadLimit  int
+
+	delivery *deliverylog.Log // --delivery-log, open while Run runs; nil without
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -291,6 +294,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return portTaken(err, "--metrics-listen")
 	}
 	defer stopMetrics()
+	if d.opts.DeliveryLog != "" {
+		if d.delivery, err = deliverylog.OpenFile(d.opts.DeliveryLog, d.opts.NodeID, d.log); err != nil {
+			return err
+		}
+		// Closed after every term: Run returns once their dispatchers have.
+		defer d.delivery.Close()
+	}
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/nanoservice/core-fanout/client"
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/testutil"
@@ -264,5 +267,49 @@ func TestDaemonSettlesTheRangesOfABatch(t *testing.T) {
 	st, _ := d.Stats(context.Background())
 	if st.Acked != 5 || st.UnknownAcks != 0 {
 		t.Fatalf("acked %d, unknown %d", st.Acked, st.UnknownAcks)
+	}
+}
+
+// With --delivery-log the daemon appends, from its start, a line per
+// delivery and its outcome, the client named as it said in its Hello; the
+// delivery id is the one the client sees.
+func TestDaemonWritesItsDeliveryLog(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "d.delivery.log")
+	store := offsets.NewMemoryStore()
+	d, brokers, _ := soloDaemon(t, store, func(o *Options) { o.DeliveryLog, o.NodeID = path, "n1" })
+	produceTo(t, brokers, "m0")
+	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{d.Addr().String()}, ClientID: "worker-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var m *client.Message
+	select {
+	case m = <-c.Messages():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no message within 30s")
+	}
+	if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	var evs []deliverylog.Event
+	testutil.WaitFor(t, 10*time.Second, "the ack in the delivery log", func() bool {
+		evs, _, _ = deliverylog.ReadFile(path)
+		return len(evs) > 0 && evs[len(evs)-1].Kind == deliverylog.Ack
+	})
+	var kinds []string
+	for _, e := range evs {
+		kinds = append(kinds, e.Kind.String())
+	}
+	// The client's join and the partition's start come in either order.
+	if len(kinds) != 6 || !slices.Equal(kinds[:2], []string{"open", "start"}) || !slices.Equal(kinds[4:], []string{"deliver", "ack"}) ||
+		!slices.Contains(kinds[2:4], "join") || !slices.Contains(kinds[2:4], "restart") || evs[0].Detail[:8] != "node=n1," {
+		t.Fatalf("delivery log events %v (open: %q)", kinds, evs[0].Detail)
+	}
+	for _, e := range evs[4:] {
+		if e.ID != m.DeliveryID || e.Client != "worker-1" || e.Partition != 0 || e.Offset != 0 || e.Attempt != 1 {
+			t.Fatalf("%v names %d/%d, delivery %d of %q; the client got delivery %d", e.Kind, e.Partition, e.Offset, e.ID, e.Client, m.DeliveryID)
+		}
 	}
 }

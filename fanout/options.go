@@ -89,6 +89,11 @@ type Options struct {
 	// re-read when they change and on Daemon.ReloadTLS (SIGHUP).
 	ClientTLS tlsconf.ServerFiles
 
+	// DeliveryLog, when set, names a file the daemon appends its delivery
+	// log to (--delivery-log; package deliverylog): a line per delivery
+	// attempt, per outcome of one, and per change of what it serves.
+	DeliveryLog string
+
 	InitialOffset  string        // "newest" or "oldest": where partitions start in a group that never committed; default newest
 	CommitInterval time.Duration // default 1s
 	DrainTimeout   time.Duration // shutdown waits this long for outstanding acks; default 10s

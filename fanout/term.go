@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -36,6 +37,7 @@ type term struct {
 	onCommit   func(took time.Duration, err error) // the committer's report, for metrics
 	redirect   func()                              // sends every client away once the term is lost
 	serving    *atomic.Pointer[term]               // holds the term while its dispatcher runs
+	delivery   *deliverylog.Log                    // --delivery-log; nil without
 
 	// Spread mode (nil spread: a leader's term, fenced as a whole): the
 	// term serves the partitions this member owns, each under its own
@@ -66,6 +68,7 @@ func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offset
 		onCommit:   d.observeCommit,
 		redirect:   func() { d.srv.RedirectAll(d.leadership()) },
 		serving:    &d.backend.cur,
+		delivery:   d.delivery,
 
 		ownStatus: &d.ownStatus,
 		handoffs:  &d.handoffs,
@@ -214,6 +217,7 @@ func (t *term) dispatchConfig() dispatch.Config {
 		RetryBackoffMax:  max(0, t.opts.RetryBackoffMax),
 		DisconnectWindow: time.Duration(t.opts.Liveness) * t.opts.Heartbeat,
 		KeyOrdering:      t.opts.Ordering == OrderingKey,
+		DeliveryLog:      t.delivery,
 	}
 }
 

@@ -58,6 +58,7 @@ func serveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "drain-timeout", Value: fanout.DefaultDrainTimeout, Usage: "at shutdown, wait this long for outstanding acks", EnvVars: env("DRAIN_TIMEOUT")},
 		&cli.StringFlag{Name: "assignment", Value: fanout.DefaultAssignment, Usage: "leader (the leader serves every partition) or spread (each member serves the partitions the leader assigns it); the same on every member", EnvVars: env("ASSIGNMENT")},
 		&cli.IntFlag{Name: "weight", Value: 1, Usage: "spread mode: this member's share of the partitions is proportional to its weight", EnvVars: env("WEIGHT")},
+		&cli.StringFlag{Name: "delivery-log", Usage: "append a line per delivery attempt and its outcome to this file (debugging; never waits for the disk: events that do not fit its queue are dropped and the file says how many)", EnvVars: env("DELIVERY_LOG")},
 		&cli.DurationFlag{Name: "handoff-timeout", Value: fanout.DefaultHandoffTimeout, Usage: "spread mode: a partition moving away waits this long for its in-flight messages to be acked", EnvVars: env("HANDOFF_TIMEOUT")},
 		metricsTokenFlag(),
 		clusterSecretFlag(),
@@ -127,6 +128,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	opts.ClientTLS = tlsconf.ServerFiles{Cert: str("tls-cert"), Key: str("tls-key"), ClientCA: str("tls-client-ca")}
 	opts.Isolation = str("isolation")
 	opts.MaxOutstanding = num("max-outstanding")
+	opts.DeliveryLog = str("delivery-log")
 	flags := flagValues{str: str, num: num, boolean: func(name string) bool { return at(name).Bool(name) }}
 	if err := policyOptions(&opts, flags); err != nil {
 		return fanout.Options{}, err

@@ -1,6 +1,10 @@
 package dispatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
+)
 
 // Max attempts and the dead-letter topic (Config.MaxAttempts,
 // Config.DeadLetter). A message whose deliveries failed MaxAttempts times
@@ -55,6 +59,9 @@ func (s *state) toDeadLetter(m *Message) {
 // sendDeadLetter hands m, counted in bytes, to the dead-letter producer,
 // its last failure named lastFailure.
 func (s *state) sendDeadLetter(m *Message, lastFailure string) {
+	if s.trace != nil {
+		s.traceMessage(deliverylog.DeadLetter, m, m.failed, lastFailure)
+	}
 	s.deadPending++
 	s.deadLetter.Send(DeadLetterRecord{
 		Msg:         m,
@@ -115,6 +122,9 @@ func (s *state) expireTooLarge(now time.Time) []*Message {
 // acked, and its key goes on.
 func (s *state) deadLettered(ms []*Message) {
 	for _, m := range ms {
+		if s.trace != nil {
+			s.traceMessage(deliverylog.DeadLettered, m, m.failed, "")
+		}
 		s.deadPending--
 		s.bytes -= m.Size()
 		s.stats.DeadLettered++

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
@@ -85,6 +86,12 @@ type Config struct {
 	// not block) of each partition dropped because a commit under its
 	// condition was refused, in per-partition mode.
 	OnLost func(p int32, cond offsets.Condition)
+
+	// DeliveryLog, when set, gets an event per delivery, per outcome of one
+	// (and whether a failure counted toward MaxAttempts), per client joining
+	// and leaving, and per partition assigned, revoked, lost or restarted
+	// (trace.go). Nil: nothing is logged, at the cost of a nil check.
+	DeliveryLog *deliverylog.Log
 }
 
 func (c *Config) setDefaults() {
@@ -401,9 +408,21 @@ var ErrAbandon = errors.New("dispatch: abandoned")
 // final commit, when the store refuses a commit because another node leads,
 // with ErrCommitsFailing when commits have failed for MaxCommitFailure, and
 // at once with ctx's cause when that wraps ErrAbandon.
-func (d *Dispatcher) Run(ctx context.Context) error {
+func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
+	s.trace, s.now = d.cfg.DeliveryLog, d.cfg.Now
+	if s.trace != nil {
+		serves := "all-partitions"
+		if d.cfg.PerPartition {
+			serves = "assigned-partitions"
+		}
+		s.tracePartition(deliverylog.Start, -1, -1, serves)
+		defer func() {
+			s.traceStopped()
+			s.tracePartition(deliverylog.Stop, -1, -1, stopDetail(err))
+		}()
+	}
 	if d.cfg.PerPartition {
 		s.parts = map[int32]*owned{}
 	}
@@ -549,7 +568,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		case lost := <-cm.lost:
 			for p, cond := range lost {
 				if o := s.parts[p]; o != nil && o.cond == cond {
-					s.forget(p)
+					s.forget(p, "lost")
 					if d.cfg.OnLost != nil {
 						d.cfg.OnLost(p, cond)
 					}
@@ -593,6 +612,21 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		}
 		s.dispatch(now())
 	}
+}
+
+// stopDetail names, for the delivery log, why Run returned err.
+func stopDetail(err error) string {
+	switch {
+	case err == nil:
+		return "drained"
+	case errors.Is(err, ErrAbandon):
+		return "abandoned"
+	case errors.Is(err, offsets.ErrFenced):
+		return "fenced"
+	case errors.Is(err, ErrCommitsFailing):
+		return "commits-failing"
+	}
+	return "failed"
 }
 
 // hold pauses fetching partition p when the tracker holds more than
@@ -644,7 +678,12 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 	case reqObserve:
 		s.observe(r.id, r.name, r.sink)
 	case reqLeave:
-		s.leave(r.id, now)
+		if s.trace != nil {
+			if c := s.clients[r.id]; c != nil {
+				s.traceClient(deliverylog.Leave, c.id, c.name, r.reason.String())
+			}
+		}
+		s.leave(r.id, r.reason, now)
 	case reqAck:
 		s.ack(r.id, r.ids)
 	case reqNack:
@@ -666,11 +705,14 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 			return
 		}
 		s.assign(r.part, r.cond, r.prog)
+		if s.trace != nil {
+			s.tracePartition(deliverylog.Assign, r.part, r.stored, "")
+		}
 		cm.assign(r.part, r.cond, r.stored)
 		r.reply <- Stats{}
 	case reqDrop:
 		if s.parts[r.part] != nil {
-			s.forget(r.part)
+			s.forget(r.part, "lost")
 			cm.forget(r.part)
 		}
 	case reqRevoke:

@@ -25,7 +25,7 @@ type observer struct {
 // observe adds an observer.
 func (s *state) observe(id uint64, name string, sink ClientSink) {
 	if s.clients[id] != nil || s.observer(id) != nil {
-		s.leave(id, time.Time{}) // a reused id replaces the old one
+		s.leave(id, LeaveDisconnect, time.Time{}) // a reused id replaces the old one
 	}
 	if s.draining {
 		sink.Goodbye("draining")

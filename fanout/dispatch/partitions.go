@@ -3,6 +3,7 @@ package dispatch
 import (
 	"time"
 
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
@@ -67,7 +68,7 @@ func (s *state) takes(p int32) bool {
 // back after a revoke) starts afresh.
 func (s *state) assign(p int32, cond offsets.Condition, prog offsets.Progress) {
 	if o := s.parts[p]; o != nil {
-		s.forget(p)
+		s.forget(p, "reassigned")
 	}
 	s.parts[p] = &owned{cond: cond}
 	if s.tracker.TracksProgress() {
@@ -87,6 +88,9 @@ func (s *state) revokeStart(p int32, deadline time.Time, reply chan<- revokeRepl
 	case o.revoke != nil:
 		reply <- revokeReply{err: errRevoking(p)}
 		return
+	}
+	if s.trace != nil {
+		s.tracePartition(deliverylog.Revoke, p, -1, "")
 	}
 	dropped := s.dropBuffered(p)
 	n := 0
@@ -127,8 +131,15 @@ func (s *state) revocations(now time.Time) (ready []int32, next time.Time) {
 // failure counts).
 func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacked int, prog offsets.Progress) {
 	o = s.parts[p]
-	unacked = s.dropFlights(p)
+	unacked = s.dropFlights(p, "revoked")
 	offset, tracked = s.tracker.Committable(p)
+	if s.trace != nil {
+		committed := int64(-1)
+		if tracked {
+			committed = offset
+		}
+		s.tracePartition(deliverylog.Revoked, p, committed, "")
+	}
 	prog = s.tracker.Progress(p)
 	s.tracker.Forget(p)
 	s.forgetRestore(p)
@@ -138,16 +149,20 @@ func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacke
 	return o, offset, tracked, unacked, prog
 }
 
-// forget drops everything of partition p at once (it was lost): buffered
-// messages, deliveries in flight (their acks become unknown) and its
-// offsets. A revocation under way is answered with an error.
-func (s *state) forget(p int32) {
+// forget drops everything of partition p at once (it was lost, or is
+// assigned again: why): buffered messages, deliveries in flight (their acks
+// become unknown) and its offsets. A revocation under way is answered with
+// an error.
+func (s *state) forget(p int32, why string) {
 	o := s.parts[p]
 	if o == nil {
 		return
 	}
+	if s.trace != nil {
+		s.tracePartition(deliverylog.Lost, p, -1, why)
+	}
 	s.dropBuffered(p)
-	s.dropFlights(p)
+	s.dropFlights(p, why)
 	s.tracker.Forget(p)
 	s.forgetRestore(p)
 	delete(s.parts, p)
@@ -165,12 +180,16 @@ func (s *state) dropBuffered(p int32) int {
 }
 
 // dropFlights ends partition p's deliveries in flight without requeueing
-// them (their acks become unknown) and returns how many it ended.
-func (s *state) dropFlights(p int32) int {
+// them (their acks become unknown; why goes to the delivery log) and
+// returns how many it ended.
+func (s *state) dropFlights(p int32, why string) int {
 	n := 0
 	for _, f := range s.flights.slots {
 		if f == nil || f.msg.Partition != p {
 			continue
+		}
+		if s.trace != nil {
+			s.traceFlight(deliverylog.Dropped, f, why)
 		}
 		s.deadlines.remove(f)
 		c, m := f.client, f.msg

@@ -123,7 +123,7 @@ func TestForgetAndAssignAgain(t *testing.T) {
 	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
 	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0) // 0, 1 in flight; 2-4 buffered
-	s.forget(0)
+	s.forget(0, "lost")
 	if s.flights.live != 0 || s.buffered() != 0 || s.bytes != 0 || s.takes(0) {
 		t.Fatalf("after forget: %d flights, %d buffered, %d bytes, takes %v", s.flights.live, s.buffered(), s.bytes, s.takes(0))
 	}

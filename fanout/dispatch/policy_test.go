@@ -92,7 +92,7 @@ func TestRetryBackoffWindows(t *testing.T) {
 			s.nack(1, ids(sinks[0].got[len(sinks[0].got)-1:]), NackInfo{}, now)
 		case 2: // the client leaves; it comes back
 			now = delivered.Add(time.Second)
-			s.leave(1, now)
+			s.leave(1, LeaveDisconnect, now)
 			sinks[0] = &recSink{}
 			s.join(1, "again", 1, sinks[0])
 		}
@@ -139,7 +139,7 @@ func TestMaxAttemptsDeadLetters(t *testing.T) {
 		holder = 2
 	}
 	s.addBatch(batch(0, 1, 3), t0)
-	s.leave(holder, t0.Add(timeout)) // 3: disconnect
+	s.leave(holder, LeaveDisconnect, t0.Add(timeout)) // 3: disconnect
 	s.dispatch(t0.Add(timeout))
 	if len(dl.sent) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dl.sent))
@@ -368,7 +368,7 @@ func TestKeyOrderingRandomized(t *testing.T) {
 		}
 		if rng.IntN(200) == 0 && off < n/2 {
 			for id := range sinks {
-				s.leave(id, now)
+				s.leave(id, LeaveDisconnect, now)
 				delete(sinks, id)
 				break
 			}
@@ -484,7 +484,7 @@ func TestObserverSeesEveryDelivery(t *testing.T) {
 	if st.Observers != 1 || st.Clients != 1 || st.InFlight != 2 || st.Buffered != 1 {
 		t.Fatalf("stats %+v: the observer must not take credit or messages", st)
 	}
-	s.leave(9, t0)
+	s.leave(9, LeaveDisconnect, t0)
 	s.ack(1, ids(sinks[0].got))
 	s.dispatch(t0)
 	if len(obs.got) != 3 || s.snapshot().Observers != 0 {
@@ -556,7 +556,7 @@ func TestWeightsOffWhenAllDefault(t *testing.T) {
 	s, sinks := setup(10, 10)
 	canary := &weightedSink{w: 5}
 	s.join(3, "canary", 10, canary)
-	s.leave(3, t0)
+	s.leave(3, LeaveDisconnect, t0)
 	s.addBatch(batch(0, 0, 4), t0)
 	s.dispatch(t0)
 	if s.weighted != 0 || !slices.Equal(offsetsOf(sinks[0].got), []int64{0, 2}) || !slices.Equal(offsetsOf(sinks[1].got), []int64{1, 3}) {
@@ -619,14 +619,18 @@ func TestPoliciesAcrossAHandoff(t *testing.T) {
 }
 
 // Failed deliveries that do not count toward MaxAttempts: a nack flagged
-// unprocessed, and a disconnect within DisconnectWindow of the last one
-// counted (clients dropping together). Each step fails the one delivery out
+// unprocessed, a disconnect within DisconnectWindow of the last one counted
+// (clients dropping together), a client's goodbye (a retiring session of
+// the Go and Python clients holds, unprocessed, what reached it after it
+// gave one delivery back: each goodbye cost those an attempt), and a
+// connection the daemon itself closed (a spread member that stops serving
+// sends its clients away). Each step fails the one delivery out
 // and the next delivery's attempt shows what was counted.
 func TestFailuresThatDoNotCount(t *testing.T) {
 	const window = 2 * time.Second
 	type step struct {
 		after time.Duration // since the previous step
-		how   string        // "nack", "unprocessed", "leave" or "timeout"
+		how   string        // "nack", "unprocessed", "leave", "goodbye" or "timeout"
 		want  uint32        // the attempt of the redelivery
 	}
 	for _, tc := range []struct {
@@ -640,6 +644,8 @@ func TestFailuresThatDoNotCount(t *testing.T) {
 			{time.Second, "leave", 2}, {window - time.Second - 10*time.Millisecond, "leave", 3}, {0, "leave", 3}}, 3},
 		{"a disconnect after a timeout", window, []step{{0, "timeout", 2}, {0, "leave", 3}, {0, "leave", 3}}, 1},
 		{"no window", 0, []step{{0, "leave", 2}, {0, "leave", 3}, {0, "unprocessed", 3}}, 1},
+		{"goodbyes", window, []step{{0, "goodbye", 1}, {0, "goodbye", 1}, {0, "leave", 2}, {0, "goodbye", 2}}, 3},
+		{"connections the daemon closed", window, []step{{0, "closed", 1}, {0, "closed", 1}}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newState(timeout)
@@ -663,7 +669,13 @@ func TestFailuresThatDoNotCount(t *testing.T) {
 				case "nack", "unprocessed":
 					s.nack(next-1, []uint64{out.ID}, NackInfo{Unprocessed: st.how == "unprocessed"}, now)
 				case "leave":
-					s.leave(next-1, now)
+					s.leave(next-1, LeaveDisconnect, now)
+					join()
+				case "goodbye":
+					s.leave(next-1, LeaveGoodbye, now)
+					join()
+				case "closed":
+					s.leave(next-1, LeaveShutdown, now)
 					join()
 				case "timeout":
 					now = now.Add(timeout)

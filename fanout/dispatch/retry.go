@@ -88,10 +88,17 @@ func (h delayHeap) down(i int) {
 }
 
 // counts reports whether a failed delivery of m, for reason (how: the
-// nack's), counts toward Config.MaxAttempts. Two kinds do not:
+// nack's, or Unprocessed for a client's goodbye or a connection the daemon
+// closed), counts toward
+// Config.MaxAttempts. These do not:
 //   - a nack of a delivery the client never handed to its application
 //     (NackInfo.Unprocessed: a client session retiring gives back what
 //     arrives after it stopped taking work); nothing tried to process it;
+//   - a delivery unanswered when its client said goodbye: it left
+//     gracefully, not crashed by it (a retiring session gives a delivery
+//     back once, and holds, unprocessed, what reaches it again until its
+//     goodbye, when no other client had room); or when the daemon itself
+//     closed the connection (LeaveShutdown: it stops serving);
 //   - a disconnect within Config.DisconnectWindow of the disconnect last
 //     counted for m: when clients drop together (a network cut, a pause of
 //     the daemon itself), the message requeued by the first leave goes to
@@ -101,7 +108,7 @@ func (h delayHeap) down(i int) {
 //     still runs out of attempts, one per window.
 func (s *state) counts(m *Message, reason int, how NackInfo, now time.Time) bool {
 	switch {
-	case reason == RedeliverNack && how.Unprocessed:
+	case how.Unprocessed:
 		return false
 	case reason == RedeliverDisconnect && s.disconnectWindow > 0 && m.failure == RedeliverDisconnect &&
 		m.failed > 0 && now.UnixNano()-m.failedAt < int64(s.disconnectWindow):

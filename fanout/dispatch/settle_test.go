@@ -143,7 +143,7 @@ func TestSettleRanges(t *testing.T) {
 	}
 	// Ranges from a client that left are ignored and counted.
 	before := s.stats.UnknownAcks
-	s.leave(2, later)
+	s.leave(2, LeaveDisconnect, later)
 	s.settle(2, OpAck, nil, []Range{{b[0].ID, 10}}, NackInfo{}, later)
 	if s.stats.UnknownAcks != before+10 || s.stats.Acked != 8 {
 		t.Fatalf("unknown %d (+%d), acked %d after acks of a client that left", s.stats.UnknownAcks, s.stats.UnknownAcks-before, s.stats.Acked)

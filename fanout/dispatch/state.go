@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/client/protocol"
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
@@ -66,8 +67,10 @@ type Stats struct {
 	TooLargeDeadLettered uint64
 	// NotCounted counts the failed deliveries that did not count toward
 	// Config.MaxAttempts: nacks of deliveries the client never processed
-	// (NackInfo.Unprocessed), and disconnects within Config.DisconnectWindow
-	// of a message's last counted one.
+	// (NackInfo.Unprocessed), deliveries unanswered when their client said
+	// goodbye (LeaveGoodbye) or the daemon closed its connection
+	// (LeaveShutdown), and disconnects within Config.DisconnectWindow of a
+	// message's last counted one.
 	NotCounted uint64
 	// Skipped counts the messages received after a restart that the stored
 	// progress shows acked already (Config.Progress): not delivered again.
@@ -200,6 +203,11 @@ type state struct {
 	// stalls watches the committable offsets of the partitions with
 	// offsets held (stall.go); nil when there are none.
 	stalls map[int32]*stall
+
+	// trace is the delivery log (Config.DeliveryLog, trace.go); nil: none.
+	// now stamps its events.
+	trace *deliverylog.Log
+	now   func() time.Time
 }
 
 func newState(ackTimeout time.Duration) *state {
@@ -211,6 +219,7 @@ func newState(ackTimeout time.Duration) *state {
 		held:       map[int32]bool{},
 		largest:    -1,
 		keySeed:    maphash.MakeSeed(),
+		now:        time.Now,
 	}
 }
 
@@ -246,6 +255,9 @@ func (s *state) fitsAnyone(m *Message) bool {
 // addBatch takes messages from the source; now is when they arrived.
 func (s *state) addBatch(b Batch, now time.Time) {
 	if b.Start >= 0 {
+		if s.trace != nil {
+			s.tracePartition(deliverylog.Restart, b.Partition, b.Start, "")
+		}
 		s.restart(b.Partition, b.Start)
 	}
 	var rs *restoring
@@ -269,6 +281,9 @@ func (s *state) addBatch(b Batch, now time.Time) {
 		m.gen = s.tracker.Gen(m.Partition)
 		s.stats.Consumed++
 		if rs != nil && s.restored(rs, m) {
+			if s.trace != nil {
+				s.traceMessage(deliverylog.Skipped, m, 0, "")
+			}
 			continue // acked before the restart
 		}
 		if s.frameSize != nil {
@@ -333,7 +348,7 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 		max = 1
 	}
 	if s.clients[id] != nil || s.observer(id) != nil {
-		s.leave(id, time.Time{}) // a reused id replaces the old client
+		s.leave(id, LeaveDisconnect, time.Time{}) // a reused id replaces the old client
 	}
 	c := &client{id: id, name: name, sink: sink, max: max, weight: protocol.DefaultWeight}
 	if ls, ok := sink.(LimitedSink); ok && ls.MaxFrameSize() > 0 {
@@ -346,6 +361,9 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 		s.weighted++
 	}
 	s.clients[id] = c
+	if s.trace != nil {
+		s.traceClient(deliverylog.Join, id, name, "")
+	}
 	if l := s.largestSize(); l != 0 && (c.maxSize == 0 || c.maxSize > l) {
 		s.largest = c.maxSize
 	}
@@ -357,8 +375,8 @@ func (s *state) join(id uint64, name string, max int, sink ClientSink) {
 }
 
 // leave removes a client, or an observer, and queues its flights for other
-// clients; now is when, for their retry delay.
-func (s *state) leave(id uint64, now time.Time) {
+// clients; reason is why it left, now when (for their retry delay).
+func (s *state) leave(id uint64, reason LeaveReason, now time.Time) {
 	c := s.clients[id]
 	if c == nil {
 		s.unobserve(id)
@@ -372,10 +390,20 @@ func (s *state) leave(id uint64, now time.Time) {
 	if c.maxSize == s.largest {
 		s.largestStale = true
 	}
+	// A client that says goodbye did not crash on what it held: it left
+	// gracefully, and its deliveries unanswered were not processed (a
+	// retiring session of the Go and Python clients holds what reached it
+	// after it gave one back). Nor did one whose connection the daemon
+	// closed (it stops serving, or shuts down). Their deliveries do not
+	// count as failed attempts.
+	var how NackInfo
+	if reason == LeaveGoodbye || reason == LeaveShutdown {
+		how = NackInfo{Unprocessed: true, Reason: reason.String()}
+	}
 	for f := c.first; f != nil; {
 		next := f.next
 		s.deadlines.remove(f)
-		s.requeue(f, RedeliverDisconnect, now, NackInfo{})
+		s.requeue(f, RedeliverDisconnect, now, how)
 		f = next
 	}
 	c.first, c.last, c.n = nil, nil, 0
@@ -450,6 +478,9 @@ func (s *state) settleRange(id uint64, op Op, r Range, how NackInfo, now time.Ti
 func (s *state) settleFlight(op Op, f *flight, how NackInfo, now time.Time) uint64 {
 	switch op {
 	case OpAck:
+		if s.trace != nil {
+			s.traceFlight(deliverylog.Ack, f, "")
+		}
 		s.deadlines.remove(f)
 		c, m := f.client, f.msg
 		s.unlink(f)
@@ -532,6 +563,9 @@ func (s *state) own(id, did uint64) *flight {
 func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	c, m := f.client, f.msg
 	if s.revoking > 0 && s.revoked(m.Partition) {
+		if s.trace != nil {
+			s.traceFlight(deliverylog.Returned, f, outcomeKinds[reason].String())
+		}
 		s.parts[m.Partition].revoke.returned++
 		s.unlink(f)
 		s.recycle(f)
@@ -540,15 +574,23 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 		}
 		return
 	}
+	pending := s.tracker.Pending(m.Partition, m.Offset, m.gen)
+	counted := pending && s.counts(m, reason, how, now)
+	if s.trace != nil {
+		if pending {
+			s.traceFailure(f, reason, how, counted)
+		} else {
+			s.traceFlight(deliverylog.Forgotten, f, outcomeKinds[reason].String())
+		}
+	}
 	s.unlink(f)
 	s.recycle(f)
-	if !s.tracker.Pending(m.Partition, m.Offset, m.gen) {
+	if !pending {
 		if m.keyHash != 0 {
 			s.keyDone(m)
 		}
 		return
 	}
-	counted := s.counts(m, reason, how, now)
 	if counted {
 		s.failed(m, reason, how.Reason, now)
 	} else {
@@ -714,7 +756,7 @@ func (s *state) dispatch(now time.Time) {
 	for _, c := range s.touched {
 		c.touched = false
 		if !c.gone {
-			s.number(c)
+			s.number(c, now)
 			c.sink.Send(c.out)
 		}
 		c.out = nil
@@ -727,8 +769,8 @@ func (s *state) dispatch(now time.Time) {
 
 // number gives the flights of c's deliveries of this round, the last of its
 // list, their ids: consecutive ones (but where a slot is taken), so that c
-// can name them as a range.
-func (s *state) number(c *client) {
+// can name them as a range; now is the round's time.
+func (s *state) number(c *client, now time.Time) {
 	f := c.last
 	for range len(c.out) - 1 {
 		f = f.prev
@@ -736,6 +778,10 @@ func (s *state) number(c *client) {
 	for i := range c.out {
 		s.flights.insert(f)
 		c.out[i].ID = f.id
+		if s.trace != nil {
+			// Stamped with the time its ack deadline counts from.
+			s.traceFlightAt(deliverylog.Deliver, f, "", now)
+		}
 		f = f.next
 	}
 }

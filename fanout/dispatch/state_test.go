@@ -3,9 +3,15 @@ package dispatch
 import (
 	"cmp"
 	"fmt"
+	"io"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 )
 
 // recSink records what the dispatcher sends to one client.
@@ -189,7 +195,7 @@ func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
 	s, sinks := setup(3, 3)
 	s.addBatch(batch(0, 0, 6), t0)
 	s.dispatch(t0)
-	s.leave(1, t0)
+	s.leave(1, LeaveDisconnect, t0)
 	s.ack(2, ids(sinks[1].got))
 	s.dispatch(t0)
 	got := offsetsOf(sinks[1].got)
@@ -303,7 +309,7 @@ func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
 
 func TestLeaveTakesClientOutOfRotation(t *testing.T) {
 	s, sinks := setup(10, 10)
-	s.leave(1, t0)
+	s.leave(1, LeaveDisconnect, t0)
 	s.addBatch(batch(0, 0, 4), t0)
 	s.dispatch(t0)
 	if len(sinks[0].got) != 0 || len(sinks[1].got) != 4 {
@@ -328,12 +334,16 @@ func BenchmarkDispatchAck(b *testing.B) {
 	b.Run("keys=many", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, keys: 1 << 30}) })
 	b.Run("keys=few", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, keys: 8}) })
 	b.Run("observer", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, observer: true}) })
+	// With --delivery-log: two events per message (delivery, ack) queued
+	// for the log's writer.
+	b.Run("delivery-log", func(b *testing.B) { benchDispatchAck(b, benchOpts{sized: true, deliveryLog: true}) })
 }
 
 type benchOpts struct {
 	sized, weighted, observer bool
 	ranges                    bool // acks by ranges, as batch clients send them
 	keys                      int  // key ordering over this many keys; 0: off
+	deliveryLog               bool // a delivery log in a temporary directory
 }
 
 // weightedDiscardSink is a discarding client of weight w.
@@ -352,6 +362,16 @@ func benchDispatchAck(b *testing.B, o benchOpts) {
 	}
 	if o.keys > 0 {
 		s.keys = map[uint64]keyGate{}
+	}
+	if o.deliveryLog {
+		quiet := logrus.New()
+		quiet.SetOutput(io.Discard)
+		l, err := deliverylog.OpenFile(filepath.Join(b.TempDir(), "delivery.log"), "bench", logrus.NewEntry(quiet))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		s.trace = l
 	}
 	sinks := make([]ClientSink, clients)
 	discards := make([]*discardSink, clients)
@@ -610,7 +630,7 @@ func TestLargeWaitsForTheClientItFits(t *testing.T) {
 	}
 	// When the only client that fits leaves, the large message it held is
 	// too large for everyone left.
-	s.leave(2, t0)
+	s.leave(2, LeaveDisconnect, t0)
 	s.dispatch(t0)
 	if st := s.snapshot(); st.TooLarge != 1 || !slices.Equal(reported, []int64{4}) {
 		t.Fatalf("too large %d, reported %v after the big client left; want 1, [4]", st.TooLarge, reported)
@@ -662,7 +682,7 @@ func TestClientStats(t *testing.T) {
 	if st := s.snapshot(); st.Acked != 3 || st.UnknownAcks != 3 {
 		t.Errorf("Acked %d, UnknownAcks %d; want 3 and 3", st.Acked, st.UnknownAcks)
 	}
-	s.leave(1, t0)
+	s.leave(1, LeaveDisconnect, t0)
 	if got := s.clientStats(); len(got) != 1 || got[0].ID != 2 {
 		t.Errorf("after client 1 left: %+v", got)
 	}
@@ -857,7 +877,7 @@ func TestTooLargeDeadLetteredAfterMaxAttemptsTimeouts(t *testing.T) {
 	if got := s.expireTooLarge(t0.Add(limit + time.Second)); len(got) != 0 {
 		t.Fatal("dead-lettered while a joined client fits it")
 	}
-	s.leave(2, t0)
+	s.leave(2, LeaveDisconnect, t0)
 	restart := t0.Add(limit + 2*time.Second)
 	if got := s.expireTooLarge(restart); len(got) != 0 {
 		t.Fatal("dead-lettered at once after the client that fits it left")
@@ -900,7 +920,7 @@ func TestTooLargeWaitsWithoutClientsOrDeadLetterTopic(t *testing.T) {
 		s.addBatch(sizedBatch(0, 500), t0)
 		s.dispatch(t0)
 		if maxAttempts > 0 {
-			s.leave(1, t0)
+			s.leave(1, LeaveDisconnect, t0)
 		}
 		if got := s.expireTooLarge(t0.Add(time.Hour)); len(got) != 0 || len(dl.sent) != 0 {
 			t.Fatalf("max attempts %d: dead-lettered %v", maxAttempts, got)

@@ -207,7 +207,7 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		observers:         desc("observers_connected", "Connected observers."),
 		observersDropped:  desc("observers_dropped_total", "Observers dropped for falling behind (--max-observer-bytes), since the daemon started."),
 		skipped:           desc("messages_skipped_total", "Messages received again after a restart or failover that the stored progress shows acked: not delivered again."),
-		notCounted:        desc("failures_not_counted_total", "Failed deliveries not counted toward --max-attempts: give-backs of deliveries a client never processed, and disconnects of clients dropping together (one per liveness window)."),
+		notCounted:        desc("failures_not_counted_total", "Failed deliveries not counted toward --max-attempts: give-backs of deliveries a client never processed, deliveries unanswered at a client's goodbye or when the daemon closed its connection, and disconnects of clients dropping together (one per liveness window)."),
 		attempts:          desc("message_attempts", "Deliveries a message took until it was acked or dead-lettered."),
 		deadLetterRefused: desc("dead_letter_refused", "Dead letters the dead-letter topic refuses for a reason retrying cannot fix "+
 			"(authorization, a compacted topic given a record without a key, ...): they wait, holding their partitions' committed offsets, until it takes them."),

@@ -180,7 +180,7 @@ fanout_observers_dropped_total 1
 # HELP fanout_messages_skipped_total Messages received again after a restart or failover that the stored progress shows acked: not delivered again.
 # TYPE fanout_messages_skipped_total counter
 fanout_messages_skipped_total 9
-# HELP fanout_failures_not_counted_total Failed deliveries not counted toward --max-attempts: give-backs of deliveries a client never processed, and disconnects of clients dropping together (one per liveness window).
+# HELP fanout_failures_not_counted_total Failed deliveries not counted toward --max-attempts: give-backs of deliveries a client never processed, deliveries unanswered at a client's goodbye or when the daemon closed its connection, and disconnects of clients dropping together (one per liveness window).
 # TYPE fanout_failures_not_counted_total counter
 fanout_failures_not_counted_total 6
 # HELP fanout_message_attempts Deliveries a message took until it was acked or dead-lettered.

@@ -66,8 +66,8 @@ func RunClient(ctx context.Context, cfg ClientConfig, log *logrus.Entry) error {
 	var seq atomic.Uint64 // numbers this incarnation's deliveries
 	write := func(kind byte, idx uint64, m *client.Message) {
 		// One write(2) per line: complete lines survive a kill -9.
-		line := fmt.Appendf(nil, "%d %c %s %d %d %d %d %s %s\n", time.Now().UnixNano(), kind, cfg.Name, idx,
-			m.Partition, m.Offset, m.Attempt, m.Member(), m.Value)
+		line := fmt.Appendf(nil, "%d %c %s %d %d %d %d %s %d %s\n", time.Now().UnixNano(), kind, cfg.Name, idx,
+			m.Partition, m.Offset, m.Attempt, m.Member(), m.DeliveryID, m.Value)
 		if _, err := f.Write(line); err != nil {
 			log.WithError(err).Error("client log")
 		}

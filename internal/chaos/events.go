@@ -18,10 +18,12 @@ const (
 
 // Event is one line of a client's log:
 //
-//	<unix ns> <kind> <client> <index> <partition> <offset> <attempt> <member> <value>
+//	<unix ns> <kind> <client> <index> <partition> <offset> <attempt> <member> <delivery id> <value>
 //
 // Index numbers the deliveries of one client incarnation; an ack or nack
-// carries the index of its delivery.
+// carries the index of its delivery. The delivery id is the daemon's (the
+// member's delivery log names the attempt by it); logs of runs before it
+// was logged lack the field (DeliveryID 0).
 type Event struct {
 	At        time.Time
 	Kind      byte
@@ -31,7 +33,9 @@ type Event struct {
 	Offset    int64
 	Attempt   int
 	Member    string
-	Value     string
+	// DeliveryID names the attempt to the member that made it.
+	DeliveryID uint64
+	Value      string
 }
 
 // Role is the client's role without its incarnation (c0 of c0.2): the
@@ -64,10 +68,18 @@ func ParseEvents(r io.Reader) ([]Event, error) {
 
 func parseEvent(line string) (Event, error) {
 	f := strings.Fields(line)
-	if len(f) != 9 || len(f[1]) != 1 {
+	if (len(f) != 9 && len(f) != 10) || len(f[1]) != 1 {
 		return Event{}, fmt.Errorf("malformed event %q", line)
 	}
 	var e Event
+	if len(f) == 10 {
+		id, err := strconv.ParseUint(f[8], 10, 64)
+		if err != nil {
+			return Event{}, fmt.Errorf("malformed event %q: %w", line, err)
+		}
+		e.DeliveryID = id
+		f = append(f[:8], f[9])
+	}
 	ns, err1 := strconv.ParseInt(f[0], 10, 64)
 	idx, err2 := strconv.ParseUint(f[3], 10, 64)
 	p, err3 := strconv.ParseInt(f[4], 10, 32)

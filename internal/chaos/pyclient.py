@@ -37,11 +37,12 @@ def main(argv=None) -> int:
     idx = 0
 
     def write(kind: str, i: int, m: fanout_client.Message) -> None:
-        line = f"{time.time_ns()} {kind} {args.name} {i} {m.partition} {m.offset} {m.attempt} {m.member or '-'} "
+        line = f"{time.time_ns()} {kind} {args.name} {i} {m.partition} {m.offset} {m.attempt} {m.member or '-'} {m.delivery_id} "
         os.write(fd, line.encode() + m.value + b"\n")
 
     try:
-        client = fanout_client.connect(args.addrs.split(","), timeout=None, max_in_flight=args.max_in_flight)
+        client = fanout_client.connect(args.addrs.split(","), timeout=None, max_in_flight=args.max_in_flight,
+                                       client_id=args.name)
         with client:
             for m in client:
                 idx += 1

@@ -48,6 +48,27 @@ func summarize(cfg Config, in Input, res *Result, start, end time.Time, drained 
 	return s
 }
 
+// causes returns the keys of a count by cause, sorted, unexplained last.
+func causes(m map[string]int) []string {
+	return slices.SortedFunc(func(yield func(string) bool) {
+		for c := range m {
+			if !yield(c) {
+				return
+			}
+		}
+	}, func(a, b string) int {
+		switch {
+		case a == b:
+			return 0
+		case a == causeUnexplained:
+			return 1
+		case b == causeUnexplained:
+			return -1
+		}
+		return strings.Compare(a, b)
+	})
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
@@ -78,8 +99,19 @@ func (s *Summary) Markdown() string {
 			"| of them not poison (failed their attempts in faults) | %d |\n| dead-letter records | %d |\n| **dead letters wrong** | **%d** |\n",
 			s.Poison, s.DeadLettered, s.DeadLetteredHealthy, s.DeadLetters, s.DeadLetterWrong)
 	}
-	for _, c := range []string{causeFault, causeHandoff, causeTimeout, causeNack, causeUnexplained} {
+	for _, c := range causes(s.Duplicates) {
 		fmt.Fprintf(&b, "| duplicates: %s | %d |\n", c, s.Duplicates[c])
+	}
+	if s.DeliveryLogs.Events > 0 {
+		for _, c := range causes(s.Failures) {
+			fmt.Fprintf(&b, "| failed attempts counted: %s | %d |\n", c, s.Failures[c])
+		}
+		for _, c := range causes(s.NotCounted) {
+			fmt.Fprintf(&b, "| failed attempts not counted: %s | %d |\n", c, s.NotCounted[c])
+		}
+		fmt.Fprintf(&b, "| delivery logs: events / attempts / dropped (slow disk) / unreadable lines | %d / %d / %d / %d |\n",
+			s.DeliveryLogs.Events, s.DeliveryLogs.Attempts, s.DeliveryLogs.Dropped, s.DeliveryLogs.Bad)
+		fmt.Fprintf(&b, "| client-logged deliveries in no delivery log | %d |\n", s.DeliveryLogs.Unmatched)
 	}
 	fmt.Fprintf(&b, "| committed-offset samples | %d |\n| samples past an unacked record | %d |\n", s.OffsetSamples, s.OffsetViolations)
 	if len(s.RecoveryMS) == 3 {
@@ -105,8 +137,8 @@ func (s *Summary) Markdown() string {
 	for _, l := range []struct {
 		name string
 		xs   []string
-	}{{"Lost records", s.LostRecords}, {"Unexplained duplicates", s.Unexplained}, {"Offset violations", s.Violations}, {"Two owners", s.TwoOwnersAt},
-		{"Wrong dead letters", s.DeadLetterWrongAt}} {
+	}{{"Lost records", s.LostRecords}, {"Unexplained duplicates", s.Unexplained}, {"Unexplained failures", s.UnexplainedFailures},
+		{"Offset violations", s.Violations}, {"Two owners", s.TwoOwnersAt}, {"Wrong dead letters", s.DeadLetterWrongAt}} {
 		if len(l.xs) > 0 {
 			fmt.Fprintf(&b, "\n%s (first %d):\n\n", l.name, len(l.xs))
 			for _, x := range l.xs {
@@ -114,10 +146,14 @@ func (s *Summary) Markdown() string {
 			}
 		}
 	}
-	b.WriteString("\nDuplicates by cause: *fault*, the previous delivery was in flight (or acked, not yet committed) " +
-		"when a daemon, a server, a link or its client failed; *timeout*, not acked within --ack-timeout; *nack*, " +
-		"given back by a client (after the delay it asked for); *handoff* (spread mode), the partition moved to another member, which " +
-		"resumed from the offset committed at the handoff (below records acked above an unacked one).\n\n")
+	b.WriteString("\nDuplicates and counted failures by cause, each attempt found in its daemon's delivery log by its delivery id: " +
+		"*nack*, given back by its client (a duplicate no sooner than the delay asked for, unless served anew); *timeout*, " +
+		"its client did not ack it within --ack-timeout; *client left holding it*, its client said goodbye with it unanswered; " +
+		"*fault: KIND*, a fault that hit its holder while it held it (its client, the daemon that delivered it, or a cut between " +
+		"them; one counted failure per record and fault), or, for a record delivered again after it was acked, a fault that " +
+		"ended what its daemon served it under (the daemon's own fault, its cut from Kafka or ZooKeeper, a server restart); " +
+		"*handoff* (spread mode), its partition was handed over (revoked by its owner, then assigned) after it was acked; " +
+		"*partition restarted below it*, the daemon fetched it again.\n\n")
 	b.WriteString("Timeline (timeline.png): green, records done per second (first acks, dead letters); red, lag (records produced " +
 		"and not yet done); bands, faults: red daemon kill/term, orange daemon stop, blue client faults, purple server " +
 		"restarts, grey cuts, black partition additions.\n")

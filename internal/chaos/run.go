@@ -21,6 +21,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
@@ -188,10 +189,15 @@ func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
+	deliveries, bad, err := readDeliveryLogs(filepath.Join(cfg.Out, "daemons"))
+	if err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
 	in := Input{Records: records, Events: events, Faults: slices.Clone(r.faults), Samples: slices.Clone(r.samples),
 		Owners: slices.Clone(r.owners), Members: r.members, Sent: slices.Clone(r.sent), AckTimeout: cfg.AckTimeout,
-		Topic: r.topic, DeadLetters: deadLetters, MaxAttempts: cfg.MaxAttempts, NackDelays: map[string]time.Duration{"nacker": cfg.NackRedeliver}}
+		Topic: r.topic, DeadLetters: deadLetters, MaxAttempts: cfg.MaxAttempts, NackDelays: map[string]time.Duration{"nacker": cfg.NackRedeliver},
+		Deliveries: deliveries, DeliveryLogBad: bad, Liveness: daemonLiveness}
 	skipped := r.skipped
 	r.mu.Unlock()
 	if err := writeInput(filepath.Join(cfg.Out, "input.json"), in); err != nil {
@@ -258,7 +264,8 @@ func (r *run) setup(ctx context.Context) error {
 		args := []string{"--id", r.id, "--topic", r.topic, "--kafka", kafkaAddr, "--zookeeper", zp.Addr(),
 			"--listen", listen, "--advertise", cp.Addr(), "--node-id", "d" + strconv.Itoa(i),
 			"--metrics-listen", "", "--ack-timeout", cfg.AckTimeout.String(), "--heartbeat", "1s",
-			"--initial-offset", "oldest", "--commit-interval", "500ms", "--zookeeper-session-timeout", "6s"}
+			"--initial-offset", "oldest", "--commit-interval", "500ms", "--zookeeper-session-timeout", "6s",
+			"--delivery-log", filepath.Join(cfg.Out, "daemons", fmt.Sprintf("d%d%s", i, deliveryLogExt))}
 		args = append(args, "--assignment", cfg.Mode)
 		if r.dlq != "" {
 			args = append(args, "--max-attempts", strconv.Itoa(cfg.MaxAttempts), "--dead-letter-topic", r.dlq)
@@ -555,6 +562,9 @@ func VerifyDir(dir string) (*Summary, error) {
 	if in.Events, err = readEvents(filepath.Join(dir, "clients")); err != nil {
 		return nil, err
 	}
+	if in.Deliveries, in.DeliveryLogBad, err = readDeliveryLogs(filepath.Join(dir, "daemons")); err != nil {
+		return nil, err
+	}
 	start := sum.Started
 	end := start.Add(time.Duration(sum.Seconds * float64(time.Second)))
 	cfg := Config{Mode: sum.Mode, Seed: sum.Seed, Daemons: sum.Daemons, Clients: sum.Clients - 2, Rate: sum.Rate}
@@ -584,6 +594,34 @@ func readEvents(dir string) ([]Event, error) {
 		out = append(out, evs...)
 	}
 	return out, nil
+}
+
+// deliveryLogExt ends the name of a daemon's delivery log (--delivery-log),
+// d0.delivery.log for d0, in the run's daemons directory.
+const deliveryLogExt = ".delivery.log"
+
+// daemonLiveness is the daemons' client liveness window: --heartbeat 1s
+// (given below) × --liveness 2 (the default).
+const daemonLiveness = 2 * time.Second
+
+// readDeliveryLogs reads the daemons' delivery logs of dir, by node id (the
+// file's name), and the number of lines that could not be read.
+func readDeliveryLogs(dir string) (map[string][]deliverylog.Event, int, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*"+deliveryLogExt))
+	if err != nil {
+		return nil, 0, err
+	}
+	out := map[string][]deliverylog.Event{}
+	bad := 0
+	for _, name := range files {
+		evs, n, err := deliverylog.ReadFile(name)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%s: %w", name, err)
+		}
+		out[strings.TrimSuffix(filepath.Base(name), deliveryLogExt)] = evs
+		bad += n
+	}
+	return out, bad, nil
 }
 
 // record appends a fault that has ended.

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 )
 
 // Record is one message Kafka holds at the end of a run.
@@ -56,12 +58,7 @@ const (
 	FaultCutZooKeeper   = "cut-zookeeper"
 	FaultCutClients     = "cut-clients"
 	FaultAddPartitions  = "add-partitions"
-	causeNack           = "nack"
-	causeTimeout        = "timeout"
-	causeFault          = "fault"
-	causeHandoff        = "handoff"
-	causeUnexplained    = "unexplained"
-	maxListed           = 20 // lost records, unexplained duplicates and violations listed in full
+	maxListed           = 20 // lost records, unexplained duplicates and failures, violations: listed in full
 	recoveryActiveSince = 5 * time.Second
 )
 
@@ -110,6 +107,16 @@ type Input struct {
 	// NackDelays is, by client role, the delay its nacks ask for: no
 	// redelivery may come sooner after its nack.
 	NackDelays map[string]time.Duration `json:",omitempty"`
+	// Deliveries is each daemon's delivery log (--delivery-log), by node
+	// id; DeliveryLogBad counts the lines that could not be read. Read from
+	// the run's files, like the client logs.
+	Deliveries     map[string][]deliverylog.Event `json:"-"`
+	DeliveryLogBad int                            `json:"-"`
+	// Liveness is the daemons' client liveness window (--heartbeat ×
+	// --liveness): a fault's effects outlast it by up to this (a daemon
+	// resumed from SIGSTOP finds the connections its clients closed
+	// meanwhile), plus a second for a loaded machine.
+	Liveness time.Duration `json:",omitempty"`
 }
 
 // Result is the verdict of a run.
@@ -125,24 +132,33 @@ type Result struct {
 	DeadLettered int `json:"dead_lettered"`
 	DeadLetters  int `json:"dead_letters"`
 	// DeadLetteredHealthy counts the records of DeadLettered that are not
-	// poison: each failure of theirs explained (unexplainedFailure), by
-	// faults mostly. What faults cost in records given up on.
+	// poison: each failure of theirs excused (deadLetterUnexplained), by
+	// faults of their holders mostly. What faults cost in records given up
+	// on.
 	DeadLetteredHealthy int `json:"dead_lettered_healthy"`
 	// DeadLetterWrong counts dead-letter records that are not what they
 	// should be: headers naming no record of the topic or another value,
-	// or a record that is not poison with an attempt before it was
-	// dead-lettered whose failure nothing explains (unexplainedFailure).
+	// or a record that is not poison with a failure behind its dead letter
+	// that nothing excuses (deadLetterUnexplained).
 	DeadLetterWrong   int      `json:"dead_letter_wrong"`
 	DeadLetterWrongAt []string `json:"dead_letter_wrong_at,omitempty"`
 	// Vanished counts sends Kafka acknowledged that it no longer holds at
 	// the end (a restart that lost data would hide records from Lost).
-	Vanished         int            `json:"vanished"`
-	LostRecords      []string       `json:"lost_records,omitempty"`
-	Duplicates       map[string]int `json:"duplicates"` // redeliveries by cause
-	Unexplained      []string       `json:"unexplained,omitempty"`
-	OffsetSamples    int            `json:"offset_samples"`
-	OffsetViolations int            `json:"offset_violations"`
-	Violations       []string       `json:"violations,omitempty"`
+	Vanished    int            `json:"vanished"`
+	LostRecords []string       `json:"lost_records,omitempty"`
+	Duplicates  map[string]int `json:"duplicates"` // redeliveries by cause
+	Unexplained []string       `json:"unexplained,omitempty"`
+	// Failures counts the failed attempts that counted toward
+	// --max-attempts, as the delivery logs show them, by cause
+	// (failureCause); NotCounted those that did not, by why.
+	Failures            map[string]int `json:"failures"`
+	UnexplainedFailures []string       `json:"unexplained_failures,omitempty"`
+	NotCounted          map[string]int `json:"failures_not_counted,omitempty"`
+	// DeliveryLogs is what the daemons' delivery logs held.
+	DeliveryLogs     DeliveryLogStats `json:"delivery_logs"`
+	OffsetSamples    int              `json:"offset_samples"`
+	OffsetViolations int              `json:"offset_violations"`
+	Violations       []string         `json:"violations,omitempty"`
 	// Recovery is, per daemon fault that needed one (leader mode: the
 	// leader's; spread mode: any member's), the time from the fault until
 	// every partition that had been receiving records delivered again.
@@ -162,11 +178,26 @@ type Result struct {
 	TwoOwnersAt  []string `json:"two_owners_at,omitempty"`
 }
 
-// Passed reports whether nothing was lost, every duplicate is explained and
-// no committed offset passed an unacked record.
+// DeliveryLogStats is what the daemons' delivery logs held.
+type DeliveryLogStats struct {
+	Events   int `json:"events"`
+	Attempts int `json:"attempts"`
+	// Dropped counts the events the daemons dropped (a slow disk), Bad the
+	// lines that could not be read.
+	Dropped int `json:"dropped"`
+	Bad     int `json:"bad_lines"`
+	// Unmatched counts client-logged deliveries whose attempt is in no
+	// delivery log (a daemon killed before it wrote it, or a log missing).
+	Unmatched int `json:"unmatched_deliveries"`
+}
+
+// Passed reports whether nothing was lost, every duplicate and counted
+// failure is explained, no record that is not poison was dead-lettered
+// without its failures excused, and no committed offset passed an unacked
+// record.
 func (r *Result) Passed() bool {
-	return r.Lost == 0 && r.Vanished == 0 && r.DeadLetterWrong == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
-		r.TwoOwners == 0
+	return r.Lost == 0 && r.Vanished == 0 && r.DeadLetterWrong == 0 && r.Duplicates[causeUnexplained] == 0 &&
+		r.Failures[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 && r.TwoOwners == 0
 }
 
 type key struct {
@@ -181,11 +212,22 @@ type delivery struct {
 	doneAt  time.Time // time of the ack or nack
 }
 
-// Verify checks a run: no record lost, every redelivery explained, every
-// committed offset sample behind acked records only, and recovery after
-// each daemon fault (leaderOnly: only faults of the leader count).
+// Verify checks a run: no record lost, every redelivery and every counted
+// failure explained, every committed offset sample behind acked records
+// only, and recovery after each daemon fault (leaderOnly: leader mode, only
+// faults of the leader count).
 func Verify(in Input, leaderOnly bool) *Result {
-	res := &Result{Messages: len(in.Records), Duplicates: map[string]int{causeNack: 0, causeTimeout: 0, causeFault: 0, causeHandoff: 0, causeUnexplained: 0}}
+	res := &Result{Messages: len(in.Records), Duplicates: map[string]int{causeUnexplained: 0},
+		Failures: map[string]int{causeUnexplained: 0}}
+	v := &verifier{in: in, spread: !leaderOnly, aftermath: in.Liveness + time.Second, used: map[key]map[int]bool{}}
+	if in.Liveness == 0 {
+		v.aftermath = 3 * time.Second // runs that did not record it: --heartbeat 1s × --liveness 2, and a second
+	}
+	if len(in.Deliveries) > 0 {
+		v.h = newHistory(in.Deliveries)
+		res.NotCounted = v.h.notCounted
+		res.DeliveryLogs = DeliveryLogStats{Events: v.h.events, Attempts: len(v.h.attempts), Dropped: v.h.gaps, Bad: in.DeliveryLogBad}
+	}
 	type ck struct {
 		client string
 		idx    uint64
@@ -203,6 +245,13 @@ func Verify(in Input, leaderOnly bool) *Result {
 			byIdx[ck{e.Client, e.Index}] = d
 			perRecord[k] = append(perRecord[k], d)
 			res.Deliveries++
+			if v.h != nil {
+				if a := v.attemptOf(d); a != nil && a.Partition == e.Partition && a.Offset == e.Offset {
+					a.seen = d
+				} else {
+					res.DeliveryLogs.Unmatched++
+				}
+			}
 		case EventAck, EventNack:
 			if d := byIdx[ck{e.Client, e.Index}]; d != nil && d.outcome == 0 {
 				d.outcome, d.doneAt = e.Kind, e.At
@@ -216,7 +265,10 @@ func Verify(in Input, leaderOnly bool) *Result {
 	slices.SortFunc(records, func(a, b Record) int {
 		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 	})
-	done := deadLetters(res, in, records, perRecord, firstAck)
+	if v.h != nil {
+		v.failures(res)
+	}
+	done := v.deadLetters(res, records, perRecord, firstAck)
 	for _, r := range records {
 		if r.Poison() {
 			res.Poison++
@@ -242,15 +294,14 @@ func Verify(in Input, leaderOnly bool) *Result {
 			res.Vanished++
 		}
 	}
-	for k, ds := range perRecord {
+	for _, k := range slices.SortedFunc(maps.Keys(perRecord), func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.p, b.p), cmp.Compare(a.o, b.o))
+	}) {
+		// In the order the daemons sent them.
+		ds := slices.Clone(perRecord[k])
+		slices.SortStableFunc(ds, func(a, b *delivery) int { return v.sentAt(a).Compare(v.sentAt(b)) })
 		for i := 1; i < len(ds); i++ {
-			cause := redeliveryCause(ds[i-1], ds[i], in.Faults, in.AckTimeout, in.NackDelays[ds[i-1].Role()])
-			if cause == causeUnexplained && len(in.Owners) > 0 && ds[i-1].Member != ds[i].Member {
-				// Spread mode: the partition moved; its new owner resumed
-				// from the offset committed at the handoff, below records
-				// acked above an unacked one.
-				cause = causeHandoff
-			}
+			cause := v.duplicateCause(ds[i-1], ds[i])
 			res.Duplicates[cause]++
 			if cause == causeUnexplained && len(res.Unexplained) < maxListed {
 				res.Unexplained = append(res.Unexplained, fmt.Sprintf("%d/%d: delivered to %s at %s (outcome %q at %s), again to %s at %s",
@@ -339,45 +390,10 @@ func checkOwners(res *Result, events []Event, in Input) {
 	}
 }
 
-// redeliveryCause explains why cur delivered again what prev had delivered;
-// nackDelay is the delay prev's client asks for in its nacks.
-func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout, nackDelay time.Duration) string {
-	// The daemon starts the delay when it reads the nack, after the client
-	// logged it, and the next client logs the delivery after it was sent:
-	// sooner, the nack does not explain it (a fault or a handoff may: the
-	// delay is not stored).
-	if prev.outcome == EventNack && cur.At.Sub(prev.doneAt) >= nackDelay {
-		return causeNack
-	}
-	unacked := prev.outcome != EventAck
-	// The daemon's ack deadline starts when it sends; the client logs the
-	// delivery when it reads it, up to a loaded machine's latency later.
-	if unacked && cur.At.Sub(prev.At) >= ackTimeout*9/10 {
-		return causeTimeout
-	}
-	for _, f := range faults {
-		// A fault's aftermath outlasts it by up to an ack timeout: a daemon
-		// resumed from SIGSTOP drops the clients whose pings it missed, and
-		// a deposed leader delivers until its next commit fails.
-		if f.Start.After(cur.At) || f.End.Add(ackTimeout).Before(prev.At) {
-			continue
-		}
-		// A client fault explains what that client held, and what it logs
-		// late: a stopped client reads after SIGCONT what it was sent before.
-		if clientFault(f.Kind) && f.Target != prev.Role() && f.Target != cur.Role() {
-			continue
-		}
-		return causeFault
-	}
-	if !unacked && prev.doneAt.Sub(prev.At) >= ackTimeout {
-		return causeTimeout // acked after the daemon had given up on it
-	}
-	return causeUnexplained
-}
-
 // deadLetters checks the dead-letter records and returns when each record
 // was first done: acked, or appended to the dead-letter topic.
-func deadLetters(res *Result, in Input, records []Record, perRecord map[key][]*delivery, firstAck map[key]time.Time) map[key]time.Time {
+func (v *verifier) deadLetters(res *Result, records []Record, perRecord map[key][]*delivery, firstAck map[key]time.Time) map[key]time.Time {
+	in := v.in
 	done := maps.Clone(firstAck)
 	byKey := make(map[key]Record, len(records))
 	for _, r := range records {
@@ -404,10 +420,11 @@ func deadLetters(res *Result, in Input, records []Record, perRecord map[key][]*d
 		}
 		if !r.Poison() {
 			// A record that is not poison may fail MaxAttempts times too
-			// (nacks, timeouts, clients killed): each failure must show.
-			if a := unexplainedFailure(perRecord[k], r.At, dl.At, in); a > 0 {
-				wrong("%d/%d (not poison) was dead-lettered at %s, but nothing shows its attempt %d of %d failed",
-					dl.Partition, dl.Offset, dl.At.Format(time.RFC3339Nano), a, in.MaxAttempts)
+			// (nacks, timeouts, its holders' faults): each failure must be
+			// excused.
+			if why := v.deadLetterUnexplained(k, perRecord[k], dl.At); why != "" {
+				wrong("%d/%d (not poison) was dead-lettered at %s, but %s",
+					dl.Partition, dl.Offset, dl.At.Format(time.RFC3339Nano), why)
 				continue
 			}
 		}
@@ -421,51 +438,6 @@ func deadLetters(res *Result, in Input, records []Record, perRecord map[key][]*d
 	}
 	res.DeadLettered = len(dead)
 	return done
-}
-
-// unexplainedFailure returns the first of the attempts 1..in.MaxAttempts of
-// a record that is not poison, produced at produced and dead-lettered at
-// dlAt, whose failure nothing explains, or 0 when each is explained. The
-// daemon stamps every delivery with its attempt: 1 + the failures it counted
-// before (a give-back of a retiring session and disconnects of clients
-// dropping together do not count). Failure a is explained by a logged
-// delivery of attempt a that failed (nacked, never acked, acked after the
-// ack timeout); else by a fault that can fail a delivery out of the
-// clients' sight (a client's or a daemon's fault, a cut between a daemon
-// and its clients: the delivery or its ack lost on the way), from the last
-// logged delivery of an earlier attempt to the first of a later one.
-func unexplainedFailure(ds []*delivery, produced, dlAt time.Time, in Input) int {
-	for a := 1; a <= in.MaxAttempts; a++ {
-		lo, hi, explained := produced, dlAt, false
-		for _, d := range ds {
-			switch {
-			case d.At.After(dlAt):
-			case d.Attempt == a && (d.outcome != EventAck || d.doneAt.Sub(d.At) >= in.AckTimeout):
-				explained = true
-			case d.Attempt < a && d.At.After(lo):
-				lo = d.At
-			case d.Attempt > a && d.At.Before(hi):
-				hi = d.At
-			}
-		}
-		if !explained && !unseenFailure(in.Faults, lo, hi, in.AckTimeout) {
-			return a
-		}
-	}
-	return 0
-}
-
-// unseenFailure reports whether a fault that can fail a delivery no client
-// logs as failed overlapped [from, to]; its aftermath lasts up to an ack
-// timeout (the daemon times out what a stopped client or a cut link held).
-func unseenFailure(faults []Fault, from, to time.Time, ackTimeout time.Duration) bool {
-	for _, f := range faults {
-		if (clientFault(f.Kind) || daemonFault(f.Kind) || f.Kind == FaultCutClients) &&
-			!f.Start.After(to) && !f.End.Add(ackTimeout).Before(from) {
-			return true
-		}
-	}
-	return false
 }
 
 // checkOffsets compares every sampled committed offset with when each
