@@ -553,9 +553,11 @@ func TestSemanticsNoClientsBuffersAndPauses(t *testing.T) {
 			t.Fatalf("ack: %v", err)
 		}
 	}
+	// a held them and said goodbye (Close): a delivery left unanswered at
+	// a goodbye is not a failed attempt, so b gets them as attempt 1.
 	for _, v := range before {
-		if seen[v] != 2 {
-			t.Errorf("%s: attempt %d at b, want 2 (a held it)", v, seen[v])
+		if seen[v] != 1 {
+			t.Errorf("%s: attempt %d at b, want 1 (a said goodbye holding it: not a failure)", v, seen[v])
 		}
 	}
 	for _, v := range after {
