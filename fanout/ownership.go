@@ -53,7 +53,7 @@ type (
 		Remove(p int32)
 	}
 	// partitionDispatcher serves the partitions assigned
-	// (*dispatch.Dispatcher, PerPartition).
+	// (*dispatch.Dispatcher of dispatch.AssignedPartitions).
 	partitionDispatcher interface {
 		Assign(p int32, cond offsets.Condition, stored int64, prog offsets.Progress) bool
 		Revoke(ctx context.Context, p int32, timeout time.Duration) (dispatch.Revoked, error)
@@ -139,7 +139,7 @@ type ownership struct {
 	onStop    func()                   // called first when ctx ends (spread: resign from the election); may be nil
 
 	events  chan ownEvent
-	lost    chan ownEvent // from the dispatcher (OnLost): must never block it
+	lost    chan ownEvent // from the dispatcher (its scope's onLost): must never block it
 	helpers actor.Group
 	status  *atomic.Pointer[OwnershipStatus] // published after every change
 	total   *atomic.Uint64                   // handoffs done, across stretches
@@ -167,7 +167,7 @@ func newOwnership(node string, opts Options, log *logrus.Entry, assign assignmen
 	}, nil
 }
 
-// dispatcherLost is the dispatcher's OnLost: a commit under p's condition
+// dispatcherLost is the dispatcher's onLost: a commit under p's condition
 // was refused, so p is no longer ours. It never blocks; when the queue is
 // full the record's watch tells the loop anyway.
 func (o *ownership) dispatcherLost(p int32, cond zkstore.Version) {

@@ -69,13 +69,12 @@ func (t *term) runSpread(ctx context.Context, started func()) error {
 	}
 	var own *ownership
 	cfg := t.dispatchConfig()
-	cfg.PerPartition = true
 	cfg.DrainTimeout = t.opts.HandoffTimeout // stopping hands every partition over
-	cfg.OnLost = func(p int32, c offsets.Condition) {
+	cfg.Scope = dispatch.AssignedPartitions(func(p int32, c offsets.Condition) {
 		if v, ok := c.(zkstore.Version); ok {
 			own.dispatcherLost(p, v)
 		}
-	}
+	})
 	dead, err := t.newDeadLetters()
 	if err != nil {
 		return err

@@ -115,7 +115,7 @@ func (t *term) run(ctx context.Context, started func()) error {
 		return fmt.Errorf("kafka source: %w", err)
 	}
 	cfg := t.dispatchConfig()
-	cfg.Fence, cfg.Stored, cfg.Progress = t.fence, stored, progress
+	cfg.Scope, cfg.Stored, cfg.Progress = dispatch.WholeTopic(t.fence), stored, progress
 	dead, err := t.newDeadLetters()
 	if err != nil {
 		return err
