@@ -343,7 +343,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		// The dead letters' client: the one place their producer is
 		// configured, its record limit the topic's.
-		d.deadLimit = deadLetterLimit(client, d.opts.DeadLetterTopic, d.log)
+		d.deadLimit = kafka.DeadLetterLimit(client, d.opts.DeadLetterTopic, d.log)
 		dead, err := d.connectKafka(ctx, "fanout-dead-letters-"+d.opts.NodeID, func(c *sarama.Config) {
 			c.Producer.MaxMessageBytes = d.deadLimit
 		})
@@ -586,10 +586,10 @@ func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client)
 	log := d.log.WithField("dead_letter_topic", d.opts.DeadLetterTopic)
 	err := retry(ctx, log, "check the dead-letter topic", d.opts.ConnectBackoffMax,
 		func(context.Context) error {
-			err := checkDeadLetterTopic(client, d.opts.DeadLetterTopic)
-			if errors.Is(err, errDeadLetterTopicMissing) && d.opts.CreateDeadLetterTopic {
-				n, cerr := createDeadLetterTopic(client, d.opts.DeadLetterTopic, d.opts.Topic)
-				if errors.Is(cerr, errDeadLetterTopic) {
+			err := kafka.CheckDeadLetterTopic(client, d.opts.DeadLetterTopic)
+			if errors.Is(err, kafka.ErrDeadLetterTopicMissing) && d.opts.CreateDeadLetterTopic {
+				n, cerr := kafka.CreateDeadLetterTopic(client, d.opts.DeadLetterTopic, d.opts.Topic)
+				if errors.Is(cerr, kafka.ErrDeadLetterTopic) {
 					unusable = cerr
 					return nil
 				}
@@ -599,11 +599,11 @@ func (d *Daemon) checkDeadLetterTopic(ctx context.Context, client sarama.Client)
 				if n > 0 {
 					log.WithField("partitions", n).Info("created the dead-letter topic (the cluster's default replication factor)")
 				}
-				if err = checkDeadLetterTopic(client, d.opts.DeadLetterTopic); errors.Is(err, errDeadLetterTopicMissing) {
+				if err = kafka.CheckDeadLetterTopic(client, d.opts.DeadLetterTopic); errors.Is(err, kafka.ErrDeadLetterTopicMissing) {
 					return fmt.Errorf("dead-letter topic %q: created, not yet in the cluster's metadata", d.opts.DeadLetterTopic)
 				}
 			}
-			if errors.Is(err, errDeadLetterTopic) {
+			if errors.Is(err, kafka.ErrDeadLetterTopic) {
 				unusable = err
 				return nil
 			}
@@ -778,7 +778,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.HighWaterMarks = t.src.HighWaterMarks()
 		s.Partitions = len(t.src.Partitions())
 		if t.dead != nil {
-			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.topic, t.dead.FailingSince()
+			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.Topic(), t.dead.FailingSince()
 			s.DeadLetterRefused, s.DeadLetterRefusedError = t.dead.Refused()
 			s.DeadLetterValuesOmitted = t.dead.ValuesOmitted()
 		}

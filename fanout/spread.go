@@ -80,7 +80,7 @@ func (t *term) runSpread(ctx context.Context, started func()) error {
 		return err
 	}
 	if dead != nil {
-		defer dead.close()
+		defer dead.Close()
 		cfg.DeadLetter = dead
 	}
 	disp, err := dispatch.New(cfg, src)
@@ -105,7 +105,7 @@ func (t *term) runSpread(ctx context.Context, started func()) error {
 	}, nil)
 	if dead != nil {
 		// Like the source, it outlives the dispatcher's handoffs.
-		routines.Go(t.log, "dead letters", func() { dead.run(srcCtx) }, nil)
+		routines.Go(t.log, "dead letters", func() { dead.Run(srcCtx) }, nil)
 	}
 	routines.Go(t.log, "dispatcher", func() {
 		defer close(dispDone)

@@ -49,7 +49,7 @@ type term struct {
 	// Set before the term is published in serving, never changed after.
 	src  *kafka.Source
 	disp *dispatch.Dispatcher
-	dead *deadLetters // with --max-attempts: the term's dead-letter producer; else nil
+	dead *kafka.DeadLetters // with --max-attempts: the term's dead-letter producer; else nil
 }
 
 // newTerm returns the daemon's term under fence, not yet running.
@@ -121,7 +121,7 @@ func (t *term) run(ctx context.Context, started func()) error {
 		return err
 	}
 	if dead != nil {
-		defer dead.close()
+		defer dead.Close()
 		cfg.DeadLetter = dead
 	}
 	disp, err := dispatch.New(cfg, src)
@@ -138,7 +138,7 @@ func (t *term) run(ctx context.Context, started func()) error {
 		_ = retry(srcCtx, t.log, "consume topic "+t.opts.Topic, t.opts.ConnectBackoffMax, src.Run)
 	}, nil)
 	if dead != nil {
-		routines.Go(t.log, "dead letters", func() { dead.run(srcCtx) }, nil)
+		routines.Go(t.log, "dead letters", func() { dead.Run(srcCtx) }, nil)
 	}
 	defer func() {
 		stopSource()
@@ -183,7 +183,7 @@ func (t *term) loadProgress(ctx context.Context) (map[int32]offsets.Progress, er
 // newDeadLetters returns, with --max-attempts, the term's dead-letter
 // producer on the daemon's dead-letter client (the caller runs it, and
 // closes it once it has stopped); nil without.
-func (t *term) newDeadLetters() (*deadLetters, error) {
+func (t *term) newDeadLetters() (*kafka.DeadLetters, error) {
 	if t.opts.MaxAttempts == 0 {
 		return nil, nil
 	}
@@ -191,7 +191,7 @@ func (t *term) newDeadLetters() (*deadLetters, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dead-letter producer: %w", err)
 	}
-	return newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.deadLimit, t.opts.ConnectBackoffMax, t.log), nil
+	return kafka.NewDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.deadLimit, t.opts.ConnectBackoffMax, t.log), nil
 }
 
 // dispatchConfig is the dispatcher's configuration derived from the

@@ -19,7 +19,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
@@ -455,13 +454,13 @@ func deadLetterOf(m *sarama.ConsumerMessage) DeadLetter {
 	for _, h := range m.Headers {
 		var err error
 		switch string(h.Key) {
-		case fanout.HeaderDeadLetterTopic:
+		case kafka.HeaderDeadLetterTopic:
 			dl.Topic = string(h.Value)
-		case fanout.HeaderDeadLetterPartition:
+		case kafka.HeaderDeadLetterPartition:
 			if p, err = strconv.ParseInt(string(h.Value), 10, 32); err != nil {
 				p = -1
 			}
-		case fanout.HeaderDeadLetterOffset:
+		case kafka.HeaderDeadLetterOffset:
 			if o, err = strconv.ParseInt(string(h.Value), 10, 64); err != nil {
 				o = -1
 			}
