@@ -17,27 +17,29 @@ import (
 	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
-	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
-	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/server"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/authtoken"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
 )
 
 // Daemon is one fanout process: a client listener, a Kafka client, an
-// offset store and, while it leads, a term (source, dispatcher, fence).
+// offset store (authority), the election and, while it serves, a pipeline
+// (source, dispatcher, dead letters), as its mode says.
 type Daemon struct {
-	opts    Options
-	log     *logrus.Entry
-	backend termBackend // the serving term, if any: where the server's calls go
-	srv     *server.Server
+	opts       Options
+	log        *logrus.Entry
+	assignment assignment     // --assignment
+	mode       mode           // the assignment's: what serving is
+	store      authority.Kind // --offset-store
+	backend    backend        // the serving pipeline, if any: where the server's calls go
+	srv        *server.Server
 
 	elector   atomic.Pointer[cluster.Elector]
 	listening chan struct{} // closed once the listener is bound
@@ -55,12 +57,7 @@ type Daemon struct {
 	tokens      *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
 	recheck     chan struct{}   // capacity 1: the tokens or the client CA changed (watchCredentials)
 
-	clusterView atomic.Pointer[clusterView] // spread mode: the console's reading of every partition
-	lastReady   atomic.Pointer[readyState]  // what /readyz answered at the last refresh, for the heartbeats
-
-	ownStatus atomic.Pointer[OwnershipStatus] // spread mode: this member's partitions
-	handoffs  atomic.Uint64                   // spread mode: handoffs done
-	committed atomic.Bool                     // spread mode: the group has committed offsets, as far as this member knows
+	lastReady atomic.Pointer[readyState] // what /readyz answered at the last refresh, for the heartbeats
 
 	// With --max-attempts, set by Run before any term: the dead-letter
 	// producers' client, and the largest record it sends (deadLetterLimit).
@@ -74,14 +71,25 @@ func New(opts Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	d := &Daemon{
-		opts:      opts,
-		log:       opts.Logger.WithFields(logrus.Fields{"id": opts.ID, "topic": opts.Topic}),
-		listening: make(chan struct{}),
-		ready:     make(chan struct{}),
-		recheck:   make(chan struct{}, 1),
-		health:    newKafkaHealth(),
+	a, err := assignmentOf(opts.Assignment)
+	if err != nil {
+		return nil, err // Validate checked it
 	}
+	store, err := authority.Lookup(opts.OffsetStore)
+	if err != nil {
+		return nil, err // Validate checked it
+	}
+	d := &Daemon{
+		opts:       opts,
+		assignment: a,
+		store:      store,
+		log:        opts.Logger.WithFields(logrus.Fields{"id": opts.ID, "topic": opts.Topic}),
+		listening:  make(chan struct{}),
+		ready:      make(chan struct{}),
+		recheck:    make(chan struct{}, 1),
+		health:     newKafkaHealth(),
+	}
+	d.mode = a.newMode(d)
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	d.rates = console.NewRates(console.SampleInterval)
 	var tlsCfg *tls.Config
@@ -120,7 +128,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		Authenticate:   authenticate,
 		VerifyClient:   verifyClient,
 		Leadership:     d.leadership,
-		Members:        d.members,
+		Members:        d.mode.members,
 		Logger:         d.log,
 		ConsoleAddr: func() string {
 			if a := d.consoleAddr.Load(); a != nil {
@@ -246,34 +254,10 @@ func (d *Daemon) Stats(ctx context.Context) (dispatch.Stats, bool) {
 	return dispatch.Stats{}, false
 }
 
-// leadership maps this node's state onto what the server tells clients: it
-// welcomes them only while a term serves. A follower redirects to the leader
-// the election names; a leader still starting up, or a cluster with no
-// leader, tells clients to retry shortly.
-func (d *Daemon) leadership() server.Leadership {
-	if d.opts.Assignment == AssignmentSpread {
-		return d.spreadLeadership()
-	}
-	if d.backend.serving() != nil {
-		return server.Leadership{Leader: true}
-	}
-	// Without a leader, clients retry after about one cluster heartbeat: a
-	// handover (the old leader resigned) takes about that long.
-	none := server.Leadership{RetryAfter: d.opts.ClusterHeartbeat}
-	el := d.elector.Load()
-	if el == nil {
-		return none
-	}
-	l := el.Leadership()
-	if l.Leader || !l.Known || l.LeaderID == d.opts.NodeID {
-		return none // elected, not serving yet; or resigning; or no leader known
-	}
-	if l.Mode != cluster.Mode_MODE_LEADER {
-		return none // the leader runs spread mode: this member does not serve (the elector says why)
-	}
-	return server.Leadership{Known: true, LeaderID: l.LeaderID, LeaderAddr: l.LeaderAddr, Epoch: l.Epoch,
-		RetryAfter: d.opts.ClusterHeartbeat}
-}
+// leadership is what the server tells a client that says Hello now: the
+// mode's (a welcome while this node serves, else where the leader is, or
+// to retry shortly).
+func (d *Daemon) leadership() server.Leadership { return d.mode.leadership() }
 
 // Run serves until ctx ends, then shuts down gracefully: it stops accepting
 // clients and fetching, says goodbye to clients, waits up to DrainTimeout
@@ -359,7 +343,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if !d.awaitTopic(ctx) {
 			return nil
 		}
-		err = d.newTerm(client, d.opts.Store, d.opts.Store.NewTerm(), d.log).run(ctx, d.markReady)
+		err = d.runTerm(ctx, client, d.opts.Store, d.opts.Store.NewTerm(), d.log)
 	} else {
 		err = d.runCluster(ctx, client)
 	}
@@ -367,8 +351,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return err
 }
 
-// runCluster opens the offset store, takes part in the election and leads
-// during every term this node wins, until ctx ends.
+// runCluster opens the offset store, takes part in the election and
+// serves as the mode says, until ctx ends.
 func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 	// The election reads its log with short fetch waits, so it gets a client
 	// of its own: the source's fetch settings are tuned for throughput.
@@ -379,40 +363,31 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		return nil // ctx ended
 	}
 	defer elClient.Close()
-	store, authority, closeStore, err := d.openStore(ctx, elClient)
-	if err != nil || store == nil {
-		return err // nil: ctx ended
+	auth, err := d.openAuthority(ctx, elClient)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
-	defer closeStore()
+	defer auth.Close()
 	// Every member, follower or not, waits for the topic: none of them
 	// joins the election (and creates fanout_<id>_<topic>) for a topic
 	// that does not exist.
 	if !d.awaitTopic(ctx) {
 		return nil
 	}
-	cfg := authority
-	cfg.ID, cfg.Topic, cfg.NodeID, cfg.Addr = d.opts.ID, d.opts.Topic, d.opts.NodeID, d.opts.advertised(d.srv.Addr())
-	cfg.Heartbeat, cfg.LeaderTimeout, cfg.Client, cfg.Logger = d.opts.ClusterHeartbeat, d.opts.LeaderTimeout, elClient, d.log
+	cfg := cluster.Config{
+		ID: d.opts.ID, Topic: d.opts.Topic, NodeID: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()),
+		Heartbeat: d.opts.ClusterHeartbeat, LeaderTimeout: d.opts.LeaderTimeout, Client: elClient, Logger: d.log,
+		Fencer: auth.Fencer(d.log), Mode: d.assignment.cluster, Weight: d.opts.Weight, Readiness: d.heartbeatReadiness,
+	}
 	if d.opts.ClusterSecret != "" {
 		cfg.Secret = []byte(d.opts.ClusterSecret)
 	}
-	cfg.Mode, cfg.Weight, cfg.Committed = cluster.Mode_MODE_LEADER, d.opts.Weight, d.committed.Load
-	if d.opts.Assignment == AssignmentSpread {
-		cfg.Mode = cluster.Mode_MODE_SPREAD
-		// Whether the group ever committed decides where a new line of
-		// assignments starts the partitions without a committed offset.
-		err := retry(ctx, d.log, "load offsets", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
-			stored, err := store.Load(ctx)
-			if len(stored) > 0 {
-				d.committed.Store(true)
-			}
-			return err
-		})
-		if err != nil {
-			return nil // ctx ended
-		}
+	if !d.mode.prepare(ctx, &cfg, auth) {
+		return nil // ctx ended
 	}
-	cfg.Readiness = d.heartbeatReadiness
 	el, err := cluster.New(cfg)
 	if err != nil {
 		return fmt.Errorf("election: %w", err)
@@ -453,127 +428,17 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 			d.log.WithError(err).Warn("election stopped")
 		}
 	}()
-
-	if d.opts.Assignment == AssignmentSpread {
-		// Every member serves the partitions its assignment gives it; the
-		// election only says who computes the assignment. Spread mode keeps
-		// its ownership records in ZooKeeper (Validate refuses it with the
-		// Kafka store).
-		zs, ok := store.(*zkstore.Store)
-		if !ok {
-			return fmt.Errorf("spread mode needs the ZooKeeper offset store, not %T", store)
-		}
-		owners := zkstore.NewOwners(authority.ZK, authority.Chroot, d.opts.ID, d.opts.Topic, d.opts.NodeID,
-			d.opts.advertised(d.srv.Addr()), authority.ACL)
-		d.clusterView.Store(newClusterView(func(ctx context.Context) (clusterRead, error) {
-			return readCluster(ctx, client, zs, authority.ZK, authority.Chroot, d.opts)
-		}, console.SampleInterval))
-		defer d.clusterView.Store(nil)
-		return d.runSpread(ctx, client, zs, spreadDeps{assign: el, records: owners, loader: zs, resign: resign})
-	}
-
-	for {
-		var term *cluster.Term
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-elDone:
-			elDone <- err // for the deferred wait
-			return fmt.Errorf("election stopped: %w", err)
-		case t, ok := <-el.Terms():
-			if !ok {
-				return nil
-			}
-			term = t
-		}
-		d.serveTerm(ctx, client, store, term)
-		if ctx.Err() != nil {
-			return nil
-		}
-	}
+	return d.mode.run(ctx, serveEnv{client: client, auth: auth, el: el, elDone: elDone, resign: resign})
 }
 
-// openStore opens the offset store Options.OffsetStore names, and the
+// openAuthority opens the offset store Options.OffsetStore names, and the
 // election's authority that fences it: the consumer group fanout_<id> in
-// Kafka, through client (no ZooKeeper is contacted); or a ZooKeeper session,
-// with the fence znode. It returns a nil store when ctx ends first, and
-// close, which releases what it opened.
-func (d *Daemon) openStore(ctx context.Context, client sarama.Client) (offsets.Store, cluster.Config, func(), error) {
-	if d.opts.OffsetStore == OffsetStoreKafka {
-		store := kafkastore.New(client, d.opts.ID, d.opts.Topic, d.opts.KafkaSessionTimeout)
-		return store, cluster.Config{Group: store}, func() {}, nil
-	}
-	servers, chroot, err := zkstore.ParseServers(d.opts.ZooKeeper)
-	if err != nil {
-		return nil, cluster.Config{}, nil, err
-	}
-	conn, err := d.connectZooKeeper(ctx, servers)
-	if err != nil {
-		return nil, cluster.Config{}, nil, nil // ctx ended
-	}
-	store := zkstore.New(conn, chroot, d.opts.ID, d.opts.Topic)
-	acl := d.opts.ZooKeeperSecurity.ACL(chroot)
-	store.SetACL(acl)
-	acl.WarnOpen(conn, d.log, store.Path(), store.ProgressPath(), chroot+cluster.FencePath(d.opts.ID, d.opts.Topic),
-		zkstore.OwnersPath(chroot, d.opts.ID, d.opts.Topic))
-	return store, cluster.Config{ZK: conn, Chroot: chroot, ACL: acl}, conn.Close, nil
-}
-
-// authority is where a term's fence came from: the election's term
-// (*cluster.Term). It ends the term when it is lost, and is told when the
-// term cannot go on.
-type authority interface {
-	Lost() <-chan struct{} // closed when the term ends
-	Cause() error          // why it ended; nil while it runs
-	End(cause error)       // the term cannot go on: let another member lead
-}
-
-var _ authority = (*cluster.Term)(nil)
-
-// serveTerm leads for one term of the election.
-func (d *Daemon) serveTerm(ctx context.Context, client sarama.Client, store offsets.Store, ct *cluster.Term) {
-	log := d.log.WithField("epoch", ct.Epoch)
-	log.WithField("fence", ct.Fence).Info("elected leader")
-	d.leadTerm(ctx, client, store, ct.Fence, ct, log)
-}
-
-// leadTerm serves a term under fence until ctx ends (then it drains and
-// commits under the fence) or the term ends (then it abandons at once:
-// another node owns the offsets). When the term cannot go on (a commit under
-// its fence was refused, leading failed), it tells auth, so that the
-// election hands leadership over instead of keeping a leader that serves
-// nobody.
-func (d *Daemon) leadTerm(ctx context.Context, client sarama.Client, store offsets.Store, fence offsets.Fence,
-	auth authority, log *logrus.Entry) {
-	termCtx, stop := context.WithCancelCause(context.Background())
-	defer stop(nil)
-	unhook := context.AfterFunc(ctx, func() { stop(context.Canceled) })
-	defer unhook()
-	var watch actor.Group
-	watchDone := make(chan struct{})
-	watch.Go(log, "term watch", func() {
-		select {
-		case <-auth.Lost():
-			stop(fmt.Errorf("%w: %w", dispatch.ErrAbandon, auth.Cause()))
-		case <-watchDone:
-		}
-	}, nil)
-	defer watch.Wait()
-	defer close(watchDone)
-
-	err := d.newTerm(client, store, fence, log).run(termCtx, d.markReady)
-	switch {
-	case err == nil:
-		log.Info("leadership term over")
-	case errors.Is(err, dispatch.ErrAbandon), errors.Is(err, offsets.ErrFenced), errors.Is(err, dispatch.ErrCommitsFailing):
-		log.WithError(err).Warn("lost leadership")
-	default:
-		log.WithError(err).Error("leading failed")
-	}
-	if err != nil {
-		auth.End(err) // a no-op when the authority ended it
-	}
-	d.srv.RedirectAll(d.leadership())
+// Kafka, through client (no ZooKeeper is contacted); or a ZooKeeper
+// session, retried until ctx ends. Close it when done.
+func (d *Daemon) openAuthority(ctx context.Context, client sarama.Client) (authority.Authority, error) {
+	cfg := d.opts.authorityConfig(client)
+	cfg.ConnectZooKeeper, cfg.Logger = d.connectZooKeeper, d.log
+	return authority.Open(ctx, d.store, cfg)
 }
 
 // checkDeadLetterTopic checks, before this node serves, that the dead-letter
@@ -623,15 +488,6 @@ func (d *Daemon) awaitTopic(ctx context.Context) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	}
-}
-
-// observeCommit is the committer's report of one commit: metrics, and that
-// the group has committed.
-func (d *Daemon) observeCommit(took time.Duration, err error) {
-	d.collector.ObserveCommit(took, err)
-	if err == nil {
-		d.committed.Store(true)
 	}
 }
 
@@ -774,13 +630,13 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	s.Stats, s.Serving = d.Stats(ctx)
 	s.Topic = d.opts.Topic
 	d.health.fill(&s)
-	if t := d.backend.serving(); t != nil {
-		s.HighWaterMarks = t.src.HighWaterMarks()
-		s.Partitions = len(t.src.Partitions())
-		if t.dead != nil {
-			s.DeadLetterTopic, s.DeadLetterFailingSince = t.dead.Topic(), t.dead.FailingSince()
-			s.DeadLetterRefused, s.DeadLetterRefusedError = t.dead.Refused()
-			s.DeadLetterValuesOmitted = t.dead.ValuesOmitted()
+	if p := d.backend.serving(); p != nil {
+		s.HighWaterMarks = p.src.HighWaterMarks()
+		s.Partitions = len(p.src.Partitions())
+		if p.dead != nil {
+			s.DeadLetterTopic, s.DeadLetterFailingSince = p.dead.Topic(), p.dead.FailingSince()
+			s.DeadLetterRefused, s.DeadLetterRefusedError = p.dead.Refused()
+			s.DeadLetterValuesOmitted = p.dead.ValuesOmitted()
 		}
 	}
 	s.Clients = d.srv.Clients()
@@ -803,12 +659,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	} else if s.Serving { // alone, without an election (Options.Store)
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
 	}
-	if d.opts.Assignment == AssignmentSpread {
-		s.Spread = true
-		if st := d.ownStatus.Load(); st != nil && s.Serving {
-			s.Generation, s.Assigned, s.Owned, s.HandingOff = st.Generation, st.Assigned, st.Owned, st.HandingOff
-		}
-	}
+	d.mode.snapshot(&s)
 	return s
 }
 
@@ -842,11 +693,17 @@ func (d *Daemon) heartbeatSecurity() string {
 
 // Ownership returns this member's partitions in spread mode (the zero
 // status in leader mode, or before the member serves).
-func (d *Daemon) Ownership() OwnershipStatus {
-	if st := d.ownStatus.Load(); st != nil {
-		return *st
+func (d *Daemon) Ownership() OwnershipStatus { return d.mode.ownership() }
+
+// membersChanged is the one place the daemon tells the server that the
+// members owning partitions changed (the server pushes the new list to the
+// clients that asked for it); without an assignment in force it also sends
+// the clients away (to retry: this member does not serve).
+func (d *Daemon) membersChanged(addrs []string) {
+	d.srv.MembersChanged()
+	if addrs == nil {
+		d.srv.RedirectAll(d.leadership())
 	}
-	return OwnershipStatus{}
 }
 
 // portTaken adds a hint to a listen error caused by a port in use: several
