@@ -507,7 +507,7 @@ func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*s
 			if tune != nil {
 				tune(cfg)
 			}
-			c, err := newKafkaClient(ctx, d.opts.Kafka, cfg)
+			c, err := newKafkaClient(ctx, d.opts.Kafka, cfg, d.log)
 			if err != nil {
 				err = kafka.DescribeError(d.opts.Kafka, d.opts.KafkaSecurity, err)
 				if ctx.Err() == nil {
@@ -525,26 +525,31 @@ func (d *Daemon) connectKafka(ctx context.Context, clientID string, tune func(*s
 // newKafkaClient is sarama.NewClient, given up when ctx ends first: with
 // kafka.NewConfig's metadata retries an unreachable cluster takes sarama
 // about 13 s to report, and a shutdown must not wait for that. A client
-// that connects after it was given up is closed.
-func newKafkaClient(ctx context.Context, addrs []string, cfg *sarama.Config) (sarama.Client, error) {
+// that connects after it was given up is closed. Its goroutine is
+// detached: nobody waits for a connection given up.
+func newKafkaClient(ctx context.Context, addrs []string, cfg *sarama.Config, log *logrus.Entry) (sarama.Client, error) {
 	type result struct {
 		client sarama.Client
 		err    error
 	}
-	done := make(chan result, 1)
-	go func() {
+	done := make(chan result) // unbuffered: a result nobody takes is the connector's to close
+	given := make(chan struct{})
+	var detached actor.Group
+	detached.Go(log, "kafka connect", func() {
 		c, err := sarama.NewClient(addrs, cfg)
-		done <- result{c, err}
-	}()
+		select {
+		case done <- result{c, err}:
+		case <-given:
+			if err == nil {
+				_ = c.Close()
+			}
+		}
+	}, nil)
 	select {
 	case r := <-done:
 		return r.client, r.err
 	case <-ctx.Done():
-		go func() {
-			if r := <-done; r.err == nil {
-				_ = r.client.Close()
-			}
-		}()
+		close(given)
 		return nil, ctx.Err()
 	}
 }
@@ -595,13 +600,12 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 	d.metrics = ms
 	addr := ms.Addr().String()
 	d.consoleAddr.Store(&addr)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
+	var served actor.Group
+	served.Go(d.log, "metrics server", func() {
 		if err := ms.Serve(); err != nil {
 			d.log.WithError(err).Error("metrics server stopped")
 		}
-	}()
+	}, nil)
 	sampleCtx, stopSampling := context.WithCancel(context.Background())
 	var sampler actor.Group
 	sampler.Go(d.log, "rate sampler", func() { d.sampleRates(sampleCtx) }, nil)
@@ -614,7 +618,7 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 		if err := ms.Shutdown(ctx); err != nil {
 			d.log.WithError(err).Warn("stopping the metrics server")
 		}
-		<-served
+		served.Wait()
 	}, nil
 }
 

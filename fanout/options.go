@@ -24,8 +24,10 @@ import (
 	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
 )
@@ -193,29 +195,31 @@ const (
 	OffsetStoreKafka     = authority.Kafka
 )
 
-// Defaults of Options.
+// Defaults of Options: the one table of the daemon's defaults. Those of a
+// package's Config are that package's, named here: the package applies the
+// same to a zero field.
 const (
 	DefaultListen           = ":4987"
 	DefaultMetricsListen    = ":9100" // the --metrics-listen flag's default
-	DefaultAckTimeout       = 30 * time.Second
-	DefaultHeartbeat        = 5 * time.Second
-	DefaultLiveness         = 2
-	DefaultWriteTimeout     = 10 * time.Second
+	DefaultAckTimeout       = dispatch.DefaultAckTimeout
+	DefaultHeartbeat        = server.DefaultHeartbeat
+	DefaultLiveness         = server.DefaultLiveness
+	DefaultWriteTimeout     = server.DefaultWriteTimeout
 	DefaultMaxInFlight      = 1000
-	DefaultMaxBuffered      = 10000
-	DefaultMaxBufferedBytes = 64 << 20
-	DefaultMaxHandshakes    = 1024
-	DefaultMaxOutboxBytes   = 256 << 10
+	DefaultMaxBuffered      = dispatch.DefaultMaxBuffered
+	DefaultMaxBufferedBytes = dispatch.DefaultMaxBufferedBytes
+	DefaultMaxHandshakes    = server.DefaultMaxHandshakes
+	DefaultMaxOutboxBytes   = server.DefaultMaxOutboxBytes
 	DefaultInitialOffset    = "newest"
 	DefaultIsolation        = "read_committed"
-	DefaultMaxOutstanding   = 50000
-	DefaultCommitInterval   = time.Second
-	DefaultDrainTimeout     = 10 * time.Second
+	DefaultMaxOutstanding   = dispatch.DefaultMaxOutstanding
+	DefaultCommitInterval   = dispatch.DefaultCommitInterval
+	DefaultDrainTimeout     = dispatch.DefaultDrainTimeout
 	DefaultConnectBackoff   = 30 * time.Second
-	DefaultClusterHeartbeat = time.Second
+	DefaultClusterHeartbeat = cluster.DefaultHeartbeat
 	DefaultZKSessionTimeout = 10 * time.Second
 	DefaultOrdering         = OrderingNone
-	DefaultMaxObserverBytes = 16 << 20
+	DefaultMaxObserverBytes = server.DefaultMaxObserverBytes
 	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
 	DefaultAssignment       = AssignmentLeader
 	DefaultHandoffTimeout   = 10 * time.Second

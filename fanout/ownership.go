@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -543,13 +542,11 @@ func (o *ownership) finish() {
 		op.cancel()
 	}
 	done := make(chan struct{})
-	var waiter sync.WaitGroup
-	waiter.Add(1)
-	go func() {
-		defer waiter.Done()
+	var waiter actor.Group
+	waiter.Go(o.log, "ownership helpers' end", func() {
 		o.helpers.Wait()
 		close(done)
-	}()
+	}, nil)
 	o.waitFor(done)
 	waiter.Wait()
 }

@@ -79,30 +79,40 @@ type Config struct {
 	KeyOrdering bool
 }
 
+// Defaults of Config's zero fields.
+const (
+	DefaultAckTimeout       = 30 * time.Second
+	DefaultMaxBuffered      = 10000
+	DefaultMaxBufferedBytes = 64 << 20
+	DefaultMaxOutstanding   = 50000
+	DefaultCommitInterval   = time.Second
+	DefaultDrainTimeout     = 10 * time.Second
+)
+
 func (c *Config) setDefaults() {
 	if c.RetryBackoffMax < c.RetryBackoffMin {
 		c.RetryBackoffMax = c.RetryBackoffMin
 	}
 	if c.AckTimeout <= 0 {
-		c.AckTimeout = 30 * time.Second
+		c.AckTimeout = DefaultAckTimeout
 	}
 	if c.MaxBuffered <= 0 {
-		c.MaxBuffered = 10000
+		c.MaxBuffered = DefaultMaxBuffered
 	}
 	if c.MaxBufferedBytes <= 0 {
-		c.MaxBufferedBytes = 64 << 20
+		c.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
 	if c.MaxOutstanding <= 0 {
-		c.MaxOutstanding = 50000
+		c.MaxOutstanding = DefaultMaxOutstanding
 	}
 	if c.CommitInterval <= 0 {
-		c.CommitInterval = time.Second
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.StallAfter <= 0 {
 		c.StallAfter = max(3*c.AckTimeout, 30*time.Second)
 	}
 	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 10 * time.Second
+		c.DrainTimeout = DefaultDrainTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = logrus.NewEntry(logrus.StandardLogger())
