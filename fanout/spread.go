@@ -69,7 +69,7 @@ func (m *spreadMode) run(ctx context.Context, s serveEnv) error {
 	if !ok { // Validate refuses it: the assignment needs owners
 		return fmt.Errorf("spread mode needs an offset store that keeps the partitions' owners, not %s", s.auth.Kind().Name)
 	}
-	records := owners.Member(d.opts.NodeID, d.opts.advertised(d.srv.Addr()))
+	claims := owners.Member(d.opts.NodeID, d.opts.advertised(d.srv.Addr()), s.el)
 	m.view.Store(newClusterView(func(ctx context.Context) (clusterRead, error) {
 		return readCluster(ctx, s.client, s.auth.Offsets(), owners, d.opts.Topic)
 	}, console.SampleInterval))
@@ -77,7 +77,7 @@ func (m *spreadMode) run(ctx context.Context, s serveEnv) error {
 
 	b := backoff.Backoff{Min: 500 * time.Millisecond, Max: d.opts.ConnectBackoffMax, Jitter: true}
 	for {
-		err := m.stretch(ctx, s, records, owners.PartitionOffsets())
+		err := m.stretch(ctx, s, claims)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -94,20 +94,18 @@ func (m *spreadMode) run(ctx context.Context, s serveEnv) error {
 // AssignedPartitions, and the ownership loop. It returns nil once ctx ended
 // and every partition was handed over, or the dispatcher's error when it
 // stopped by itself.
-func (m *spreadMode) stretch(ctx context.Context, s serveEnv, records ownerRecords, loader partitionLoader) error {
+func (m *spreadMode) stretch(ctx context.Context, s serveEnv, claims authority.Claims) error {
 	d := m.d
 	var own *ownership
 	cfg := d.opts.dispatchConfig(dispatch.AssignedPartitions(func(p int32, c offsets.Condition) {
-		if v, ok := c.(zkstore.Version); ok {
-			own.dispatcherLost(p, v)
-		}
+		own.dispatcherLost(p, c)
 	}), s.auth.Offsets(), d.log, m.observeCommit)
 	cfg.DrainTimeout = d.opts.HandoffTimeout // stopping hands every partition over
 	p, err := d.newPipeline(s.client, kafka.SourceConfig{Manual: true}, cfg)
 	if err != nil {
 		return err
 	}
-	own, err = newOwnership(d.opts.NodeID, d.opts, d.log, s.el, records, loader, p.src, p.disp, &m.status, &m.handoffs)
+	own, err = newOwnership(d.opts.NodeID, d.opts, d.log, claims, claims, claims, p.src, p.disp, &m.status, &m.handoffs)
 	if err != nil {
 		return err
 	}

@@ -179,23 +179,64 @@ type Taken interface {
 	Release()
 }
 
-// Owners is where a store keeps the partitions' ownership records of
-// spread mode: which member owns each partition, reserved and released by
-// compare-and-set, the record's version fencing the partition's commits.
+// Owners is where a store keeps the partitions' owners for spread mode:
+// which member owns each partition, how one takes a partition and gives it
+// back, and the condition that fences the partition's commits while it is
+// owned. The ZooKeeper store keeps them as ownership records (a
+// compare-and-set of the record, whose version is the condition), following
+// the assignment the elected leader publishes.
 type Owners interface {
-	// Member returns the records as member node (advertised at addr)
-	// reserves, releases and watches them.
-	Member(node, addr string) *zkstore.Owners
-	// PartitionOffsets reads one partition's committed offset and the
-	// progress stored above it.
-	PartitionOffsets() PartitionOffsets
+	// Member returns the claims of member node (advertised at addr), whose
+	// assignment the election publishes (elected).
+	Member(node, addr string, elected Assignments) Claims
 	// Read returns every partition's ownership record.
 	Read(ctx context.Context) (map[int32]zkstore.OwnerState, error)
 }
 
-// PartitionOffsets reads one partition's committed offset and the progress
-// stored above it.
-type PartitionOffsets interface {
+// Assignments is where a spread member learns its partitions: the
+// assignment in force (nil when none), and a signal when it may have
+// changed (*cluster.Elector: the leader's heartbeats).
+type Assignments interface {
+	Assignment() *cluster.Assignment
+	AssignmentChanged() <-chan struct{}
+}
+
+// Claims are one spread member's hold on its partitions: where its
+// assignment comes from, how it joins the members, reserves a partition
+// (once its previous owner released it), gives it back and learns that it
+// lost it, and the committed offset and progress of a partition it takes.
+// A reserve returns the condition that fences the partition's commits (an
+// offsets.Condition of the store's kind).
+type Claims interface {
+	Assignments
+	// Session identifies the member's current membership; 0 when it has
+	// none. Every partition may be taken over once it changes.
+	Session() int64
+	// Join makes this member a member in the current session and returns
+	// the session; waiting is told of another session holding this node's
+	// membership, which Join waits for.
+	Join(ctx context.Context, waiting func(session int64)) (int64, error)
+	// Reserve makes this member the owner of partition p under assignment
+	// generation gen once it is free (waiting is told of its holder), and
+	// returns the condition of its commits.
+	Reserve(ctx context.Context, p int32, gen uint64, waiting func(Holder)) (offsets.Condition, error)
+	// Release gives partition p back, if cond still holds (else an error
+	// wrapping ErrNotOwner).
+	Release(p int32, cond offsets.Condition, gen uint64) error
+	// Watch returns nil once cond no longer holds, or ctx's error.
+	Watch(ctx context.Context, cond offsets.Condition) error
+	// LoadPartition reads partition p's committed offset (false: none).
 	LoadPartition(ctx context.Context, p int32) (int64, bool, error)
+	// LoadPartitionProgress reads the progress stored above it.
 	LoadPartitionProgress(ctx context.Context, p int32) (offsets.Progress, error)
 }
+
+// Holder is who holds a partition a member waits for.
+type Holder struct {
+	Node    string
+	Session string
+}
+
+// ErrNotOwner is wrapped by Claims.Release when the partition is no
+// longer the member's: another member took it over.
+var ErrNotOwner = errors.New("authority: the partition is no longer this member's")

@@ -121,13 +121,61 @@ func (t *zkTaken) Release() {}
 // zkOwners are the ownership records of the ZooKeeper store.
 type zkOwners struct{ z *zooKeeper }
 
-func (o zkOwners) Member(node, addr string) *zkstore.Owners {
-	return zkstore.NewOwners(o.z.conn, o.z.chroot, o.z.id, o.z.topic, node, addr, o.z.acl)
+func (o zkOwners) Member(node, addr string, elected Assignments) Claims {
+	return &zkClaims{Assignments: elected, owners: zkstore.NewOwners(o.z.conn, o.z.chroot, o.z.id, o.z.topic, node, addr, o.z.acl),
+		Store: o.z.store}
 }
-
-func (o zkOwners) PartitionOffsets() PartitionOffsets { return o.z.store }
 
 func (o zkOwners) Read(context.Context) (map[int32]zkstore.OwnerState, error) {
 	owners, _, err := zkstore.ReadOwners(o.z.conn, o.z.chroot, o.z.id, o.z.topic)
 	return owners, err
+}
+
+// zkClaims are a member's claims on the ZooKeeper store: the ownership
+// records (zkstore.Owners), whose versions (zkstore.Version) are the
+// conditions, following the elected leader's assignment; the offsets znodes
+// for a partition's offset.
+type zkClaims struct {
+	Assignments
+	*zkstore.Store // LoadPartition, LoadPartitionProgress
+	owners         *zkstore.Owners
+}
+
+func (c *zkClaims) Session() int64 { return c.owners.Session() }
+
+func (c *zkClaims) Join(ctx context.Context, waiting func(int64)) (int64, error) {
+	return c.owners.Join(ctx, waiting)
+}
+
+func (c *zkClaims) Reserve(ctx context.Context, p int32, gen uint64, waiting func(Holder)) (offsets.Condition, error) {
+	v, err := c.owners.Reserve(ctx, p, gen, func(h zkstore.Holder) {
+		if waiting != nil {
+			waiting(Holder{Node: h.Node, Session: h.Session})
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+func (c *zkClaims) Release(p int32, cond offsets.Condition, gen uint64) error {
+	v, ok := cond.(zkstore.Version)
+	if !ok {
+		return fmt.Errorf("%w: %v is no ownership record's version", ErrNotOwner, cond)
+	}
+	if err := c.owners.Release(p, v, gen); errors.Is(err, zkstore.ErrNotOwner) {
+		return fmt.Errorf("%w: %w", ErrNotOwner, err)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c *zkClaims) Watch(ctx context.Context, cond offsets.Condition) error {
+	v, ok := cond.(zkstore.Version)
+	if !ok {
+		return nil // not ours: it does not hold
+	}
+	return c.owners.Watch(ctx, v)
 }
