@@ -2,9 +2,7 @@ package fanout
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -25,8 +23,6 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/internal/actor"
-	"github.com/nanoservice/core-fanout/internal/authtoken"
-	"github.com/nanoservice/core-fanout/internal/tlsconf"
 )
 
 // Daemon is one fanout process: a client listener, a Kafka client, an
@@ -52,10 +48,8 @@ type Daemon struct {
 	// consoleAddr is the metrics listener's address once it listens, for
 	// the server's answer to an HTTP request on the client port.
 	consoleAddr atomic.Pointer[string]
-	rates       *console.Rates  // the console's message rates, sampled while the metrics listener runs
-	tls         *tlsconf.Server // the client listener's TLS; nil without Options.ClientTLS
-	tokens      *authtoken.File // the named client tokens; nil without Options.AuthTokensFile
-	recheck     chan struct{}   // capacity 1: the tokens or the client CA changed (watchCredentials)
+	rates       *console.Rates // the console's message rates, sampled while the metrics listener runs
+	creds       *credentials   // the client listener's TLS files and named tokens
 
 	lastReady atomic.Pointer[readyState] // what /readyz answered at the last refresh, for the heartbeats
 
@@ -86,29 +80,18 @@ func New(opts Options) (_ *Daemon, err error) {
 		log:        opts.Logger.WithFields(logrus.Fields{"id": opts.ID, "topic": opts.Topic}),
 		listening:  make(chan struct{}),
 		ready:      make(chan struct{}),
-		recheck:    make(chan struct{}, 1),
 		health:     newKafkaHealth(),
 	}
 	d.mode = a.newMode(d)
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
 	d.rates = console.NewRates(console.SampleInterval)
+	if d.creds, err = newCredentials(opts, d.log); err != nil {
+		return nil, err
+	}
+	tlsServer, authenticate, verifyClient := d.creds.serverChecks()
 	var tlsCfg *tls.Config
-	if opts.ClientTLS.Set() {
-		if d.tls, err = tlsconf.NewServer(opts.ClientTLS, d.tlsReloaded); err != nil {
-			return nil, fmt.Errorf("client listener TLS: %w", err)
-		}
-		tlsCfg = d.tls.Config()
-	}
-	var authenticate func([sha256.Size]byte) (string, bool)
-	if opts.AuthTokensFile != "" {
-		if d.tokens, err = authtoken.Open(opts.AuthTokensFile, d.tokensReloaded); err != nil {
-			return nil, err
-		}
-		authenticate = d.tokens.CheckSum
-	}
-	var verifyClient func([]*x509.Certificate) error
-	if d.tls != nil && d.tls.MutualTLS() {
-		verifyClient = d.tls.VerifyClient
+	if tlsServer != nil {
+		tlsCfg = tlsServer.Config()
 	}
 	srv, err := server.New(server.Config{
 		Listen:         opts.Listen,
@@ -143,6 +126,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("client server: %w", err)
 	}
 	d.srv = srv
+	d.creds.reauthorize = srv.Reauthorize
 	return d, nil
 }
 
@@ -150,90 +134,10 @@ func New(opts Options) (_ *Daemon, err error) {
 // the named tokens now, whether or not their files changed (SIGHUP), and
 // ends the sessions whose token or certificate they no longer accept (an
 // Error UNAUTHORIZED; their deliveries go to other clients at once). The
-// files are also re-read when they change (watchCredentials). A file that
+// files are also re-read when they change (credentials.watch). A file that
 // does not load leaves the previous version in force; the outcome is
 // logged.
-func (d *Daemon) Reload() {
-	if d.tls != nil {
-		_ = d.tls.Reload()
-	}
-	if d.tokens != nil {
-		_ = d.tokens.Reload()
-	}
-	d.reauthorize()
-}
-
-// credentialsPoll is how often watchCredentials looks for changed files:
-// a few stat calls.
-const credentialsPoll = time.Second
-
-// watchCredentials re-reads the named tokens and the client listener's TLS
-// files when they change (looked for every credentialsPoll), and, after
-// every change put in force, ends the sessions whose credentials are no
-// longer accepted, until ctx ends. Without named tokens or a client CA it
-// returns at once: nothing to revoke.
-func (d *Daemon) watchCredentials(ctx context.Context) {
-	if d.tokens == nil && (d.tls == nil || !d.tls.MutualTLS()) {
-		return
-	}
-	tick := time.NewTicker(credentialsPoll)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			if d.tokens != nil {
-				d.tokens.Refresh()
-			}
-			if d.tls != nil {
-				d.tls.Refresh()
-			}
-		case <-d.recheck:
-			d.reauthorize()
-		}
-	}
-}
-
-// reauthorize ends the sessions whose credentials are no longer accepted,
-// and logs how many.
-func (d *Daemon) reauthorize() {
-	if n := d.srv.Reauthorize(); n > 0 {
-		d.log.WithField("sessions", n).Warn("client credentials changed: the sessions they no longer accept were ended")
-	}
-}
-
-// credentialsChanged has watchCredentials re-check the sessions; it never
-// blocks (the files' readers call it).
-func (d *Daemon) credentialsChanged() {
-	select {
-	case d.recheck <- struct{}{}:
-	default:
-	}
-}
-
-// tlsReloaded logs the outcome of re-reading the listener's TLS files.
-func (d *Daemon) tlsReloaded(err error) {
-	log := d.log.WithFields(logrus.Fields{"tls_cert": d.opts.ClientTLS.Cert, "tls_client_ca": d.opts.ClientTLS.ClientCA})
-	if err != nil {
-		log.WithError(err).Error("client TLS files changed but do not load: the previous certificate stays in force")
-		return
-	}
-	log.Info("client TLS files reloaded: new connections use them, sessions whose certificate they no longer accept end")
-	d.credentialsChanged()
-}
-
-// tokensReloaded logs the outcome of re-reading the named tokens; never a
-// token.
-func (d *Daemon) tokensReloaded(err error) {
-	log := d.log.WithField("auth_tokens_file", d.opts.AuthTokensFile)
-	if err != nil {
-		log.WithError(err).Error("client tokens file changed but does not load: the previous tokens stay in force")
-		return
-	}
-	log.WithField("tokens", d.tokens.Len()).Info("client tokens file reloaded: new connections use it, sessions whose token it no longer holds end")
-	d.credentialsChanged()
-}
+func (d *Daemon) Reload() { d.creds.reload() }
 
 // Addr returns the client listener's address once Listening is closed.
 func (d *Daemon) Addr() net.Addr { return d.srv.Addr() }
@@ -280,10 +184,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer stopAccepting()
 	credCtx, stopWatching := context.WithCancel(ctx)
 	var watcher actor.Group
-	watcher.Go(d.log, "credentials watcher", func() { d.watchCredentials(credCtx) }, nil)
+	watcher.Go(d.log, "credentials watcher", func() { d.creds.watch(credCtx) }, nil)
 	defer watcher.Wait()
 	defer stopWatching()
-	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "heartbeat_security": d.heartbeatSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
+	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.creds.describe(), "heartbeat_security": d.heartbeatSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
 		"kafka_security": d.opts.KafkaSecurity.String(), "offset_store": d.opts.OffsetStore}
 	if d.opts.usesZooKeeper() {
 		fields["zookeeper"], fields["zookeeper_security"] = d.opts.ZooKeeper, d.opts.ZooKeeperSecurity.String()
@@ -664,25 +568,6 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
 	}
 	d.mode.snapshot(&s)
-	return s
-}
-
-// clientSecurity describes the client listener's protection for the
-// first log line; never a secret.
-func (d *Daemon) clientSecurity() string {
-	s := "plain text"
-	switch {
-	case d.tls != nil && d.tls.MutualTLS():
-		s = "mutual TLS"
-	case d.tls != nil:
-		s = "TLS"
-	}
-	if d.opts.AuthToken != "" {
-		s += ", auth token"
-	}
-	if d.tokens != nil {
-		s += fmt.Sprintf(", %d named tokens", d.tokens.Len())
-	}
 	return s
 }
 
