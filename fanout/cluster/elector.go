@@ -170,6 +170,7 @@ type Elector struct {
 	fence    fencer
 	sharing  sharing     // how this member's mode shares the topic (Config.Mode)
 	store    OffsetStore // where the authority keeps the leader record and the offsets, for the heartbeats
+	repair   string      // how an operator fixes an unreadable record of the authority
 	instance string      // random per Elector: tells this process's heartbeats from another's with its node id
 
 	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
@@ -209,8 +210,9 @@ func newElector(cfg Config, f fencer) *Elector {
 		resign:   make(chan chan error),
 		done:     make(chan struct{}),
 	}
+	e.repair = "fix the record"
 	if cfg.Fencer != nil { // tests may fence with a fencer of their own
-		e.store = cfg.Fencer.offsetStore()
+		e.store, e.repair = cfg.Fencer.offsetStore(), cfg.Fencer.repair()
 	}
 	e.log = cfg.Logger.WithFields(logrus.Fields{"node": cfg.NodeID, "cluster_topic": e.topic})
 	e.snap.Store(&snapshot{})

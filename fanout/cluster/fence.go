@@ -57,6 +57,8 @@ type Fencer interface {
 	fencer
 	// offsetStore is the offset store whose authority this is.
 	offsetStore() OffsetStore
+	// repair says how an operator fixes an unreadable record.
+	repair() string
 }
 
 // ZooKeeperFencer returns the authority of the ZooKeeper offset store of
@@ -174,8 +176,11 @@ func (f *zkFencer) release(context.Context, record) {}
 // name implements fencer.
 func (f *zkFencer) name() string { return "zookeeper" }
 
-// store implements Fencer.
+// offsetStore implements Fencer.
 func (f *zkFencer) offsetStore() OffsetStore { return OffsetStore_OFFSET_STORE_ZOOKEEPER }
+
+// repair implements Fencer.
+func (f *zkFencer) repair() string { return "delete the znode to reset it" }
 
 // create creates the fence znode (epoch 0) and its ancestors, tolerating
 // that any exists.

@@ -297,7 +297,7 @@ func (l *loop) report(r fenceReport) {
 		l.readFailing = true
 	default:
 		if r.err != nil && r.rec != l.v.rec { // once per occurrence
-			log.WithError(r.err).Error("the fence record in " + l.e.fence.name() + " is unreadable: nobody can lead until it is fixed (" + unreadableHint(l.e.fence.name()) + ")")
+			log.WithError(r.err).Error("the fence record in " + l.e.fence.name() + " is unreadable: nobody can lead until it is fixed (" + l.e.repair + ")")
 		}
 		if l.readFailing {
 			log.Info("fence record readable again")
@@ -513,13 +513,4 @@ func (l *loop) publishSnapshot(now time.Time) {
 		default:
 		}
 	}
-}
-
-// unreadableHint says how to fix an unreadable fence record of the
-// authority named name.
-func unreadableHint(name string) string {
-	if name == "zookeeper" {
-		return "delete the znode to reset it"
-	}
-	return "remove the members that are not fanout leaders from the group"
 }
