@@ -467,7 +467,7 @@ func (o Options) Validate() error {
 				a.name, owners)
 		case store.Name != "" && !store.Owners:
 			bad("--assignment %s: needs --offset-store %s: %s keeps no record of each partition's owner, "+
-				"so it cannot fence each partition on its own (see docs/decisions)", a.name, owners, store.Where)
+				"so it cannot fence each partition on its own (see docs/decisions/0006-kafka-offset-store.md)", a.name, owners, store.Where)
 		}
 	}
 	if o.Weight < 1 || o.Weight > 1000 {
@@ -609,6 +609,31 @@ func (o Options) connectsTo() string {
 		return "Kafka (offsets in Kafka, no ZooKeeper)"
 	}
 	return "Kafka and ZooKeeper"
+}
+
+// dispatchConfig is the dispatcher's configuration derived from the
+// options, for a dispatcher of scope committing to store, logging to log.
+func (o Options) dispatchConfig(scope dispatch.Scope, store offsets.Store, log *logrus.Entry,
+	onCommit func(time.Duration, error)) dispatch.Config {
+	return dispatch.Config{
+		AckTimeout:       o.AckTimeout,
+		MaxBuffered:      o.MaxBuffered,
+		MaxBufferedBytes: o.MaxBufferedBytes,
+		MaxOutstanding:   o.MaxOutstanding,
+		CommitInterval:   o.CommitInterval,
+		DrainTimeout:     o.DrainTimeout,
+		MaxCommitFailure: o.storeSessionTimeout(),
+		Scope:            scope,
+		Store:            store,
+		Logger:           log,
+		OnCommit:         onCommit,
+		FrameSize:        server.DeliverFrameSize,
+		MaxAttempts:      o.MaxAttempts,
+		RetryBackoffMin:  max(0, o.RetryBackoffMin), // RetryBackoffOff: 0, none
+		RetryBackoffMax:  max(0, o.RetryBackoffMax),
+		DisconnectWindow: time.Duration(o.Liveness) * o.Heartbeat,
+		KeyOrdering:      o.Ordering == OrderingKey,
+	}
 }
 
 // authorityConfig is the configuration of the offset store derived from

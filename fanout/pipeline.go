@@ -11,8 +11,6 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
-	"github.com/nanoservice/core-fanout/fanout/offsets"
-	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
@@ -67,31 +65,6 @@ func (d *Daemon) newPipeline(client sarama.Client, src kafka.SourceConfig, cfg d
 		return nil, err
 	}
 	return p, nil
-}
-
-// dispatchConfig is the dispatcher's configuration derived from the
-// options, for a dispatcher of scope committing to store, logging to log.
-func (o Options) dispatchConfig(scope dispatch.Scope, store offsets.Store, log *logrus.Entry,
-	onCommit func(time.Duration, error)) dispatch.Config {
-	return dispatch.Config{
-		AckTimeout:       o.AckTimeout,
-		MaxBuffered:      o.MaxBuffered,
-		MaxBufferedBytes: o.MaxBufferedBytes,
-		MaxOutstanding:   o.MaxOutstanding,
-		CommitInterval:   o.CommitInterval,
-		DrainTimeout:     o.DrainTimeout,
-		MaxCommitFailure: o.storeSessionTimeout(),
-		Scope:            scope,
-		Store:            store,
-		Logger:           log,
-		OnCommit:         onCommit,
-		FrameSize:        server.DeliverFrameSize,
-		MaxAttempts:      o.MaxAttempts,
-		RetryBackoffMin:  max(0, o.RetryBackoffMin), // RetryBackoffOff: 0, none
-		RetryBackoffMax:  max(0, o.RetryBackoffMax),
-		DisconnectWindow: time.Duration(o.Liveness) * o.Heartbeat,
-		KeyOrdering:      o.Ordering == OrderingKey,
-	}
 }
 
 // start runs the source and the dead-letter producer until close, and the
