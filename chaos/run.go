@@ -33,7 +33,7 @@ type Config struct {
 	Fanout   string // the daemon binary
 	Self     string // the chaos binary, run as `chaos client` for the clients
 	// Python, when set, is the interpreter of one more acking client on the
-	// Python client (Root/clients/python), running Root/internal/chaos/pyclient.py.
+	// Python client (Root/clients/python), running Root/chaos/pyclient.py.
 	Python     string
 	Root       string
 	Mode       string // leader or spread
@@ -285,7 +285,7 @@ func (r *run) setup(ctx context.Context) error {
 			log: filepath.Join(cfg.Out, "clients", "py0.out"),
 			env: []string{"PYTHONPATH=" + filepath.Join(cfg.Root, "clients", "python", "src")},
 			args: func(inc int) []string {
-				return []string{filepath.Join(cfg.Root, "internal", "chaos", "pyclient.py"), "--addrs", strings.Join(members, ","),
+				return []string{filepath.Join(cfg.Root, "chaos", "pyclient.py"), "--addrs", strings.Join(members, ","),
 					"--name", fmt.Sprintf("py0.%d", inc), "--log", filepath.Join(cfg.Out, "clients", "py0.log"),
 					"--seed", strconv.FormatUint(cfg.Seed+uint64(inc), 10)}
 			}})
