@@ -179,13 +179,13 @@ func TestClusterViewSharesReads(t *testing.T) {
 // from the shared read, each with the owner its live record names; when the
 // read fails, the partitions the member serves, and why the rest is missing.
 func TestSpreadPartitions(t *testing.T) {
-	d := &Daemon{opts: Options{NodeID: "m-a", Assignment: AssignmentSpread}}
+	m := &spreadMode{d: &Daemon{opts: Options{NodeID: "m-a", Assignment: AssignmentSpread}}}
 	snap := metrics.Snapshot{Serving: true, HighWaterMarks: map[int32]int64{0: 10}}
 	snap.Stats.Committed = map[int32]int64{0: 4}
 	newStatus := func() *status.Status { return &status.Status{Node: &status.Node{NodeID: "m-a"}} }
 
 	st := newStatus()
-	d.spreadPartitions(context.Background(), st, snap)
+	m.partitions(context.Background(), st, snap)
 	if len(st.Partitions) != 0 || st.Node.Partial != "" {
 		t.Fatalf("before the member joins the cluster: %+v, partial %q", st.Partitions, st.Node.Partial)
 	}
@@ -200,9 +200,9 @@ func TestSpreadPartitions(t *testing.T) {
 		},
 	}
 	var fail error
-	d.clusterView.Store(newClusterView(func(context.Context) (clusterRead, error) { return read, fail }, 0))
+	m.view.Store(newClusterView(func(context.Context) (clusterRead, error) { return read, fail }, 0))
 	st = newStatus()
-	d.spreadPartitions(context.Background(), st, snap)
+	m.partitions(context.Background(), st, snap)
 	type part struct {
 		p         int32
 		committed int64 // -1: none
@@ -224,7 +224,7 @@ func TestSpreadPartitions(t *testing.T) {
 
 	fail = errors.New("zk: connection closed")
 	st = newStatus()
-	d.spreadPartitions(context.Background(), st, snap)
+	m.partitions(context.Background(), st, snap)
 	if len(st.Partitions) != 1 || st.Partitions[0].Owner != "m-a" || *st.Partitions[0].Committed != 4 ||
 		!strings.Contains(st.Node.Partial, "zk: connection closed") {
 		t.Errorf("read failed: partitions %+v, partial %q; want the member's own and why", st.Partitions, st.Node.Partial)

@@ -204,7 +204,7 @@ func TestLeadTermEndsItsAuthorityWhenFenced(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		d.leadTerm(ctx, kc, store, store.NewTerm(), auth, d.log)
+		d.mode.(*leaderMode).leadTerm(ctx, kc, store, store.NewTerm(), auth, d.log)
 	}()
 	defer func() { cancel(); <-done }()
 	select {

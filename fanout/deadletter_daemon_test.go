@@ -3,10 +3,16 @@ package fanout
 import (
 	"bytes"
 	"context"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/sirupsen/logrus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -78,8 +84,8 @@ func TestDaemonDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
 	}
 	r := readTopic(t, addrs, "jobs.dlq", 1)[0]
 	h := consumerHeaders(r)
-	if r.Value != nil || h[HeaderDeadLetterTopic] != "jobs" || h[HeaderDeadLetterPartition] != "0" ||
-		h[HeaderDeadLetterOffset] != "0" || h[HeaderDeadLetterNackReason] != "cannot parse" || h[HeaderDeadLetterOmitted] == "" {
+	if r.Value != nil || h[kafka.HeaderDeadLetterTopic] != "jobs" || h[kafka.HeaderDeadLetterPartition] != "0" ||
+		h[kafka.HeaderDeadLetterOffset] != "0" || h[kafka.HeaderDeadLetterNackReason] != "cannot parse" || h[kafka.HeaderDeadLetterOmitted] == "" {
 		t.Fatalf("dead letter of %d bytes, headers %v", len(r.Value), h)
 	}
 	testutil.WaitFor(t, testWait, "the offset committed past the dead letter", func() bool {
@@ -112,8 +118,8 @@ func TestDaemonDeadLettersARecordThatFitsNoClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := readTopic(t, addrs, "jobs.dlq", 1)[0]
-	if h := consumerHeaders(r); !bytes.Equal(r.Value, big) || h[HeaderDeadLetterOffset] != "0" ||
-		h[HeaderDeadLetterLastFailure] != "too_large" || h[HeaderDeadLetterAttempts] != "0" {
+	if h := consumerHeaders(r); !bytes.Equal(r.Value, big) || h[kafka.HeaderDeadLetterOffset] != "0" ||
+		h[kafka.HeaderDeadLetterLastFailure] != "too_large" || h[kafka.HeaderDeadLetterAttempts] != "0" {
 		t.Fatalf("dead letter of %d bytes, headers %v", len(r.Value), h)
 	}
 	testutil.WaitFor(t, testWait, "the offset committed past the dead letter", func() bool {
@@ -122,5 +128,103 @@ func TestDaemonDeadLettersARecordThatFitsNoClient(t *testing.T) {
 	})
 	if st, _ := d.Stats(context.Background()); st.TooLargeDeadLettered != 1 || st.TooLarge != 0 {
 		t.Fatalf("stats: too large dead-lettered %d, waiting %d; want 1, 0", st.TooLargeDeadLettered, st.TooLarge)
+	}
+}
+
+// TestDaemonCreatesTheDeadLetterTopicWhenAsked: a missing dead-letter topic
+// stops the daemon with an error that names --create-dead-letter-topic;
+// with it the daemon creates the topic, with as many partitions as the
+// topic it consumes, and serves.
+func TestDaemonCreatesTheDeadLetterTopicWhenAsked(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	opts := Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: offsets.NewMemoryStore(),
+		Listen: "127.0.0.1:0", MaxAttempts: 2, DeadLetterTopic: "jobs.dlq", Logger: logrus.NewEntry(log),
+	}
+	d, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.Run(ctx); err == nil || !strings.Contains(err.Error(), "--create-dead-letter-topic") {
+		t.Fatalf("Run with a missing dead-letter topic: %v; want an error naming --create-dead-letter-topic", err)
+	}
+
+	opts.CreateDeadLetterTopic = true
+	d, err = New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	select {
+	case <-d.Ready():
+	case err := <-done:
+		stop()
+		t.Fatalf("Run stopped before serving: %v", err)
+	case <-ctx.Done():
+		stop()
+		<-done
+		t.Fatal("not serving with --create-dead-letter-topic")
+	}
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	kc, err := sarama.NewClient(c.ListenAddrs(), kafka.NewConfig("dlq-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	if parts, err := kc.Partitions("jobs.dlq"); err != nil || len(parts) != 3 {
+		t.Fatalf("partitions of the dead-letter topic: %v, %v; want 3, as the topic consumed", parts, err)
+	}
+}
+
+// TestDaemonStopsWhenTheDeadLetterTopicCannotBeCreated: a cluster that
+// refuses the creation (here, the daemon's user may not create topics)
+// stops the daemon at start with an error that says what to do, rather
+// than retrying forever.
+func TestDaemonStopsWhenTheDeadLetterTopicCannotBeCreated(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "jobs"))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	c.ControlKey(int16(kmsg.CreateTopics), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := r.(*kmsg.CreateTopicsRequest)
+		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewCreateTopicsResponseTopic()
+			st.Topic, st.ErrorCode = rt.Topic, kerr.TopicAuthorizationFailed.Code
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	log := logrus.New()
+	log.SetOutput(io.Discard)
+	d, err := New(Options{
+		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: offsets.NewMemoryStore(), Listen: "127.0.0.1:0",
+		MaxAttempts: 2, DeadLetterTopic: "jobs.dlq", CreateDeadLetterTopic: true, Logger: logrus.NewEntry(log),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.Run(ctx); err == nil || !strings.Contains(err.Error(), `not authorized to create topic "jobs.dlq"`) {
+		t.Fatalf("Run: %v; want an error saying the creation was not authorized", err)
 	}
 }

@@ -155,7 +155,7 @@ func TestLeadTermEndsItsAuthorityWhenTheCoordinatorRefuses(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		d.leadTerm(ctx, kc, store, offsets.TopicFence(m), auth, d.log)
+		d.mode.(*leaderMode).leadTerm(ctx, kc, store, offsets.TopicFence(m), auth, d.log)
 	}()
 	defer func() { cancel(); <-done }()
 	select {

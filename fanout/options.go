@@ -5,8 +5,10 @@
 package fanout
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -15,12 +17,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/client/protocol"
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/tlsconf"
 )
@@ -124,7 +131,8 @@ type Options struct {
 	// (the default: the elected leader consumes and delivers every
 	// partition, the others redirect its clients) or "spread" (the leader
 	// assigns the partitions to the live members, each serves its own).
-	// Every member of a cluster must run the same. Spread needs ZooKeeper.
+	// Every member of a cluster must run the same. Spread needs an offset
+	// store that keeps the partitions' owners (ZooKeeper).
 	Assignment string
 	// Weight is this member's capacity in spread mode: its share of the
 	// partitions is proportional to it; default 1.
@@ -185,35 +193,38 @@ type Options struct {
 	Logger *logrus.Entry // default: the standard logger
 }
 
-// Offset stores, the values of Options.OffsetStore (--offset-store).
+// Offset stores, the values of Options.OffsetStore (--offset-store): the
+// names of authority's kinds.
 const (
-	OffsetStoreZooKeeper = "zookeeper"
-	OffsetStoreKafka     = "kafka"
+	OffsetStoreZooKeeper = authority.ZooKeeper
+	OffsetStoreKafka     = authority.Kafka
 )
 
-// Defaults of Options.
+// Defaults of Options: the one table of the daemon's defaults. Those of a
+// package's Config are that package's, named here: the package applies the
+// same to a zero field.
 const (
 	DefaultListen           = ":4987"
 	DefaultMetricsListen    = ":9100" // the --metrics-listen flag's default
-	DefaultAckTimeout       = 30 * time.Second
-	DefaultHeartbeat        = 5 * time.Second
-	DefaultLiveness         = 2
-	DefaultWriteTimeout     = 10 * time.Second
+	DefaultAckTimeout       = dispatch.DefaultAckTimeout
+	DefaultHeartbeat        = server.DefaultHeartbeat
+	DefaultLiveness         = server.DefaultLiveness
+	DefaultWriteTimeout     = server.DefaultWriteTimeout
 	DefaultMaxInFlight      = 1000
-	DefaultMaxBuffered      = 10000
-	DefaultMaxBufferedBytes = 64 << 20
-	DefaultMaxHandshakes    = 1024
-	DefaultMaxOutboxBytes   = 256 << 10
+	DefaultMaxBuffered      = dispatch.DefaultMaxBuffered
+	DefaultMaxBufferedBytes = dispatch.DefaultMaxBufferedBytes
+	DefaultMaxHandshakes    = server.DefaultMaxHandshakes
+	DefaultMaxOutboxBytes   = server.DefaultMaxOutboxBytes
 	DefaultInitialOffset    = "newest"
 	DefaultIsolation        = "read_committed"
-	DefaultMaxOutstanding   = 50000
-	DefaultCommitInterval   = time.Second
-	DefaultDrainTimeout     = 10 * time.Second
+	DefaultMaxOutstanding   = dispatch.DefaultMaxOutstanding
+	DefaultCommitInterval   = dispatch.DefaultCommitInterval
+	DefaultDrainTimeout     = dispatch.DefaultDrainTimeout
 	DefaultConnectBackoff   = 30 * time.Second
-	DefaultClusterHeartbeat = time.Second
+	DefaultClusterHeartbeat = cluster.DefaultHeartbeat
 	DefaultZKSessionTimeout = 10 * time.Second
 	DefaultOrdering         = OrderingNone
-	DefaultMaxObserverBytes = 16 << 20
+	DefaultMaxObserverBytes = server.DefaultMaxObserverBytes
 	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
 	DefaultAssignment       = AssignmentLeader
 	DefaultHandoffTimeout   = 10 * time.Second
@@ -311,7 +322,7 @@ func (o Options) withDefaults() Options {
 		o.Kafka = []string{"localhost:9092"}
 	}
 	if o.OffsetStore == "" {
-		o.OffsetStore = OffsetStoreZooKeeper
+		o.OffsetStore = o.storeKind().Name
 	}
 	if len(o.ZooKeeper) == 0 && o.usesZooKeeper() {
 		o.ZooKeeper = []string{"localhost:2181"}
@@ -433,40 +444,36 @@ func (o Options) Validate() error {
 	if o.ClusterHeartbeat > 0 && o.LeaderTimeout < 2*o.ClusterHeartbeat {
 		bad("--leader-timeout %s: at least twice --cluster-heartbeat (%s)", o.LeaderTimeout, o.ClusterHeartbeat)
 	}
-	// Each store's session timeout bounds failing commits (storeSessionTimeout):
-	// only the one in use is checked against the commit interval.
-	if o.OffsetStore != OffsetStoreKafka && o.ZooKeeperSessionTimeout > 0 && (o.ZooKeeperSessionTimeout < time.Second || o.ZooKeeperSessionTimeout < 2*o.CommitInterval) {
-		bad("--zookeeper-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
-			o.ZooKeeperSessionTimeout, o.CommitInterval)
+	// The session timeout of the store in use bounds failing commits
+	// (storeSessionTimeout): it alone is checked against the commit interval.
+	if flag, timeout := o.storeSession(); timeout > 0 && (timeout < time.Second || timeout < 2*o.CommitInterval) {
+		bad("%s %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
+			flag, timeout, o.CommitInterval)
 	}
-	if o.OffsetStore == OffsetStoreKafka && o.KafkaSessionTimeout > 0 && (o.KafkaSessionTimeout < time.Second || o.KafkaSessionTimeout < 2*o.CommitInterval) {
-		bad("--kafka-session-timeout %s: at least 1s and twice --commit-interval (%s), so that a leader gets two commit attempts before it steps down",
-			o.KafkaSessionTimeout, o.CommitInterval)
-	}
-	switch o.OffsetStore {
-	case OffsetStoreZooKeeper:
-	case OffsetStoreKafka:
+	store, err := authority.Lookup(o.OffsetStore)
+	if err != nil {
+		errs = append(errs, err)
+	} else if !store.ZooKeeper {
 		if len(o.ZooKeeper) > 0 {
-			bad("--zookeeper %s: not used with --offset-store kafka (offsets and the leader record are kept in Kafka): remove it",
-				strings.Join(o.ZooKeeper, ","))
+			bad("--zookeeper %s: not used with --offset-store %s (offsets and the leader record are kept in %s): remove it",
+				strings.Join(o.ZooKeeper, ","), store.Name, store.Where)
 		}
 		if zs := o.ZooKeeperSecurity; zs.Auth != "" || zs.TLSEnabled() || (zs.ReadACL != "" && zs.ReadACL != zkstore.ReadWorld) {
-			bad("--zookeeper-auth, --zookeeper-acl-read and --zookeeper-tls*: not used with --offset-store kafka: remove them")
+			bad("--zookeeper-auth, --zookeeper-acl-read and --zookeeper-tls*: not used with --offset-store %s: remove them", store.Name)
 		}
-	default:
-		bad("--offset-store %q: want zookeeper or kafka", o.OffsetStore)
 	}
-	switch o.Assignment {
-	case AssignmentLeader:
-	case AssignmentSpread:
+	if a, err := assignmentOf(o.Assignment); err != nil {
+		errs = append(errs, err)
+	} else if a.owners {
+		owners := authority.Names(func(k authority.Kind) bool { return k.Owners }, " or ")
 		switch {
 		case o.Store != nil:
-			bad("--assignment spread: needs ZooKeeper (the ownership of each partition is recorded there), not offsets in memory")
-		case o.OffsetStore == OffsetStoreKafka:
-			bad("--assignment spread: needs --offset-store zookeeper: a Kafka consumer group cannot fence each partition on its own (see DESIGN.md)")
+			bad("--assignment %s: needs --offset-store %s (the ownership of each partition is recorded there), not offsets in memory",
+				a.name, owners)
+		case store.Name != "" && !store.Owners:
+			bad("--assignment %s: needs --offset-store %s: %s keeps no record of each partition's owner, "+
+				"so it cannot fence each partition on its own (see docs/decisions/0006-kafka-offset-store.md)", a.name, owners, store.Where)
 		}
-	default:
-		bad("--assignment %q: want leader or spread", o.Assignment)
 	}
 	if o.Weight < 1 || o.Weight > 1000 {
 		bad("--weight %d: between 1 and 1000", o.Weight)
@@ -568,18 +575,33 @@ func (o Options) securityWarnings() []string {
 	return w
 }
 
+// storeKind is the offset store OffsetStore names; the default when the
+// name is unknown (Validate refuses it).
+func (o Options) storeKind() authority.Kind {
+	k, err := authority.Lookup(o.OffsetStore)
+	if err != nil {
+		k, _ = authority.Lookup("")
+	}
+	return k
+}
+
 // usesZooKeeper reports whether the daemon keeps its offsets in ZooKeeper.
-func (o Options) usesZooKeeper() bool {
-	return o.Store == nil && (o.OffsetStore == "" || o.OffsetStore == OffsetStoreZooKeeper)
+func (o Options) usesZooKeeper() bool { return o.Store == nil && o.storeKind().ZooKeeper }
+
+// storeSession is the flag and the value of the session timeout of the
+// offset store in use.
+func (o Options) storeSession() (flag string, timeout time.Duration) {
+	if o.storeKind().ZooKeeper {
+		return "--zookeeper-session-timeout", o.ZooKeeperSessionTimeout
+	}
+	return "--kafka-session-timeout", o.KafkaSessionTimeout
 }
 
 // storeSessionTimeout is the session timeout of the offset store in use: a
 // leader whose commits have failed this long steps down.
 func (o Options) storeSessionTimeout() time.Duration {
-	if o.OffsetStore == OffsetStoreKafka {
-		return o.KafkaSessionTimeout
-	}
-	return o.ZooKeeperSessionTimeout
+	_, timeout := o.storeSession()
+	return timeout
 }
 
 // connectsTo names the services the daemon connects to, for its first log
@@ -588,10 +610,61 @@ func (o Options) connectsTo() string {
 	switch {
 	case o.Store != nil:
 		return "Kafka (offsets in memory, no ZooKeeper)"
-	case o.OffsetStore == OffsetStoreKafka:
+	case !o.usesZooKeeper():
 		return "Kafka (offsets in Kafka, no ZooKeeper)"
 	}
 	return "Kafka and ZooKeeper"
+}
+
+// dispatchConfig is the dispatcher's configuration derived from the
+// options, for a dispatcher of scope committing to store, logging to log.
+func (o Options) dispatchConfig(scope dispatch.Scope, store offsets.Store, log *logrus.Entry,
+	onCommit func(time.Duration, error)) dispatch.Config {
+	return dispatch.Config{
+		AckTimeout:       o.AckTimeout,
+		MaxBuffered:      o.MaxBuffered,
+		MaxBufferedBytes: o.MaxBufferedBytes,
+		MaxOutstanding:   o.MaxOutstanding,
+		CommitInterval:   o.CommitInterval,
+		DrainTimeout:     o.DrainTimeout,
+		MaxCommitFailure: o.storeSessionTimeout(),
+		Scope:            scope,
+		Store:            store,
+		Logger:           log,
+		OnCommit:         onCommit,
+		FrameSize:        server.DeliverFrameSize,
+		MaxAttempts:      o.MaxAttempts,
+		RetryBackoffMin:  max(0, o.RetryBackoffMin), // RetryBackoffOff: 0, none
+		RetryBackoffMax:  max(0, o.RetryBackoffMax),
+		DisconnectWindow: time.Duration(o.Liveness) * o.Heartbeat,
+		KeyOrdering:      o.Ordering == OrderingKey,
+	}
+}
+
+// authorityConfig is the configuration of the offset store derived from
+// the options, with client as the Kafka client; the ZooKeeper session is
+// opened once, quietly (a tool's: the daemon retries with its own).
+func (o Options) authorityConfig(client sarama.Client) authority.Config {
+	return authority.Config{
+		ID: o.ID, Topic: o.Topic, Client: client, KafkaSessionTimeout: o.KafkaSessionTimeout,
+		ZooKeeper: o.ZooKeeper, ZooKeeperSecurity: o.ZooKeeperSecurity,
+		ConnectZooKeeper: func(ctx context.Context, servers []string) (*zk.Conn, error) {
+			quiet := logrus.New()
+			quiet.SetOutput(io.Discard)
+			return o.ZooKeeperSecurity.Connect(ctx, servers, toolZooKeeperSession, logrus.NewEntry(quiet))
+		},
+	}
+}
+
+// toolZooKeeperSession is the session timeout of a tool's ZooKeeper
+// session.
+const toolZooKeeperSession = 10 * time.Second
+
+// OpenAuthority opens the offset store of the cluster opts names, as the
+// tools (status, offsets) read and write it: client is their Kafka client,
+// the ZooKeeper session is opened once, quietly. Close it when done.
+func OpenAuthority(ctx context.Context, opts Options, client sarama.Client) (authority.Authority, error) {
+	return authority.Open(ctx, opts.storeKind(), opts.authorityConfig(client))
 }
 
 // advertised returns the address clients are told to connect to.

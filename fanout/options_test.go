@@ -156,11 +156,11 @@ func TestRetryBackoffDefault(t *testing.T) {
 	if o.RetryBackoffMin != DefaultRetryBackoffMin || o.RetryBackoffMax != DefaultRetryBackoffMax {
 		t.Errorf("default retry backoff %v,%v; want %v,%v", o.RetryBackoffMin, o.RetryBackoffMax, DefaultRetryBackoffMin, DefaultRetryBackoffMax)
 	}
-	if cfg := (&term{opts: o}).dispatchConfig(); cfg.RetryBackoffMin != time.Second || cfg.RetryBackoffMax != time.Minute {
+	if cfg := o.dispatchConfig(nil, nil, nil, nil); cfg.RetryBackoffMin != time.Second || cfg.RetryBackoffMax != time.Minute {
 		t.Errorf("dispatcher's retry backoff %v,%v; want 1s,1m", cfg.RetryBackoffMin, cfg.RetryBackoffMax)
 	}
 	off := Options{RetryBackoffMin: RetryBackoffOff}.withDefaults()
-	if cfg := (&term{opts: off}).dispatchConfig(); cfg.RetryBackoffMin != 0 || cfg.RetryBackoffMax != 0 {
+	if cfg := off.dispatchConfig(nil, nil, nil, nil); cfg.RetryBackoffMin != 0 || cfg.RetryBackoffMax != 0 {
 		t.Errorf("--retry-backoff off: dispatcher's retry backoff %v,%v; want none", cfg.RetryBackoffMin, cfg.RetryBackoffMax)
 	}
 }

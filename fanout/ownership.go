@@ -5,45 +5,47 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
-// The seams of the ownership loop, so that it is tested with fakes.
+// The seams of the ownership loop, so that it is tested with fakes. The
+// first three are the member's authority.Claims (the offset store's
+// Owners), in parts.
 type (
 	// assignments is where a member learns its partitions
-	// (*cluster.Elector).
+	// (authority.Assignments).
 	assignments interface {
 		Assignment() *cluster.Assignment
 		AssignmentChanged() <-chan struct{}
 	}
-	// ownerRecords are the partitions' ownership records in ZooKeeper
-	// (*zkstore.Owners).
+	// ownerRecords are how a member takes partitions and gives them back,
+	// each reserve's condition fencing the partition's commits
+	// (authority.Claims).
 	ownerRecords interface {
 		Session() int64
 		Join(ctx context.Context, waiting func(session int64)) (int64, error)
-		Reserve(ctx context.Context, p int32, gen uint64, waiting func(zkstore.Holder)) (zkstore.Version, error)
-		Release(p int32, v zkstore.Version, gen uint64) error
-		Watch(ctx context.Context, v zkstore.Version) error
+		Reserve(ctx context.Context, p int32, gen uint64, waiting func(authority.Holder)) (offsets.Condition, error)
+		Release(p int32, cond offsets.Condition, gen uint64) error
+		Watch(ctx context.Context, cond offsets.Condition) error
 	}
 	// partitionLoader reads one partition's committed offset
-	// (*zkstore.Store).
+	// (authority.Claims).
 	partitionLoader interface {
 		LoadPartition(ctx context.Context, p int32) (int64, bool, error)
 	}
 	// progressLoader reads the progress stored above one partition's
-	// offset (*zkstore.Store; a loader without it restores none).
+	// offset (authority.Claims; a loader without it restores none).
 	progressLoader interface {
 		LoadPartitionProgress(ctx context.Context, p int32) (offsets.Progress, error)
 	}
@@ -53,7 +55,7 @@ type (
 		Remove(p int32)
 	}
 	// partitionDispatcher serves the partitions assigned
-	// (*dispatch.Dispatcher, PerPartition).
+	// (*dispatch.Dispatcher of dispatch.AssignedPartitions).
 	partitionDispatcher interface {
 		Assign(p int32, cond offsets.Condition, stored int64, prog offsets.Progress) bool
 		Revoke(ctx context.Context, p int32, timeout time.Duration) (dispatch.Revoked, error)
@@ -75,7 +77,7 @@ type ownedPart struct {
 	state  partState
 	token  uint64             // tells this acquirer's events from an earlier one's
 	cancel context.CancelFunc // stops its acquirer (and watcher)
-	cond   zkstore.Version    // serving, releasing: the version our reserve left
+	cond   offsets.Condition  // serving, releasing: the condition our reserve left
 	gen    uint64             // the assignment generation it was reserved or released under
 	since  time.Time          // when it entered its state
 }
@@ -85,7 +87,7 @@ type ownEvent struct {
 	p      int32
 	token  uint64
 	kind   ownEventKind
-	cond   zkstore.Version
+	cond   offsets.Condition
 	offset int64 // reserved: the committed offset, when stored
 	stored bool
 	prog   offsets.Progress // reserved: the progress stored above offset
@@ -139,7 +141,7 @@ type ownership struct {
 	onStop    func()                   // called first when ctx ends (spread: resign from the election); may be nil
 
 	events  chan ownEvent
-	lost    chan ownEvent // from the dispatcher (OnLost): must never block it
+	lost    chan ownEvent // from the dispatcher (its scope's onLost): must never block it
 	helpers actor.Group
 	status  *atomic.Pointer[OwnershipStatus] // published after every change
 	total   *atomic.Uint64                   // handoffs done, across stretches
@@ -167,10 +169,10 @@ func newOwnership(node string, opts Options, log *logrus.Entry, assign assignmen
 	}, nil
 }
 
-// dispatcherLost is the dispatcher's OnLost: a commit under p's condition
+// dispatcherLost is the dispatcher's onLost: a commit under p's condition
 // was refused, so p is no longer ours. It never blocks; when the queue is
 // full the record's watch tells the loop anyway.
-func (o *ownership) dispatcherLost(p int32, cond zkstore.Version) {
+func (o *ownership) dispatcherLost(p int32, cond offsets.Condition) {
 	select {
 	case o.lost <- ownEvent{p: p, kind: evLost, cond: cond}:
 	default:
@@ -293,10 +295,10 @@ func (o *ownership) acquire(p int32, gen uint64) {
 	log := o.log.WithField("partition", p)
 	o.helpers.Go(log, "acquire partition", func() {
 		begin := time.Now()
-		var cond zkstore.Version
+		var cond offsets.Condition
 		err := retry(ctx, log, "reserve partition", o.opts.ConnectBackoffMax, func(ctx context.Context) error {
 			var err error
-			cond, err = o.records.Reserve(ctx, p, gen, func(h zkstore.Holder) {
+			cond, err = o.records.Reserve(ctx, p, gen, func(h authority.Holder) {
 				log.WithFields(logrus.Fields{"holder": h.Node, "holder_session": h.Session}).
 					Info("partition assigned to this member, held by another: waiting for its release")
 			})
@@ -372,7 +374,7 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 			return // the dispatcher stopped: run sees it
 		}
 		o.src.Add(ev.p, start)
-		log.WithFields(logrus.Fields{"version": ev.cond.Version, "offset": offsetName(start), "waited": ev.waited.Round(time.Millisecond)}).
+		log.WithFields(logrus.Fields{"condition": ev.cond, "offset": offsetName(start), "waited": ev.waited.Round(time.Millisecond)}).
 			Info("partition reserved: serving it")
 	case evLost:
 		if op == nil || op.cond != ev.cond || op.state != serving {
@@ -382,7 +384,7 @@ func (o *ownership) handle(ctx context.Context, ev ownEvent) {
 		delete(o.parts, ev.p)
 		o.src.Remove(ev.p)
 		o.disp.Drop(ev.p)
-		log.WithField("version", ev.cond.Version).
+		log.WithField("condition", ev.cond).
 			Warn("partition lost: its ownership record changed (another member took it over); dropped, its in-flight messages come again from the new owner")
 	case evReleased:
 		if op != nil && op.state == releasing && op.cond == ev.cond {
@@ -441,11 +443,11 @@ func (o *ownership) handOff(ctx context.Context, p int32, op *ownedPart, gen uin
 // session, which frees the record too. The loop waits for its helpers when
 // it stops, so a dispatcher stopped by failing commits restarts only once
 // this is done; the new one could not join ZooKeeper before anyway.
-func (o *ownership) release(ctx context.Context, log *logrus.Entry, p int32, cond zkstore.Version, gen uint64, session int64) error {
+func (o *ownership) release(ctx context.Context, log *logrus.Entry, p int32, cond offsets.Condition, gen uint64, session int64) error {
 	var last error
 	err := retry(ctx, log, "release of the partition's ownership record", o.opts.ConnectBackoffMax, func(context.Context) error {
 		last = o.records.Release(p, cond, gen)
-		if last == nil || errors.Is(last, zkstore.ErrNotOwner) || o.records.Session() != session {
+		if last == nil || errors.Is(last, authority.ErrNotOwner) || o.records.Session() != session {
 			return nil
 		}
 		return last
@@ -543,13 +545,11 @@ func (o *ownership) finish() {
 		op.cancel()
 	}
 	done := make(chan struct{})
-	var waiter sync.WaitGroup
-	waiter.Add(1)
-	go func() {
-		defer waiter.Done()
+	var waiter actor.Group
+	waiter.Go(o.log, "ownership helpers' end", func() {
 		o.helpers.Wait()
 		close(done)
-	}()
+	}, nil)
 	o.waitFor(done)
 	waiter.Wait()
 }

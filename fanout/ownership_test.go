@@ -16,6 +16,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -131,7 +132,7 @@ func (m *fakeMember) Join(ctx context.Context, waiting func(int64)) (int64, erro
 	}
 }
 
-func (m *fakeMember) Reserve(ctx context.Context, p int32, gen uint64, waiting func(zkstore.Holder)) (zkstore.Version, error) {
+func (m *fakeMember) Reserve(ctx context.Context, p int32, gen uint64, waiting func(authority.Holder)) (offsets.Condition, error) {
 	told := false
 	for {
 		m.zk.mu.Lock()
@@ -153,17 +154,18 @@ func (m *fakeMember) Reserve(ctx context.Context, p int32, gen uint64, waiting f
 		m.zk.mu.Unlock()
 		if !told && waiting != nil {
 			told = true
-			waiting(zkstore.Holder{Node: holder})
+			waiting(authority.Holder{Node: holder})
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return zkstore.Version{}, ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 }
 
-func (m *fakeMember) Release(p int32, v zkstore.Version, gen uint64) error {
+func (m *fakeMember) Release(p int32, cond offsets.Condition, gen uint64) error {
+	v, _ := cond.(zkstore.Version)
 	if m.failReleases.Add(-1) >= 0 {
 		m.zk.note("release %d %s failed", p, m.node)
 		return errors.New("zk: could not connect to a server")
@@ -172,7 +174,7 @@ func (m *fakeMember) Release(p int32, v zkstore.Version, gen uint64) error {
 	defer m.zk.mu.Unlock()
 	r := m.zk.records[p]
 	if r == nil || r.version != v.Version {
-		return zkstore.ErrNotOwner
+		return authority.ErrNotOwner
 	}
 	r.owner, r.session = "", 0
 	r.version++
@@ -180,7 +182,8 @@ func (m *fakeMember) Release(p int32, v zkstore.Version, gen uint64) error {
 	return nil
 }
 
-func (m *fakeMember) Watch(ctx context.Context, v zkstore.Version) error {
+func (m *fakeMember) Watch(ctx context.Context, cond offsets.Condition) error {
+	v, _ := cond.(zkstore.Version)
 	var p int32
 	fmt.Sscanf(v.Path, "/owners/%d", &p)
 	for {

@@ -4,159 +4,194 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nanoservice/core-fanout/fanout/deliverylog"
+	"github.com/nanoservice/core-fanout/client/protocol"
+	"github.com/nanoservice/core-fanout/fanout/authority"
+	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
+	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/server"
+	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
-// term is one stretch of serving under one fence. It owns the fence it
-// commits under, the source that consumes the topic, the dispatcher that
-// serves the clients, and the redirect of those clients when it is lost.
-// It does not know where its fence came from (the election, or a store led
-// alone): the daemon makes a term for each fence it wins and runs them one
-// after another.
-type term struct {
-	fence  offsets.Fence // given to every commit of the term
-	store  offsets.Store
-	client sarama.Client
-	opts   Options
-	// With --max-attempts: the dead-letter producer's client, and the
-	// largest record it sends (deadLetterLimit).
-	deadClient sarama.Client
-	deadLimit  int
-	log        *logrus.Entry
-	onCommit   func(took time.Duration, err error) // the committer's report, for metrics
-	redirect   func()                              // sends every client away once the term is lost
-	serving    *atomic.Pointer[term]               // holds the term while its dispatcher runs
-	delivery   *deliverylog.Log                    // --delivery-log; nil without
+// leaderMode is --assignment leader: the member the election makes leader
+// serves every partition of the topic in a term under the term's fence,
+// for as long as the term lasts; the other members redirect their clients
+// to it.
+type leaderMode struct{ d *Daemon }
 
-	// Spread mode (nil spread: a leader's term, fenced as a whole): the
-	// term serves the partitions this member owns, each under its own
-	// fence condition (see runSpread).
-	spread    *spreadDeps
-	ownStatus *atomic.Pointer[OwnershipStatus] // the ownership loop's status
-	handoffs  *atomic.Uint64                   // handoffs done since the daemon started
-	onHandoff func(took time.Duration)         // metrics
-	onMembers func(addrs []string)             // the members owning partitions changed
+func newLeaderMode(d *Daemon) mode { return &leaderMode{d: d} }
 
-	// Set before the term is published in serving, never changed after.
-	src  *kafka.Source
-	disp *dispatch.Dispatcher
-	dead *deadLetters // with --max-attempts: the term's dead-letter producer; else nil
-}
+func (m *leaderMode) prepare(context.Context, *cluster.Config, authority.Authority) bool { return true }
 
-// newTerm returns the daemon's term under fence, not yet running.
-func (d *Daemon) newTerm(client sarama.Client, store offsets.Store, fence offsets.Fence, log *logrus.Entry) *term {
-	return &term{
-		fence:  fence,
-		store:  store,
-		client: client,
-		opts:   d.opts,
-
-		deadClient: d.deadClient,
-		deadLimit:  d.deadLimit,
-		log:        log,
-		onCommit:   d.observeCommit,
-		redirect:   func() { d.srv.RedirectAll(d.leadership()) },
-		serving:    &d.backend.cur,
-		delivery:   d.delivery,
-
-		ownStatus: &d.ownStatus,
-		handoffs:  &d.handoffs,
-		onHandoff: d.collector.ObserveHandoff,
-		onMembers: d.membersChanged,
+// run leads during every term this node wins, until ctx ends.
+func (m *leaderMode) run(ctx context.Context, s serveEnv) error {
+	for {
+		var term *cluster.Term
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-s.elDone:
+			s.elDone <- err // for the caller's wait
+			return fmt.Errorf("election stopped: %w", err)
+		case t, ok := <-s.el.Terms():
+			if !ok {
+				return nil
+			}
+			term = t
+		}
+		log := m.d.log.WithField("epoch", term.Epoch)
+		log.WithField("fence", term.Fence).Info("elected leader")
+		m.leadTerm(ctx, s.client, s.auth.Offsets(), term.Fence, term, log)
+		if ctx.Err() != nil {
+			return nil
+		}
 	}
 }
 
-// run serves the term until ctx ends, then drains and commits under the
-// fence and returns nil; or until the term is lost, then it returns at once
-// with the reason: ctx's cause when that wraps dispatch.ErrAbandon (the
-// authority ended the term), the refused commit's error wrapping
-// offsets.ErrFenced, or dispatch.ErrCommitsFailing when commits have failed
-// for the offset store's session timeout. A lost term's clients are redirected before its source
-// stops. started is called once the term serves clients.
-func (t *term) run(ctx context.Context, started func()) error {
-	if t.spread != nil {
-		return t.runSpread(ctx, started)
-	}
-	var stored map[int32]int64
-	err := retry(ctx, t.log, "load offsets", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
-		var err error
-		stored, err = t.store.Load(ctx)
-		return err
-	})
-	if err != nil { // ended before serving
-		if cause := context.Cause(ctx); errors.Is(cause, dispatch.ErrAbandon) {
-			return cause
-		}
-		return nil
-	}
-	progress, err := t.loadProgress(ctx)
-	if err != nil { // ended before serving
-		if cause := context.Cause(ctx); errors.Is(cause, dispatch.ErrAbandon) {
-			return cause
-		}
-		return nil
-	}
-	initial, err := kafka.ParseInitialOffset(t.opts.InitialOffset)
-	if err != nil {
-		return err
-	}
-	src, err := kafka.NewSource(t.client, kafka.SourceConfig{
-		Topic: t.opts.Topic, Initial: initial, Stored: stored, Logger: t.log,
-	})
-	if err != nil {
-		return fmt.Errorf("kafka source: %w", err)
-	}
-	cfg := t.dispatchConfig()
-	cfg.Fence, cfg.Stored, cfg.Progress = t.fence, stored, progress
-	dead, err := t.newDeadLetters()
-	if err != nil {
-		return err
-	}
-	if dead != nil {
-		defer dead.close()
-		cfg.DeadLetter = dead
-	}
-	disp, err := dispatch.New(cfg, src)
-	if err != nil {
-		return err
-	}
-	t.src, t.disp, t.dead = src, disp, dead
+// termAuthority is where a term's fence came from: the election's term
+// (*cluster.Term). It ends the term when it is lost, and is told when the
+// term cannot go on.
+type termAuthority interface {
+	Lost() <-chan struct{} // closed when the term ends
+	Cause() error          // why it ended; nil while it runs
+	End(cause error)       // the term cannot go on: let another member lead
+}
 
-	// The source and the dead-letter producer outlive the dispatcher's
-	// drain: they stop only after the dispatcher has returned.
-	srcCtx, stopSource := context.WithCancel(context.Background())
-	var routines actor.Group
-	routines.Go(t.log, "source", func() {
-		_ = retry(srcCtx, t.log, "consume topic "+t.opts.Topic, t.opts.ConnectBackoffMax, src.Run)
+var _ termAuthority = (*cluster.Term)(nil)
+
+// leadTerm serves a term under fence until ctx ends (then it drains and
+// commits under the fence) or the term ends (then it abandons at once:
+// another node owns the offsets). When the term cannot go on (a commit under
+// its fence was refused, leading failed), it tells auth, so that the
+// election hands leadership over instead of keeping a leader that serves
+// nobody.
+func (m *leaderMode) leadTerm(ctx context.Context, client sarama.Client, store offsets.Store, fence offsets.Fence,
+	auth termAuthority, log *logrus.Entry) {
+	termCtx, stop := context.WithCancelCause(context.Background())
+	defer stop(nil)
+	unhook := context.AfterFunc(ctx, func() { stop(context.Canceled) })
+	defer unhook()
+	var watch actor.Group
+	watchDone := make(chan struct{})
+	watch.Go(log, "term watch", func() {
+		select {
+		case <-auth.Lost():
+			stop(fmt.Errorf("%w: %w", dispatch.ErrAbandon, auth.Cause()))
+		case <-watchDone:
+		}
 	}, nil)
-	if dead != nil {
-		routines.Go(t.log, "dead letters", func() { dead.run(srcCtx) }, nil)
-	}
-	defer func() {
-		stopSource()
-		routines.Wait()
-	}()
+	defer watch.Wait()
+	defer close(watchDone)
 
-	t.serving.Store(t)
-	started()
-	t.log.WithFields(logrus.Fields{"stored_offsets": stored, "fence": t.fence}).Info("serving clients")
-	err = disp.Run(ctx)
-	t.serving.CompareAndSwap(t, nil)
+	err := m.d.runTerm(termCtx, client, store, fence, log)
+	switch {
+	case err == nil:
+		log.Info("leadership term over")
+	case errors.Is(err, dispatch.ErrAbandon), errors.Is(err, offsets.ErrFenced), errors.Is(err, dispatch.ErrCommitsFailing):
+		log.WithError(err).Warn("lost leadership")
+	default:
+		log.WithError(err).Error("leading failed")
+	}
+	if err != nil {
+		auth.End(err) // a no-op when the authority ended it
+	}
+	m.d.srv.RedirectAll(m.d.leadership())
+}
+
+// leadership welcomes clients only while a term serves. A follower
+// redirects to the leader the election names; a leader still starting up,
+// or a cluster with no leader, tells clients to retry shortly.
+func (m *leaderMode) leadership() server.Leadership {
+	d := m.d
+	if d.backend.serving() != nil {
+		return server.Leadership{Leader: true}
+	}
+	// Without a leader, clients retry after about one cluster heartbeat: a
+	// handover (the old leader resigned) takes about that long.
+	none := server.Leadership{RetryAfter: d.opts.ClusterHeartbeat}
+	el := d.elector.Load()
+	if el == nil {
+		return none
+	}
+	l := el.Leadership()
+	if l.Leader || !l.Known || l.LeaderID == d.opts.NodeID {
+		return none // elected, not serving yet; or resigning; or no leader known
+	}
+	if l.Mode != d.assignment.cluster {
+		return none // the leader runs another mode: this member does not serve (the elector says why)
+	}
+	return server.Leadership{Known: true, LeaderID: l.LeaderID, LeaderAddr: l.LeaderAddr, Epoch: l.Epoch,
+		RetryAfter: d.opts.ClusterHeartbeat}
+}
+
+// members is none: clients of a leader are not told of members.
+func (m *leaderMode) members() ([]string, *protocol.MembersVersion) { return nil, nil }
+
+func (m *leaderMode) snapshot(*metrics.Snapshot) {}
+func (m *leaderMode) ownership() OwnershipStatus { return OwnershipStatus{} }
+
+// partitions adds, while this node serves, every partition it knows: the
+// serving leader owns them all.
+func (m *leaderMode) partitions(_ context.Context, st *status.Status, snap metrics.Snapshot) {
+	if snap.Serving {
+		addOwnPartitions(st, snap, m.d.opts.NodeID)
+	}
+}
+
+// runTerm serves one term under fence, the whole topic committed to store:
+// until ctx ends, then it drains and commits under the fence and returns
+// nil; or until the term is lost, then it returns at once with the reason:
+// ctx's cause when that wraps dispatch.ErrAbandon (the authority ended the
+// term), the refused commit's error wrapping offsets.ErrFenced, or
+// dispatch.ErrCommitsFailing when commits have failed for the offset
+// store's session timeout. A lost term's clients are redirected before its
+// source stops. It does not know where its fence came from (the election,
+// or a store led alone).
+func (d *Daemon) runTerm(ctx context.Context, client sarama.Client, store offsets.Store, fence offsets.Fence,
+	log *logrus.Entry) error {
+	var stored map[int32]int64
+	err := retry(ctx, log, "load offsets", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
+		var err error
+		stored, err = store.Load(ctx)
+		return err
+	})
+	if err != nil { // ended before serving
+		if cause := context.Cause(ctx); errors.Is(cause, dispatch.ErrAbandon) {
+			return cause
+		}
+		return nil
+	}
+	progress, err := d.loadProgress(ctx, store, log)
+	if err != nil { // ended before serving
+		if cause := context.Cause(ctx); errors.Is(cause, dispatch.ErrAbandon) {
+			return cause
+		}
+		return nil
+	}
+	cfg := d.opts.dispatchConfig(dispatch.WholeTopic(fence), store, log, d.collector.ObserveCommit)
+	cfg.Stored, cfg.Progress = stored, progress
+	p, err := d.newPipeline(client, kafka.SourceConfig{Stored: stored}, cfg)
+	if err != nil {
+		return err
+	}
+	p.start(ctx)
+	defer p.close()
+	unserve := d.backend.serve(p)
+	d.markReady()
+	log.WithFields(logrus.Fields{"stored_offsets": stored, "fence": fence}).Info("serving clients")
+	err = p.wait()
+	unserve()
 	if err != nil {
 		// The term is lost: send the clients on now, before waiting for the
 		// source to stop (a broker out of reach can hold that up).
-		t.redirect()
+		d.srv.RedirectAll(d.leadership())
 	}
 	return err
 }
@@ -165,133 +200,20 @@ func (t *term) run(ctx context.Context, started func()) error {
 // the offsets, retrying until ctx ends (then it returns ctx's error).
 // Progress that does not decode is logged and left out: those partitions
 // start from their committed offsets alone.
-func (t *term) loadProgress(ctx context.Context) (map[int32]offsets.Progress, error) {
-	ps, ok := t.store.(offsets.ProgressStore)
+func (d *Daemon) loadProgress(ctx context.Context, store offsets.Store, log *logrus.Entry) (map[int32]offsets.Progress, error) {
+	ps, ok := store.(offsets.ProgressStore)
 	if !ok {
 		return nil, nil
 	}
 	var progress map[int32]offsets.Progress
-	err := retry(ctx, t.log, "load progress", t.opts.ConnectBackoffMax, func(ctx context.Context) error {
+	err := retry(ctx, log, "load progress", d.opts.ConnectBackoffMax, func(ctx context.Context) error {
 		var err error
 		progress, err = ps.LoadProgress(ctx)
 		if errors.Is(err, offsets.ErrBadProgress) {
-			t.log.WithError(err).Warn("stored progress unreadable: those partitions deliver again everything from their committed offsets")
+			log.WithError(err).Warn("stored progress unreadable: those partitions deliver again everything from their committed offsets")
 			return nil
 		}
 		return err
 	})
 	return progress, err
-}
-
-// newDeadLetters returns, with --max-attempts, the term's dead-letter
-// producer on the daemon's dead-letter client (the caller runs it, and
-// closes it once it has stopped); nil without.
-func (t *term) newDeadLetters() (*deadLetters, error) {
-	if t.opts.MaxAttempts == 0 {
-		return nil, nil
-	}
-	producer, err := sarama.NewSyncProducerFromClient(t.deadClient)
-	if err != nil {
-		return nil, fmt.Errorf("dead-letter producer: %w", err)
-	}
-	return newDeadLetters(producer, t.opts.DeadLetterTopic, t.opts.Topic, t.deadLimit, t.opts.ConnectBackoffMax, t.log), nil
-}
-
-// dispatchConfig is the dispatcher's configuration derived from the
-// options, without a fence.
-func (t *term) dispatchConfig() dispatch.Config {
-	return dispatch.Config{
-		AckTimeout:       t.opts.AckTimeout,
-		MaxBuffered:      t.opts.MaxBuffered,
-		MaxBufferedBytes: t.opts.MaxBufferedBytes,
-		MaxOutstanding:   t.opts.MaxOutstanding,
-		CommitInterval:   t.opts.CommitInterval,
-		DrainTimeout:     t.opts.DrainTimeout,
-		MaxCommitFailure: t.opts.storeSessionTimeout(),
-		Store:            t.store,
-		Logger:           t.log,
-		OnCommit:         t.onCommit,
-		FrameSize:        server.DeliverFrameSize,
-		MaxAttempts:      t.opts.MaxAttempts,
-		RetryBackoffMin:  max(0, t.opts.RetryBackoffMin), // RetryBackoffOff: 0, none
-		RetryBackoffMax:  max(0, t.opts.RetryBackoffMax),
-		DisconnectWindow: time.Duration(t.opts.Liveness) * t.opts.Heartbeat,
-		KeyOrdering:      t.opts.Ordering == OrderingKey,
-		DeliveryLog:      t.delivery,
-	}
-}
-
-// termBackend forwards the server's calls to the dispatcher of the serving
-// term, if any. Between terms there is nobody to forward to: a joining
-// client is told goodbye and other calls are dropped (their deliveries
-// belong to a dispatcher that is gone and are redelivered from the committed
-// offsets).
-type termBackend struct {
-	cur atomic.Pointer[term] // the serving term; nil between terms
-}
-
-var _ dispatch.Backend = (*termBackend)(nil)
-
-// serving returns the serving term, or nil.
-func (b *termBackend) serving() *term { return b.cur.Load() }
-
-// dispatcher returns the serving term's dispatcher, or nil.
-func (b *termBackend) dispatcher() *dispatch.Dispatcher {
-	if t := b.cur.Load(); t != nil {
-		return t.disp
-	}
-	return nil
-}
-
-// Join implements dispatch.Backend.
-func (b *termBackend) Join(id uint64, name string, max int, sink dispatch.ClientSink) {
-	if d := b.dispatcher(); d != nil {
-		d.Join(id, name, max, sink)
-		return
-	}
-	sink.Goodbye("not serving")
-}
-
-// Ack implements dispatch.Backend.
-func (b *termBackend) Ack(id uint64, ids []uint64) {
-	if d := b.dispatcher(); d != nil {
-		d.Ack(id, ids)
-	}
-}
-
-// Nack implements dispatch.Backend.
-func (b *termBackend) Nack(id uint64, ids []uint64, how dispatch.NackInfo) {
-	if d := b.dispatcher(); d != nil {
-		d.Nack(id, ids, how)
-	}
-}
-
-// Observe implements dispatch.Backend.
-func (b *termBackend) Observe(id uint64, name string, sink dispatch.ClientSink) {
-	if d := b.dispatcher(); d != nil {
-		d.Observe(id, name, sink)
-		return
-	}
-	sink.Goodbye("not serving")
-}
-
-// Touch implements dispatch.Backend.
-func (b *termBackend) Touch(id uint64, ids []uint64) {
-	if d := b.dispatcher(); d != nil {
-		d.Touch(id, ids)
-	}
-}
-
-// Settle implements dispatch.Backend.
-func (b *termBackend) Settle(id uint64, op dispatch.Op, ranges []dispatch.Range, how dispatch.NackInfo) {
-	if d := b.dispatcher(); d != nil {
-		d.Settle(id, op, ranges, how)
-	}
-}
-
-// Leave implements dispatch.Backend.
-func (b *termBackend) Leave(id uint64, reason dispatch.LeaveReason) {
-	if d := b.dispatcher(); d != nil {
-		d.Leave(id, reason)
-	}
 }

@@ -88,7 +88,7 @@ func startElector(t *testing.T, id, topic, nodeID, chroot string, clock *elector
 	e, err := cluster.New(cluster.Config{
 		ID: id, Topic: topic, NodeID: nodeID, Addr: nodeID + ":4150",
 		Heartbeat: electorHeartbeat, LeaderTimeout: electorTimeout,
-		Client: client, ZK: conn, Chroot: chroot, Logger: logrus.NewEntry(log).WithField("test_node", nodeID),
+		Client: client, Fencer: cluster.ZooKeeperFencer(conn, chroot, id, topic, zkstore.ACL{}), Logger: logrus.NewEntry(log).WithField("test_node", nodeID),
 		Now: clock.Now,
 	})
 	if err != nil {

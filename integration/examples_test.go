@@ -20,7 +20,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
@@ -200,8 +200,8 @@ func testExampleWorker(t *testing.T, spread bool) {
 
 	r := polReadTopic(t, dlq, 1)[0]
 	h := polHeaders(r)
-	if string(r.Value) != "poison-1" || h[fanout.HeaderDeadLetterAttempts] != "3" ||
-		!strings.Contains(h[fanout.HeaderDeadLetterNackReason], "422") {
+	if string(r.Value) != "poison-1" || h[kafka.HeaderDeadLetterAttempts] != "3" ||
+		!strings.Contains(h[kafka.HeaderDeadLetterNackReason], "422") {
 		t.Errorf("dead letter %q, headers %v: want poison-1 after 3 attempts, the reason naming the 422", r.Value, h)
 	}
 	if n := len(svc.of("poison-1")); n < 1 || n > 3 {

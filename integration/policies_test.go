@@ -20,7 +20,6 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/nanoservice/core-fanout/client"
-	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
@@ -182,13 +181,13 @@ func testPoisonDeadLetteredAcrossFailover(t *testing.T, kafkaStore bool) {
 	r := recs[0]
 	h := polHeaders(r)
 	want := map[string]string{
-		"trace":                            "t1",
-		fanout.HeaderDeadLetterTopic:       topic,
-		fanout.HeaderDeadLetterPartition:   "0",
-		fanout.HeaderDeadLetterOffset:      "0",
-		fanout.HeaderDeadLetterAttempts:    "3",
-		fanout.HeaderDeadLetterLastFailure: "nack",
-		fanout.HeaderDeadLetterNackReason:  "cannot parse, attempt 3",
+		"trace":                           "t1",
+		kafka.HeaderDeadLetterTopic:       topic,
+		kafka.HeaderDeadLetterPartition:   "0",
+		kafka.HeaderDeadLetterOffset:      "0",
+		kafka.HeaderDeadLetterAttempts:    "3",
+		kafka.HeaderDeadLetterLastFailure: "nack",
+		kafka.HeaderDeadLetterNackReason:  "cannot parse, attempt 3",
 	}
 	for k, v := range want {
 		if h[k] != v {
@@ -257,9 +256,9 @@ func TestDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
 			}
 			r := polReadTopic(t, dlq, 1)[0]
 			h := polHeaders(r)
-			want := map[string]string{"trace": "t1", fanout.HeaderDeadLetterTopic: topic, fanout.HeaderDeadLetterPartition: "0",
-				fanout.HeaderDeadLetterOffset: "0", fanout.HeaderDeadLetterAttempts: "1", fanout.HeaderDeadLetterLastFailure: "nack",
-				fanout.HeaderDeadLetterNackReason: "too big to handle"}
+			want := map[string]string{"trace": "t1", kafka.HeaderDeadLetterTopic: topic, kafka.HeaderDeadLetterPartition: "0",
+				kafka.HeaderDeadLetterOffset: "0", kafka.HeaderDeadLetterAttempts: "1", kafka.HeaderDeadLetterLastFailure: "nack",
+				kafka.HeaderDeadLetterNackReason: "too big to handle"}
 			for k, v := range want {
 				if h[k] != v {
 					t.Errorf("dead letter header %s = %q, want %q (headers %v)", k, h[k], v, h)
@@ -268,8 +267,8 @@ func TestDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
 			if r.Value != nil || string(r.Key) != "poison-key" {
 				t.Errorf("dead letter key %q, value of %d bytes; want the key and no value", r.Key, len(r.Value))
 			}
-			if why := h[fanout.HeaderDeadLetterOmitted]; !strings.HasPrefix(why, "value: ") || !strings.Contains(why, "too large") {
-				t.Errorf("header %s = %q, want what was left out and why", fanout.HeaderDeadLetterOmitted, why)
+			if why := h[kafka.HeaderDeadLetterOmitted]; !strings.HasPrefix(why, "value: ") || !strings.Contains(why, "too large") {
+				t.Errorf("header %s = %q, want what was left out and why", kafka.HeaderDeadLetterOmitted, why)
 			}
 			testutil.WaitFor(t, 30*time.Second, "the offset committed past the dead letter", func() bool {
 				return zkOffsets(t, id, topic)[0] == n+1
@@ -362,8 +361,8 @@ func TestDeadLetterRefusedByACompactedTopicAlertsAndHolds(t *testing.T) {
 
 	setPolicy("delete")
 	r := polReadTopic(t, dlq, 1)[0]
-	if h := polHeaders(r); string(r.Value) != poison || r.Key != nil || h[fanout.HeaderDeadLetterOffset] != "0" ||
-		h[fanout.HeaderDeadLetterNackReason] != "cannot parse" || h[fanout.HeaderDeadLetterOmitted] != "" {
+	if h := polHeaders(r); string(r.Value) != poison || r.Key != nil || h[kafka.HeaderDeadLetterOffset] != "0" ||
+		h[kafka.HeaderDeadLetterNackReason] != "cannot parse" || h[kafka.HeaderDeadLetterOmitted] != "" {
 		t.Fatalf("dead letter key %q value %q headers %v", r.Key, r.Value, h)
 	}
 	testutil.WaitFor(t, 30*time.Second, "the offset committed past the dead letter", func() bool {
@@ -467,8 +466,8 @@ func testDeadLetterTopicOutOfReach(t *testing.T, breakIt, fix func(*testing.T, s
 	}
 	fix(t, admin, dlq)
 	recs := polReadTopic(t, dlq, 1)
-	if h := polHeaders(recs[0]); string(recs[0].Value) != poison || h[fanout.HeaderDeadLetterNackReason] != "too big to handle" ||
-		h[fanout.HeaderDeadLetterAttempts] != "1" {
+	if h := polHeaders(recs[0]); string(recs[0].Value) != poison || h[kafka.HeaderDeadLetterNackReason] != "too big to handle" ||
+		h[kafka.HeaderDeadLetterAttempts] != "1" {
 		t.Fatalf("dead letter of %d bytes, headers %v", len(recs[0].Value), h)
 	}
 	testutil.WaitFor(t, 30*time.Second, "the offset committed past the dead letter", func() bool {
@@ -645,8 +644,8 @@ func TestSpreadProgressMovesWithThePartition(t *testing.T) {
 	}
 	r := polReadTopic(t, dlq, 1)[0]
 	h := polHeaders(r)
-	if h[fanout.HeaderDeadLetterAttempts] != "3" || h[fanout.HeaderDeadLetterPartition] != strconv.Itoa(int(moved)) ||
-		h[fanout.HeaderDeadLetterOffset] != "0" || string(r.Value) != fmt.Sprintf("poison-%d", moved) {
+	if h[kafka.HeaderDeadLetterAttempts] != "3" || h[kafka.HeaderDeadLetterPartition] != strconv.Itoa(int(moved)) ||
+		h[kafka.HeaderDeadLetterOffset] != "0" || string(r.Value) != fmt.Sprintf("poison-%d", moved) {
 		t.Fatalf("dead letter %q headers %v", r.Value, h)
 	}
 	testutil.WaitFor(t, 15*time.Second, "the moved partition committed past its poison message", func() bool {

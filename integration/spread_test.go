@@ -547,7 +547,7 @@ func TestSpreadJoinHandsOverReleaseBeforeReserve(t *testing.T) {
 		}
 	}
 	for _, line := range spLogLines(joiner, "", "partition reserved") {
-		t.Logf("%s: %s", joiner.id, spField(line, "partition", "waited", "version"))
+		t.Logf("%s: %s", joiner.id, spField(line, "partition", "waited", "condition"))
 	}
 
 	f.finish(90 * time.Second)

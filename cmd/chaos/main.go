@@ -19,7 +19,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/nanoservice/core-fanout/internal/chaos"
+	"github.com/nanoservice/core-fanout/chaos"
 )
 
 func main() {

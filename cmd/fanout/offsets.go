@@ -12,15 +12,14 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/go-zookeeper/zk"
 	"github.com/urfave/cli/v2"
 
 	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Defaults of the offsets commands.
@@ -85,7 +84,7 @@ func offsetsOptions(c *cli.Context, store string) (fanout.Options, error) {
 	if len(kafkaAddrs) == 0 {
 		kafkaAddrs = linkedAddrs(environ(), "KAFKA", 9092)
 	}
-	if len(zkAddrs) == 0 && store == fanout.OffsetStoreZooKeeper {
+	if len(zkAddrs) == 0 && usesZooKeeper(store) {
 		zkAddrs = linkedAddrs(environ(), "ZK", 2181)
 	}
 	kafkaSec, err := kafkaSecurity(environ(), contextValues(c))
@@ -102,14 +101,14 @@ func offsetsOptions(c *cli.Context, store string) (fanout.Options, error) {
 		return fanout.Options{}, usageError(err)
 	}
 	warnings := opts.KafkaSecurity.Warnings()
-	if store == fanout.OffsetStoreZooKeeper {
+	if usesZooKeeper(store) {
 		warnings = append(warnings, opts.ZooKeeperSecurity.Warnings()...)
 	}
 	warn(c.App.ErrWriter, warnings)
 	if len(opts.Kafka) == 0 {
 		opts.Kafka = []string{"localhost:9092"}
 	}
-	if len(opts.ZooKeeper) == 0 && store == fanout.OffsetStoreZooKeeper {
+	if len(opts.ZooKeeper) == 0 && usesZooKeeper(store) {
 		opts.ZooKeeper = []string{"localhost:2181"}
 	}
 	return opts, nil
@@ -130,7 +129,7 @@ func storeTarget(ctx context.Context, c *cli.Context, window time.Duration) (*of
 	if err != nil {
 		return nil, "", err
 	}
-	if given == "" && opts.OffsetStore == fanout.OffsetStoreZooKeeper {
+	if given == "" && usesZooKeeper(opts.OffsetStore) {
 		warn(c.App.ErrWriter, opts.ZooKeeperSecurity.Warnings())
 	}
 	t, err := openTarget(ctx, opts)
@@ -141,92 +140,41 @@ func storeTarget(ctx context.Context, c *cli.Context, window time.Duration) (*of
 }
 
 // offsetsTarget is the cluster an offsets command works on, connected: a
-// Kafka client, the group of the Kafka store, and, when the options name
-// ZooKeeper servers, a ZooKeeper session and the ZooKeeper store.
+// Kafka client and the offset store the options name.
 type offsetsTarget struct {
 	opts   fanout.Options
 	client sarama.Client
-	group  *kafkastore.Store
-	conn   *zk.Conn // nil without ZooKeeper
-	chroot string
-	zs     *zkstore.Store // nil without ZooKeeper
+	auth   authority.Authority
 }
 
 // openTarget connects to the servers of opts; close it when done.
 func openTarget(ctx context.Context, opts fanout.Options) (*offsetsTarget, error) {
-	t := &offsetsTarget{opts: opts}
-	if len(opts.ZooKeeper) > 0 {
-		conn, chroot, err := toolZooKeeper(ctx, opts)
-		if err != nil {
-			return nil, err
-		}
-		t.conn, t.chroot = conn, chroot
-		t.zs = zkstore.New(conn, chroot, opts.ID, opts.Topic)
-		t.zs.SetACL(t.acl())
-	}
 	client, err := statusClient(opts)
 	if err != nil {
-		t.close()
 		return nil, err
 	}
-	t.client = client
-	t.group = kafkastore.New(client, opts.ID, opts.Topic, 0)
-	return t, nil
+	auth, err := fanout.OpenAuthority(ctx, opts, client)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return &offsetsTarget{opts: opts, client: client, auth: auth}, nil
 }
 
 // close closes the connections.
 func (t *offsetsTarget) close() {
-	if t.client != nil {
-		_ = t.client.Close()
-	}
-	if t.conn != nil {
-		t.conn.Close()
-	}
-}
-
-// acl is the ACL of the znodes the tools create.
-func (t *offsetsTarget) acl() zkstore.ACL { return t.opts.ZooKeeperSecurity.ACL(t.chroot) }
-
-// kafkaStore reports whether the cluster keeps its offsets in Kafka.
-func (t *offsetsTarget) kafkaStore() bool { return t.opts.OffsetStore == fanout.OffsetStoreKafka }
-
-// location is where the cluster's store keeps the offsets: the group, or
-// the offsets znode.
-func (t *offsetsTarget) location() string {
-	if t.kafkaStore() {
-		return t.group.Group()
-	}
-	return t.zs.Path()
-}
-
-// storeName names the offset store of the cluster and where in it the
-// offsets are: "kafka group fanout_<id>", "zookeeper <znode>".
-func (t *offsetsTarget) storeName() string {
-	if t.kafkaStore() {
-		return "kafka group " + t.location()
-	}
-	return "zookeeper " + t.location()
-}
-
-// store returns the offset store of the cluster.
-func (t *offsetsTarget) store() offsets.Store {
-	if t.kafkaStore() {
-		return t.group
-	}
-	return t.zs
+	t.auth.Close()
+	_ = t.client.Close()
 }
 
 // read returns the leader record (nil: nobody leads) and the committed
 // offsets of the cluster's store.
 func (t *offsetsTarget) read(ctx context.Context) (*status.Leader, map[int32]int64, error) {
-	if t.kafkaStore() {
-		return readKafkaStore(ctx, t.opts, t.client)
-	}
-	leader, err := readLeader(t.conn, t.chroot+cluster.FencePath(t.opts.ID, t.opts.Topic))
+	leader, err := t.auth.Leader(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	committed, err := t.zs.Load(ctx)
+	committed, err := t.auth.Offsets().Load(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("committed offsets: %w", err)
 	}
@@ -248,7 +196,8 @@ func (t *offsetsTarget) partitions() ([]int32, error) {
 // checkStopped returns an error when a daemon of the cluster may run (see
 // checkStopped).
 func (t *offsetsTarget) checkStopped(ctx context.Context, window time.Duration) error {
-	return checkStopped(ctx, t.client, t.group, cluster.TopicName(t.opts.ID, t.opts.Topic), window, time.Now())
+	return checkStopped(ctx, t.client, kafkastore.New(t.client, t.opts.ID, t.opts.Topic, 0),
+		cluster.TopicName(t.opts.ID, t.opts.Topic), window, time.Now())
 }
 
 // clusterRunning is checkStopped's error when daemons of the cluster were
@@ -271,9 +220,7 @@ func (e *clusterRunning) Error() string {
 // member fences its own partitions: taking the leader record over does not
 // stop their commits.
 func (e *clusterRunning) spread() bool {
-	return slices.ContainsFunc(e.members, func(m status.Member) bool {
-		return m.Mode == cluster.ModeName(cluster.Mode_MODE_SPREAD)
-	})
+	return slices.ContainsFunc(e.members, func(m status.Member) bool { return fanout.PartitionsFencedAlone(m.Mode) })
 }
 
 func offsetsCopyCommand() *cli.Command {
@@ -299,26 +246,35 @@ func offsetsCopyCommand() *cli.Command {
 
 func offsetsCopyAction(c *cli.Context) error {
 	from, to := c.String("from"), c.String("to")
-	stores := []string{fanout.OffsetStoreZooKeeper, fanout.OffsetStoreKafka}
 	switch {
-	case !slices.Contains(stores, from):
-		return usageError(fmt.Errorf("--from %q: want zookeeper or kafka", from))
-	case !slices.Contains(stores, to):
-		return usageError(fmt.Errorf("--to %q: want zookeeper or kafka", to))
+	case !isStore(from):
+		return usageError(fmt.Errorf("--from %q: want %s", from, authority.Names(func(authority.Kind) bool { return true }, " or ")))
+	case !isStore(to):
+		return usageError(fmt.Errorf("--to %q: want %s", to, authority.Names(func(authority.Kind) bool { return true }, " or ")))
 	case from == to:
 		return usageError(fmt.Errorf("--from and --to are both %s: copy from one store to the other", from))
 	}
-	opts, err := offsetsOptions(c, fanout.OffsetStoreZooKeeper) // both stores: ZooKeeper too
+	opts, err := offsetsOptions(c, authority.ZooKeeper) // both stores: ZooKeeper too
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
-	t, err := openTarget(ctx, opts)
-	if err != nil {
-		return err
+	ends := map[string]offsetEnd{}
+	var t *offsetsTarget
+	for _, store := range []string{from, to} {
+		o := opts
+		o.OffsetStore = store
+		st, err := openTarget(ctx, o)
+		if err != nil {
+			return err
+		}
+		defer st.close()
+		t = st
+		ends[store] = offsetEnd{name: st.auth.Where(), store: st.auth.Offsets(), fence: func() (offsets.Fence, error) {
+			return st.auth.IdleFence(ctx, "fanout offsets copy from "+from)
+		}}
 	}
-	defer t.close()
 
 	if err := t.checkStopped(ctx, c.Duration("window")); err != nil {
 		return err
@@ -327,15 +283,13 @@ func offsetsCopyAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	ends := map[string]offsetEnd{
-		fanout.OffsetStoreZooKeeper: {name: "zookeeper " + t.zs.Path(), store: t.zs, fence: func() (offsets.Fence, error) {
-			return cluster.IdleFence(t.conn, t.chroot, opts.ID, opts.Topic, t.acl())
-		}},
-		fanout.OffsetStoreKafka: {name: "kafka group " + t.group.Group(), store: t.group, fence: func() (offsets.Fence, error) {
-			return t.group.EmptyFence("fanout offsets copy from " + from), nil
-		}},
-	}
 	return copyOffsets(ctx, ends[from], ends[to], parts, c.App.Writer)
+}
+
+// isStore reports whether name names an offset store.
+func isStore(name string) bool {
+	_, err := authority.Lookup(name)
+	return err == nil && name != ""
 }
 
 // offsetEnd is one side of a copy: a store, and the fence of a commit to it

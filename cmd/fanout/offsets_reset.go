@@ -19,11 +19,7 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
-
-// leaveTimeout bounds the reset's leave of the group after its commit.
-const leaveTimeout = 5 * time.Second
 
 func offsetsResetCommand() *cli.Command {
 	return &cli.Command{
@@ -84,7 +80,7 @@ func offsetsResetAction(c *cli.Context) error {
 		return err
 	}
 	w := c.App.Writer
-	fmt.Fprintf(w, "reset %s (id %s, topic %s) to %s\n", t.storeName(), opts.ID, opts.Topic, target)
+	fmt.Fprintf(w, "reset %s (id %s, topic %s) to %s\n", t.auth.Where(), opts.ID, opts.Topic, target)
 	fmt.Fprintf(w, "store chosen by %s\n", from)
 	if leader != nil {
 		fmt.Fprintf(w, "leader record: %s (epoch %d, %s)\n", leader.Node, leader.Epoch, orNone(leader.Addr))
@@ -116,7 +112,7 @@ func offsetsResetAction(c *cli.Context) error {
 		if !isTerminal(c.App.Reader) {
 			return usageError(errors.New("not on a terminal, so nobody can confirm: give --yes to reset without asking; nothing written"))
 		}
-		ok, err := confirm(c.App.Reader, c.App.ErrWriter, fmt.Sprintf("reset %s of %s? [y/N] ", partitionCount(len(plan)), t.storeName()))
+		ok, err := confirm(c.App.Reader, c.App.ErrWriter, fmt.Sprintf("reset %s of %s? [y/N] ", partitionCount(len(plan)), t.auth.Where()))
 		if err != nil {
 			return err
 		}
@@ -140,7 +136,7 @@ func offsetsResetAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "reset %s of %s, verified%s\n", partitionCount(len(offs)), t.storeName(), note)
+	fmt.Fprintf(w, "reset %s of %s, verified%s\n", partitionCount(len(offs)), t.auth.Where(), note)
 	fmt.Fprintf(w, "the leader record names %s at epoch %d until the next election: a running cluster elects its leader now, "+
 		"a stopped one when it starts; that leader resumes from these offsets\n", cluster.ToolNode, epoch)
 	return nil
@@ -188,33 +184,16 @@ func timestampMillis(at time.Time) int64 { return max(0, at.UnixMilli()) }
 // then reads them back and compares. It returns the epoch the tool
 // recorded and a note for the user.
 func resetOffsets(ctx context.Context, t *offsetsTarget, seen uint64, offs map[int32]int64) (uint64, string, error) {
-	var epoch uint64
-	if t.kafkaStore() {
-		m, err := cluster.TakeKafka(ctx, t.group, seen)
-		if err != nil {
-			return 0, "", takeError(t, err)
-		}
-		defer func() {
-			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
-			defer cancel()
-			_ = t.group.Leave(lctx, m) // refused once a leader replaced it: nothing to leave
-		}()
-		if err := t.group.Commit(ctx, offsets.TopicFence(m), offs); err != nil {
-			return 0, "", writeError(t, err)
-		}
-		epoch = m.Epoch
-	} else {
-		take, e, err := cluster.TakeZooKeeper(t.conn, t.chroot, t.opts.ID, t.opts.Topic, t.acl(), seen)
-		if err != nil {
-			return 0, "", takeError(t, err)
-		}
-		if err := t.zs.CommitTaking(ctx, []zkstore.Take{take}, offs); err != nil {
-			return 0, "", writeError(t, err)
-		}
-		epoch = e
+	taken, err := t.auth.Take(ctx, seen)
+	if err != nil {
+		return 0, "", takeError(t, err)
 	}
-	note, err := verifyReset(ctx, t.read, t.storeName(), epoch, offs)
-	return epoch, note, err
+	defer taken.Release()
+	if err := taken.Commit(ctx, offs); err != nil {
+		return 0, "", writeError(t, err)
+	}
+	note, err := verifyReset(ctx, t.read, t.auth.Where(), taken.Epoch(), offs)
+	return taken.Epoch(), note, err
 }
 
 // takeError describes a failed take of the leader record.
@@ -222,15 +201,15 @@ func takeError(t *offsetsTarget, err error) error {
 	if errors.Is(err, cluster.ErrRecordChanged) {
 		return fmt.Errorf("%w: a leader was elected or left since the offsets were read; nothing written: run the reset again", err)
 	}
-	return fmt.Errorf("take the leader record of %s: %w; nothing written", t.storeName(), err)
+	return fmt.Errorf("take the leader record of %s: %w; nothing written", t.auth.Where(), err)
 }
 
 // writeError describes a failed write of the reset.
 func writeError(t *offsetsTarget, err error) error {
 	if errors.Is(err, offsets.ErrFenced) {
-		return fmt.Errorf("write to %s: %w: a daemon took the leader record meanwhile; nothing written: run the reset again", t.storeName(), err)
+		return fmt.Errorf("write to %s: %w: a daemon took the leader record meanwhile; nothing written: run the reset again", t.auth.Where(), err)
 	}
-	return fmt.Errorf("write to %s: %w; nothing written", t.storeName(), err)
+	return fmt.Errorf("write to %s: %w; nothing written", t.auth.Where(), err)
 }
 
 // verifyReset reads the offsets back from the store named name (read: its

@@ -10,7 +10,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/urfave/cli/v2"
 
-	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/status"
 )
@@ -77,7 +76,7 @@ func offsetsShowAction(c *cli.Context) error {
 		}
 		return nil
 	}
-	return writeOffsetsReport(c.App.Writer, r)
+	return writeOffsetsReport(c.App.Writer, r, t.auth.Where())
 }
 
 // readOffsetsReport reads what fanout offsets show prints.
@@ -94,7 +93,7 @@ func readOffsetsReport(ctx context.Context, t *offsetsTarget) (*offsetsReport, e
 	if err != nil {
 		return nil, err
 	}
-	r := &offsetsReport{ID: t.opts.ID, Topic: t.opts.Topic, Store: t.opts.OffsetStore, Location: t.location(), Leader: leader}
+	r := &offsetsReport{ID: t.opts.ID, Topic: t.opts.Topic, Store: t.auth.Kind().Name, Location: t.auth.Location(), Leader: leader}
 	for _, p := range parts {
 		st := logs[p]
 		po := partitionOffsets{Partition: p, Committed: st.Committed, LogStart: st.Start, LogEnd: st.End}
@@ -126,18 +125,15 @@ func readLogs(client sarama.Client, topic string, parts []int32, committed map[i
 	return out, nil
 }
 
-// writeOffsetsReport prints r as aligned tables.
-func writeOffsetsReport(w io.Writer, r *offsetsReport) error {
+// writeOffsetsReport prints r, read from the store at where, as aligned
+// tables.
+func writeOffsetsReport(w io.Writer, r *offsetsReport, where string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	where := r.Location
-	if r.Store == fanout.OffsetStoreKafka {
-		where = "group " + where
-	}
 	chosen := ""
 	if r.StoreFrom != "" {
 		chosen = ", chosen by " + r.StoreFrom
 	}
-	fmt.Fprintf(tw, "store\t%s %s (id %s, topic %s)%s\n", r.Store, where, r.ID, r.Topic, chosen)
+	fmt.Fprintf(tw, "store\t%s (id %s, topic %s)%s\n", where, r.ID, r.Topic, chosen)
 	if r.Leader != nil {
 		fmt.Fprintf(tw, "leader\t%s (epoch %d, %s)\n", r.Leader.Node, r.Leader.Epoch, orNone(r.Leader.Addr))
 	} else {

@@ -89,7 +89,7 @@ func serveOptions(c *cli.Context, environ []string) (fanout.Options, error) {
 	if len(kafkaAddrs) == 0 {
 		kafkaAddrs = linkedAddrs(environ, "KAFKA", 9092)
 	}
-	if len(zkAddrs) == 0 && str("offset-store") != fanout.OffsetStoreKafka {
+	if len(zkAddrs) == 0 && usesZooKeeper(str("offset-store")) {
 		zkAddrs = linkedAddrs(environ, "ZK", 2181) // no ZooKeeper at all with Kafka's store
 	}
 	opts := fanout.Options{

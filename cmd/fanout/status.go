@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,15 +12,13 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/go-zookeeper/zk"
-	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
-	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
@@ -114,24 +111,27 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 	st := &status.Status{ID: opts.ID, Topic: opts.Topic, HeartbeatTopic: cluster.TopicName(opts.ID, opts.Topic),
 		OffsetStore: opts.OffsetStore}
 
-	// ZooKeeper first: its client gives up when ctx ends; sarama's retries
-	// are bounded by its configuration.
-	var committed map[int32]int64
-	var owners map[int32]zkstore.OwnerState // spread mode's ownership records; none with the Kafka store
-	var err error
-	if opts.OffsetStore != fanout.OffsetStoreKafka {
-		if st.Leader, committed, owners, err = readZooKeeperStore(ctx, opts); err != nil {
-			return nil, err
-		}
-	}
 	client, err := statusClient(opts)
 	if err != nil {
 		return nil, err
 	}
 	defer client.Close()
-	if opts.OffsetStore == fanout.OffsetStoreKafka {
-		if st.Leader, committed, err = readKafkaStore(ctx, opts, client); err != nil {
-			return nil, err
+	auth, err := fanout.OpenAuthority(ctx, opts, client)
+	if err != nil {
+		return nil, err
+	}
+	defer auth.Close()
+	if st.Leader, err = auth.Leader(ctx); err != nil {
+		return nil, err
+	}
+	committed, err := auth.Offsets().Load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("committed offsets: %w", err)
+	}
+	var owners map[int32]zkstore.OwnerState // spread mode's ownership records, where the store keeps them
+	if o, ok := auth.Owners(); ok {
+		if owners, err = o.Read(ctx); err != nil {
+			return nil, fmt.Errorf("ownership records: %w", err)
 		}
 	}
 	parts, err := client.Partitions(opts.Topic)
@@ -181,90 +181,6 @@ func statusClient(opts fanout.Options) (sarama.Client, error) {
 		return nil, kafka.DescribeError(opts.Kafka, opts.KafkaSecurity, err)
 	}
 	return client, nil
-}
-
-// readZooKeeperStore reads the leader record, the committed offsets and
-// the ownership records (spread mode) in ZooKeeper.
-func readZooKeeperStore(ctx context.Context, opts fanout.Options) (*status.Leader, map[int32]int64, map[int32]zkstore.OwnerState, error) {
-	conn, chroot, err := toolZooKeeper(ctx, opts)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	defer conn.Close()
-	leader, err := readLeader(conn, chroot+cluster.FencePath(opts.ID, opts.Topic))
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	committed, err := zkstore.New(conn, chroot, opts.ID, opts.Topic).Load(ctx)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("committed offsets: %w", err)
-	}
-	owners, _, err := zkstore.ReadOwners(conn, chroot, opts.ID, opts.Topic)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("ownership records: %w", err)
-	}
-	return leader, committed, owners, nil
-}
-
-// toolZooKeeper opens a quiet ZooKeeper session for the tools (status,
-// offsets) and returns it with the chroot.
-func toolZooKeeper(ctx context.Context, opts fanout.Options) (*zk.Conn, string, error) {
-	servers, chroot, err := zkstore.ParseServers(opts.ZooKeeper)
-	if err != nil {
-		return nil, "", err
-	}
-	quiet := logrus.New()
-	quiet.SetOutput(io.Discard)
-	conn, err := opts.ZooKeeperSecurity.Connect(ctx, servers, 10*time.Second, logrus.NewEntry(quiet))
-	if err != nil {
-		return nil, "", err
-	}
-	return conn, chroot, nil
-}
-
-// readKafkaStore reads the leader record (the group's member) and the
-// committed offsets of the consumer group fanout_<id>.
-func readKafkaStore(ctx context.Context, opts fanout.Options, client sarama.Client) (*status.Leader, map[int32]int64, error) {
-	store := kafkastore.New(client, opts.ID, opts.Topic, 0)
-	d, err := store.Describe(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("leader record: %w", err)
-	}
-	var leader *status.Leader
-	h, ok, err := d.Holder()
-	if err != nil {
-		return nil, nil, fmt.Errorf("leader record: group %s: %w", store.Group(), err)
-	}
-	if ok {
-		leader = &status.Leader{Node: h.Leader.Node, Addr: h.Leader.Addr, Epoch: h.Leader.Epoch}
-	}
-	committed, err := store.Load(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("committed offsets: %w", err)
-	}
-	return leader, committed, nil
-}
-
-// readLeader returns the leader record at path, or nil when there is none
-// (no znode, or epoch 0: created, never won).
-func readLeader(conn *zk.Conn, path string) (*status.Leader, error) {
-	data, _, err := conn.Get(path)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("leader record %s: %w", path, err)
-	}
-	var rec status.Leader
-	if len(data) > 0 {
-		if err := json.Unmarshal(data, &rec); err != nil {
-			return nil, fmt.Errorf("leader record %s holds %q: %w", path, data, err)
-		}
-	}
-	if rec.Epoch == 0 {
-		return nil, nil
-	}
-	return &rec, nil
 }
 
 // heartbeatLog is what a window of a cluster's heartbeat log says.
@@ -367,8 +283,8 @@ func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 	fmt.Fprintf(tw, "cluster\t%s (id %s, topic %s)\n", st.HeartbeatTopic, st.ID, st.Topic)
 	if st.OffsetStore != "" {
 		store := st.OffsetStore
-		if store == fanout.OffsetStoreKafka {
-			store += " (group " + kafkastore.GroupName(st.ID) + ")"
+		if k, err := authority.Lookup(store); err == nil {
+			store = k.Label(st.ID)
 		}
 		if st.StoreFrom != "" {
 			store += ", chosen by " + st.StoreFrom

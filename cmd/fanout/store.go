@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/status"
@@ -18,19 +19,31 @@ import (
 
 // storeChoice is the offset store a tool reads, and why that one.
 type storeChoice struct {
-	store   string // fanout.OffsetStoreZooKeeper or fanout.OffsetStoreKafka
+	store   string // an authority.Kind's name
 	from    string // how it was chosen, for the user
 	guessed bool   // the default: neither given nor said
 }
 
 // hint adds to err, an error reaching the store, what to do when the
-// store was guessed: ZooKeeper out of reach may be a cluster that keeps its
-// offsets in Kafka.
+// store was guessed: the default store out of reach may be a cluster that
+// keeps its offsets in another.
 func (c storeChoice) hint(err error) error {
-	if err == nil || !c.guessed || c.store != fanout.OffsetStoreZooKeeper {
+	if err == nil || !c.guessed {
 		return err
 	}
-	return fmt.Errorf("%w (a cluster that keeps its offsets in Kafka: --offset-store kafka)", err)
+	return fmt.Errorf("%w (%s)", err, otherStores(c.store, "a cluster that keeps its offsets in %[2]s: --offset-store %[1]s"))
+}
+
+// otherStores lists, for the stores other than store, format with the
+// store's name and title, joined by "; ".
+func otherStores(store, format string) string {
+	var out []string
+	for _, k := range authority.Kinds() {
+		if k.Name != store {
+			out = append(out, fmt.Sprintf(format, k.Name, k.Title))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // chooseStore decides which offset store a tool (status, offsets show,
@@ -71,15 +84,16 @@ func chooseStore(given string, zkGiven bool, members []status.Member, window tim
 				"Kafka group fanout_<id> holds offsets of the topic: run this with --offset-store kafka "+
 				"(or --offset-store zookeeper for the offsets in ZooKeeper)", window)
 		}
-		return storeChoice{fanout.OffsetStoreZooKeeper, fmt.Sprintf("the default: no member heard within %v says which "+
-			"store it uses; --offset-store kafka for a cluster that keeps its offsets in Kafka", window), true}, nil
+		def := authority.Kinds()[0]
+		return storeChoice{def.Name, fmt.Sprintf("the default: no member heard within %v says which store it uses; %s",
+			window, otherStores(def.Name, "--offset-store %[1]s for a cluster that keeps its offsets in %[2]s")), true}, nil
 	case 1:
 		store := slices.Collect(maps.Keys(said))[0]
 		switch {
 		case given != "" && given != store:
 			return storeChoice{}, fmt.Errorf("%s, not %s: run this with --offset-store %s", heard(store), storeWhere(given), store)
-		case store == fanout.OffsetStoreKafka && zkGiven:
-			return storeChoice{}, fmt.Errorf("%s, not ZooKeeper: run this with --offset-store kafka and without --zookeeper", heard(store))
+		case !usesZooKeeper(store) && zkGiven:
+			return storeChoice{}, fmt.Errorf("%s, not ZooKeeper: run this with --offset-store %s and without --zookeeper", heard(store), store)
 		case given != "":
 			return storeChoice{store: store, from: "--offset-store, as the members' heartbeats say"}, nil
 		}
@@ -88,18 +102,32 @@ func chooseStore(given string, zkGiven bool, members []status.Member, window tim
 	if given != "" {
 		return storeChoice{store: given, from: "--offset-store (the members heard use both stores)"}, nil
 	}
-	return storeChoice{}, fmt.Errorf("the members heard within %v keep their offsets in different stores (%s in ZooKeeper; "+
-		"%s in Kafka): give every member the same --offset-store; to read one store meanwhile, run this with "+
-		"--offset-store zookeeper or --offset-store kafka", window,
-		strings.Join(said[fanout.OffsetStoreZooKeeper], ", "), strings.Join(said[fanout.OffsetStoreKafka], ", "))
+	var where, flags []string
+	for _, k := range authority.Kinds() {
+		if len(said[k.Name]) > 0 {
+			where = append(where, fmt.Sprintf("%s in %s", strings.Join(said[k.Name], ", "), k.Title))
+		}
+		flags = append(flags, "--offset-store "+k.Name)
+	}
+	return storeChoice{}, fmt.Errorf("the members heard within %v keep their offsets in different stores (%s): give every "+
+		"member the same --offset-store; to read one store meanwhile, run this with %s", window,
+		strings.Join(where, "; "), strings.Join(flags, " or "))
 }
 
-// storeWhere names a store for messages.
+// storeWhere names a store for messages: its Where, or the name itself
+// when it names no store.
 func storeWhere(store string) string {
-	if store == fanout.OffsetStoreKafka {
-		return "Kafka (the group fanout_<id>)"
+	if k, err := authority.Lookup(store); err == nil && store != "" {
+		return k.Where
 	}
-	return "ZooKeeper"
+	return store
+}
+
+// usesZooKeeper reports whether the store named store keeps its records in
+// ZooKeeper ("": not known yet, no).
+func usesZooKeeper(store string) bool {
+	k, err := authority.Lookup(store)
+	return err == nil && store != "" && k.ZooKeeper
 }
 
 // resolveStore sets opts.OffsetStore for a tool: --offset-store (given,
@@ -129,7 +157,7 @@ func resolveStore(ctx context.Context, c *cli.Context, opts *fanout.Options, giv
 		return storeChoice{}, usageError(err)
 	}
 	opts.OffsetStore = choice.store
-	if opts.OffsetStore != fanout.OffsetStoreKafka && len(opts.ZooKeeper) == 0 {
+	if usesZooKeeper(opts.OffsetStore) && len(opts.ZooKeeper) == 0 {
 		opts.ZooKeeper = splitAll(linkedAddrs(environ(), "ZK", 2181))
 		if len(opts.ZooKeeper) == 0 {
 			opts.ZooKeeper = []string{"localhost:2181"}

@@ -19,12 +19,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/go-zookeeper/zk"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/nanoservice/core-fanout/fanout/kafkastore"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
@@ -56,14 +53,10 @@ type Config struct {
 	// broker (seen: the full wait per hop), so keep it near 50-100 ms.
 	Client sarama.Client
 
-	// The authority: ZooKeeper (ZK, Chroot, ACL), or the Kafka group of
-	// the offset store (Group). Exactly one of ZK and Group is set.
-	ZK     *zk.Conn    // ZooKeeper session for the fence; the caller owns it
-	Chroot string      // ZooKeeper chroot (from zkstore.ParseServers); "" for none
-	ACL    zkstore.ACL // of the fence znode and the parents it creates (Security.ACL(Chroot)); zero: anyone may change them
-	// Group is the Kafka offset store whose group membership records and
-	// fences the leader (--offset-store kafka); the caller owns its client.
-	Group *kafkastore.Store
+	// Fencer is the authority that records the leader and fences its
+	// term's commits: the fence znode in ZooKeeper (ZooKeeperFencer) or the
+	// group of the Kafka offset store (KafkaFencer); required.
+	Fencer Fencer
 
 	// Secret, when set, authenticates the heartbeat log: every heartbeat
 	// this member publishes carries a MAC made with it (HeartbeatMAC), and
@@ -171,13 +164,14 @@ type snapshot struct {
 // Elector takes part in the election of one fanout cluster. Create it with
 // New, run it with Run, take leadership terms from Terms.
 type Elector struct {
-	cfg       Config
-	log       *logrus.Entry
-	topic     string
-	fence     fencer
-	fencePath string      // the fence znode, absolute (chroot included)
-	store     OffsetStore // where the authority keeps the leader record and the offsets, for the heartbeats
-	instance  string      // random per Elector: tells this process's heartbeats from another's with its node id
+	cfg      Config
+	log      *logrus.Entry
+	topic    string
+	fence    fencer
+	sharing  sharing     // how this member's mode shares the topic (Config.Mode)
+	store    OffsetStore // where the authority keeps the leader record and the offsets, for the heartbeats
+	repair   string      // how an operator fixes an unreadable record of the authority
+	instance string      // random per Elector: tells this process's heartbeats from another's with its node id
 
 	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
 	resign   chan chan error
@@ -197,39 +191,28 @@ func New(cfg Config) (*Elector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	switch {
-	case cfg.ZK != nil && cfg.Group != nil:
-		return nil, errors.New("cluster: one authority: a ZooKeeper connection or a Kafka group, not both")
-	case cfg.Group != nil:
-		e := newElector(cfg, nil)
-		e.fence = newKafkaFencer(cfg.Group, e.log)
-		return e, nil
-	case cfg.ZK != nil:
-		e := newElector(cfg, nil)
-		e.fence = &zkFencer{conn: cfg.ZK, path: e.fencePath, acl: cfg.ACL}
-		return e, nil
+	if cfg.Fencer == nil {
+		return nil, errors.New("cluster: a Fencer is required: the authority that records the leader")
 	}
-	return nil, errors.New("cluster: an authority is required: a ZooKeeper connection or a Kafka group")
+	return newElector(cfg, cfg.Fencer), nil
 }
 
 // newElector returns an Elector of the validated cfg that fences with f.
 func newElector(cfg Config, f fencer) *Elector {
 	e := &Elector{
-		cfg:       cfg,
-		topic:     TopicName(cfg.ID, cfg.Topic),
-		fence:     f,
-		fencePath: cfg.Chroot + FencePath(cfg.ID, cfg.Topic),
-		instance:  fmt.Sprintf("%016x", rand.Uint64()),
-		terms:     make(chan *Term, 1),
-		changed:   make(chan struct{}, 1),
-		resign:    make(chan chan error),
-		done:      make(chan struct{}),
+		cfg:      cfg,
+		topic:    TopicName(cfg.ID, cfg.Topic),
+		fence:    f,
+		sharing:  sharingOf(cfg.Mode),
+		instance: fmt.Sprintf("%016x", rand.Uint64()),
+		terms:    make(chan *Term, 1),
+		changed:  make(chan struct{}, 1),
+		resign:   make(chan chan error),
+		done:     make(chan struct{}),
 	}
-	switch { // the store the authority belongs to (tests may fence with neither)
-	case cfg.Group != nil:
-		e.store = OffsetStore_OFFSET_STORE_KAFKA
-	case cfg.ZK != nil:
-		e.store = OffsetStore_OFFSET_STORE_ZOOKEEPER
+	e.repair = "fix the record"
+	if cfg.Fencer != nil { // tests may fence with a fencer of their own
+		e.store, e.repair = cfg.Fencer.offsetStore(), cfg.Fencer.repair()
 	}
 	e.log = cfg.Logger.WithFields(logrus.Fields{"node": cfg.NodeID, "cluster_topic": e.topic})
 	e.snap.Store(&snapshot{})
@@ -332,15 +315,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		defer close(fenceDone)
 		watchFence(ctx, e.fence, e.cfg.NodeID, e.cfg.Addr, e.cfg.Heartbeat, reqs, reports)
 	}, nil)
-	var partitions chan int32 // spread mode: the topic's partition count, when it changes
-	if e.cfg.Mode == Mode_MODE_SPREAD {
-		partitions = make(chan int32)
-		// Detached too: a metadata request to an unreachable Kafka takes
-		// sarama's retries to give up.
-		detached.Go(e.log, "partition watcher", func() {
-			watchPartitions(ctx, e.cfg.Client, e.cfg.Topic, e.cfg.PartitionRefresh, partitions, e.log)
-		}, nil)
-	}
+	partitions := e.sharing.watch(ctx, e, &detached) // the topic's partition count, when the mode needs it
 
 	if err := e.retry(ctx, "create heartbeat topic "+e.topic, e.ensureTopic); err != nil {
 		return nil

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/backoff"
@@ -46,6 +48,31 @@ type fencer interface {
 	connected() bool
 	// name names the authority in logs: "zookeeper", "kafka group ...".
 	name() string
+}
+
+// Fencer is a fencer an Elector can be given (Config.Fencer): one of the
+// authorities of an offset store, which says which store it is in the
+// heartbeats.
+type Fencer interface {
+	fencer
+	// offsetStore is the offset store whose authority this is.
+	offsetStore() OffsetStore
+	// repair says how an operator fixes an unreadable record.
+	repair() string
+}
+
+// ZooKeeperFencer returns the authority of the ZooKeeper offset store of
+// fanout instance id on topic: the fence znode below chroot (created, with
+// its parents, with acl), on conn, which the caller owns.
+func ZooKeeperFencer(conn *zk.Conn, chroot, id, topic string, acl zkstore.ACL) Fencer {
+	return &zkFencer{conn: conn, path: chroot + FencePath(id, topic), acl: acl}
+}
+
+// KafkaFencer returns the authority of the Kafka offset store: the
+// membership of its group (see kafkaFencer); the caller owns the store's
+// client.
+func KafkaFencer(store *kafkastore.Store, log *logrus.Entry) Fencer {
+	return newKafkaFencer(store, log)
 }
 
 // FencePath is the fence znode of fanout instance id on topic, below the
@@ -148,6 +175,12 @@ func (f *zkFencer) release(context.Context, record) {}
 
 // name implements fencer.
 func (f *zkFencer) name() string { return "zookeeper" }
+
+// offsetStore implements Fencer.
+func (f *zkFencer) offsetStore() OffsetStore { return OffsetStore_OFFSET_STORE_ZOOKEEPER }
+
+// repair implements Fencer.
+func (f *zkFencer) repair() string { return "delete the znode to reset it" }
 
 // create creates the fence znode (epoch 0) and its ancestors, tolerating
 // that any exists.

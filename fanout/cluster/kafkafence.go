@@ -38,6 +38,14 @@ func newKafkaFencer(store *kafkastore.Store, log *logrus.Entry) *kafkaFencer {
 // name implements fencer.
 func (f *kafkaFencer) name() string { return "kafka" }
 
+// offsetStore implements Fencer.
+func (f *kafkaFencer) offsetStore() OffsetStore { return OffsetStore_OFFSET_STORE_KAFKA }
+
+// repair implements Fencer.
+func (f *kafkaFencer) repair() string {
+	return "remove the members that are not fanout leaders from the group"
+}
+
 // read implements fencer: a heartbeat of the membership this node holds, if
 // any (a refusal drops it), then the group's description. A group cannot be
 // watched: changed is nil, and the watcher reads again every heartbeat.

@@ -38,9 +38,10 @@ func startKafkaNodeWith(t *testing.T, c *kfake.Cluster, id, nodeID string, tune 
 	if tune != nil {
 		tune(&cfg)
 	}
-	cfg.Group = kafkastore.New(cfg.Client, id, "jobs", 0)
-	n := runNode(t, cfg, func(e *Elector) fencer { return newKafkaFencer(cfg.Group, e.log) })
-	return &kafkaNode{node: n, client: cfg.Client, store: cfg.Group}
+	store := kafkastore.New(cfg.Client, id, "jobs", 0)
+	cfg.Fencer = KafkaFencer(store, cfg.Logger)
+	n := runNode(t, cfg, func(e *Elector) fencer { return newKafkaFencer(store, e.log) })
+	return &kafkaNode{node: n, client: cfg.Client, store: store}
 }
 
 // newKafkaWithTopic starts an in-process Kafka with the consumed topic
@@ -207,14 +208,15 @@ func (f slowRelease) release(ctx context.Context, rec record) {
 func TestKafkaAuthorityStopWaitsForTheRelease(t *testing.T) {
 	c := newKafkaWithTopic(t)
 	cfg := testConfig(t, c, "slowleave", "n1")
-	cfg.Group = kafkastore.New(cfg.Client, "slowleave", "jobs", 0)
-	n := runNode(t, cfg, func(e *Elector) fencer { return slowRelease{newKafkaFencer(cfg.Group, e.log)} })
+	store := kafkastore.New(cfg.Client, "slowleave", "jobs", 0)
+	cfg.Fencer = KafkaFencer(store, cfg.Logger)
+	n := runNode(t, cfg, func(e *Elector) fencer { return slowRelease{newKafkaFencer(store, e.log)} })
 	testutil.WaitFor(t, 15*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
 	if err := n.e.Resign(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	n.stop()
-	d, err := cfg.Group.Describe(testCtx(t))
+	d, err := store.Describe(testCtx(t))
 	if err != nil {
 		t.Fatal(err)
 	}

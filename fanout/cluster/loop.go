@@ -26,7 +26,7 @@ type loop struct {
 	reqs     chan<- fenceReq    // to the fence watcher: CASes (at most one runs) and releases
 	reports  <-chan fenceReport // from the fence watcher, in order
 
-	partitionCounts <-chan int32 // spread mode: the topic's partition count, when it changes
+	partitionCounts <-chan int32 // the topic's partition count, when it changes (spread mode; nil in leader mode)
 	spread          spreadState  // spread mode's assignment (spread.go)
 
 	v              *vote
@@ -240,7 +240,7 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 		}
 	case observed:
 		if a := hb.GetAssignment(); a != nil {
-			l.acceptAssignment(hb, a)
+			l.e.sharing.accept(l, hb, a)
 		}
 		l.checkStore(hb)
 	case stale:
@@ -297,7 +297,7 @@ func (l *loop) report(r fenceReport) {
 		l.readFailing = true
 	default:
 		if r.err != nil && r.rec != l.v.rec { // once per occurrence
-			log.WithError(r.err).Error("the fence record in " + l.e.fence.name() + " is unreadable: nobody can lead until it is fixed (" + unreadableHint(l.e.fence.name()) + ")")
+			log.WithError(r.err).Error("the fence record in " + l.e.fence.name() + " is unreadable: nobody can lead until it is fixed (" + l.e.repair + ")")
 		}
 		if l.readFailing {
 			log.Info("fence record readable again")
@@ -345,8 +345,8 @@ func (l *loop) update(now time.Time, tick bool) {
 		// lower ids from claiming.
 		l.claim = 0
 	}
-	if l.e.cfg.Mode == Mode_MODE_SPREAD && l.term != nil {
-		l.rebalance(now)
+	if l.term != nil {
+		l.e.sharing.lead(l, now)
 	}
 	l.checkMode(now)
 	if !l.left {
@@ -379,12 +379,7 @@ func (l *loop) heartbeat(now time.Time) *Heartbeat {
 		ready, reason := l.e.cfg.Readiness()
 		hb.Readiness = &Readiness{Ready: ready, Reason: reason}
 	}
-	if l.e.cfg.Mode == Mode_MODE_SPREAD {
-		hb.Weight = uint32(l.e.cfg.Weight)
-		if l.term != nil && l.spread.published != nil && l.spread.published.Epoch == l.term.Epoch {
-			hb.Assignment = l.spread.published.proto()
-		}
-	}
+	l.e.sharing.stamp(l, hb)
 	return hb
 }
 
@@ -507,7 +502,7 @@ func (l *loop) publishSnapshot(now time.Time) {
 		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen,
 			Mode: m.mode, Weight: m.weight, Store: m.store, Readiness: m.readiness})
 	}
-	s.assignment = l.inForce(now)
+	s.assignment = l.e.sharing.inForce(l, now)
 	if l.term != nil {
 		s.published = l.spread.published
 	}
@@ -518,13 +513,4 @@ func (l *loop) publishSnapshot(now time.Time) {
 		default:
 		}
 	}
-}
-
-// unreadableHint says how to fix an unreadable fence record of the
-// authority named name.
-func unreadableHint(name string) string {
-	if name == "zookeeper" {
-		return "delete the znode to reset it"
-	}
-	return "remove the members that are not fanout leaders from the group"
 }

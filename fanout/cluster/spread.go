@@ -10,8 +10,79 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
+
+// sharing is how this member's mode shares the topic in the election
+// loop, chosen once by New from Config.Mode (sharingOf): in leader mode
+// nothing is shared, the leader serves every partition (leaderSharing); in
+// spread mode the leader assigns the partitions to the live members of
+// that mode and publishes the assignment in its heartbeats, and every
+// member follows the one it accepts from the recorded leader
+// (spreadSharing).
+type sharing interface {
+	// watch starts, in detached, what the mode needs to know of the
+	// topic's partitions, and returns where their count arrives when it
+	// changes (nil: never).
+	watch(ctx context.Context, e *Elector, detached *actor.Group) <-chan int32
+	// accept takes the assignment a that heartbeat hb carries.
+	accept(l *loop, hb *Heartbeat, a *PartitionAssignment)
+	// inForce returns the assignment in force for this member at now (see
+	// Elector.Assignment).
+	inForce(l *loop, now time.Time) *Assignment
+	// lead is called at every update while this member holds a term.
+	lead(l *loop, now time.Time)
+	// stamp adds the mode's part to this member's heartbeat hb.
+	stamp(l *loop, hb *Heartbeat)
+}
+
+// sharingOf returns the sharing of mode m: the one place the loop tells
+// the modes apart.
+func sharingOf(m Mode) sharing {
+	if m == Mode_MODE_SPREAD {
+		return spreadSharing{}
+	}
+	return leaderSharing{}
+}
+
+// leaderSharing is leader mode's sharing: none.
+type leaderSharing struct{}
+
+func (leaderSharing) watch(context.Context, *Elector, *actor.Group) <-chan int32 { return nil }
+func (leaderSharing) accept(*loop, *Heartbeat, *PartitionAssignment)             {}
+func (leaderSharing) inForce(*loop, time.Time) *Assignment                       { return nil }
+func (leaderSharing) lead(*loop, time.Time)                                      {}
+func (leaderSharing) stamp(*loop, *Heartbeat)                                    {}
+
+// spreadSharing is spread mode's sharing (the loop's spreadState).
+type spreadSharing struct{}
+
+// watch reads the topic's partition count every Config.PartitionRefresh:
+// detached, as a metadata request to an unreachable Kafka takes sarama's
+// retries to give up.
+func (spreadSharing) watch(ctx context.Context, e *Elector, detached *actor.Group) <-chan int32 {
+	partitions := make(chan int32)
+	detached.Go(e.log, "partition watcher", func() {
+		watchPartitions(ctx, e.cfg.Client, e.cfg.Topic, e.cfg.PartitionRefresh, partitions, e.log)
+	}, nil)
+	return partitions
+}
+
+func (spreadSharing) accept(l *loop, hb *Heartbeat, a *PartitionAssignment) {
+	l.acceptAssignment(hb, a)
+}
+func (spreadSharing) inForce(l *loop, now time.Time) *Assignment { return l.inForce(now) }
+func (spreadSharing) lead(l *loop, now time.Time)                { l.rebalance(now) }
+
+// stamp adds this member's weight and, while it leads, the assignment it
+// publishes for its term.
+func (spreadSharing) stamp(l *loop, hb *Heartbeat) {
+	hb.Weight = uint32(l.e.cfg.Weight)
+	if l.term != nil && l.spread.published != nil && l.spread.published.Epoch == l.term.Epoch {
+		hb.Assignment = l.spread.published.proto()
+	}
+}
 
 // spreadState is the loop's part of spread mode: the assignment accepted
 // from the log, the one this node publishes while it leads, and the
@@ -33,8 +104,6 @@ type spreadState struct {
 func (l *loop) acceptAssignment(hb *Heartbeat, a *PartitionAssignment) {
 	rec := l.v.rec
 	switch {
-	case l.e.cfg.Mode != Mode_MODE_SPREAD:
-		return
 	case !l.v.recKnown || rec.Missing || rec.Corrupt || rec.Node == "":
 		return
 	case hb.GetRole() != Role_ROLE_LEADER || hb.GetNodeId() != rec.Node || hb.GetEpoch() != rec.Epoch || a.GetEpoch() != rec.Epoch:
@@ -53,10 +122,10 @@ func (l *loop) acceptAssignment(hb *Heartbeat, a *PartitionAssignment) {
 // inForce returns the assignment in force for this member at now (see
 // Elector.Assignment).
 func (l *loop) inForce(now time.Time) *Assignment {
-	if l.e.cfg.Mode != Mode_MODE_SPREAD || !l.v.live(l.e.cfg.NodeID, now) {
+	if !l.v.live(l.e.cfg.NodeID, now) {
 		return nil
 	}
-	if rec := l.v.rec; l.v.leaderLive(now) && l.v.members[rec.Node].mode != Mode_MODE_SPREAD {
+	if rec := l.v.rec; l.v.leaderLive(now) && l.v.members[rec.Node].mode != l.e.cfg.Mode {
 		return nil
 	}
 	return l.spread.accepted
@@ -103,7 +172,7 @@ func (l *loop) rebalance(now time.Time) {
 	var cands []candidate
 	self := false
 	for id, m := range l.v.members {
-		if l.v.live(id, now) && m.mode == Mode_MODE_SPREAD {
+		if l.v.live(id, now) && m.mode == l.e.cfg.Mode {
 			cands = append(cands, candidate{id: id, addr: m.addr, weight: m.weight})
 			self = self || id == l.e.cfg.NodeID
 		}

@@ -5,21 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
 // committer writes offsets to the store off the dispatcher's goroutine, so a
 // slow store never stalls deliveries. Offers merge: only the newest offset of
 // each partition is written, and one commit runs at a time, so a stored
-// offset never goes backwards. Every commit is made under the term's fence,
-// fixed at creation: a committer abandoned with a commit under way cannot
-// write once another term began, however late that commit runs.
+// offset never goes backwards. Which partitions it commits and under which
+// fence is its scope's (Scope: the whole topic under the term's fence,
+// fixed at creation, so that a committer abandoned with a commit under way
+// cannot write once another term began, however late that commit runs; or
+// the partitions assigned, each under its own condition, see
+// partitionCommits).
 //
 // With a store that keeps progress (offsets.ProgressStore) each partition's
 // latest progress is kept beside its pending offset, and a commit of offset
@@ -27,84 +30,68 @@ import (
 // offer's progress above the same offset is as true, and a progress above
 // another offset is not written (the store then holds none for it until the
 // next commit).
-//
-// In per-partition mode there is no term fence: each partition is committed
-// under the condition it was assigned with (assign), which its offers carry
-// until it is forgotten (forget) or finished (finish: a last commit, after
-// which nothing of it is written). A commit's fence is made of the conditions
-// of the partitions it writes, and a fenced commit is not the end of the
-// committer: the partitions whose conditions no longer hold are reported on
-// lost, the others committed again one by one. A final commit belongs to the
-// stretch it was asked in: only a commit under that stretch's condition
-// answers it, and a partition assigned again (a new stretch) answers a final
-// commit still pending with an error, since its offset is no longer written.
 type committer struct {
-	store        offsets.Store
-	ps           offsets.ProgressStore // store, when it keeps progress; else nil
-	fence        offsets.Fence         // the term's fence; zero in per-partition mode
-	perPartition bool
-	interval     time.Duration // wait before retrying a failed commit
-	log          *logrus.Entry
+	store    offsets.Store
+	ps       offsets.ProgressStore // store, when it keeps progress; else nil
+	interval time.Duration         // wait before retrying a failed commit
+	log      *logrus.Entry
 
 	observe func(took time.Duration, err error) // Config.OnCommit; may be nil
 
-	mu           sync.Mutex                  // guards the fields below
-	pending      map[int32]int64             // offered, not yet stored
-	prog         map[int32]offsets.Progress  // with ps: the latest progress offered per partition
-	anchors      map[int32][]chan struct{}   // closed once a commit of their partition, offered after them, succeeds
-	conds        map[int32]offsets.Condition // per-partition mode: the partitions committed, each under its condition
-	finals       map[int32]final             // per-partition mode: finish waits for these partitions' next commit
-	lostParts    map[int32]offsets.Condition // per-partition mode: found fenced, not yet sent on lost
-	stored       map[int32]int64             // what the store holds, as far as this committer knows
-	failures     uint64                      // failed commits, in total
-	failingSince time.Time                   // first failure since the last success; zero after a success
-	runningSince time.Time                   // start of the commit under way; zero when none
+	mu           sync.Mutex                 // guards the fields below
+	scope        commitScope                // which partitions are committed, under which fence
+	pending      map[int32]int64            // offered, not yet stored
+	prog         map[int32]offsets.Progress // with ps: the latest progress offered per partition
+	anchors      map[int32][]chan struct{}  // closed once a commit of their partition, offered after them, succeeds
+	stored       map[int32]int64            // what the store holds, as far as this committer knows
+	failures     uint64                     // failed commits, in total
+	failingSince time.Time                  // first failure since the last success; zero after a success
+	runningSince time.Time                  // start of the commit under way; zero when none
 
 	kick   chan struct{}                    // capacity 1: pending has something new
-	fenced chan error                       // capacity 1: the store refused us for good (term mode)
-	lost   chan map[int32]offsets.Condition // per-partition mode: partitions whose condition no longer holds
+	fenced chan error                       // capacity 1: the store refused the whole scope for good
+	lost   chan map[int32]offsets.Condition // partitions whose condition no longer holds
 	cancel context.CancelFunc
-	done   chan struct{}
+	loop   actor.Group // the commit loop
 }
 
-func newCommitter(store offsets.Store, fence offsets.Fence, interval time.Duration, log *logrus.Entry,
-	stored map[int32]int64, observe func(time.Duration, error)) *committer {
+// newCommitter returns the committer of scope on store, not yet started.
+func newCommitter(store offsets.Store, scope Scope, interval time.Duration, log *logrus.Entry,
+	stored map[int32]int64, observe func(time.Duration, error)) (*committer, error) {
+	cs, err := scope.commits()
+	if err != nil {
+		return nil, err
+	}
 	ps, _ := store.(offsets.ProgressStore)
 	return &committer{
-		store:        store,
-		ps:           ps,
-		prog:         map[int32]offsets.Progress{},
-		fence:        fence,
-		perPartition: fence.IsZero(),
-		interval:     interval,
-		log:          log,
-		observe:      observe,
-		pending:      map[int32]int64{},
-		anchors:      map[int32][]chan struct{}{},
-		conds:        map[int32]offsets.Condition{},
-		finals:       map[int32]final{},
-		stored:       maps.Clone(stored),
-		kick:         make(chan struct{}, 1),
-		fenced:       make(chan error, 1),
-		lost:         make(chan map[int32]offsets.Condition),
-	}
+		store:    store,
+		ps:       ps,
+		scope:    cs,
+		prog:     map[int32]offsets.Progress{},
+		interval: interval,
+		log:      log,
+		observe:  observe,
+		pending:  map[int32]int64{},
+		anchors:  map[int32][]chan struct{}{},
+		stored:   maps.Clone(stored),
+		kick:     make(chan struct{}, 1),
+		fenced:   make(chan error, 1),
+		lost:     make(chan map[int32]offsets.Condition),
+	}, nil
 }
 
 // start runs the commit loop in its own goroutine until stop.
 func (c *committer) start() {
 	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel, c.done = cancel, make(chan struct{})
-	go func() {
-		defer close(c.done)
-		c.run(ctx)
-	}()
+	c.cancel = cancel
+	c.loop.Go(c.log, "committer", func() { c.run(ctx) }, nil)
 }
 
 // stop ends the loop and waits for a commit under way.
 func (c *committer) stop() {
 	if c.cancel != nil {
 		c.cancel()
-		<-c.done
+		c.loop.Wait()
 		c.cancel = nil
 	}
 }
@@ -120,15 +107,15 @@ func (c *committer) abandon() {
 }
 
 // offer queues offsets for the next commit, with their progress (nil: none,
-// or a store that keeps none). In per-partition mode offsets of partitions
-// not assigned are ignored.
+// or a store that keeps none). Offsets of partitions outside the scope
+// (not assigned) are ignored.
 func (c *committer) offer(m map[int32]int64, prog map[int32]offsets.Progress) {
 	if len(m) == 0 {
 		return
 	}
 	c.mu.Lock()
 	for p, o := range m {
-		if !c.perPartition || c.conds[p] != nil {
+		if c.scope.covers(p) {
 			c.pending[p] = o
 			c.setProgress(p, prog)
 		}
@@ -172,11 +159,11 @@ func (c *committer) write(ctx context.Context, fence offsets.Fence, m map[int32]
 // anchor queues offset for partition p with its progress in prog, like
 // offer, and closes done once a commit that includes p, of this offset or of
 // a newer offer, has succeeded.
-// In per-partition mode an anchor of a partition not assigned, or forgotten
-// before its commit, is never closed (its source has stopped fetching it).
+// An anchor of a partition outside the scope, or forgotten before its
+// commit, is never closed (its source has stopped fetching it).
 func (c *committer) anchor(p int32, offset int64, prog map[int32]offsets.Progress, done chan struct{}) {
 	c.mu.Lock()
-	if !c.perPartition || c.conds[p] != nil {
+	if c.scope.covers(p) {
 		c.pending[p] = offset
 		c.setProgress(p, prog)
 		c.anchors[p] = append(c.anchors[p], done)
@@ -193,26 +180,18 @@ func (c *committer) poke() {
 	}
 }
 
-// final is a final commit that finish waits for: the partition's next
-// successful commit under cond answers it.
-type final struct {
-	done chan<- error
-	cond offsets.Condition
-}
-
-// assign makes partition p committable under cond (per-partition mode), with
-// stored, when >= 0, the offset the store holds for it. A new stretch of p
-// begins: a final commit of the previous one still pending is answered with
-// an error (its offset will not be written), so that no commit of the new
-// stretch is taken for it.
-func (c *committer) assign(p int32, cond offsets.Condition, stored int64) {
+// assign makes partition p committable under cond (AssignedPartitions),
+// with stored, when >= 0, the offset the store holds for it. A new stretch
+// of p begins: a final commit of the previous one still pending is answered
+// with an error (its offset will not be written), so that no commit of the
+// new stretch is taken for it. It fails when the scope takes no
+// assignments.
+func (c *committer) assign(p int32, cond offsets.Condition, stored int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if f, ok := c.finals[p]; ok {
-		f.done <- fmt.Errorf("dispatch: final commit of partition %d not written: the partition was assigned again", p)
-		delete(c.finals, p)
+	if err := c.scope.assign(p, cond); err != nil {
+		return err
 	}
-	c.conds[p] = cond
 	delete(c.pending, p)
 	delete(c.prog, p)
 	if c.stored == nil {
@@ -223,10 +202,11 @@ func (c *committer) assign(p int32, cond offsets.Condition, stored int64) {
 	} else {
 		delete(c.stored, p)
 	}
+	return nil
 }
 
-// forget stops committing partition p (per-partition mode): what is pending
-// of it is dropped, and a commit under way that carries it is the last one.
+// forget stops committing partition p: what is pending of it is dropped,
+// and a commit under way that carries it is the last one.
 func (c *committer) forget(p int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -234,20 +214,16 @@ func (c *committer) forget(p int32) {
 }
 
 func (c *committer) forgetLocked(p int32, err error) {
-	delete(c.conds, p)
+	c.scope.forget(p, err)
 	delete(c.pending, p)
 	delete(c.prog, p)
 	delete(c.anchors, p)
 	delete(c.stored, p)
-	if f, ok := c.finals[p]; ok {
-		f.done <- err
-		delete(c.finals, p)
-	}
 }
 
 // finish commits offset o of partition p, with its progress in prog, under
-// its condition as the partition's last commit, after any commit of it under way, and then
-// forgets p (per-partition mode). The returned channel receives the outcome
+// its condition as the partition's last commit, after any commit of it
+// under way, and then forgets p. The returned channel receives the outcome
 // once: nil, or the error of a commit that was refused (wrapping
 // offsets.ErrFenced) or that could not run because the committer stopped. A
 // commit that fails otherwise is retried, as any.
@@ -255,16 +231,12 @@ func (c *committer) finish(p int32, o int64, prog map[int32]offsets.Progress) <-
 	done := make(chan error, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conds[p] == nil {
-		done <- fmt.Errorf("dispatch: final commit of partition %d: not assigned", p)
+	if err := c.scope.finish(p, done); err != nil {
+		done <- err
 		return done
-	}
-	if f, ok := c.finals[p]; ok {
-		f.done <- errors.New("dispatch: final commit replaced by a newer one")
 	}
 	c.pending[p] = o
 	c.setProgress(p, prog)
-	c.finals[p] = final{done: done, cond: c.conds[p]}
 	c.poke()
 	return done
 }
@@ -280,28 +252,18 @@ func (c *committer) take() (map[int32]int64, offsets.Fence, map[int32][]chan str
 	}
 	m, anchors := c.pending, c.anchors
 	c.pending, c.anchors = map[int32]int64{}, map[int32][]chan struct{}{}
-	if !c.perPartition {
-		return m, c.fence, anchors
-	}
-	conds := make(map[int32]offsets.Condition, len(m))
-	for p := range m {
-		conds[p] = c.conds[p] // offer, anchor and finish keep only assigned partitions
-	}
-	return m, offsets.PartitionFence(conds), anchors
+	return m, c.scope.fenceOf(m), anchors
 }
 
 // putBack returns offsets of a failed commit, unless newer ones arrived or
-// (per-partition mode) the partition was forgotten or assigned again since,
-// and their anchors, which wait for whichever is committed next.
+// the partition was forgotten or assigned again since, and their anchors,
+// which wait for whichever is committed next.
 func (c *committer) putBack(m map[int32]int64, fence offsets.Fence, anchors map[int32][]chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for p, o := range m {
-		if c.perPartition {
-			conds, err := fence.Conditions([]int32{p})
-			if err != nil || c.conds[p] == nil || conds[0] != c.conds[p] {
-				continue
-			}
+		if !c.scope.current(p, fence) {
+			continue
 		}
 		if _, newer := c.pending[p]; !newer {
 			c.pending[p] = o
@@ -352,9 +314,6 @@ func (c *committer) run(ctx context.Context) {
 			c.fenced <- err
 			return
 		default:
-			if !c.perPartition { // per partition: commit put back what failed
-				c.putBack(m, fence, anchors)
-			}
 			if failures == 0 || failures%30 == 0 {
 				c.log.WithError(err).WithField("failures", failures+1).Warn("offset commit failed; retrying")
 			}
@@ -372,85 +331,43 @@ func (c *committer) run(ctx context.Context) {
 }
 
 // commit writes m under fence, records the outcome and returns what it
-// committed. In per-partition mode a fenced commit is retried partition by
-// partition: the partitions whose condition no longer holds are forgotten
-// and kept for takeLost, the others are committed; it then returns the
-// first other error, if any, never offsets.ErrFenced.
+// committed. A commit that failed is put back for the next one; one the
+// store refused goes to the scope, which returns what it committed after
+// all and the error the loop is to take.
 func (c *committer) commit(ctx context.Context, m map[int32]int64, fence offsets.Fence,
 	anchors map[int32][]chan struct{}) (map[int32]int64, error) {
+	err := c.attempt(ctx, m, fence)
+	switch {
+	case err == nil:
+		return m, nil
+	case errors.Is(err, offsets.ErrFenced):
+		return c.scope.refused(ctx, c, m, fence, anchors, err)
+	}
+	c.putBack(m, fence, anchors)
+	return nil, err
+}
+
+// attempt writes m under fence once and records the outcome.
+func (c *committer) attempt(ctx context.Context, m map[int32]int64, fence offsets.Fence) error {
 	start := time.Now()
 	c.mu.Lock()
 	c.runningSince = start
 	c.mu.Unlock()
 	err := c.write(ctx, fence, m)
 	c.record(m, fence, time.Since(start), err)
-	if err == nil {
-		return m, nil
-	}
-	if !c.perPartition {
-		return nil, err
-	}
-	if !errors.Is(err, offsets.ErrFenced) {
-		c.putBack(m, fence, anchors)
-		return nil, err
-	}
-	parts := slices.Sorted(maps.Keys(m))
-	if len(parts) == 1 {
-		c.markLost(parts[0], fence, err)
-		return nil, nil
-	}
-	done := map[int32]int64{}
-	var first error
-	for _, p := range parts {
-		one := map[int32]int64{p: m[p]}
-		start := time.Now()
-		err := c.write(ctx, fence, one)
-		c.record(one, fence, time.Since(start), err)
-		switch {
-		case err == nil:
-			done[p] = m[p]
-		case errors.Is(err, offsets.ErrFenced):
-			c.markLost(p, fence, err)
-		default:
-			c.putBack(one, fence, anchors)
-			if first == nil {
-				first = err
-			}
-		}
-	}
-	return done, first
-}
-
-// markLost forgets partition p, found fenced under its condition in fence,
-// and keeps it for takeLost; unless p was forgotten or assigned again under
-// another condition since.
-func (c *committer) markLost(p int32, fence offsets.Fence, err error) {
-	conds, cerr := fence.Conditions([]int32{p})
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cerr != nil || c.conds[p] == nil || c.conds[p] != conds[0] {
-		return // forgotten, or assigned again under another condition, since
-	}
-	c.forgetLocked(p, err)
-	if c.lostParts == nil {
-		c.lostParts = map[int32]offsets.Condition{}
-	}
-	c.lostParts[p] = conds[0]
-	c.log.WithError(err).WithField("partition", p).Warn("offset commit fenced: the partition is no longer ours")
+	return err
 }
 
 // takeLost returns the partitions found fenced since the last call.
 func (c *committer) takeLost() map[int32]offsets.Condition {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.lostParts
-	c.lostParts = nil
-	return l
+	return c.scope.takeLost()
 }
 
 // flush stops the loop and commits everything pending plus m (with its
-// progress prog), synchronously.
-// In per-partition mode partitions found fenced are only logged.
+// progress prog), synchronously. Partitions of AssignedPartitions found
+// fenced are only logged.
 func (c *committer) flush(ctx context.Context, m map[int32]int64, prog map[int32]offsets.Progress) error {
 	c.stop()
 	c.offer(m, prog)
@@ -472,14 +389,11 @@ func (c *committer) flush(ctx context.Context, m map[int32]int64, prog map[int32
 func (c *committer) resolveFinals(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for p, f := range c.finals {
-		f.done <- err
-		delete(c.finals, p)
-	}
+	c.scope.resolveFinals(err)
 }
 
-// record notes the outcome of one commit of m, for report and OnCommit, and
-// answers the final commits it carried.
+// record notes the outcome of one commit of m under fence, for report and
+// OnCommit, and answers the final commits it carried.
 func (c *committer) record(m map[int32]int64, fence offsets.Fence, took time.Duration, err error) {
 	if c.observe != nil {
 		c.observe(took, err)
@@ -499,22 +413,12 @@ func (c *committer) record(m map[int32]int64, fence offsets.Fence, took time.Dur
 		c.stored = map[int32]int64{}
 	}
 	for p, o := range m {
-		if !c.perPartition {
-			c.stored[p] = o
-			continue
-		}
-		conds, cerr := fence.Conditions([]int32{p})
-		if cerr != nil || c.conds[p] == nil || c.conds[p] != conds[0] {
+		if !c.scope.current(p, fence) {
 			continue // forgotten, or assigned again, since
 		}
 		c.stored[p] = o
-		if f, ok := c.finals[p]; ok && f.cond == conds[0] {
-			if _, newer := c.pending[p]; !newer {
-				f.done <- nil
-				delete(c.finals, p)
-				delete(c.conds, p)
-				delete(c.stored, p)
-			}
+		if _, newer := c.pending[p]; !newer && c.scope.committed(p, fence) {
+			delete(c.stored, p)
 		}
 	}
 }

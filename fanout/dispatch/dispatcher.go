@@ -28,9 +28,12 @@ type Config struct {
 	// hang) before Run gives up with ErrCommitsFailing; 0 means never.
 	MaxCommitFailure time.Duration
 	Store            offsets.Store // where offsets are committed; required
-	Fence            offsets.Fence // the term's fence, given to every commit; required unless PerPartition
-	Logger           *logrus.Entry // default: the standard logger
-	Now              func() time.Time
+	// Scope is what the dispatcher serves and how its commits are fenced:
+	// WholeTopic (a term's fence, given to every commit) or
+	// AssignedPartitions; required.
+	Scope  Scope
+	Logger *logrus.Entry // default: the standard logger
+	Now    func() time.Time
 
 	// Stored holds the offsets loaded from Store: Stats.Committed reports
 	// them until commits replace them.
@@ -76,17 +79,6 @@ type Config struct {
 	// order, one at a time (keys.go).
 	KeyOrdering bool
 
-	// PerPartition makes a dispatcher that serves only the partitions given
-	// to it with Assign, each committed under its own fence condition, until
-	// Revoke or Drop; batches of other partitions are dropped. Fence must be
-	// zero. A commit refused for a partition drops that partition alone
-	// (OnLost), never the dispatcher.
-	PerPartition bool
-	// OnLost, when set, is told (from the dispatcher's goroutine: it must
-	// not block) of each partition dropped because a commit under its
-	// condition was refused, in per-partition mode.
-	OnLost func(p int32, cond offsets.Condition)
-
 	// DeliveryLog, when set, gets an event per delivery, per outcome of one
 	// (and whether a failure counted toward MaxAttempts), per client joining
 	// and leaving, and per partition assigned, revoked, lost or restarted
@@ -94,30 +86,40 @@ type Config struct {
 	DeliveryLog *deliverylog.Log
 }
 
+// Defaults of Config's zero fields.
+const (
+	DefaultAckTimeout       = 30 * time.Second
+	DefaultMaxBuffered      = 10000
+	DefaultMaxBufferedBytes = 64 << 20
+	DefaultMaxOutstanding   = 50000
+	DefaultCommitInterval   = time.Second
+	DefaultDrainTimeout     = 10 * time.Second
+)
+
 func (c *Config) setDefaults() {
 	if c.RetryBackoffMax < c.RetryBackoffMin {
 		c.RetryBackoffMax = c.RetryBackoffMin
 	}
 	if c.AckTimeout <= 0 {
-		c.AckTimeout = 30 * time.Second
+		c.AckTimeout = DefaultAckTimeout
 	}
 	if c.MaxBuffered <= 0 {
-		c.MaxBuffered = 10000
+		c.MaxBuffered = DefaultMaxBuffered
 	}
 	if c.MaxBufferedBytes <= 0 {
-		c.MaxBufferedBytes = 64 << 20
+		c.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
 	if c.MaxOutstanding <= 0 {
-		c.MaxOutstanding = 50000
+		c.MaxOutstanding = DefaultMaxOutstanding
 	}
 	if c.CommitInterval <= 0 {
-		c.CommitInterval = time.Second
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.StallAfter <= 0 {
 		c.StallAfter = max(3*c.AckTimeout, 30*time.Second)
 	}
 	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 10 * time.Second
+		c.DrainTimeout = DefaultDrainTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = logrus.NewEntry(logrus.StandardLogger())
@@ -182,11 +184,11 @@ func New(cfg Config, src Source) (*Dispatcher, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("dispatch: Config.Store is required")
 	}
-	switch {
-	case cfg.PerPartition && !cfg.Fence.IsZero():
-		return nil, errors.New("dispatch: Config.Fence must be zero with PerPartition: each partition is assigned with its own")
-	case !cfg.PerPartition && cfg.Fence.IsZero():
-		return nil, errors.New("dispatch: Config.Fence is required: no commit without a fence")
+	if cfg.Scope == nil {
+		return nil, errors.New("dispatch: Config.Scope is required: the whole topic under a fence, or assigned partitions")
+	}
+	if _, err := cfg.Scope.commits(); err != nil {
+		return nil, err
 	}
 	if cfg.MaxAttempts < 0 {
 		return nil, fmt.Errorf("dispatch: Config.MaxAttempts %d is negative", cfg.MaxAttempts)
@@ -264,7 +266,7 @@ func (d *Dispatcher) sendIDs(kind reqKind, id uint64, ids []uint64) {
 	}
 }
 
-// Assign adds partition p (per-partition mode): its batches are taken from
+// Assign adds partition p (AssignedPartitions): its batches are taken from
 // once Assign returns, and its offsets committed under cond. stored is the
 // offset the store holds for it (for Stats.Committed), or -1, and prog the
 // progress stored above it (its acked messages are not delivered again,
@@ -286,12 +288,12 @@ func (d *Dispatcher) Assign(p int32, cond offsets.Condition, stored int64, prog 
 	}
 }
 
-// Drop takes partition p away at once (per-partition mode: it was lost to
+// Drop takes partition p away at once (AssignedPartitions: it was lost to
 // another owner): its buffered messages and deliveries in flight are
 // dropped (acks for them become unknown), nothing more of it is committed.
 func (d *Dispatcher) Drop(p int32) { d.send(request{kind: reqDrop, part: p}) }
 
-// Revoke hands partition p over (per-partition mode): call it once the
+// Revoke hands partition p over (AssignedPartitions): call it once the
 // source has stopped fetching p. Its buffered messages are dropped (the next
 // owner fetches them again) and nothing more of it is delivered; its
 // deliveries in flight are awaited for up to timeout, then dropped; its
@@ -411,20 +413,14 @@ var ErrAbandon = errors.New("dispatch: abandoned")
 func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	defer close(d.done)
 	s := newState(d.cfg.AckTimeout)
+	s.parts = d.cfg.Scope.table()
 	s.trace, s.now = d.cfg.DeliveryLog, d.cfg.Now
 	if s.trace != nil {
-		serves := "all-partitions"
-		if d.cfg.PerPartition {
-			serves = "assigned-partitions"
-		}
-		s.tracePartition(deliverylog.Start, -1, -1, serves)
+		s.tracePartition(deliverylog.Start, -1, -1, d.cfg.Scope.name())
 		defer func() {
 			s.traceStopped()
 			s.tracePartition(deliverylog.Stop, -1, -1, stopDetail(err))
 		}()
-	}
-	if d.cfg.PerPartition {
-		s.parts = map[int32]*owned{}
 	}
 	s.frameSize = d.cfg.FrameSize
 	s.maxAttempts = uint32(d.cfg.MaxAttempts)
@@ -454,7 +450,10 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	}
 	now := d.cfg.Now
 
-	cm := newCommitter(d.cfg.Store, d.cfg.Fence, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
+	cm, err := newCommitter(d.cfg.Store, d.cfg.Scope, d.cfg.CommitInterval, d.log, d.cfg.Stored, d.cfg.OnCommit)
+	if err != nil {
+		return err // New checked it
+	}
 	cm.start()
 	defer cm.stop()
 	defer func() { // revocations and final commits still waiting
@@ -569,9 +568,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 			for p, cond := range lost {
 				if o := s.parts[p]; o != nil && o.cond == cond {
 					s.forget(p, "lost")
-					if d.cfg.OnLost != nil {
-						d.cfg.OnLost(p, cond)
-					}
+					d.cfg.Scope.lost(p, cond)
 				}
 			}
 		case <-commitTick.C:
@@ -699,16 +696,14 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 	case reqClients:
 		r.list <- s.clientStats()
 	case reqAssign:
-		if s.parts == nil {
-			d.log.WithField("partition", r.part).Error("Assign on a dispatcher that serves every partition: ignored")
-			r.reply <- Stats{}
-			return
+		if err := cm.assign(r.part, r.cond, r.stored); err != nil {
+			d.log.WithError(err).Error("Assign: ignored")
+		} else {
+			s.assign(r.part, r.cond, r.prog)
+			if s.trace != nil {
+				s.tracePartition(deliverylog.Assign, r.part, r.stored, "")
+			}
 		}
-		s.assign(r.part, r.cond, r.prog)
-		if s.trace != nil {
-			s.tracePartition(deliverylog.Assign, r.part, r.stored, "")
-		}
-		cm.assign(r.part, r.cond, r.stored)
 		r.reply <- Stats{}
 	case reqDrop:
 		if s.parts[r.part] != nil {
@@ -716,10 +711,6 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 			cm.forget(r.part)
 		}
 	case reqRevoke:
-		if s.parts == nil {
-			r.revoked <- revokeReply{err: errNotAssigned(r.part)}
-			return
-		}
 		s.revokeStart(r.part, now.Add(r.timeout), r.revoked)
 	}
 }

@@ -138,8 +138,8 @@ func start(t *testing.T, cfg Config) *harness {
 	if cfg.Store == nil {
 		cfg.Store = h.store
 	}
-	if cfg.Fence.IsZero() {
-		cfg.Fence = testFence
+	if cfg.Scope == nil {
+		cfg.Scope = WholeTopic(testFence)
 	}
 	if cfg.CommitInterval == 0 {
 		cfg.CommitInterval = 10 * time.Millisecond
@@ -360,7 +360,7 @@ func TestRunRetriesFailedCommits(t *testing.T) {
 
 func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
 	src, store := newFakeSource(), &recStore{}
-	d, err := New(Config{Store: store, Fence: testFence, CommitInterval: time.Hour, DrainTimeout: time.Hour}, src)
+	d, err := New(Config{Store: store, Scope: WholeTopic(testFence), CommitInterval: time.Hour, DrainTimeout: time.Hour}, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +465,7 @@ func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	defer close(store.release)
 	src := newFakeSource()
-	d, err := New(Config{Store: store, Fence: testFence, CommitInterval: 5 * time.Millisecond}, src)
+	d, err := New(Config{Store: store, Scope: WholeTopic(testFence), CommitInterval: 5 * time.Millisecond}, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +494,7 @@ func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
 // whatever a client's in-flight limit allows a frame to name.
 func TestIDRequestsBounded(t *testing.T) {
 	mem := offsets.NewMemoryStore()
-	d, err := New(Config{Store: mem, Fence: mem.NewTerm()}, newFakeSource())
+	d, err := New(Config{Store: mem, Scope: WholeTopic(mem.NewTerm())}, newFakeSource())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -559,7 +559,7 @@ func TestAbandonedCommitterCannotWriteInANewTerm(t *testing.T) {
 	mem := offsets.NewMemoryStore()
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{}), inner: mem, result: make(chan error, 10)}
 	src := newFakeSource()
-	old, err := New(Config{Store: store, Fence: mem.NewTerm(), CommitInterval: 5 * time.Millisecond}, src)
+	old, err := New(Config{Store: store, Scope: WholeTopic(mem.NewTerm()), CommitInterval: 5 * time.Millisecond}, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -689,7 +689,7 @@ func waitClosed(t *testing.T, ch chan struct{}, what string) {
 func TestRunAnchorClosedOnceStored(t *testing.T) {
 	mem := offsets.NewMemoryStore()
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{}), inner: mem, result: make(chan error, 10)}
-	h := start(t, Config{Store: store, Fence: mem.NewTerm(), CommitInterval: time.Hour})
+	h := start(t, Config{Store: store, Scope: WholeTopic(mem.NewTerm()), CommitInterval: time.Hour})
 	anchor := make(chan struct{})
 	h.src.ch <- Batch{Partition: 3, Start: 7, Anchor: anchor}
 	select {

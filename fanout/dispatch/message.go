@@ -4,7 +4,7 @@
 //
 // One goroutine (Dispatcher.Run) owns all of the state: the buffer, the
 // clients, the in-flight set and the offset tracker. Everything else talks to
-// it through channels; see DESIGN.md.
+// it through channels; see docs/architecture.md.
 package dispatch
 
 import "time"

@@ -7,11 +7,11 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 )
 
-// This file is the per-partition mode of the state (Config.PerPartition): a
+// This file is the state of AssignedPartitions (Config.Scope): a
 // member that owns some partitions, each fenced on its own, serves only
 // those, and partitions are assigned, revoked and dropped while it runs.
 
-// owned is a partition the dispatcher serves in per-partition mode.
+// owned is a partition the dispatcher serves under AssignedPartitions.
 type owned struct {
 	cond   offsets.Condition // the commits of the partition are made under it
 	revoke *revocation       // non-nil while the partition is being revoked
@@ -54,7 +54,7 @@ type Revoked struct {
 }
 
 // takes reports whether the state takes batches of partition p: in
-// per-partition mode only the partitions assigned and not being revoked.
+// AssignedPartitions only the partitions assigned and not being revoked.
 func (s *state) takes(p int32) bool {
 	if s.parts == nil {
 		return true

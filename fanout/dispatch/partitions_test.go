@@ -197,10 +197,14 @@ func (c *condStore) committedUnder(p int32, cond offsets.Condition) bool {
 	return false
 }
 
-// startOwned runs a per-partition dispatcher on store.
+// startOwned runs a dispatcher of AssignedPartitions on store (cfg.Scope,
+// when set, says what it does with a lost partition).
 func startOwned(t *testing.T, store offsets.Store, cfg Config) *harness {
 	t.Helper()
-	cfg.Store, cfg.PerPartition = store, true
+	cfg.Store = store
+	if cfg.Scope == nil {
+		cfg.Scope = AssignedPartitions(nil)
+	}
 	h := &harness{src: newFakeSource(), done: make(chan error, 1)}
 	if cfg.CommitInterval == 0 {
 		cfg.CommitInterval = 10 * time.Millisecond
@@ -337,12 +341,12 @@ func TestPerPartitionRevokeTimeout(t *testing.T) {
 func TestPerPartitionLostPartition(t *testing.T) {
 	store := &condStore{fenced: map[offsets.Condition]bool{testTerm(11): true}}
 	lost := make(chan int32, 4)
-	h := startOwned(t, store, Config{OnLost: func(p int32, c offsets.Condition) {
+	h := startOwned(t, store, Config{Scope: AssignedPartitions(func(p int32, c offsets.Condition) {
 		if c != testTerm(11) {
-			t.Errorf("OnLost(%d, %v): wrong condition", p, c)
+			t.Errorf("onLost(%d, %v): wrong condition", p, c)
 		}
 		lost <- p
-	}})
+	})})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
 	h.d.Assign(0, testTerm(10), -1, offsets.Progress{})
@@ -383,7 +387,7 @@ func TestPerPartitionLostPartition(t *testing.T) {
 func TestCommitterNeverCarriesOffsetsIntoANewStretch(t *testing.T) {
 	store := &condStore{}
 	gate := &failOnce{entered: make(chan struct{}), release: make(chan struct{}), inner: store}
-	cm := newCommitter(gate, offsets.Fence{}, 5*time.Millisecond, testLog(), nil, nil)
+	cm := newTestCommitter(t, gate, 5*time.Millisecond)
 	cm.assign(0, testTerm(1), -1)
 	cm.start()
 	defer cm.stop()
@@ -434,13 +438,26 @@ func (f *failOnce) Commit(ctx context.Context, fence offsets.Fence, m map[int32]
 	return f.inner.Commit(ctx, fence, m)
 }
 
-func TestNewPerPartitionRefusesAFence(t *testing.T) {
-	if _, err := New(Config{Store: &recStore{}, Fence: testFence, PerPartition: true}, newFakeSource()); err == nil {
-		t.Fatal("New with PerPartition and a fence succeeded")
+func TestNewRefusesAWholeTopicWithoutAFence(t *testing.T) {
+	if _, err := New(Config{Store: &recStore{}, Scope: WholeTopic(offsets.Fence{})}, newFakeSource()); err == nil {
+		t.Fatal("New with WholeTopic and no fence succeeded")
 	}
-	if _, err := New(Config{Store: &recStore{}, PerPartition: true}, newFakeSource()); err != nil {
-		t.Fatalf("New with PerPartition: %v", err)
+	if _, err := New(Config{Store: &recStore{}}, newFakeSource()); err == nil {
+		t.Fatal("New without a Scope succeeded")
 	}
+	if _, err := New(Config{Store: &recStore{}, Scope: AssignedPartitions(nil)}, newFakeSource()); err != nil {
+		t.Fatalf("New with AssignedPartitions: %v", err)
+	}
+}
+
+// newTestCommitter returns a committer of AssignedPartitions on store.
+func newTestCommitter(t *testing.T, store offsets.Store, interval time.Duration) *committer {
+	t.Helper()
+	cm, err := newCommitter(store, AssignedPartitions(nil), interval, testLog(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cm
 }
 
 // waitingOffsets lists the offsets of the messages waiting for a client:
@@ -485,7 +502,7 @@ func commitOnce(t *testing.T, cm *committer) {
 // offer of the new stretch is committed under the new condition.
 func TestCommitterAssignedAgainWithAFinalCommitPending(t *testing.T) {
 	store := &condStore{}
-	cm := newCommitter(store, offsets.Fence{}, time.Hour, testLog(), nil, nil)
+	cm := newTestCommitter(t, store, time.Hour)
 	first, second := testTerm(1), testTerm(2)
 	cm.assign(0, first, -1)
 	store.mu.Lock()

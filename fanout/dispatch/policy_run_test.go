@@ -36,7 +36,7 @@ func (c *chanDeadLetter) records() []DeadLetterRecord {
 // acked ones again, and resumes the others' attempts.
 func TestRunProgressSurvivesARestart(t *testing.T) {
 	mem := offsets.NewMemoryStore()
-	h := start(t, Config{Store: mem, Fence: mem.NewTerm()})
+	h := start(t, Config{Store: mem, Scope: WholeTopic(mem.NewTerm())})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
 	h.src.ch <- Batch{Partition: 0, Start: 0}
@@ -60,7 +60,7 @@ func TestRunProgressSurvivesARestart(t *testing.T) {
 	if err != nil || stored[0] != 0 {
 		t.Fatalf("stored %v, %v", stored, err)
 	}
-	h2 := start(t, Config{Store: mem, Fence: mem.NewTerm(), Stored: stored, Progress: progress})
+	h2 := start(t, Config{Store: mem, Scope: WholeTopic(mem.NewTerm()), Stored: stored, Progress: progress})
 	k2 := newChanSink()
 	h2.d.Join(1, "a", 10, k2)
 	h2.src.ch <- Batch{Partition: 0, Start: stored[0]}
@@ -119,10 +119,10 @@ func TestRunDeadLetterHoldsTheOffset(t *testing.T) {
 
 func TestNewRefusesMaxAttemptsWithoutDeadLetter(t *testing.T) {
 	mem := offsets.NewMemoryStore()
-	if _, err := New(Config{Store: mem, Fence: mem.NewTerm(), MaxAttempts: 3}, newFakeSource()); err == nil {
+	if _, err := New(Config{Store: mem, Scope: WholeTopic(mem.NewTerm()), MaxAttempts: 3}, newFakeSource()); err == nil {
 		t.Fatal("New accepted MaxAttempts without a DeadLetter")
 	}
-	if _, err := New(Config{Store: mem, Fence: mem.NewTerm(), MaxAttempts: -1}, newFakeSource()); err == nil {
+	if _, err := New(Config{Store: mem, Scope: WholeTopic(mem.NewTerm()), MaxAttempts: -1}, newFakeSource()); err == nil {
 		t.Fatal("New accepted a negative MaxAttempts")
 	}
 }

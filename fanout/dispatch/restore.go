@@ -48,8 +48,8 @@ func newRestoring(pr offsets.Progress) *restoring {
 	return rs
 }
 
-// addRestore sets the progress of partition p, assigned now (per-partition
-// mode), replacing any it had.
+// addRestore sets the progress of partition p, assigned now (AssignedPartitions),
+// replacing any it had.
 func (s *state) addRestore(p int32, pr offsets.Progress) {
 	s.forgetRestore(p)
 	if rs := newRestoring(pr); rs != nil {

@@ -186,8 +186,8 @@ type state struct {
 	flights   flightTable  // outstanding deliveries by id
 	deadlines deadlineList // outstanding deliveries by deadline
 
-	// parts holds, in per-partition mode, the partitions served; nil when
-	// every partition is (a term's dispatcher). revoking counts those being
+	// parts holds, under AssignedPartitions, the partitions served; nil when
+	// every partition is (WholeTopic: Scope.table). revoking counts those being
 	// revoked, so that the hot path checks one integer (see partitions.go).
 	parts    map[int32]*owned
 	revoking int

@@ -185,7 +185,7 @@ func TestDeliveryLogRecordsTheDispatchersStartAndStop(t *testing.T) {
 	t.Parallel()
 	l, read := openLog(t)
 	h := &harness{src: newFakeSource(), store: &recStore{}}
-	d, err := New(Config{Store: h.store, Fence: testFence, DeliveryLog: l}, h.src)
+	d, err := New(Config{Store: h.store, Scope: WholeTopic(testFence), DeliveryLog: l}, h.src)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,7 +189,7 @@ func TestSourceForwardRestartKeepsUnackedBelow(t *testing.T) {
 	mem := offsets.NewMemoryStore()
 	store := &commitLog{MemoryStore: mem, last: map[int32]int64{}}
 	tp := newTap(src)
-	disp, err := dispatch.New(dispatch.Config{Store: store, Fence: mem.NewTerm(), CommitInterval: 10 * time.Millisecond,
+	disp, err := dispatch.New(dispatch.Config{Store: store, Scope: dispatch.WholeTopic(mem.NewTerm()), CommitInterval: 10 * time.Millisecond,
 		Logger: quietLogger()}, tp)
 	if err != nil {
 		t.Fatal(err)

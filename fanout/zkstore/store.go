@@ -33,6 +33,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
+	"github.com/nanoservice/core-fanout/internal/actor"
 )
 
 // defaultPort is ZooKeeper's client port, used for servers given without one.
@@ -145,7 +146,8 @@ func connect(ctx context.Context, servers []string, sessionTimeout time.Duration
 				continue
 			}
 			log.WithField("session", fmt.Sprintf("%#x", conn.SessionID())).Info("zookeeper session established")
-			go logEvents(log, events)
+			var detached actor.Group // lives as long as the connection
+			detached.Go(log, "zookeeper session events", func() { logEvents(log, events) }, nil)
 			return conn, nil
 		}
 	}

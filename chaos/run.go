@@ -19,7 +19,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
@@ -35,7 +34,7 @@ type Config struct {
 	Fanout   string // the daemon binary
 	Self     string // the chaos binary, run as `chaos client` for the clients
 	// Python, when set, is the interpreter of one more acking client on the
-	// Python client (Root/clients/python), running Root/internal/chaos/pyclient.py.
+	// Python client (Root/clients/python), running Root/chaos/pyclient.py.
 	Python     string
 	Root       string
 	Mode       string // leader or spread
@@ -293,7 +292,7 @@ func (r *run) setup(ctx context.Context) error {
 			log: filepath.Join(cfg.Out, "clients", "py0.out"),
 			env: []string{"PYTHONPATH=" + filepath.Join(cfg.Root, "clients", "python", "src")},
 			args: func(inc int) []string {
-				return []string{filepath.Join(cfg.Root, "internal", "chaos", "pyclient.py"), "--addrs", strings.Join(members, ","),
+				return []string{filepath.Join(cfg.Root, "chaos", "pyclient.py"), "--addrs", strings.Join(members, ","),
 					"--name", fmt.Sprintf("py0.%d", inc), "--log", filepath.Join(cfg.Out, "clients", "py0.log"),
 					"--seed", strconv.FormatUint(cfg.Seed+uint64(inc), 10)}
 			}})
@@ -462,13 +461,13 @@ func deadLetterOf(m *sarama.ConsumerMessage) DeadLetter {
 	for _, h := range m.Headers {
 		var err error
 		switch string(h.Key) {
-		case fanout.HeaderDeadLetterTopic:
+		case kafka.HeaderDeadLetterTopic:
 			dl.Topic = string(h.Value)
-		case fanout.HeaderDeadLetterPartition:
+		case kafka.HeaderDeadLetterPartition:
 			if p, err = strconv.ParseInt(string(h.Value), 10, 32); err != nil {
 				p = -1
 			}
-		case fanout.HeaderDeadLetterOffset:
+		case kafka.HeaderDeadLetterOffset:
 			if o, err = strconv.ParseInt(string(h.Value), 10, 64); err != nil {
 				o = -1
 			}

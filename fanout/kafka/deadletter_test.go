@@ -1,8 +1,7 @@
-package fanout
+package kafka
 
 import (
 	"context"
-	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -11,13 +10,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 	logtest "github.com/sirupsen/logrus/hooks/test"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
-	"github.com/nanoservice/core-fanout/fanout/kafka"
-	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
@@ -70,10 +64,10 @@ func headerMap(m *sarama.ProducerMessage) map[string]string {
 func TestDeadLettersProduceAndRetry(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &fakeProducer{fail: map[string]bool{"bad-day": true}, failing: true}
-	dl := newDeadLetters(p, "orders.dlq", "orders", 0, 50*time.Millisecond, logrus.NewEntry(logger))
+	dl := NewDeadLetters(p, "orders.dlq", "orders", 0, 50*time.Millisecond, logrus.NewEntry(logger))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); dl.run(ctx) }()
+	go func() { defer close(done); dl.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
 	ts := time.UnixMilli(1700000000123)
@@ -188,16 +182,16 @@ func (b *brokerProducer) stored() []*sarama.ProducerMessage {
 }
 
 // runDeadLetters runs dl until the test ends.
-func runDeadLetters(t *testing.T, dl *deadLetters) {
+func runDeadLetters(t *testing.T, dl *DeadLetters) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); dl.run(ctx) }()
+	go func() { defer close(done); dl.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
 // waitStored returns the next messages dl reports stored.
-func waitStored(t *testing.T, dl *deadLetters) []*dispatch.Message {
+func waitStored(t *testing.T, dl *DeadLetters) []*dispatch.Message {
 	t.Helper()
 	select {
 	case ms := <-dl.Stored():
@@ -221,7 +215,7 @@ func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			logger, _ := logtest.NewNullLogger()
 			p := &brokerProducer{max: 4 << 10}
-			dl := newDeadLetters(p, "orders.dlq", "orders", tc.limit, 20*time.Millisecond, logrus.NewEntry(logger))
+			dl := NewDeadLetters(p, "orders.dlq", "orders", tc.limit, 20*time.Millisecond, logrus.NewEntry(logger))
 			runDeadLetters(t, dl)
 			big := &dispatch.Message{Partition: 3, Offset: 77, Key: []byte("k"), Value: make([]byte, 64<<10),
 				Headers: []dispatch.Header{{Key: "trace", Value: []byte("t1")}}}
@@ -279,7 +273,7 @@ func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
 func TestDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &brokerProducer{max: 1 << 10}
-	dl := newDeadLetters(p, "orders.dlq", "orders", 1<<10, 20*time.Millisecond, logrus.NewEntry(logger))
+	dl := NewDeadLetters(p, "orders.dlq", "orders", 1<<10, 20*time.Millisecond, logrus.NewEntry(logger))
 	runDeadLetters(t, dl)
 	m := &dispatch.Message{Partition: 0, Offset: 5, Key: make([]byte, 4<<10), Value: []byte("v"),
 		Headers: []dispatch.Header{{Key: "big", Value: make([]byte, 4<<10)}}}
@@ -301,7 +295,7 @@ func TestDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
 func TestDeadLetterRefusedAlertsAndHolds(t *testing.T) {
 	logger, hook := logtest.NewNullLogger()
 	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
-	dl := newDeadLetters(p, "orders.dlq", "orders", 0, 2*time.Millisecond, logrus.NewEntry(logger))
+	dl := NewDeadLetters(p, "orders.dlq", "orders", 0, 2*time.Millisecond, logrus.NewEntry(logger))
 	dl.retryMin = time.Millisecond
 	var mu sync.Mutex
 	now := time.Unix(1700000000, 0)
@@ -384,7 +378,7 @@ func TestDeadLetterErrorClasses(t *testing.T) {
 func TestDeadLetterRefusedDoesNotDelayOthers(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
-	dl := newDeadLetters(p, "orders.dlq", "orders", 0, time.Hour, logrus.NewEntry(logger))
+	dl := NewDeadLetters(p, "orders.dlq", "orders", 0, time.Hour, logrus.NewEntry(logger))
 	dl.retryMin = time.Hour // the refused record's next retry is an hour away
 	runDeadLetters(t, dl)
 	dl.Send(dispatch.DeadLetterRecord{Msg: &dispatch.Message{Partition: 1, Offset: 9, Value: []byte("no key")}, Attempts: 3, LastFailure: "nack"})
@@ -396,103 +390,5 @@ func TestDeadLetterRefusedDoesNotDelayOthers(t *testing.T) {
 	}
 	if n, _ := dl.Refused(); n != 1 {
 		t.Fatalf("Refused = %d, want the record without a key still held", n)
-	}
-}
-
-// TestDaemonCreatesTheDeadLetterTopicWhenAsked: a missing dead-letter topic
-// stops the daemon with an error that names --create-dead-letter-topic;
-// with it the daemon creates the topic, with as many partitions as the
-// topic it consumes, and serves.
-func TestDaemonCreatesTheDeadLetterTopicWhenAsked(t *testing.T) {
-	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "jobs"))
-	if err != nil {
-		t.Fatalf("kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	opts := Options{
-		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: offsets.NewMemoryStore(),
-		Listen: "127.0.0.1:0", MaxAttempts: 2, DeadLetterTopic: "jobs.dlq", Logger: logrus.NewEntry(log),
-	}
-	d, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := d.Run(ctx); err == nil || !strings.Contains(err.Error(), "--create-dead-letter-topic") {
-		t.Fatalf("Run with a missing dead-letter topic: %v; want an error naming --create-dead-letter-topic", err)
-	}
-
-	opts.CreateDeadLetterTopic = true
-	d, err = New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	select {
-	case <-d.Ready():
-	case err := <-done:
-		stop()
-		t.Fatalf("Run stopped before serving: %v", err)
-	case <-ctx.Done():
-		stop()
-		<-done
-		t.Fatal("not serving with --create-dead-letter-topic")
-	}
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	kc, err := sarama.NewClient(c.ListenAddrs(), kafka.NewConfig("dlq-test"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kc.Close()
-	if parts, err := kc.Partitions("jobs.dlq"); err != nil || len(parts) != 3 {
-		t.Fatalf("partitions of the dead-letter topic: %v, %v; want 3, as the topic consumed", parts, err)
-	}
-}
-
-// TestDaemonStopsWhenTheDeadLetterTopicCannotBeCreated: a cluster that
-// refuses the creation (here, the daemon's user may not create topics)
-// stops the daemon at start with an error that says what to do, rather
-// than retrying forever.
-func TestDaemonStopsWhenTheDeadLetterTopicCannotBeCreated(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "jobs"))
-	if err != nil {
-		t.Fatalf("kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	c.ControlKey(int16(kmsg.CreateTopics), func(r kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		req := r.(*kmsg.CreateTopicsRequest)
-		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewCreateTopicsResponseTopic()
-			st.Topic, st.ErrorCode = rt.Topic, kerr.TopicAuthorizationFailed.Code
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
-	log := logrus.New()
-	log.SetOutput(io.Discard)
-	d, err := New(Options{
-		ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), Store: offsets.NewMemoryStore(), Listen: "127.0.0.1:0",
-		MaxAttempts: 2, DeadLetterTopic: "jobs.dlq", CreateDeadLetterTopic: true, Logger: logrus.NewEntry(log),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := d.Run(ctx); err == nil || !strings.Contains(err.Error(), `not authorized to create topic "jobs.dlq"`) {
-		t.Fatalf("Run: %v; want an error saying the creation was not authorized", err)
 	}
 }

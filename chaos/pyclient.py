@@ -2,7 +2,7 @@
 """A chaos client process on the Python client (clients/python): acks every
 message after a random processing time (nacks a poison one at once), and
 logs one event line per delivery, ack and nack in the format of
-internal/chaos/events.go, each with one write(2) before it acts, like the
+chaos/events.go, each with one write(2) before it acts, like the
 Go chaos client.
 
     PYTHONPATH=clients/python/src python3 pyclient.py --addrs A,B --name py0.1 --log py0.log --seed 1

@@ -1,4 +1,4 @@
-package fanout
+package kafka
 
 import (
 	"context"
@@ -33,7 +33,7 @@ const (
 	HeaderDeadLetterOmitted = "fanout.dlq.omitted"
 )
 
-// deadLetters is a term's dispatch.DeadLetter: one sarama producer, owned by
+// DeadLetters is a term's dispatch.DeadLetter: one sarama producer, owned by
 // the term, and one goroutine that produces the queued records to the
 // dead-letter topic, in batches, and reports the stored ones to the
 // dispatcher. A failed record is handled by what retrying can do
@@ -45,7 +45,7 @@ const (
 // fix it, and raises an alert: Refused (metrics, /readyz) and one log line
 // a minute. The dispatcher holds the records' partitions' offsets
 // meanwhile: nothing is dropped.
-type deadLetters struct {
+type DeadLetters struct {
 	topic    string // the dead-letter topic
 	source   string // the topic consumed
 	producer sarama.SyncProducer
@@ -71,13 +71,13 @@ type deadLetters struct {
 	omitted      atomic.Uint64 // dead letters written without the message's value
 }
 
-var _ dispatch.DeadLetter = (*deadLetters)(nil)
+var _ dispatch.DeadLetter = (*DeadLetters)(nil)
 
-// newDeadLetters returns the producer of dead letters to topic, of messages
+// NewDeadLetters returns the producer of dead letters to topic, of messages
 // consumed from source; limit is the largest record the producer sends (0:
 // unknown), retryMax the longest wait between retries.
-func newDeadLetters(producer sarama.SyncProducer, topic, source string, limit int, retryMax time.Duration, log *logrus.Entry) *deadLetters {
-	return &deadLetters{
+func NewDeadLetters(producer sarama.SyncProducer, topic, source string, limit int, retryMax time.Duration, log *logrus.Entry) *DeadLetters {
+	return &DeadLetters{
 		topic:    topic,
 		source:   source,
 		producer: producer,
@@ -153,7 +153,7 @@ func classifyProduceError(err error) produceFailure {
 const refusedLogEvery = time.Minute
 
 // Send implements dispatch.DeadLetter: it queues r and never blocks.
-func (d *deadLetters) Send(r dispatch.DeadLetterRecord) {
+func (d *DeadLetters) Send(r dispatch.DeadLetterRecord) {
 	d.mu.Lock()
 	d.queue = append(d.queue, r)
 	first := len(d.queue) == 1
@@ -166,15 +166,18 @@ func (d *deadLetters) Send(r dispatch.DeadLetterRecord) {
 	}
 }
 
-// close closes the producer; call it once run has returned.
-func (d *deadLetters) close() { _ = d.producer.Close() }
+// Close closes the producer; call it once Run has returned.
+func (d *DeadLetters) Close() { _ = d.producer.Close() }
+
+// Topic is the dead-letter topic.
+func (d *DeadLetters) Topic() string { return d.topic }
 
 // Stored implements dispatch.DeadLetter.
-func (d *deadLetters) Stored() <-chan []*dispatch.Message { return d.stored }
+func (d *DeadLetters) Stored() <-chan []*dispatch.Message { return d.stored }
 
 // Refused returns the number of records held by a refusal retrying cannot
 // fix, and the last such refusal; 0 and "" while there is none.
-func (d *deadLetters) Refused() (int, string) {
+func (d *DeadLetters) Refused() (int, string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := int(d.refused.Load())
@@ -186,20 +189,20 @@ func (d *deadLetters) Refused() (int, string) {
 
 // ValuesOmitted returns the number of dead letters written without the
 // message's value, too large for the dead-letter topic.
-func (d *deadLetters) ValuesOmitted() uint64 { return d.omitted.Load() }
+func (d *DeadLetters) ValuesOmitted() uint64 { return d.omitted.Load() }
 
 // FailingSince returns since when producing has failed, zero while it works.
-func (d *deadLetters) FailingSince() time.Time {
+func (d *DeadLetters) FailingSince() time.Time {
 	if ns := d.failingSince.Load(); ns != 0 {
 		return time.Unix(0, ns)
 	}
 	return time.Time{}
 }
 
-// run produces until ctx ends. Records still queued then are dropped: their
+// Run produces until ctx ends. Records still queued then are dropped: their
 // messages are not committed, so the next term delivers them again (and,
 // their attempts being stored, dead-letters them again).
-func (d *deadLetters) run(ctx context.Context) {
+func (d *DeadLetters) Run(ctx context.Context) {
 	b := backoff.Backoff{Min: d.retryMin, Max: max(d.retryMax, d.retryMin), Jitter: true}
 	var pending []letter
 	var refusedLogged time.Time // when a refusal was last logged
@@ -303,7 +306,7 @@ func (d *deadLetters) run(ctx context.Context) {
 
 // produce sends the letters in one batch and returns the messages stored
 // and the letters that failed, each with its error.
-func (d *deadLetters) produce(ls []letter) (done []*dispatch.Message, failed []letter) {
+func (d *DeadLetters) produce(ls []letter) (done []*dispatch.Message, failed []letter) {
 	msgs := make([]*sarama.ProducerMessage, len(ls))
 	for i := range ls {
 		msgs[i] = d.record(&ls[i])
@@ -352,7 +355,7 @@ func (d *deadLetters) produce(ls []letter) (done []*dispatch.Message, failed []l
 // timestamp and headers, plus the fanout.dlq.* headers; without what l
 // omits, and, when the producer's limit is known, without as much as it
 // takes to fit it.
-func (d *deadLetters) record(l *letter) *sarama.ProducerMessage {
+func (d *DeadLetters) record(l *letter) *sarama.ProducerMessage {
 	pm := d.build(l)
 	for d.limit > 0 && l.omit < omitAll {
 		size := pm.ByteSize(2)
@@ -368,14 +371,14 @@ func (d *deadLetters) record(l *letter) *sarama.ProducerMessage {
 }
 
 // logOmission logs that l will leave out more of its message.
-func (d *deadLetters) logOmission(l *letter) {
+func (d *DeadLetters) logOmission(l *letter) {
 	d.log.WithFields(logrus.Fields{"partition": l.Msg.Partition, "offset": l.Msg.Offset, "why": l.why}).
 		Warn("dead letter too large for the dead-letter topic: written without the message's " + l.omit.String() +
 			"; the message stays at its source offset")
 }
 
 // build makes the record of l, leaving out what l.omit says.
-func (d *deadLetters) build(l *letter) *sarama.ProducerMessage {
+func (d *DeadLetters) build(l *letter) *sarama.ProducerMessage {
 	m := l.Msg
 	hs := make([]sarama.RecordHeader, 0, len(m.Headers)+7)
 	if l.omit < omitAll {
@@ -405,11 +408,11 @@ func (d *deadLetters) build(l *letter) *sarama.ProducerMessage {
 	return pm
 }
 
-// checkDeadLetterTopic checks at start that the dead-letter topic exists and
+// CheckDeadLetterTopic checks at start that the dead-letter topic exists and
 // has partitions this client may see: a missing or forbidden topic is an
-// error for the operator (returned, wrapping errDeadLetterTopic); a cluster
+// error for the operator (returned, wrapping ErrDeadLetterTopic); a cluster
 // out of reach or electing leaders is retried by the caller.
-func checkDeadLetterTopic(client sarama.Client, topic string) error {
+func CheckDeadLetterTopic(client sarama.Client, topic string) error {
 	err := client.RefreshMetadata(topic)
 	var parts []int32
 	if err == nil {
@@ -419,10 +422,10 @@ func checkDeadLetterTopic(client sarama.Client, topic string) error {
 	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
 		return fmt.Errorf("%w: topic %q %w: create it (kafka-topics.sh --create --topic %s, or give the daemon "+
 			"--create-dead-letter-topic), or fix --dead-letter-topic",
-			errDeadLetterTopic, topic, errDeadLetterTopicMissing, topic)
+			ErrDeadLetterTopic, topic, ErrDeadLetterTopicMissing, topic)
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed):
 		return fmt.Errorf("%w: not authorized to use topic %q: grant the daemon's Kafka user Describe and Write on it: %w",
-			errDeadLetterTopic, topic, err)
+			ErrDeadLetterTopic, topic, err)
 	case err != nil:
 		return fmt.Errorf("dead-letter topic %q: %w", topic, err)
 	case len(parts) == 0:
@@ -431,19 +434,19 @@ func checkDeadLetterTopic(client sarama.Client, topic string) error {
 	return nil
 }
 
-// Record limits of the dead-letter topic (deadLetterLimit).
+// Record limits of the dead-letter topic (DeadLetterLimit).
 const (
 	// kafkaDefaultMaxMessageBytes is Kafka's default message.max.bytes,
 	// assumed when the topic's max.message.bytes cannot be read.
 	kafkaDefaultMaxMessageBytes = 1048588
 	// recordBatchOverhead is the size of a record batch's header: the
 	// brokers' limit bounds whole batches, sarama's Producer.MaxMessageBytes
-	// (and deadLetters.limit) the records in them (sarama's estimate, never
+	// (and DeadLetters.limit) the records in them (sarama's estimate, never
 	// below their size in the batch).
 	recordBatchOverhead = 61
 )
 
-// deadLetterLimit returns the largest record the dead-letter producer
+// DeadLetterLimit returns the largest record the dead-letter producer
 // should send to topic: the topic's max.message.bytes (its own, or the
 // brokers' default, as DescribeConfigs reports it) less a batch's header,
 // so that what it sends is never refused as too large; capped below
@@ -451,7 +454,7 @@ const (
 // DescribeConfigs permission), Kafka's default is assumed and that is
 // logged: a record the brokers refuse as too large still goes without its
 // value.
-func deadLetterLimit(client sarama.Client, topic string, log *logrus.Entry) int {
+func DeadLetterLimit(client sarama.Client, topic string, log *logrus.Entry) int {
 	limit, err := topicMaxMessageBytes(client, topic)
 	if err != nil {
 		log.WithError(err).WithFields(logrus.Fields{"dead_letter_topic": topic, "assumed": kafkaDefaultMaxMessageBytes}).
@@ -486,23 +489,23 @@ func topicMaxMessageBytes(client sarama.Client, topic string) (int, error) {
 	return 0, fmt.Errorf("topic %s: no max.message.bytes in its configuration", topic)
 }
 
-// errDeadLetterTopic is wrapped by the errors of a dead-letter topic that
-// cannot be used: retrying will not help. errDeadLetterTopicMissing is
+// ErrDeadLetterTopic is wrapped by the errors of a dead-letter topic that
+// cannot be used: retrying will not help. ErrDeadLetterTopicMissing is
 // wrapped too when the topic does not exist.
 var (
-	errDeadLetterTopic        = errors.New("--dead-letter-topic cannot be used")
-	errDeadLetterTopicMissing = errors.New("does not exist")
+	ErrDeadLetterTopic        = errors.New("--dead-letter-topic cannot be used")
+	ErrDeadLetterTopicMissing = errors.New("does not exist")
 )
 
-// createDeadLetterTopic creates the dead-letter topic topic with as many
+// CreateDeadLetterTopic creates the dead-letter topic topic with as many
 // partitions as the topic source and the cluster's default replication
 // factor and settings (-1: the brokers' default.replication.factor, Kafka
 // 2.4 or later). It returns the partitions created; a topic that exists
 // meanwhile is no error (0 partitions). A refusal (no permission, a
 // replication factor or setting the cluster does not allow) wraps
-// errDeadLetterTopic; other errors, a source topic not found among them
+// ErrDeadLetterTopic; other errors, a source topic not found among them
 // (its partition count is needed), are worth retrying.
-func createDeadLetterTopic(client sarama.Client, topic, source string) (int32, error) {
+func CreateDeadLetterTopic(client sarama.Client, topic, source string) (int32, error) {
 	if err := client.RefreshMetadata(source); err != nil {
 		return 0, fmt.Errorf("create the dead-letter topic %q: topic %q: %w", topic, source, err)
 	}
@@ -522,11 +525,11 @@ func createDeadLetterTopic(client sarama.Client, topic, source string) (int32, e
 		return 0, nil
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed):
 		return 0, fmt.Errorf("%w: not authorized to create topic %q: grant the daemon's Kafka user Create on it, or create it yourself: %w",
-			errDeadLetterTopic, topic, err)
+			ErrDeadLetterTopic, topic, err)
 	case errors.Is(err, sarama.ErrInvalidReplicationFactor), errors.Is(err, sarama.ErrPolicyViolation),
 		errors.Is(err, sarama.ErrInvalidPartitions), errors.Is(err, sarama.ErrInvalidConfig):
 		return 0, fmt.Errorf("%w: the cluster refused to create topic %q (%d partitions, its default replication factor): create it yourself: %w",
-			errDeadLetterTopic, topic, n, err)
+			ErrDeadLetterTopic, topic, n, err)
 	case err != nil:
 		return 0, fmt.Errorf("create the dead-letter topic %q (%d partitions, the cluster's default replication factor): %w", topic, n, err)
 	}
