@@ -272,6 +272,7 @@ func leaders(nodes ...*node) []*node {
 }
 
 func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	n := startNode(t, c, &memFence{rec: record{Epoch: 4}}, "solo", "n1")
 	testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
@@ -339,6 +340,7 @@ func (c *stoppableClock) stop() {
 func withClock(c *stoppableClock) func(*Config) { return func(cfg *Config) { cfg.Now = c.Now } }
 
 func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	var aClock stoppableClock
@@ -422,6 +424,7 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 }
 
 func TestElectorTermEnds(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		cause error
@@ -432,6 +435,7 @@ func TestElectorTermEnds(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c := newKafka(t)
 			n := startNode(t, c, &memFence{}, "ends", "n1")
 			testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
@@ -470,6 +474,7 @@ func (n *node) cancelled() bool {
 // The highest id without ZooKeeper could never record a won epoch: it does
 // not claim, so the next id leads instead of nobody.
 func TestElectorHighestWithoutZooKeeperStandsAside(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a, b, cc := startNode(t, c, fence, "nozk", "a"), startNode(t, c, fence, "nozk", "b"), startNode(t, c, fence, "nozk", "c")
@@ -513,6 +518,7 @@ func produceHeartbeat(t *testing.T, c *kfake.Cluster, id string, hb *Heartbeat) 
 // foreign address depose nobody, redirect nobody, and do not stop the next
 // election from counting up from the recorded epoch.
 func TestElectorForgedHeartbeatsChangeNothing(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a, b, cc := startNode(t, c, fence, "forge", "a"), startNode(t, c, fence, "forge", "b"), startNode(t, c, fence, "forge", "c")
@@ -560,6 +566,7 @@ func TestElectorForgedHeartbeatsChangeNothing(t *testing.T) {
 // ZooKeeper is the authority: a rewritten or deleted fence record ends the
 // term of the leader it named, without any commit.
 func TestElectorFenceRecordChangeEndsTerm(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		to   record
@@ -568,6 +575,7 @@ func TestElectorFenceRecordChangeEndsTerm(t *testing.T) {
 		{"deleted", record{Missing: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c := newKafka(t)
 			fence := &memFence{}
 			n := startNode(t, c, fence, "rewrite", "n1")
@@ -589,6 +597,7 @@ func TestElectorFenceRecordChangeEndsTerm(t *testing.T) {
 // Two live processes with one node id: neither claims (each logs an error
 // once), so the next id leads instead.
 func TestElectorDuplicateNodeIDRefusesToClaim(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	b := startNode(t, c, fence, "dup", "b")
@@ -615,6 +624,7 @@ func TestElectorDuplicateNodeIDRefusesToClaim(t *testing.T) {
 // leader timeout, logs each failure with its cause, and a lower member gets
 // its turn and leads.
 func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a, b := startNode(t, c, fence, "livelock", "a"), startNode(t, c, fence, "livelock", "b")
@@ -644,6 +654,7 @@ func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
 // stand still from the end of the term: none of them waits out a leader
 // timeout).
 func TestElectorTermEndedByItsHolderHandsOver(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	var aClock, bClock stoppableClock
