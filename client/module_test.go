@@ -34,6 +34,7 @@ const oldestGo = "1.23"
 // package inside, is a module of its own for this: the daemon's module needs
 // a newer Go. It runs offline, from the module cache.
 func TestImportableFromOlderGo(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("the go command is needed: %v", err)
 	}
@@ -99,6 +100,7 @@ func main() {
 // proxy, at the version named (integration's
 // TestGoClientFromOutsideTheRepository builds one that way, from a proxy).
 func TestModuleNeedsNothingElseOfThisRepository(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("go.mod")
 	if err != nil {
 		t.Fatal(err)
