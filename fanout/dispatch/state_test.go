@@ -57,6 +57,7 @@ func setup(maxes ...int) (*state, []*recSink) {
 }
 
 func TestRoundRobin(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10, 10, 10)
 	s.addBatch(batch(0, 0, 9), t0)
 	s.dispatch(t0)
@@ -74,6 +75,7 @@ func TestRoundRobin(t *testing.T) {
 }
 
 func TestFullClientSkipped(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 10)
 	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0)
@@ -94,6 +96,7 @@ func TestFullClientSkipped(t *testing.T) {
 }
 
 func TestNothingWithoutRoom(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(2)
 	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0)
@@ -103,6 +106,7 @@ func TestNothingWithoutRoom(t *testing.T) {
 }
 
 func TestAckTimeoutRedeliversToAnotherClient(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -142,6 +146,7 @@ func TestAckTimeoutRedeliversToAnotherClient(t *testing.T) {
 }
 
 func TestRedeliveryToTheSameClientWhenAlone(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(5)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -153,6 +158,7 @@ func TestRedeliveryToTheSameClientWhenAlone(t *testing.T) {
 }
 
 func TestRedeliveriesGoFirst(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 2), t0)
 	s.dispatch(t0)
@@ -172,6 +178,7 @@ func TestRedeliveriesGoFirst(t *testing.T) {
 }
 
 func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -186,6 +193,7 @@ func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
 }
 
 func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(3, 3)
 	s.addBatch(batch(0, 0, 6), t0)
 	s.dispatch(t0)
@@ -212,6 +220,7 @@ func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
 }
 
 func TestAckFromAnotherClientIgnored(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -223,6 +232,7 @@ func TestAckFromAnotherClientIgnored(t *testing.T) {
 }
 
 func TestTouchRestartsTheTimeout(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -241,6 +251,7 @@ func TestTouchRestartsTheTimeout(t *testing.T) {
 }
 
 func TestBufferedUntilAClientJoins(t *testing.T) {
+	t.Parallel()
 	s := newState(timeout)
 	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
@@ -256,6 +267,7 @@ func TestBufferedUntilAClientJoins(t *testing.T) {
 }
 
 func TestCommittableFollowsAckedPrefixAcrossPartitions(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(100)
 	s.addBatch(Batch{Partition: 0, Start: 100}, t0)
 	b := batch(0, 100, 106)
@@ -281,6 +293,7 @@ func TestCommittableFollowsAckedPrefixAcrossPartitions(t *testing.T) {
 }
 
 func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.addBatch(batch(0, 0, 2), t0)
 	s.dispatch(t0)
@@ -302,6 +315,7 @@ func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
 }
 
 func TestLeaveTakesClientOutOfRotation(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10, 10)
 	s.leave(1, t0)
 	s.addBatch(batch(0, 0, 4), t0)
@@ -474,6 +488,7 @@ func (d *discardSink) Goodbye(string) {}
 // delivery made before the restart does not count for the message that now
 // has the same offset.
 func TestAckFromBeforeARestartDoesNotCommitTheRefetch(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
 	s.addBatch(batch(0, 0, 2), t0)
@@ -520,6 +535,7 @@ func sizedState() *state {
 // messages behind it flow; a client that announces a large enough limit
 // gets it.
 func TestTooLargeWaitsWhileSmallerFlow(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	var reported []int64
 	s.onTooLarge = func(m *Message, largest int) {
@@ -573,6 +589,7 @@ func TestTooLargeWaitsWhileSmallerFlow(t *testing.T) {
 // holding up the others, and is the first thing that client gets when it
 // has room again; it is not reported as too large.
 func TestLargeWaitsForTheClientItFits(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	var reported []int64
 	s.onTooLarge = func(m *Message, _ int) { reported = append(reported, m.Offset) }
@@ -620,6 +637,7 @@ func TestLargeWaitsForTheClientItFits(t *testing.T) {
 // Clients that take any size (not a LimitedSink) and messages without a
 // size (no FrameSize) are never held back.
 func TestNoLimitsNoWaiting(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	any := &recSink{}
 	s.join(1, "any", 10, any)
@@ -642,6 +660,7 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 // count; nacks, unknown ids and another client's ids do not; a client that
 // leaves is gone from the snapshot; weights and observers are reported.
 func TestClientStats(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(4, 3)
 	s.addBatch(batch(0, 0, 6), t0)
 	s.dispatch(t0)
@@ -697,6 +716,7 @@ func bufferedOffsets(s *state) []int64 {
 // offset never passes them. One client, partition 0; after each step the
 // dispatcher runs a round.
 func TestRestartKeepsUnackedBelowAndForgetsFrom(t *testing.T) {
+	t.Parallel()
 	type step struct {
 		op   string // "start", "batch", "ack" (the latest delivery of each offset), "ack-first", "expire", "check"
 		offs []int64
@@ -840,6 +860,7 @@ func offsetsFrom(from, to int64) []int64 {
 // fits nobody connected: a client that fits it, or no client at all,
 // starts the count again.
 func TestTooLargeDeadLetteredAfterMaxAttemptsTimeouts(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	dl := &recDeadLetter{}
 	s.maxAttempts, s.deadLetter = 2, dl
@@ -890,6 +911,7 @@ func TestTooLargeDeadLetteredAfterMaxAttemptsTimeouts(t *testing.T) {
 // Without clients, or without a dead-letter topic, a message too large for
 // the clients seen waits as before.
 func TestTooLargeWaitsWithoutClientsOrDeadLetterTopic(t *testing.T) {
+	t.Parallel()
 	for _, maxAttempts := range []uint32{0, 2} {
 		s := sizedState()
 		dl := &recDeadLetter{}
