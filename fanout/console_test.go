@@ -181,7 +181,6 @@ func TestClusterViewSharesReads(t *testing.T) {
 // from the shared read, each with the owner its live record names; when the
 // read fails, the partitions the member serves, and why the rest is missing.
 func TestSpreadPartitions(t *testing.T) {
-	t.Parallel()
 	d := &Daemon{opts: Options{NodeID: "m-a", Assignment: AssignmentSpread}}
 	snap := metrics.Snapshot{Serving: true, HighWaterMarks: map[int32]int64{0: 10}}
 	snap.Stats.Committed = map[int32]int64{0: 4}
