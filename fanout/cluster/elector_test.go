@@ -178,6 +178,15 @@ func (n *node) lastTerm() *Term {
 	return n.terms[len(n.terms)-1]
 }
 
+// The electors of these tests run on real time, in parallel tests, not in
+// testing/synctest bubbles: their Kafka client cannot run in one. sarama's
+// Broker holds a mutex from a request to its response, and a Fetch's
+// response waits up to the fetch's MaxWaitTime in the broker; the elector's
+// producer, waiting for that mutex meanwhile, is not durably blocked, so a
+// bubble's clock never advances to end the wait (tried on kfake's in-memory
+// network, kfake.VirtualNetwork: the first heartbeat hangs). The election's
+// rules run on a fake clock without I/O in vote_test.go; here the clocks
+// are injected where a test needs one to stand still (stoppableClock).
 const (
 	testHeartbeat = 100 * time.Millisecond
 	testLeaderTTL = 600 * time.Millisecond
