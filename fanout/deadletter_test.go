@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -68,6 +69,11 @@ func headerMap(m *sarama.ProducerMessage) map[string]string {
 // is retried (the others are reported stored at once) until it is stored;
 // FailingSince tells how long it has failed.
 func TestDeadLettersProduceAndRetry(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLettersProduceAndRetry)
+}
+
+func testDeadLettersProduceAndRetry(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &fakeProducer{fail: map[string]bool{"bad-day": true}, failing: true}
 	dl := newDeadLetters(p, "orders.dlq", "orders", 0, 50*time.Millisecond, logrus.NewEntry(logger))
@@ -214,11 +220,12 @@ func waitStored(t *testing.T, dl *deadLetters) []*dispatch.Message {
 // max.message.bytes) refuses it before sending or the broker does; the
 // message is then reported stored, so its partition moves on.
 func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		limit int // what the producer knows of the topic's limit; 0: nothing
 	}{{"known limit", 4 << 10}, {"broker refuses", 0}} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.name, inBubble(func(t *testing.T) {
 			logger, _ := logtest.NewNullLogger()
 			p := &brokerProducer{max: 4 << 10}
 			dl := newDeadLetters(p, "orders.dlq", "orders", tc.limit, 20*time.Millisecond, logrus.NewEntry(logger))
@@ -270,13 +277,25 @@ func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
 			if tc.limit > 0 && p.calls != 1 {
 				t.Errorf("%d produce calls with the limit known, want 1: the record goes without its value at once", p.calls)
 			}
-		})
+		}))
 	}
+}
+
+// inBubble returns a subtest that runs f in a synctest bubble, on the
+// bubble's fake clock (synctest.Test cannot call t.Run: a table's subtests
+// each get a bubble of their own).
+func inBubble(f func(*testing.T)) func(*testing.T) {
+	return func(t *testing.T) { synctest.Test(t, f) }
 }
 
 // A record whose key and headers alone are too large for the dead-letter
 // topic goes without them too, still naming its source.
 func TestDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLetterTooLargeEvenWithoutValue)
+}
+
+func testDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &brokerProducer{max: 1 << 10}
 	dl := newDeadLetters(p, "orders.dlq", "orders", 1<<10, 20*time.Millisecond, logrus.NewEntry(logger))
@@ -299,6 +318,11 @@ func TestDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
 // for metrics and /readyz, and logged once a minute, not once per retry;
 // once the topic takes it, it is stored and the alert ends.
 func TestDeadLetterRefusedAlertsAndHolds(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLetterRefusedAlertsAndHolds)
+}
+
+func testDeadLetterRefusedAlertsAndHolds(t *testing.T) {
 	logger, hook := logtest.NewNullLogger()
 	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
 	dl := newDeadLetters(p, "orders.dlq", "orders", 0, 2*time.Millisecond, logrus.NewEntry(logger))
@@ -359,6 +383,7 @@ func TestDeadLetterRefusedAlertsAndHolds(t *testing.T) {
 
 // Errors are classified by what retrying can do.
 func TestDeadLetterErrorClasses(t *testing.T) {
+	t.Parallel()
 	for err, want := range map[error]produceFailure{
 		sarama.ErrNotLeaderForPartition:   failRetriable,
 		sarama.ErrUnknownTopicOrPartition: failRetriable,
@@ -382,6 +407,11 @@ func TestDeadLetterErrorClasses(t *testing.T) {
 // after it: they are produced as they come, not after the refused record's
 // next retry.
 func TestDeadLetterRefusedDoesNotDelayOthers(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLetterRefusedDoesNotDelayOthers)
+}
+
+func testDeadLetterRefusedDoesNotDelayOthers(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
 	dl := newDeadLetters(p, "orders.dlq", "orders", 0, time.Hour, logrus.NewEntry(logger))
