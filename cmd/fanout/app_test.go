@@ -8,13 +8,14 @@ import (
 )
 
 // The tests of this package run in parallel, apps included, but urfave/cli
-// is not safe for two apps that set up at once: every app's and command's
-// setup writes package variables of the library (cli.HelpFlag's Apply, the
-// shared help command's fields), so two apps parsing their flags at the
-// same time race. runCLI serializes that part, from the start of a run until
-// the app's action begins (or the run ends, as on bad flags or --help); the
-// actions, the part that takes time (a daemon, a dev broker, a tail, a
-// produce), run in parallel.
+// is not safe for two apps that set up at once: setting up an app or a
+// command and parsing its flags write package variables of the library
+// (cli.HelpFlag's fields, in its Apply; the fields of the help command it
+// shares among all apps), so two apps parsing their flags at the same time
+// race. runCLI serializes that part, from the start of a run until the app's
+// action begins (or the run ends, as on bad flags or --help); the actions,
+// the part that takes time (a daemon, a dev broker, a tail, a produce), run
+// in parallel.
 //
 // What stays sequential (no t.Parallel): the tests that set the environment
 // (t.Setenv, withEnviron), the tests that call run (it builds its app
