@@ -225,7 +225,7 @@ func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
 		name  string
 		limit int // what the producer knows of the topic's limit; 0: nothing
 	}{{"known limit", 4 << 10}, {"broker refuses", 0}} {
-		t.Run(tc.name, inBubble(func(t *testing.T) {
+		t.Run(tc.name, testutil.InBubble(func(t *testing.T) {
 			logger, _ := logtest.NewNullLogger()
 			p := &brokerProducer{max: 4 << 10}
 			dl := newDeadLetters(p, "orders.dlq", "orders", tc.limit, 20*time.Millisecond, logrus.NewEntry(logger))
@@ -279,13 +279,6 @@ func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
 			}
 		}))
 	}
-}
-
-// inBubble returns a subtest that runs f in a synctest bubble, on the
-// bubble's fake clock (synctest.Test cannot call t.Run: a table's subtests
-// each get a bubble of their own).
-func inBubble(f func(*testing.T)) func(*testing.T) {
-	return func(t *testing.T) { synctest.Test(t, f) }
 }
 
 // A record whose key and headers alone are too large for the dead-letter

@@ -163,13 +163,6 @@ func start(t *testing.T, cfg Config) *harness {
 	return h
 }
 
-// inBubble returns a subtest that runs f in a synctest bubble, on the
-// bubble's fake clock (synctest.Test cannot call t.Run: a table's subtests
-// each get a bubble of their own).
-func inBubble(f func(*testing.T)) func(*testing.T) {
-	return func(t *testing.T) { synctest.Test(t, f) }
-}
-
 func (h *harness) stats(t *testing.T) Stats {
 	st, ok := h.d.Stats(context.Background())
 	if !ok {
@@ -459,7 +452,7 @@ func TestRunStatsReportCommits(t *testing.T) {
 		{"commit fails", errors.New("zookeeper down"), map[int32]int64{1: 3}, true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, inBubble(func(t *testing.T) {
+		t.Run(tt.name, testutil.InBubble(func(t *testing.T) {
 			var observed atomic.Int32
 			var observedErr atomic.Bool
 			h := start(t, Config{
