@@ -104,6 +104,7 @@ func receiveBatch(tb testing.TB, c *Client) *Batch {
 }
 
 func TestBatchesOneBatchPerFrame(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc := connectBatch(t, d, Config{Batches: true, MaxInFlight: 100}, batchWelcome())
 	if c.Messages() == nil || cap(c.Messages()) != 0 {
@@ -161,6 +162,7 @@ func sameBuffer(b *Batch) bool {
 }
 
 func TestBatchPartlySettled(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc := connectBatch(t, d, Config{Batches: true}, batchWelcome())
 	fc.deliverBatch(t, 10, 6)
@@ -204,6 +206,7 @@ func TestBatchPartlySettled(t *testing.T) {
 // Without Config.Batches the messages of a DeliverBatch come one by one on
 // Messages; their acks still go as ranges to a daemon that reads them.
 func TestMessagesFromDeliverBatch(t *testing.T) {
+	t.Parallel()
 	const n = 300
 	d := startFake(t)
 	c, fc := connectBatch(t, d, Config{MaxInFlight: n}, batchWelcome())
@@ -237,6 +240,7 @@ func TestMessagesFromDeliverBatch(t *testing.T) {
 // and reason: one Nack frame naming the batch's consecutive ids as a range,
 // by ids to a daemon without CAPABILITY_BATCH.
 func TestBatchNackWith(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		welcome *protocol.Welcome
@@ -275,6 +279,7 @@ func TestBatchNackWith(t *testing.T) {
 // A daemon whose Welcome does not list CAPABILITY_BATCH (one that predates
 // it) gets ids only, never ranges it would ignore.
 func TestNoRangesWithoutTheCapability(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc := connectBatch(t, d, Config{Batches: true}, testWelcome())
 	fc.deliverBatch(t, 1, 20)
@@ -298,6 +303,7 @@ func TestNoRangesWithoutTheCapability(t *testing.T) {
 // A frame names at most the Welcome's max_in_flight ids, counting the
 // ranges' ids: a long run is split over frames.
 func TestCutNamesAtMostMaxIDs(t *testing.T) {
+	t.Parallel()
 	b := newBatch()
 	q := []idRange{{100, 1}, {200, 10}, {300, 1}, {400, 2}, {1<<64 - 2, 2}}
 	type frame struct{ ids, ranges []uint64 }
@@ -334,6 +340,7 @@ func TestCutNamesAtMostMaxIDs(t *testing.T) {
 // A retiring session holds its Goodbye until the batches it passed on are
 // acked, like messages.
 func TestRetiringSessionWaitsForItsBatch(t *testing.T) {
+	t.Parallel()
 	a, b := startFake(t), startFake(t)
 	members := memberAddrs(a, b)
 	ch := dialAsync(t, Config{Addrs: []string{a.addr()}, MaxInFlight: 30, Batches: true})

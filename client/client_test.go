@@ -17,6 +17,7 @@ import (
 )
 
 func TestHelloFields(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config
@@ -45,6 +46,7 @@ func TestHelloFields(t *testing.T) {
 }
 
 func TestDefaultClientID(t *testing.T) {
+	t.Parallel()
 	cfg, err := Config{Addrs: []string{"x:1"}}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +60,7 @@ func TestDefaultClientID(t *testing.T) {
 }
 
 func TestDeliveryFields(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	ts := time.UnixMilli(1700000000123)
@@ -77,6 +80,7 @@ func TestDeliveryFields(t *testing.T) {
 }
 
 func TestAcksAreBatched(t *testing.T) {
+	t.Parallel()
 	const n = 2000
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{MaxInFlight: n})
@@ -114,6 +118,7 @@ func TestAcksAreBatched(t *testing.T) {
 }
 
 func TestNackAndTouch(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		call func(*Message) error
@@ -139,6 +144,7 @@ func TestNackAndTouch(t *testing.T) {
 }
 
 func TestFinishedMessage(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		first, then func(*Message) error
@@ -181,6 +187,7 @@ func TestFinishedMessage(t *testing.T) {
 }
 
 func TestPingAnswered(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	_, fc, _ := connectTo(t, d, Config{})
 	for _, nonce := range []uint64{99, 1 << 60} {
@@ -193,6 +200,7 @@ func TestPingAnswered(t *testing.T) {
 }
 
 func TestRedirectFollowed(t *testing.T) {
+	t.Parallel()
 	follower, leader := startFake(t), startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{follower.addr()}})
 	fc := follower.accept(t)
@@ -213,6 +221,7 @@ func TestRedirectFollowed(t *testing.T) {
 }
 
 func TestNoLeaderRetriedAfterDelay(t *testing.T) {
+	t.Parallel()
 	const retry = 200 * time.Millisecond
 	d := startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{d.addr()}})
@@ -236,6 +245,7 @@ func TestNoLeaderRetriedAfterDelay(t *testing.T) {
 // A leader that steps down closes its clients with NO_LEADER; the client
 // then tries the other daemons it knows instead of the one that refused.
 func TestNoLeaderAfterWelcomeTriesAnotherDaemon(t *testing.T) {
+	t.Parallel()
 	old, next := startFake(t), startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{old.addr(), next.addr()}})
 	fc := old.accept(t)
@@ -250,6 +260,7 @@ func TestNoLeaderAfterWelcomeTriesAnotherDaemon(t *testing.T) {
 }
 
 func TestReconnectAfterServerClose(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	fc.deliver(t, 1, "old")
@@ -273,6 +284,7 @@ func TestReconnectAfterServerClose(t *testing.T) {
 }
 
 func TestGoodbyeFromDaemonReconnects(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	fc.deliver(t, 1, "x")
@@ -290,6 +302,7 @@ func TestGoodbyeFromDaemonReconnects(t *testing.T) {
 }
 
 func TestSilentDaemonDetected(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{d.addr()}})
 	fc := d.accept(t)
@@ -307,6 +320,7 @@ func TestSilentDaemonDetected(t *testing.T) {
 }
 
 func TestPingsKeepConnectionAlive(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{d.addr()}})
 	fc := d.accept(t)
@@ -326,6 +340,7 @@ func TestPingsKeepConnectionAlive(t *testing.T) {
 }
 
 func TestCloseSendsAcksThenGoodbye(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	for i := uint64(1); i <= 3; i++ {
@@ -369,6 +384,7 @@ func TestCloseSendsAcksThenGoodbye(t *testing.T) {
 }
 
 func TestAckAfterCloseFails(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	fc.deliver(t, 1, "x")
@@ -391,6 +407,7 @@ func TestAckAfterCloseFails(t *testing.T) {
 }
 
 func TestPermanentErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		code    protocol.ErrorCode
 		inDial  bool
@@ -451,6 +468,7 @@ func TestPermanentErrors(t *testing.T) {
 // reconnect (the daemon redelivers the message): the client stops for good,
 // with Err saying why, instead of reconnecting forever.
 func TestFrameTooLargeIsPermanent(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, h := connectTo(t, d, Config{MaxFrameSize: 64 << 10})
 	if h.GetMaxFrameSize() != 64<<10 {
@@ -479,6 +497,7 @@ func TestFrameTooLargeIsPermanent(t *testing.T) {
 }
 
 func TestMaxFrameSizeChecked(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{-1, 100, protocol.MaxHelloSize - 1, 1 << 33} {
 		if _, err := Dial(context.Background(), Config{Addrs: []string{"127.0.0.1:1"}, MaxFrameSize: n}); err == nil {
 			t.Errorf("Dial with MaxFrameSize %d: no error", n)
@@ -487,6 +506,7 @@ func TestMaxFrameSizeChecked(t *testing.T) {
 }
 
 func TestNoReconnect(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{NoReconnect: true})
 	_ = fc.nc.Close()
@@ -498,6 +518,7 @@ func TestNoReconnect(t *testing.T) {
 }
 
 func TestDialUnreachable(t *testing.T) {
+	// Not parallel: it counts the goroutines of the whole process.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -564,6 +585,7 @@ func TestDialHTTPServer(t *testing.T) {
 }
 
 func TestDialAllRefusedNoReconnect(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -576,6 +598,7 @@ func TestDialAllRefusedNoReconnect(t *testing.T) {
 }
 
 func TestBackoffNeverOverflows(t *testing.T) {
+	t.Parallel()
 	c := &Client{cfg: Config{MinBackoff: time.Minute, MaxBackoff: 10 * time.Minute}}
 	for n := 1; n < 100; n++ {
 		if d := c.backoff(n); d < 30*time.Second || d > 10*time.Minute {
@@ -592,6 +615,7 @@ func TestBackoffNeverOverflows(t *testing.T) {
 // (ERROR_CODE_TOO_MANY_IDS), and a client can hold more ids than that: a
 // delivery whose ack timed out plus its credit's new ones. Acks are split.
 func TestAckFramesWithinWelcomeInFlight(t *testing.T) {
+	t.Parallel()
 	const credit, n = 8, 200
 	if got := idsPerFrame(protocol.DefaultMaxFrameSize, credit); got != credit {
 		t.Fatalf("idsPerFrame(4 MiB, %d) = %d", credit, got)
@@ -633,6 +657,7 @@ func TestAckFramesWithinWelcomeInFlight(t *testing.T) {
 }
 
 func TestIDsPerFrameFitTheLimit(t *testing.T) {
+	t.Parallel()
 	for _, max := range []int{0, 100, 1024, 20000, protocol.DefaultMaxFrameSize} {
 		n := idsPerFrame(max, 0)
 		ids := make([]uint64, n)

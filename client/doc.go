@@ -121,4 +121,19 @@
 // the members followed: the latest list received, from whichever member.
 // Members that have not yet seen a change may briefly send an older list;
 // the client converges as each sends the new one.
+//
+// # Go version
+//
+// The client is a Go module of its own, github.com/nanoservice/core-fanout/client,
+// with the protocol package inside, and needs Go 1.23 or newer: the oldest
+// Go that google.golang.org/protobuf supports. It stays there so that an
+// application on Go 1.23 can import it, because a module's go directive is
+// a minimum for every module built from it (go mod tidy raises an
+// application's go line to the highest one it builds from). Hence the rules
+// for changing this module, its tests included: nothing newer than Go 1.23
+// (no testing/synctest, T.Context or B.Loop; the compiler refuses a newer
+// language feature, go vet's stdversion check a newer API of the standard
+// library), no go directive above 1.23, and no import of the daemon's
+// module (its tests keep their own small helpers). TestImportableFromOlderGo
+// checks the API and builds an application on Go 1.23 against the module.
 package client

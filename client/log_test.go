@@ -66,6 +66,7 @@ func (h recordHandler) find(msg string) []logRecord {
 // An application's *slog.Logger receives the connection events, with the
 // client's and the session's attributes.
 func TestLoggerIsSlog(t *testing.T) {
+	t.Parallel()
 	h := newRecordHandler()
 	d := startFake(t)
 	connectTo(t, d, Config{ClientID: "worker-1", Logger: slog.New(h)})
@@ -82,6 +83,7 @@ func TestLoggerIsSlog(t *testing.T) {
 
 // A nil Logger logs nothing, and formats nothing.
 func TestNilLoggerDiscards(t *testing.T) {
+	t.Parallel()
 	cfg, err := Config{Addrs: []string{"x:1"}}.withDefaults()
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,7 @@ func expectNoMessage(t *testing.T, c *Client) {
 }
 
 func TestShare(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct{ total, n, want int }{
 		{30, 0, 30}, {30, 1, 30}, {30, 3, 10}, {10, 3, 3}, {10, 4, 2}, {10, 10, 1}, {10, 20, 1}, {1, 3, 1},
 	} {
@@ -71,6 +72,7 @@ func TestShare(t *testing.T) {
 // asking for its share of the credit, and acks each message on the session
 // it came by.
 func TestSpreadOneSessionPerMember(t *testing.T) {
+	t.Parallel()
 	ds := []*fakeDaemon{startFake(t), startFake(t), startFake(t)}
 	c, conns := spread(t, 30, ds...)
 	for _, d := range ds {
@@ -100,6 +102,7 @@ func TestSpreadOneSessionPerMember(t *testing.T) {
 // A daemon that owns no partitions (not listed) is only where the client
 // starts from: it says goodbye to it and opens a session with each member.
 func TestSpreadBootstrapFromAnotherDaemon(t *testing.T) {
+	t.Parallel()
 	boot, a, b := startFake(t), startFake(t), startFake(t)
 	members := memberAddrs(a, b)
 	ch := dialAsync(t, Config{Addrs: []string{boot.addr()}, MaxInFlight: 30})
@@ -122,6 +125,7 @@ func TestSpreadBootstrapFromAnotherDaemon(t *testing.T) {
 // are opened again with the larger share. It joins again: a session with it
 // again, and the shares shrink back.
 func TestSpreadMemberLeavesAndJoins(t *testing.T) {
+	t.Parallel()
 	a, b, cm := startFake(t), startFake(t), startFake(t)
 	c, conns := spread(t, 30, a, b, cm)
 	all, ab := memberAddrs(a, b, cm), memberAddrs(a, b)
@@ -178,6 +182,7 @@ func TestSpreadMemberLeavesAndJoins(t *testing.T) {
 // timeout (the daemon has redelivered them by then): a message never acked
 // does not keep it open, and returns ErrStale afterwards.
 func TestRetiringSessionWaitsAtMostTheAckTimeout(t *testing.T) {
+	t.Parallel()
 	const ackTimeout = 300 * time.Millisecond
 	a, b := startFake(t), startFake(t)
 	members := memberAddrs(a, b)
@@ -217,6 +222,7 @@ func TestRetiringSessionWaitsAtMostTheAckTimeout(t *testing.T) {
 // (docs/chaos/evidence/quick-spread-seed7-p7-gap.tar.gz) had gone to the
 // silent client's retiring session.
 func TestRetiringSessionGivesBackLateDeliveries(t *testing.T) {
+	t.Parallel()
 	a, b := startFake(t), startFake(t)
 	c, conns := spread(t, 30, a, b)
 	ac, bc := conns[a.addr()], conns[b.addr()]
@@ -262,6 +268,7 @@ func TestRetiringSessionGivesBackLateDeliveries(t *testing.T) {
 // backoff, on its own: the other sessions go on. Once the others no longer
 // list it, the client stops trying.
 func TestSpreadMemberDisappears(t *testing.T) {
+	t.Parallel()
 	a, b, cm := startFake(t), startFake(t), startFake(t)
 	c, conns := spread(t, 30, a, b, cm)
 	all, ab := memberAddrs(a, b, cm), memberAddrs(a, b)
@@ -302,6 +309,7 @@ func TestSpreadMemberDisappears(t *testing.T) {
 // With no members listed (leader mode) the client keeps today's one
 // session with all the credit; an empty Members frame changes nothing.
 func TestLeaderModeOneSession(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{d.addr()}, MaxInFlight: 30})
 	fc := d.join(t, 30)
@@ -327,6 +335,7 @@ func TestLeaderModeOneSession(t *testing.T) {
 // A member that lists no members any more (the cluster is in leader mode)
 // keeps the one session, with all the credit; the others are closed.
 func TestSpreadBackToLeaderMode(t *testing.T) {
+	t.Parallel()
 	a, b := startFake(t), startFake(t)
 	c, conns := spread(t, 30, a, b)
 	conns[b.addr()].send(t, protocol.MembersFrame(nil, nil))
@@ -346,6 +355,7 @@ func TestSpreadBackToLeaderMode(t *testing.T) {
 // A spread cluster of one member: the client started from it keeps its
 // session (it is that member's, with all the credit).
 func TestSpreadSingleMemberKeepsSession(t *testing.T) {
+	t.Parallel()
 	a := startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{a.addr()}, MaxInFlight: 30})
 	fc := a.join(t, 30, a.addr())
@@ -368,6 +378,7 @@ func TestSpreadSingleMemberKeepsSession(t *testing.T) {
 // A session opened with a share that changed during its handshake is
 // opened again with the new one.
 func TestSpreadShareChangedDuringHandshake(t *testing.T) {
+	t.Parallel()
 	a, b, cm, d := startFake(t), startFake(t), startFake(t), startFake(t)
 	three, four := memberAddrs(a, b, cm), memberAddrs(a, b, cm, d)
 	ch := dialAsync(t, Config{Addrs: []string{a.addr()}, MaxInFlight: 30})
@@ -399,6 +410,7 @@ func TestSpreadShareChangedDuringHandshake(t *testing.T) {
 // client does not open and retire sessions at the pace of whichever member
 // spoke last.
 func TestSpreadOlderMemberListChangesNothing(t *testing.T) {
+	t.Parallel()
 	a, b, cm := startFake(t), startFake(t), startFake(t)
 	c, conns := spread(t, 30, a, b, cm)
 	all, ab := memberAddrs(a, b, cm), memberAddrs(a, b)

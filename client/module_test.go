@@ -28,12 +28,24 @@ func goLine(tb testing.TB, path string) string {
 // which protocol needs.
 const oldestGo = "1.23"
 
+// whyOldestGo ends every failure of TestImportableFromOlderGo: the rule the
+// failure breaks and why it exists, for whoever meets it first.
+const whyOldestGo = "\n\nThe client module (the client and client/protocol, their tests included) stays on Go " + oldestGo +
+	", the oldest Go google.golang.org/protobuf supports, and uses nothing newer, so that an application on Go " + oldestGo +
+	" can import it: a module's go directive is a minimum for every module built from it (go mod tidy raises an " +
+	"application's go line to the highest one it builds from). Use what Go " + oldestGo + " has (no testing/synctest, " +
+	"T.Context or B.Loop in the tests either); see the package documentation (go doc ./client, the Go version)."
+
 // An application on oldestGo imports the client: its go.mod stays at that
 // Go after go mod tidy (which raises it to the highest go directive of the
 // modules it builds from), and it builds. The client, with the protocol
 // package inside, is a module of its own for this: the daemon's module needs
-// a newer Go. It runs offline, from the module cache.
+// a newer Go. The module's own code and tests use no API of the standard
+// library newer than oldestGo (go vet's stdversion check: the toolchain that
+// runs the tests is newer, and builds such code without a word). It runs
+// offline, from the module cache.
 func TestImportableFromOlderGo(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("the go command is needed: %v", err)
 	}
@@ -43,7 +55,7 @@ func TestImportableFromOlderGo(t *testing.T) {
 	}
 	want := oldestGo
 	if got := goLine(t, "go.mod"); got != want {
-		t.Errorf("go.mod: go %s, want %s (oldestGo)", got, want)
+		t.Errorf("go.mod: go %s, want %s (oldestGo)%s", got, want, whyOldestGo)
 	}
 	app := t.TempDir()
 	write := func(name, text string) {
@@ -74,23 +86,26 @@ func main() {
 	_ = c.Consume(ctx, 4, func(ctx context.Context, m *client.Message) error { return nil })
 }
 `)
-	run := func(args ...string) {
+	goIn := func(dir string, args ...string) {
 		cmd := exec.Command("go", args...)
-		cmd.Dir = app
+		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOPROXY=off", "GOSUMDB=off", "GOWORK=off", "GOFLAGS=-mod=mod")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+			t.Fatalf("go %s (in %s): %v\n%s%s", strings.Join(args, " "), dir, err, out, whyOldestGo)
 		}
 	}
+	run := func(args ...string) { goIn(app, args...) }
 	// -e: the tests of the dependencies need modules the cache may lack
 	// (go-cmp, for protobuf's tests) and GOPROXY is off; tidy goes on
 	// without them, and still raises the go directive as it must.
 	run("mod", "tidy", "-e")
 	if got := goLine(t, filepath.Join(app, "go.mod")); got != want {
-		t.Fatalf("go mod tidy raised the application's go directive from %s to %s: a module it builds from needs a newer Go", want, got)
+		t.Fatalf("go mod tidy raised the application's go directive from %s to %s: a module it builds from needs a newer Go%s",
+			want, got, whyOldestGo)
 	}
 	run("vet", ".")
 	run("build", "-o", filepath.Join(app, "app"), ".")
+	goIn(clientDir, "vet", "-stdversion", "./...")
 }
 
 // The client's go.mod names no other module of this repository and
@@ -99,6 +114,7 @@ func main() {
 // proxy, at the version named (integration's
 // TestGoClientFromOutsideTheRepository builds one that way, from a proxy).
 func TestModuleNeedsNothingElseOfThisRepository(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("go.mod")
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 // Weight and Observe go in the Hello; a client that sets neither sends the
 // Hello it always sent (TestHelloFields).
 func TestHelloPolicyFields(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	_, _, h := connectTo(t, d, Config{Weight: 5})
 	if h.GetWeight() != 5 || h.GetObserver() {
@@ -26,6 +27,7 @@ func TestHelloPolicyFields(t *testing.T) {
 // NackWithDelay and NackWith send the delay and the reason; nacks of the
 // same pair share a frame, plain nacks keep theirs.
 func TestNackWithDelayAndReason(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	for id := uint64(1); id <= 4; id++ {
@@ -81,6 +83,7 @@ func TestNackWithDelayAndReason(t *testing.T) {
 // An observer announces itself, accepts only a daemon that confirms it,
 // and acks nothing: Ack, Nack and Touch of its copies send nothing.
 func TestObserver(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{d.addr()}, Observe: true})
 	fc := d.accept(t)
@@ -111,6 +114,7 @@ func TestObserver(t *testing.T) {
 // An observer's batches are copies too: Ack, Nack and Touch of a Batch
 // send nothing.
 func TestObserverBatches(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	ch := dialAsync(t, Config{Addrs: []string{d.addr()}, Observe: true, Batches: true})
 	fc := d.accept(t)
@@ -148,6 +152,7 @@ func TestObserverBatches(t *testing.T) {
 
 // at once: it would hand the observer work to ack.
 func TestObserverRefusesADaemonWithout(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	errc := make(chan error, 1)
 	go func() {

@@ -36,6 +36,7 @@ func returned(tb testing.TB, done <-chan error) error {
 // The handler's outcome is the ack: nil acks, an error nacks, a panic
 // nacks and is logged with its stack; the worker goes on after a panic.
 func TestConsumeAcksNacksAndSurvivesPanics(t *testing.T) {
+	t.Parallel()
 	h := newRecordHandler()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{Logger: slog.New(h)})
@@ -78,6 +79,7 @@ func TestConsumeAcksNacksAndSurvivesPanics(t *testing.T) {
 
 // A handler that acks or nacks the message itself is left alone.
 func TestConsumeHandlerMayAckItself(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -102,6 +104,7 @@ func TestConsumeHandlerMayAckItself(t *testing.T) {
 // Consume runs at most concurrency handlers at once, and that many when
 // there is work for them.
 func TestConsumeConcurrency(t *testing.T) {
+	t.Parallel()
 	const workers = 4
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{MaxInFlight: 16})
@@ -131,6 +134,7 @@ func TestConsumeConcurrency(t *testing.T) {
 }
 
 func TestConsumeRefusesBadArguments(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, _, _ := connectTo(t, d, Config{})
 	if err := c.Consume(context.Background(), 0, func(context.Context, *Message) error { return nil }); err == nil {
@@ -144,6 +148,7 @@ func TestConsumeRefusesBadArguments(t *testing.T) {
 // Consume returns when the client is closed, and the handlers' context
 // ends with it.
 func TestConsumeEndsWithClose(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	started := make(chan struct{})
@@ -162,6 +167,7 @@ func TestConsumeEndsWithClose(t *testing.T) {
 
 // A handler's error is the nack's reason; RetryAfter's delay is the nack's.
 func TestConsumeNackDelayAndReason(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -23,6 +23,7 @@ func shutdownAsync(c *Client, timeout time.Duration) <-chan error {
 // Shutdown takes no new message, nacks those nobody received, lets the
 // running handler finish and ack, and only then says goodbye.
 func TestShutdownLetsHandlersFinish(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	started, release := make(chan uint64, 10), make(chan struct{})
@@ -82,6 +83,7 @@ func TestShutdownLetsHandlersFinish(t *testing.T) {
 // At its deadline Shutdown closes at once: the handler's context ends and
 // its ack is not sent; the daemon delivers the message again.
 func TestShutdownDeadline(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	started, ackErr := make(chan struct{}), make(chan error, 1)
@@ -112,6 +114,7 @@ func TestShutdownDeadline(t *testing.T) {
 // In spread mode every member's session finishes its work and says goodbye,
 // and no session is opened again.
 func TestShutdownSpread(t *testing.T) {
+	t.Parallel()
 	a, b := startFake(t), startFake(t)
 	c, conns := spread(t, 8, a, b)
 	fa, fb := conns[a.addr()], conns[b.addr()]
@@ -143,6 +146,7 @@ func TestShutdownSpread(t *testing.T) {
 // A message nacked with a delay or a reason is done: Shutdown does not wait
 // for it until the daemon's ack timeout.
 func TestShutdownAfterNackWith(t *testing.T) {
+	t.Parallel()
 	d := startFake(t)
 	c, fc, _ := connectTo(t, d, Config{})
 	fc.deliver(t, 1, "x")

@@ -34,6 +34,7 @@ func clientTLS(tb testing.TB, f testCA) *tls.Config {
 }
 
 func TestTLSServerNameTakenFromEachAddress(t *testing.T) {
+	t.Parallel()
 	f := newTestCA(t)
 	names := make(chan string, 4)
 	follower, leader := startFakeTLS(t, f, names), startFakeTLS(t, f, names)
@@ -59,6 +60,7 @@ func TestTLSServerNameTakenFromEachAddress(t *testing.T) {
 }
 
 func TestTLSRefusalsStopDialAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newTestCA(t)
 	other := newTestCA(t)
 	names := make(chan string, 4)
@@ -97,6 +99,7 @@ func TestTLSRefusalsStopDialAtOnce(t *testing.T) {
 // In spread mode the client connects to each member at the address listed,
 // over TLS, with the server name taken from that address.
 func TestTLSSpreadServerNameTakenFromEachMember(t *testing.T) {
+	t.Parallel()
 	f := newTestCA(t)
 	names := make(chan string, 8)
 	first, second := startFakeTLS(t, f, names), startFakeTLS(t, f, names)

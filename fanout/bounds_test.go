@@ -109,6 +109,7 @@ func next(t *testing.T, c *client.Client) *client.Message {
 // clients announced their limit, the record went to the small client, which
 // dropped the connection and got it again, forever.
 func TestOversizedRecordWaitsForAClientThatTakesIt(t *testing.T) {
+	t.Parallel()
 	const topic = "sized"
 	d, addrs, logs := startDevDaemon(t, topic)
 	big := bytes.Repeat([]byte("B"), 20<<10)

@@ -27,6 +27,7 @@ import (
 // clients with their acks, and rates sampled while it served; the same
 // document at /api/status.
 func TestDaemonStatus(t *testing.T) {
+	t.Parallel()
 	d, brokers, _ := soloDaemon(t, offsets.NewMemoryStore(), func(o *Options) {
 		o.NodeID = "solo-node"
 		o.MetricsListen = "127.0.0.1:0"
@@ -120,6 +121,7 @@ func TestDaemonStatus(t *testing.T) {
 // next request reads again; a read cut short by its request's end is not
 // kept for the others.
 func TestClusterViewSharesReads(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	reads := 0
 	var fail error
@@ -235,6 +237,7 @@ func TestSpreadPartitions(t *testing.T) {
 // than the default, every worker shows its weight; an observer is listed
 // with its role and no weight; with default weights alone none is shown.
 func TestDaemonStatusWeightsAndObservers(t *testing.T) {
+	t.Parallel()
 	d, _, _ := soloDaemon(t, offsets.NewMemoryStore(), func(o *Options) { o.MetricsListen = "127.0.0.1:0" })
 	dialAs := func(cfg client.Config) *client.Client {
 		t.Helper()
@@ -285,6 +288,7 @@ func TestDaemonStatusWeightsAndObservers(t *testing.T) {
 // A client that proved who it is (here a named token) is named by that
 // identity in the status document the console shows.
 func TestDaemonStatusNamesClientIdentity(t *testing.T) {
+	t.Parallel()
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte("billing:tok-billing-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)

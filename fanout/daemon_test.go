@@ -108,6 +108,7 @@ func produceTo(t *testing.T, brokers []string, value string) {
 // A term's commits carry its fence: once another term of the store began,
 // the daemon's next commit is refused, it stops serving and Run reports it.
 func TestDaemonTermStopsWhenItsFenceNoLongerHolds(t *testing.T) {
+	t.Parallel()
 	store := offsets.NewMemoryStore()
 	d, brokers, done := soloDaemon(t, store)
 	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{d.Addr().String()}, MaxInFlight: 10})
@@ -173,6 +174,7 @@ func (a *fakeAuthority) End(cause error) {
 // A term whose commit is refused ends in the election too: leadTerm tells
 // its authority, so that another member leads instead of nobody.
 func TestLeadTermEndsItsAuthorityWhenFenced(t *testing.T) {
+	t.Parallel()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
@@ -239,6 +241,7 @@ func TestLeadTermEndsItsAuthorityWhenFenced(t *testing.T) {
 // the daemon settles it (the serving term's dispatcher, through the
 // server's backend) and commits past it.
 func TestDaemonSettlesTheRangesOfABatch(t *testing.T) {
+	t.Parallel()
 	store := offsets.NewMemoryStore()
 	d, brokers, _ := soloDaemon(t, store)
 	for i := range 5 {

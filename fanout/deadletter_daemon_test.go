@@ -60,6 +60,7 @@ func consumerHeaders(m *sarama.ConsumerMessage) map[string]string {
 // the headers that find it at its source, and its partition's offset moves
 // on. Before, the producer refused it forever and the offset stayed below it.
 func TestDaemonDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
+	t.Parallel()
 	kc := newJobsCluster(t)
 	if err := kc.CreateTopic("jobs.dlq", 1, map[string]string{"max.message.bytes": "4096"}); err != nil {
 		t.Fatal(err)
@@ -99,6 +100,7 @@ func TestDaemonDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
 // goes to the dead-letter topic (last failure too_large) and its
 // partition's offset moves on. Before, it waited forever.
 func TestDaemonDeadLettersARecordThatFitsNoClient(t *testing.T) {
+	t.Parallel()
 	kc := newJobsCluster(t)
 	if err := kc.CreateTopic("jobs.dlq", 1, nil); err != nil {
 		t.Fatal(err)

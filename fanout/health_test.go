@@ -180,6 +180,7 @@ func TestDaemonNotReadyWhileNoPartitionConsumed(t *testing.T) {
 // up to KafkaGrace leaves the daemon ready, longer does not, and an answer
 // makes it ready again.
 func TestKafkaHealthWatch(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		log := logrus.New()
 		log.SetOutput(discard{})

@@ -57,6 +57,7 @@ func kafkaGroupStore(t *testing.T, c *kfake.Cluster, id string) (*kafkastore.Sto
 // none: it leads through the group fanout_<id> and commits its acked
 // offsets there.
 func TestDaemonKafkaOffsetStore(t *testing.T) {
+	t.Parallel()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
@@ -125,6 +126,7 @@ func TestDaemonKafkaOffsetStore(t *testing.T) {
 // A term whose commit the group coordinator refuses (another join replaced
 // its membership) ends in the election too.
 func TestLeadTermEndsItsAuthorityWhenTheCoordinatorRefuses(t *testing.T) {
+	t.Parallel()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "jobs"))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)

@@ -9,6 +9,7 @@ import (
 )
 
 func TestValidate(t *testing.T) {
+	t.Parallel()
 	ok := Options{ID: "service_x", Topic: "user_need"}
 	tests := []struct {
 		name   string
@@ -120,6 +121,7 @@ func TestValidate(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
+	t.Parallel()
 	err := Options{}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "--id") || !strings.Contains(err.Error(), "--topic") {
 		t.Fatalf("Validate() = %v, want both --id and --topic named", err)
@@ -129,6 +131,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 // The ZooKeeper default (localhost:2181) applies only to the ZooKeeper
 // offset store: with Kafka's, no ZooKeeper is contacted.
 func TestZooKeeperDefaultOnlyForItsStore(t *testing.T) {
+	t.Parallel()
 	if zk := (Options{}).withDefaults().ZooKeeper; len(zk) != 1 || zk[0] != "localhost:2181" {
 		t.Errorf("default ZooKeeper %v, want localhost:2181", zk)
 	}
@@ -142,6 +145,7 @@ func TestZooKeeperDefaultOnlyForItsStore(t *testing.T) {
 }
 
 func TestNodeIDsDiffer(t *testing.T) {
+	t.Parallel()
 	a, b := Options{}.withDefaults(), Options{}.withDefaults()
 	if a.NodeID == b.NodeID {
 		t.Fatalf("two daemons got the same default node id %q", a.NodeID)
@@ -152,6 +156,7 @@ func TestNodeIDsDiffer(t *testing.T) {
 // the default one (a redelivery after a failure waits), and the dispatcher
 // is configured with it; RetryBackoffOff gives none.
 func TestRetryBackoffDefault(t *testing.T) {
+	t.Parallel()
 	o := Options{}.withDefaults()
 	if o.RetryBackoffMin != DefaultRetryBackoffMin || o.RetryBackoffMax != DefaultRetryBackoffMax {
 		t.Errorf("default retry backoff %v,%v; want %v,%v", o.RetryBackoffMin, o.RetryBackoffMax, DefaultRetryBackoffMin, DefaultRetryBackoffMax)
@@ -166,6 +171,7 @@ func TestRetryBackoffDefault(t *testing.T) {
 }
 
 func TestParseRetryBackoff(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in     string
 		lo, hi time.Duration

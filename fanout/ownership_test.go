@@ -375,6 +375,7 @@ func indexOf(events []string, prefix string) int {
 // oldest above); a partition moved to another member is revoked, then
 // released, and only then reserved by the other (release-before-reserve).
 func TestOwnershipReservesHandsOverAndWaitsForRelease(t *testing.T) {
+	t.Parallel()
 	zk, assign := newFakeZK(), newFakeAssign()
 	a := startMember(t, zk, assign, "node-a", fakeLoader{0: 40})
 	b := startMember(t, zk, assign, "node-b", fakeLoader{0: 40})
@@ -428,6 +429,7 @@ func TestOwnershipReservesHandsOverAndWaitsForRelease(t *testing.T) {
 // would keep the next owner waiting until that session ends (a chaos
 // --quick spread run, seed 8, lost 453 records that way).
 func TestOwnershipRetriesAFailedRelease(t *testing.T) {
+	t.Parallel()
 	zk, assign := newFakeZK(), newFakeAssign()
 	a := startMember(t, zk, assign, "node-a", fakeLoader{})
 	b := startMember(t, zk, assign, "node-b", fakeLoader{})
@@ -446,6 +448,7 @@ func TestOwnershipRetriesAFailedRelease(t *testing.T) {
 // session alive), the partitions dropped have their records released, with
 // retries: another member assigned one meanwhile reserves it.
 func TestOwnershipReleasesWhenTheDispatcherStops(t *testing.T) {
+	t.Parallel()
 	zk, assign := newFakeZK(), newFakeAssign()
 	a := startMember(t, zk, assign, "node-a", fakeLoader{})
 	b := startMember(t, zk, assign, "node-b", fakeLoader{})
@@ -462,6 +465,7 @@ func TestOwnershipReleasesWhenTheDispatcherStops(t *testing.T) {
 // (not revoked, not released); still assigned, it is reserved again only
 // once free.
 func TestOwnershipDropsALostPartition(t *testing.T) {
+	t.Parallel()
 	zk, assign := newFakeZK(), newFakeAssign()
 	a := startMember(t, zk, assign, "node-a", fakeLoader{})
 	assign.set(1, 2, map[string][]int32{"node-a": {0, 1}})
@@ -494,6 +498,7 @@ func TestOwnershipDropsALostPartition(t *testing.T) {
 // joins again in the new session and reserves them again (the records of
 // its old session are free).
 func TestOwnershipSessionExpiryDropsEverything(t *testing.T) {
+	t.Parallel()
 	zk, assign := newFakeZK(), newFakeAssign()
 	a := startMember(t, zk, assign, "node-a", fakeLoader{})
 	assign.set(1, 3, map[string][]int32{"node-a": {0, 1, 2}})
@@ -520,6 +525,7 @@ func TestOwnershipSessionExpiryDropsEverything(t *testing.T) {
 // Stopping (ctx ends) resigns first, stops fetching everything, lets the
 // dispatcher drain, and only then releases the records.
 func TestOwnershipShutdownReleasesAfterTheDrain(t *testing.T) {
+	t.Parallel()
 	zk, assign := newFakeZK(), newFakeAssign()
 	a := startMember(t, zk, assign, "node-a", fakeLoader{})
 	assign.set(1, 2, map[string][]int32{"node-a": {0, 1}})

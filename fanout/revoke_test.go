@@ -85,6 +85,7 @@ func getsItAgain(t *testing.T, c *client.Client) {
 // another client at once; the other clients stay. Before, tokens were
 // checked only at Hello and the session went on receiving and acking.
 func TestRevokedTokenEndsItsSession(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "tokens")
 	mod := time.Now().Add(-time.Hour)
 	writeFile(t, path, "alpha:tok-alpha\nbeta:tok-beta\n", mod)
@@ -117,6 +118,7 @@ func TestRevokedTokenEndsItsSession(t *testing.T) {
 // modification time and size do not show, and ends the sessions whose
 // token it no longer holds.
 func TestReloadEndsSessionsOfRevokedTokens(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "tokens")
 	mod := time.Now().Add(-time.Hour)
 	writeFile(t, path, "alpha:tok-alpha\nbeta:tok-beta\n", mod)
@@ -139,6 +141,7 @@ func TestReloadEndsSessionsOfRevokedTokens(t *testing.T) {
 // held goes to a client the new CA signs; a change that still signs it
 // (a bundle with the new CA) leaves it be.
 func TestClientCAChangeEndsSessionsItNoLongerSigns(t *testing.T) {
+	t.Parallel()
 	old, newer := testutil.NewTLSFiles(t), testutil.NewTLSFiles(t)
 	pem := func(path string) string {
 		b, err := os.ReadFile(path)

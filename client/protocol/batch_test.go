@@ -64,6 +64,7 @@ func batchCases(tb testing.TB) map[string][]*Deliver {
 }
 
 func TestWriteDeliverBatchMatchesMarshal(t *testing.T) {
+	t.Parallel()
 	for name, ds := range batchCases(t) {
 		t.Run(name, func(t *testing.T) {
 			want, err := marshalBatch(t, ds)
@@ -90,6 +91,7 @@ func TestWriteDeliverBatchMatchesMarshal(t *testing.T) {
 }
 
 func TestWriteDeliverBatchBudget(t *testing.T) {
+	t.Parallel()
 	ds := make([]*Deliver, 10)
 	for i := range ds {
 		ds[i] = &Deliver{DeliveryId: uint64(1000 + i), Partition: 1, Offset: int64(i), Value: bytes.Repeat([]byte{'v'}, 100*i), Attempt: 1}
@@ -134,6 +136,7 @@ func TestWriteDeliverBatchBudget(t *testing.T) {
 }
 
 func TestWriteDeliverBatchInvalidUTF8(t *testing.T) {
+	t.Parallel()
 	ds := []*Deliver{{DeliveryId: 1}, {DeliveryId: 2, Headers: []*Header{{Key: "bad \xff"}}}}
 	if _, err := marshalBatch(t, ds); err == nil {
 		t.Fatal("proto.Marshal accepted invalid UTF-8")
@@ -203,6 +206,7 @@ func checkDeliveries(t *testing.T, b *Batch, want *Frame) {
 }
 
 func TestReadBatchAliasesItsBuffer(t *testing.T) {
+	t.Parallel()
 	ds := []*Deliver{
 		{DeliveryId: 1, Key: []byte("k1"), Value: []byte("v1"), Headers: []*Header{{Key: "trace", Value: []byte("t1")}}},
 		{DeliveryId: 2, Value: []byte("v2"), Headers: []*Header{{Key: "trace", Value: []byte("t2")}, {Key: "other"}}},
@@ -247,6 +251,7 @@ func TestReadBatchAliasesItsBuffer(t *testing.T) {
 }
 
 func TestReadBatchSharesHeaderKeys(t *testing.T) {
+	t.Parallel()
 	var ds []*Deliver
 	for i := range 3 {
 		ds = append(ds, &Deliver{DeliveryId: uint64(i), Headers: []*Header{{Key: "trace-id", Value: []byte{byte(i)}}, {Key: fmt.Sprint("k", i)}}})
@@ -326,6 +331,7 @@ func rawBatchCases() []struct {
 }
 
 func TestReadBatchRaw(t *testing.T) {
+	t.Parallel()
 	for _, tc := range rawBatchCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			var b Batch
@@ -365,6 +371,7 @@ func TestReadBatchRaw(t *testing.T) {
 }
 
 func TestReadBatchLimitsAndErrors(t *testing.T) {
+	t.Parallel()
 	ds := []*Deliver{{DeliveryId: 1, Value: bytes.Repeat([]byte{'v'}, 1000)}}
 	stream, _, _ := writeBatch(t, ds, 0, 0)
 	size := len(stream) - HeaderSize
@@ -408,6 +415,7 @@ func TestReadBatchLimitsAndErrors(t *testing.T) {
 }
 
 func TestReadBatchLeavesIDLimitsToOtherFrames(t *testing.T) {
+	t.Parallel()
 	stream := encodeFrames(t, AckFrame([]uint64{1, 2, 3}))
 	r := NewReader(bytes.NewReader(stream), 0)
 	r.SetMaxIDs(2)
@@ -418,6 +426,7 @@ func TestReadBatchLeavesIDLimitsToOtherFrames(t *testing.T) {
 }
 
 func TestReadBatchAllocs(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun refuses parallel tests (it counts the whole process).
 	// The frame's buffer and the first delivery's header key, and nothing
 	// per delivery once the Batch's slices have grown.
 	ds := make([]*Deliver, 100)
@@ -444,6 +453,7 @@ func TestReadBatchAllocs(t *testing.T) {
 }
 
 func TestDeliverBatchSchema(t *testing.T) {
+	t.Parallel()
 	// batch.go encodes and decodes DeliverBatch by hand.
 	fs := (&DeliverBatch{}).ProtoReflect().Descriptor().Fields()
 	if fs.Len() != 1 || fs.Get(0).Number() != 1 || fs.Get(0).Kind() != protoreflect.MessageKind || !fs.Get(0).IsList() ||

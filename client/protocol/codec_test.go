@@ -92,6 +92,7 @@ func rawFrame(size uint32, body []byte) []byte {
 }
 
 func TestRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, tc := range sampleFrames() {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := encodeFrames(t, tc.frame)
@@ -117,6 +118,7 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestManyFramesOneFlush(t *testing.T) {
+	t.Parallel()
 	var frames []*Frame
 	for range 50 {
 		for _, tc := range sampleFrames() {
@@ -178,6 +180,7 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 }
 
 func TestReadErrors(t *testing.T) {
+	t.Parallel()
 	ping := encodeFrames(t, PingFrame(1))
 	pingBody := ping[HeaderSize:]
 	readErr := errors.New("connection reset")
@@ -225,6 +228,7 @@ func TestReadErrors(t *testing.T) {
 // frame too large, by ReadFrame and ReadBatch, with the error saying which
 // side of HTTP the peer is; only a stream's first frame is looked at.
 func TestReadHTTP(t *testing.T) {
+	t.Parallel()
 	ping := encodeFrames(t, PingFrame(1))
 	for _, tc := range []struct {
 		name, stream string
@@ -287,6 +291,7 @@ func isTooLarge(size uint64, max int) func(error) bool {
 }
 
 func TestBadFrameKeepsStreamInStep(t *testing.T) {
+	t.Parallel()
 	stream := append(rawFrame(3, []byte{0xff, 0xff, 0xff}), encodeFrames(t, PingFrame(5))...)
 	r := NewReader(bytes.NewReader(stream), 0)
 	var f Frame
@@ -299,6 +304,7 @@ func TestBadFrameKeepsStreamInStep(t *testing.T) {
 }
 
 func TestTooLargeDoesNotAllocateBody(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun refuses parallel tests (it counts the whole process).
 	const max = 1 << 20
 	header := rawFrame(2<<30, nil) // declares 2 GiB
 	src := bytes.NewReader(header)
@@ -329,6 +335,7 @@ func TestTooLargeDoesNotAllocateBody(t *testing.T) {
 }
 
 func TestDeclaredSizeIsNotAllocatedUpFront(t *testing.T) {
+	t.Parallel()
 	// A peer declares a frame of the maximum size and sends 10 bytes of it.
 	const max = 64 << 20
 	r := NewReader(bytes.NewReader(rawFrame(max, make([]byte, 10))), max)
@@ -341,6 +348,7 @@ func TestDeclaredSizeIsNotAllocatedUpFront(t *testing.T) {
 }
 
 func TestLargeFrame(t *testing.T) {
+	t.Parallel()
 	// Larger than both the bufio buffers and several growth steps.
 	value := bytes.Repeat([]byte("0123456789abcdef"), (1<<20)/16)
 	want := DeliverFrame(&Deliver{DeliveryId: 1, Value: value})
@@ -362,6 +370,7 @@ func TestLargeFrame(t *testing.T) {
 }
 
 func TestDecodedValueDoesNotAliasBuffer(t *testing.T) {
+	t.Parallel()
 	first := DeliverFrame(&Deliver{DeliveryId: 1, Key: []byte("key-one"), Value: []byte("first value")})
 	second := DeliverFrame(&Deliver{DeliveryId: 2, Key: []byte("KEY-TWO"), Value: []byte("SECOND VALUE")})
 	r := NewReader(bytes.NewReader(encodeFrames(t, first, second)), 0)
@@ -381,6 +390,7 @@ func TestDecodedValueDoesNotAliasBuffer(t *testing.T) {
 }
 
 func TestWriterRefusesOversizedFrame(t *testing.T) {
+	t.Parallel()
 	const max = 1024
 	tests := []struct {
 		name    string
@@ -439,6 +449,7 @@ func TestWriterRefusesOversizedFrame(t *testing.T) {
 }
 
 func TestWriterInvalidUTF8(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	w := NewWriter(&out, 0)
 	if err := w.WriteFrame(HelloFrame(&Hello{ClientId: "\xff"})); err == nil || w.Buffered() != 0 {
@@ -456,6 +467,7 @@ func TestWriterInvalidUTF8(t *testing.T) {
 }
 
 func TestLimit(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ in, want int }{
 		{-1, DefaultMaxFrameSize},
 		{0, DefaultMaxFrameSize},
@@ -476,6 +488,7 @@ func TestLimit(t *testing.T) {
 }
 
 func TestRemoteError(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		in   *Error
@@ -530,6 +543,7 @@ func TestRemoteError(t *testing.T) {
 }
 
 func TestTemporary(t *testing.T) {
+	t.Parallel()
 	temporary := map[ErrorCode]bool{
 		ErrorCode_ERROR_CODE_NO_LEADER:        true,
 		ErrorCode_ERROR_CODE_SHUTTING_DOWN:    true,
@@ -544,6 +558,7 @@ func TestTemporary(t *testing.T) {
 }
 
 func TestCodeOf(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		err  error
@@ -565,6 +580,7 @@ func TestCodeOf(t *testing.T) {
 }
 
 func TestWriterReusedFrame(t *testing.T) {
+	t.Parallel()
 	// The daemon may reuse one Frame (and its Deliver) for many writes.
 	d := &Deliver{DeliveryId: 1, Value: []byte("short")}
 	f := DeliverFrame(d)

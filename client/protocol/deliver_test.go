@@ -86,6 +86,7 @@ func deliverCases() []struct {
 }
 
 func TestWriteDeliverMatchesMarshal(t *testing.T) {
+	t.Parallel()
 	for _, tc := range deliverCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			want, err := marshalDeliver(t, tc.d)
@@ -147,6 +148,7 @@ func checkSameAsUnmarshal(t *testing.T, body []byte, got *Frame) {
 }
 
 func TestWriteDeliverInvalidUTF8(t *testing.T) {
+	t.Parallel()
 	// proto.Marshal refuses a proto3 string that is not UTF-8, and so does
 	// WriteDeliver, writing nothing (the daemon repairs header keys first).
 	d := &Deliver{DeliveryId: 1, Value: []byte("v"), Headers: []*Header{{Key: "ok"}, {Key: "bad \xff"}}}
@@ -170,6 +172,7 @@ func TestWriteDeliverInvalidUTF8(t *testing.T) {
 }
 
 func TestWriteDeliverTooLarge(t *testing.T) {
+	t.Parallel()
 	d := benchDeliver().GetDeliver()
 	want, err := marshalDeliver(t, d)
 	if err != nil {
@@ -216,6 +219,7 @@ func (w *failingWriter) Write(p []byte) (int, error) {
 }
 
 func TestWriteDeliverWriteError(t *testing.T) {
+	t.Parallel()
 	// A value larger than the buffer goes straight to the failing writer;
 	// the error surfaces from WriteDeliver, not only from Flush.
 	d := &Deliver{Key: []byte("k"), Value: make([]byte, 200<<10), Headers: []*Header{{Key: "h"}}}
@@ -294,6 +298,7 @@ func rawDeliverCases() []struct {
 }
 
 func TestDecodeDeliver(t *testing.T) {
+	t.Parallel()
 	for _, tc := range rawDeliverCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			if fast := decodeDeliver(tc.body) != nil; fast != tc.fast {
@@ -318,6 +323,7 @@ func TestDecodeDeliver(t *testing.T) {
 }
 
 func TestReadDeliverReusedFrame(t *testing.T) {
+	t.Parallel()
 	// A Frame reused for a Deliver after other frames holds only the
 	// Deliver, and the Deliver read first is untouched by the next reads.
 	first := &Deliver{DeliveryId: 1, Key: []byte("k1"), Value: []byte("v1"), Headers: []*Header{{Key: "h", Value: []byte("hv")}}}
@@ -351,6 +357,7 @@ func TestReadDeliverReusedFrame(t *testing.T) {
 }
 
 func TestReadDeliverAllocs(t *testing.T) {
+	// Not parallel: testing.AllocsPerRun refuses parallel tests (it counts the whole process).
 	// One for the bytes, one for Deliver and its wrapper, and with headers
 	// one for their keys and two for the Header slices.
 	tests := []struct {
@@ -380,6 +387,7 @@ func TestReadDeliverAllocs(t *testing.T) {
 }
 
 func TestWriteDeliverReadFrameStream(t *testing.T) {
+	t.Parallel()
 	// Many Delivers and other frames, mixed, in one buffer.
 	var out bytes.Buffer
 	w := NewWriter(&out, 0)
@@ -420,6 +428,7 @@ func TestWriteDeliverReadFrameStream(t *testing.T) {
 // ReadFrame and ReadBatch alike, as protobuf's own code does (Deliver.key
 // has presence).
 func TestDeliverKeyPresence(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		key  []byte
@@ -481,6 +490,7 @@ func TestDeliverKeyPresence(t *testing.T) {
 }
 
 func TestDeliverSchema(t *testing.T) {
+	t.Parallel()
 	// deliver.go encodes and decodes Deliver and Header by hand: a field
 	// added to either, or changed, must be added there too.
 	want := map[protoreflect.FullName][]string{

@@ -24,6 +24,7 @@ func idsFrame(field protowire.Number, n int) []byte {
 }
 
 func TestTooManyIDs(t *testing.T) {
+	t.Parallel()
 	unpacked := func(n int) []byte { // field 5 holding n unpacked ids
 		var inner []byte
 		for range n {
@@ -84,6 +85,7 @@ func TestTooManyIDs(t *testing.T) {
 // a limit it is refused before a single id is allocated: what is allocated
 // is the frame's bytes (the read buffer, released after it).
 func TestTooManyIDsAllocatesNoIDs(t *testing.T) {
+	// Not parallel: it reads the whole process's allocation counters.
 	body := idsFrame(fieldAck, DefaultMaxFrameSize-16)
 	stream := rawFrame(uint32(len(body)), body)
 	r := NewReader(bytes.NewReader(stream), 0)
@@ -111,6 +113,7 @@ func TestTooManyIDsAllocatesNoIDs(t *testing.T) {
 // After a frame larger than keepBuffer the Reader lets go of its buffer; a
 // stream of small frames keeps one small buffer.
 func TestReadBufferShrinksAfterLargeFrame(t *testing.T) {
+	t.Parallel()
 	big := DeliverFrame(&Deliver{DeliveryId: 1, Value: make([]byte, 1<<20)})
 	small := AckFrame([]uint64{1, 2, 3})
 	mid := DeliverFrame(&Deliver{DeliveryId: 2, Value: make([]byte, 40<<10)}) // above the bufio size, below keepBuffer
@@ -140,6 +143,7 @@ func TestReadBufferShrinksAfterLargeFrame(t *testing.T) {
 }
 
 func TestSetMaxFrameSize(t *testing.T) {
+	t.Parallel()
 	hello := HelloFrame(&Hello{ClientId: string(bytes.Repeat([]byte("x"), 5000)), ProtocolVersion: Version})
 	stream := encodeFrames(t, hello, hello)
 	r := NewReader(bytes.NewReader(stream), 4096)
@@ -217,6 +221,7 @@ func rangesFrame(field protowire.Number, ids, ranges []uint64) []byte {
 }
 
 func TestCheckRanges(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		ranges []uint64
 		n      uint64
@@ -243,6 +248,7 @@ func TestCheckRanges(t *testing.T) {
 }
 
 func TestReadFrameRanges(t *testing.T) {
+	t.Parallel()
 	for _, field := range []protowire.Number{fieldAck, fieldNack, fieldTouch} {
 		t.Run(fmt.Sprint("field ", field), func(t *testing.T) {
 			ping := mustMarshal(t, PingFrame(9))
@@ -285,6 +291,7 @@ func TestReadFrameRanges(t *testing.T) {
 // An Ack of many one-byte ranges is refused before any is decoded, as one
 // of ids is.
 func TestTooManyRangesAllocatesNone(t *testing.T) {
+	// Not parallel: it reads the whole process's allocation counters.
 	pairs := make([]uint64, 2*(1<<20))
 	for i := range pairs {
 		pairs[i] = 1

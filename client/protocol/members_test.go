@@ -10,6 +10,7 @@ import (
 
 // The byte examples of protocol/README.md's "Members and capabilities" section.
 func TestMembersWireBytes(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		frame *Frame
@@ -37,6 +38,7 @@ func TestMembersWireBytes(t *testing.T) {
 // A capability this version does not know decodes (proto3 enums are open)
 // and is simply not one the reader looks for.
 func TestUnknownCapabilityDecodes(t *testing.T) {
+	t.Parallel()
 	// Hello{protocol_version: 1, capabilities: [1, 300]}, packed.
 	body, _ := hex.DecodeString("0a07" + "1001" + "3203" + "01ac02")
 	var f Frame
@@ -56,6 +58,7 @@ func TestUnknownCapabilityDecodes(t *testing.T) {
 }
 
 func TestMemberList(t *testing.T) {
+	t.Parallel()
 	if MemberList(nil) != nil || Addresses(nil) != nil {
 		t.Error("no addresses: want nil")
 	}
@@ -86,6 +89,7 @@ func encodeFrame(f *Frame) ([]byte, error) {
 }
 
 func TestMembersVersionCompare(t *testing.T) {
+	t.Parallel()
 	v := func(e, g uint64) *MembersVersion { return &MembersVersion{Epoch: e, Generation: g} }
 	for _, c := range []struct {
 		a, b *MembersVersion

@@ -11,6 +11,7 @@ import (
 // policies, and the bytes of a Hello and a Nack without them, which must not
 // change (a client that sends none of the new fields is unchanged).
 func TestPolicyFieldsOnTheWire(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		frame *Frame
@@ -43,6 +44,7 @@ func TestPolicyFieldsOnTheWire(t *testing.T) {
 }
 
 func TestNackDelayAndReasonBounds(t *testing.T) {
+	t.Parallel()
 	if d, cut := NackDelay(&Nack{DelayMs: 1500}); d != 1500*time.Millisecond || cut {
 		t.Fatalf("NackDelay(1500ms) = %v, %v", d, cut)
 	}

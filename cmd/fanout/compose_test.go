@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -107,7 +108,7 @@ func parseDaemon(t *testing.T, args, env []string) (fanout.Options, error) {
 		parsed = true
 		return err
 	}
-	if err := app.Run(append([]string{"fanout"}, args...)); err != nil {
+	if err := runCLI(context.Background(), app, append([]string{"fanout"}, args...)); err != nil {
 		return opts, fmt.Errorf("the daemon rejects command %v: %w", args, err)
 	}
 	if !parsed {
@@ -120,12 +121,14 @@ func parseDaemon(t *testing.T, args, env []string) (fanout.Options, error) {
 }
 
 func TestComposeFile(t *testing.T) {
+	t.Parallel()
 	checkCompose(t, "docker-compose.yml", true)
 }
 
 // The variant without ZooKeeper: the same cluster, its daemons with
 // --offset-store kafka and no ZooKeeper service, flag or dependency.
 func TestComposeFileWithoutZooKeeper(t *testing.T) {
+	t.Parallel()
 	f := checkCompose(t, "docker-compose.no-zookeeper.yml", false)
 	for name, s := range f.Services {
 		if strings.Contains(strings.ToLower(strings.Join(append(slices.Clone(s.Command), s.Image), " ")), "zookeeper") {
@@ -346,6 +349,7 @@ func (s *dockerStage) all(kw string) []string {
 }
 
 func TestDockerfile(t *testing.T) {
+	t.Parallel()
 	stages := dockerStages(t)
 	build, ok := stages["build"]
 	if !ok || !strings.HasPrefix(build.from, "golang:") {
@@ -423,6 +427,7 @@ func TestDockerfile(t *testing.T) {
 // go.mod and go.sum of every module the daemon's go.mod replaces by a
 // directory of the repository, without which go mod download fails.
 func TestDockerfileCopiesTheModules(t *testing.T) {
+	t.Parallel()
 	build := dockerStages(t)["build"]
 	if build == nil {
 		t.Fatal("no build stage")
@@ -478,6 +483,7 @@ func hasCommand(name string) bool {
 }
 
 func TestDockerignore(t *testing.T) {
+	t.Parallel()
 	lines := strings.Split(string(repoFile(t, ".dockerignore")), "\n")
 	for _, want := range []string{".git", ".cache", ".run"} {
 		if !slices.Contains(lines, want) && !slices.Contains(lines, "/"+want) {

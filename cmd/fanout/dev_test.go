@@ -206,6 +206,7 @@ func TestDevCommand(t *testing.T) {
 // in-process Kafka's group fanout_dev through the Kafka offset store: an
 // acked message's offset is committed there, as status (hinted) shows.
 func TestDevCommitsAckedOffsets(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	log := logrus.New()
 	var logs syncBuffer
@@ -308,6 +309,7 @@ func TestDevCommitsAckedOffsets(t *testing.T) {
 }
 
 func TestDevBadFlags(t *testing.T) {
+	t.Parallel()
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -349,6 +351,7 @@ func TestDevBadFlags(t *testing.T) {
 }
 
 func TestDialable(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ in, want string }{
 		{":4987", "127.0.0.1:4987"},
 		{"0.0.0.0:4987", "127.0.0.1:4987"},
@@ -367,6 +370,7 @@ func TestDialable(t *testing.T) {
 // TestDevProduceThenTail follows both hints of fanout dev through the app:
 // produce a line, then tail prints it.
 func TestDevProduceThenTail(t *testing.T) {
+	t.Parallel()
 	if newApp(io.Discard, io.Discard).Command("tail") == nil {
 		t.Skip("the tail command is not registered in main.go yet")
 	}
@@ -392,6 +396,7 @@ func TestDevProduceThenTail(t *testing.T) {
 // a loaded machine, which delivers at once (a delay is not stored); it is a
 // bound on the count, not on time.
 func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	h := startDev(t, devConfig{
 		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,
@@ -418,6 +423,7 @@ func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
 // dead-letter topic is created in the in-process broker, and a record
 // nacked --max-attempts times lands there.
 func TestDevDeadLetters(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	h := startDevApp(t, io.Discard, "--metrics-listen", "", "--topic", "jobs", "--partitions", "3",
 		"--max-attempts", "2", "--dead-letter-topic", "jobs_dlq", "--retry-backoff", "10ms,20ms", "--ordering", "key")
@@ -484,6 +490,7 @@ func TestDevDeadLetters(t *testing.T) {
 // the client, a record without a key prints "key": null in tail --json, one
 // with an empty key "".
 func TestDevTailTellsNullKeysFromEmptyOnes(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	h := startDev(t, devConfig{
 		KafkaListen: "127.0.0.1:0", Listen: "127.0.0.1:0", Topic: "t", Partitions: 1,

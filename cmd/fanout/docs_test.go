@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"io/fs"
@@ -31,7 +32,7 @@ var (
 func daemonHelp(t *testing.T) map[string]helpFlag {
 	t.Helper()
 	var out bytes.Buffer
-	if err := newApp(&out, io.Discard).Run([]string{"fanout", "--help"}); err != nil {
+	if err := runCLI(context.Background(), newApp(&out, io.Discard), []string{"fanout", "--help"}); err != nil {
 		t.Fatal(err)
 	}
 	_, options, ok := strings.Cut(out.String(), "GLOBAL OPTIONS:\n")
@@ -189,7 +190,7 @@ func checkDocCommand(t *testing.T, b doccheck.Block, c doccheck.Command) {
 	}
 	_, args := c.Program()
 	var ran docCommand
-	if err := docsApp(&ran).Run(append([]string{"fanout"}, args...)); err != nil {
+	if err := runCLI(context.Background(), docsApp(&ran), append([]string{"fanout"}, args...)); err != nil {
 		t.Errorf("%s: %q: %v", b, c.Line(), err)
 		return
 	}

@@ -6,6 +6,7 @@ import (
 )
 
 func TestLinkedAddrs(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		env  []string
@@ -35,6 +36,7 @@ func TestLinkedAddrs(t *testing.T) {
 }
 
 func TestSplitAll(t *testing.T) {
+	t.Parallel()
 	got := splitAll([]string{"a:1,b:2", " c:3 ", "", "d:4/chroot"})
 	if want := []string{"a:1", "b:2", "c:3", "d:4/chroot"}; !slices.Equal(got, want) {
 		t.Fatalf("splitAll = %v, want %v", got, want)

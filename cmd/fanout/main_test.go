@@ -119,6 +119,7 @@ func TestVersion(t *testing.T) {
 
 // Daemon flags count at either level: before the serve command or after it.
 func TestServeFlagsAtEitherLevel(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name       string
 		args       []string
@@ -138,7 +139,7 @@ func TestServeFlagsAtEitherLevel(t *testing.T) {
 			capture := func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
 			app.Action = capture
 			app.Command("serve").Action = capture
-			if err := app.Run(append([]string{"fanout"}, tt.args...)); err != nil {
+			if err := runCLI(context.Background(), app, append([]string{"fanout"}, tt.args...)); err != nil {
 				t.Fatal(err)
 			}
 			kafka := "localhost:9092"
@@ -223,7 +224,7 @@ func serveOptionsOf(t *testing.T, args ...string) fanout.Options {
 	var got fanout.Options
 	app := newApp(io.Discard, io.Discard)
 	app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, nil); return err }
-	if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+	if err := runCLI(context.Background(), app, append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
 		t.Fatal(err)
 	}
 	return got
@@ -239,7 +240,7 @@ func TestOffsetStoreFlags(t *testing.T) {
 		var got fanout.Options
 		app := newApp(io.Discard, io.Discard)
 		app.Action = func(c *cli.Context) (err error) { got, err = serveOptions(c, links); return err }
-		if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+		if err := runCLI(context.Background(), app, append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
 			t.Fatal(err)
 		}
 		return got

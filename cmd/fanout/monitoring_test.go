@@ -93,6 +93,7 @@ func TestMonitoringQueriesParse(t *testing.T) {
 // The example Prometheus configuration scrapes every daemon of
 // docker-compose.yml on its metrics port, as one job.
 func TestMonitoringScrapesComposeDaemons(t *testing.T) {
+	t.Parallel()
 	var prom struct {
 		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {

@@ -14,6 +14,7 @@ import (
 )
 
 func TestParseResetTarget(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	tests := []struct {
 		in      string
@@ -57,6 +58,7 @@ func TestParseResetTarget(t *testing.T) {
 }
 
 func TestParsePartitions(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in      []string
 		want    []int32
@@ -89,6 +91,7 @@ func i64(v int64) *int64 { return &v }
 // offset, a time the first offset at or after it (newest when none is),
 // explicit offsets as given within the log; --partitions limits it.
 func TestPlanReset(t *testing.T) {
+	t.Parallel()
 	// Partition 0: log [10, 50], committed 30; 1: [0, 20] with an open
 	// transaction from 15, nothing committed; 2: empty [5, 5], committed 5.
 	states := map[int32]partitionState{
@@ -161,6 +164,7 @@ func TestPlanReset(t *testing.T) {
 }
 
 func TestWritePlan(t *testing.T) {
+	t.Parallel()
 	var b bytes.Buffer
 	err := writePlan(&b, []change{
 		{Partition: 0, From: i64(30), To: 10, LogStart: 10, LogEnd: 50},
@@ -185,6 +189,7 @@ func TestWritePlan(t *testing.T) {
 }
 
 func TestConfirm(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]bool{"y\n": true, "YES\n": true, " yes ": true, "n\n": false, "\n": false, "": false, "yes please\n": false} {
 		var out bytes.Buffer
 		got, err := confirm(strings.NewReader(in), &out, "reset? [y/N] ")
@@ -203,6 +208,7 @@ func TestConfirm(t *testing.T) {
 // A time before 1970 asks Kafka for timestamp 0, never for the negative
 // values that mean oldest and newest.
 func TestTimestampMillis(t *testing.T) {
+	t.Parallel()
 	if got := timestampMillis(time.UnixMilli(-1)); got != 0 {
 		t.Errorf("1 ms before the epoch: %d, want 0", got)
 	}
@@ -216,6 +222,7 @@ func TestTimestampMillis(t *testing.T) {
 // holds another offset fails, unless a later epoch is recorded (the next
 // leader committed since), which is noted.
 func TestVerifyReset(t *testing.T) {
+	t.Parallel()
 	written := map[int32]int64{0: 3, 1: 4}
 	read := func(leader *status.Leader, offs map[int32]int64) func(context.Context) (*status.Leader, map[int32]int64, error) {
 		return func(context.Context) (*status.Leader, map[int32]int64, error) { return leader, offs, nil }

@@ -42,6 +42,7 @@ func mustCommit(t *testing.T, s *offsets.MemoryStore, offs map[int32]int64) {
 // The copy writes every offset of the source to the destination, reads them
 // back and says what it did; the destination's other partitions are kept.
 func TestCopyOffsets(t *testing.T) {
+	t.Parallel()
 	_, group := kfakeGroup(t)
 	src := offsets.NewMemoryStore()
 	mustCommit(t, src, map[int32]int64{0: 12, 1: 7})
@@ -87,6 +88,7 @@ func (s lossyStore) Commit(ctx context.Context, f offsets.Fence, offs map[int32]
 // offsets of partitions the topic lacks, a group a leader holds, and a
 // destination that reads back otherwise than written.
 func TestCopyOffsetsRefuses(t *testing.T) {
+	t.Parallel()
 	_, group, client := kfakeGroupClient(t)
 	src := offsets.NewMemoryStore()
 	if err := copyOffsets(t.Context(), memoryEnd(src), kafkaEnd(group), []int32{0, 1}, new(bytes.Buffer)); !errors.Is(err, errNothingToCopy) {
@@ -151,6 +153,7 @@ func kfakeProduce(t *testing.T, addr string, p int32, n int, at time.Time) {
 // offsets show reads the committed offsets and the leader from the group
 // of the Kafka store, and each partition's log from Kafka.
 func TestOffsetsShowKafkaStore(t *testing.T) {
+	t.Parallel()
 	addr, group := kfakeGroup(t)
 	kfakeProduce(t, addr, 0, 5, time.Now())
 	kfakeProduce(t, addr, 1, 3, time.Now())
@@ -192,6 +195,7 @@ func TestOffsetsShowKafkaStore(t *testing.T) {
 // without --fence-leader; with it, the leader's membership is fenced.
 // Every write leaves the group empty and names the tool's epoch.
 func TestOffsetsResetKafkaStore(t *testing.T) {
+	t.Parallel()
 	addr, group := kfakeGroup(t)
 	t0 := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 	t1 := t0.Add(time.Minute)
@@ -277,6 +281,7 @@ func TestOffsetsResetKafkaStore(t *testing.T) {
 // --fence-leader: its members commit under their own partitions' ownership
 // records, which taking the leader record over does not fence.
 func TestOffsetsResetRefusesARunningSpreadCluster(t *testing.T) {
+	t.Parallel()
 	addr, _ := kfakeGroup(t)
 	kfakeProduce(t, addr, 0, 3, time.Now())
 	admin, err := sarama.NewClusterAdmin([]string{addr}, kafka.NewConfig("offsets-test"))

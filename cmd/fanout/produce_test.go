@@ -22,8 +22,8 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 )
 
-// Tests here run the app one at a time: urfave/cli's global help flag is
-// written whenever an app parses its flags, so two apps parsing at once race.
+// Tests here run the app through runCLI (app_test.go), which keeps two apps
+// from setting up at once: urfave/cli's setup writes its package variables.
 
 // testWait bounds every wait of these tests.
 const testWait = 20 * time.Second
@@ -45,7 +45,7 @@ func runAppTo(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, ar
 	if stdin != nil {
 		app.Reader = stdin
 	}
-	err := app.RunContext(ctx, append([]string{"fanout"}, args...))
+	err := runCLI(ctx, app, append([]string{"fanout"}, args...))
 	if err == nil {
 		return 0
 	}
@@ -149,6 +149,7 @@ func consumeAll(t *testing.T, brokers []string, topic string) []record {
 }
 
 func TestProduceLines(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		args  []string
@@ -227,6 +228,7 @@ func TestProduceLines(t *testing.T) {
 }
 
 func TestProduceSynthetic(t *testing.T) {
+	t.Parallel()
 	c := newKfake(t)
 	const n, size = 3000, 64
 	before := time.Now()
@@ -261,6 +263,7 @@ func TestProduceSynthetic(t *testing.T) {
 }
 
 func TestProduceCreatesTopicWhereBrokerAllows(t *testing.T) {
+	t.Parallel()
 	c := newKfake(t, kfake.AllowAutoTopicCreation())
 	code, _, stderr := runApp(context.Background(), t, strings.NewReader("x\n"),
 		"produce", "--kafka", c.ListenAddrs()[0], "--topic", "fresh")
@@ -286,6 +289,7 @@ func TestProduceFromEnvironment(t *testing.T) {
 }
 
 func TestProduceFailures(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		cluster []kfake.Opt
@@ -352,6 +356,7 @@ func failProduce(req *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 }
 
 func TestProduceBadFlagsExitTwo(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		args []string
@@ -381,6 +386,7 @@ func TestProduceBadFlagsExitTwo(t *testing.T) {
 }
 
 func TestSyntheticValue(t *testing.T) {
+	t.Parallel()
 	at := time.Unix(1700000000, 123456789)
 	tests := []struct {
 		seq, size int

@@ -45,13 +45,14 @@ func parseServe(t *testing.T, env []string, args ...string) (fanout.Options, err
 	capture := func(c *cli.Context) error { got, perr = serveOptions(c, env); return nil }
 	app.Action = capture
 	app.Command("serve").Action = capture
-	if err := app.Run(append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
+	if err := runCLI(context.Background(), app, append([]string{"fanout", "--id", "a", "--topic", "t"}, args...)); err != nil {
 		t.Fatal(err)
 	}
 	return got, perr
 }
 
 func TestSecretsFromEnvironmentOrFile(t *testing.T) {
+	t.Parallel()
 	file := writeSecret(t, testSecret+"\n")
 	opts, err := parseServe(t, []string{"FANOUT_KAFKA_SASL_PASSWORD=" + testSecret, "FANOUT_METRICS_TOKEN=tok"},
 		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "fanout", "--zookeeper-auth-file", file,
@@ -93,6 +94,7 @@ func TestSecretsFromEnvironmentOrFile(t *testing.T) {
 }
 
 func TestSecretSourcesConflictOrFail(t *testing.T) {
+	t.Parallel()
 	file := writeSecret(t, testSecret)
 	empty := writeSecret(t, "\n")
 	missing := filepath.Join(t.TempDir(), "missing")
@@ -185,7 +187,7 @@ func TestToolsWarnAboutInsecureTLS(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		app := newApp(&stdout, &stderr)
 		app.Reader = strings.NewReader("")
-		_ = app.Run(append([]string{"fanout"}, args...))
+		_ = runCLI(context.Background(), app, append([]string{"fanout"}, args...))
 		if !strings.Contains(stderr.String(), "fanout: warning: --kafka-tls-insecure-skip-verify") {
 			t.Errorf("%s: no warning about --kafka-tls-insecure-skip-verify:\n%s", args[0], stderr.String())
 		}

@@ -19,6 +19,7 @@ import (
 )
 
 func TestWriteStatus(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	i64 := func(v int64) *int64 { return &v }
 	yes, no := true, false
@@ -95,6 +96,7 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG
 }
 
 func TestStatusCommandErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		args     []string
@@ -122,6 +124,7 @@ func TestStatusCommandErrors(t *testing.T) {
 // In spread mode status shows each member's partitions (assigned, owned in
 // the records) and lag, and the partitions on their way to another member.
 func TestSpreadStatus(t *testing.T) {
+	t.Parallel()
 	i64 := func(v int64) *int64 { return &v }
 	a := &cluster.Assignment{Epoch: 4, Generation: 9, Partitions: 6, Owners: []cluster.Owner{
 		{NodeID: "node-a", Addr: "h:1", Partitions: []int32{0, 1, 2}},
@@ -220,6 +223,7 @@ func kfakeGroupClient(t *testing.T) (string, *kafkastore.Store, sarama.Client) {
 // With --offset-store kafka, status reads the leader and the committed
 // offsets from the group fanout_<id>, and needs no ZooKeeper.
 func TestStatusKafkaOffsetStore(t *testing.T) {
+	t.Parallel()
 	addr, store := kfakeGroup(t)
 	m, err := store.Join(t.Context(), kafkastore.Leader{Epoch: 3, Node: "node-b", Addr: "b:4987"})
 	if err != nil {
@@ -253,6 +257,7 @@ func TestStatusKafkaOffsetStore(t *testing.T) {
 // With the cluster secret, status lists only the members whose heartbeats
 // carry a valid MAC, and says how many records it ignored.
 func TestStatusIgnoresHeartbeatsWithoutAValidMAC(t *testing.T) {
+	t.Parallel()
 	addr, _, client := kfakeGroupClient(t)
 	const secret = "a cluster secret of enough length"
 	topic := cluster.TopicName("svc", "jobs")

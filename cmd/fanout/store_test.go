@@ -16,6 +16,7 @@ import (
 )
 
 func TestChooseStore(t *testing.T) {
+	t.Parallel()
 	member := func(id, store string) status.Member { return status.Member{NodeID: id, OffsetStore: store} }
 	kafkaMembers := []status.Member{member("a", "kafka"), member("b", "kafka"), member("old", "")}
 	zkMembers := []status.Member{member("a", "zookeeper")}
@@ -119,6 +120,7 @@ func produceHeartbeats(t *testing.T, client sarama.Client, hbs ...*cluster.Heart
 // each member's store and readiness), and refuse --offset-store zookeeper
 // or --zookeeper with a message that names --offset-store kafka.
 func TestToolsLearnTheStoreFromTheHeartbeats(t *testing.T) {
+	t.Parallel()
 	addr, store, client := kfakeGroupClient(t)
 	m, err := store.Join(t.Context(), kafkastore.Leader{Epoch: 2, Node: "node-b", Addr: "b:4987"})
 	if err != nil {
@@ -196,6 +198,7 @@ func TestToolsLearnTheStoreFromTheHeartbeats(t *testing.T) {
 // With no member heard and offsets in the Kafka group, status refuses to
 // guess, naming --offset-store kafka.
 func TestToolsRefuseToGuessTheStore(t *testing.T) {
+	t.Parallel()
 	addr, store := kfakeGroup(t)
 	if err := store.Commit(t.Context(), store.EmptyFence("test"), map[int32]int64{1: 0}); err != nil {
 		t.Fatal(err)

@@ -112,11 +112,12 @@ func runTailCommand(t *testing.T, args ...string) (string, error) {
 	app := &cli.App{Name: "fanout", Writer: &out, ErrWriter: &out, Commands: []*cli.Command{tailCommand()}}
 	ctx, cancel := context.WithTimeout(context.Background(), tailTestTimeout)
 	defer cancel()
-	err := app.RunContext(ctx, append([]string{"fanout", "tail"}, args...))
+	err := runCLI(ctx, app, append([]string{"fanout", "tail"}, args...))
 	return out.String(), err
 }
 
 func TestTail(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		values    []string
@@ -150,6 +151,7 @@ func TestTail(t *testing.T) {
 }
 
 func TestTailJSONIsValid(t *testing.T) {
+	t.Parallel()
 	d := startTailDaemon(t, &protocol.Deliver{DeliveryId: 1, Key: []byte("\xfe"), Value: []byte(`{"x":"<y>"}`)})
 	out, err := runTailCommand(t, "--connect", d.addr, "--count", "1", "--json")
 	if err != nil {
@@ -168,6 +170,7 @@ func TestTailJSONIsValid(t *testing.T) {
 // "", a text key as text (HTML characters as they are), a binary one as
 // key_b64.
 func TestTailJSONKeys(t *testing.T) {
+	t.Parallel()
 	ds := deliveries("a", "b", "c", "d")
 	ds[1].Key, ds[2].Key, ds[3].Key = []byte{}, []byte("<k&>"), []byte{0xff}
 	d := startTailDaemon(t, ds...)
@@ -193,6 +196,7 @@ func TestTailJSONKeys(t *testing.T) {
 }
 
 func TestTailUnreachable(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +211,7 @@ func TestTailUnreachable(t *testing.T) {
 	app := &cli.App{Name: "fanout", Writer: io.Discard, ErrWriter: io.Discard, Commands: []*cli.Command{tailCommand()}}
 	done := make(chan error, 1)
 	go func() {
-		done <- app.RunContext(ctx, []string{"fanout", "tail", "--connect", addr, "--timeout", "300ms"})
+		done <- runCLI(ctx, app, []string{"fanout", "tail", "--connect", addr, "--timeout", "300ms"})
 	}()
 	select {
 	case err = <-done:
@@ -380,6 +384,7 @@ func (m *tailMember) session(nc net.Conn, members []string, credit uint32, ds []
 // Given one member's address, tail prints and acks the messages of every
 // member of a spread-mode cluster.
 func TestTailSpread(t *testing.T) {
+	t.Parallel()
 	a, b := startTailMember(t), startTailMember(t)
 	members := []string{a.addr(), b.addr()}
 	slices.Sort(members)

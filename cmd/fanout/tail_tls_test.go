@@ -26,6 +26,7 @@ func startMutualTLSTailDaemon(t *testing.T, f testutil.TLSFiles, values ...strin
 }
 
 func TestTailOverMutualTLS(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	d := startMutualTLSTailDaemon(t, f, "a", "b")
 	out, err := runTailCommand(t, "--connect", d.addr, "--count", "2",
@@ -42,6 +43,7 @@ func TestTailOverMutualTLS(t *testing.T) {
 }
 
 func TestTailWithoutClientCertificateIsRefused(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	d := startMutualTLSTailDaemon(t, f, "a")
 	_, err := runTailCommand(t, "--connect", d.addr, "--count", "1", "--tls-ca", f.CA)

@@ -20,6 +20,7 @@ func equalMembers(m int) []candidate {
 func parts(ps ...int32) []int32 { return ps }
 
 func TestAssignExamples(t *testing.T) {
+	t.Parallel()
 	three := assign(nil, equalMembers(3), 12)
 	want := map[string][]int32{
 		"node-1": parts(0, 1, 2, 3), "node-2": parts(4, 5, 6, 7), "node-3": parts(8, 9, 10, 11),
@@ -165,6 +166,7 @@ func cmpString(a, b string) int {
 // balanced assignment could keep; the result does not depend on the order
 // of the members; and assigning again changes nothing.
 func TestAssignProperties(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(3000) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		prev, members, n := randomCase(r)
@@ -263,6 +265,7 @@ func TestAssignProperties(t *testing.T) {
 // join moves exactly floor(P/(M+1)) or ceil(...) partitions, no more. A
 // member leaving moves only its own partitions.
 func TestAssignJoinAndLeaveMoveTheMinimum(t *testing.T) {
+	t.Parallel()
 	for m := 1; m <= 10; m++ {
 		for n := int32(0); n <= 64; n++ {
 			before := assign(nil, equalMembers(m), n)
@@ -300,6 +303,7 @@ func FuzzAssign(f *testing.F) {
 }
 
 func TestAssignmentAccessors(t *testing.T) {
+	t.Parallel()
 	a := &Assignment{Owners: []Owner{
 		{NodeID: "node-1", Addr: "h:2", Partitions: parts(0, 2)},
 		{NodeID: "node-2", Addr: "h:1", Partitions: parts(1)},

@@ -178,6 +178,15 @@ func (n *node) lastTerm() *Term {
 	return n.terms[len(n.terms)-1]
 }
 
+// The electors of these tests run on real time, in parallel tests, not in
+// testing/synctest bubbles: their Kafka client cannot run in one. sarama's
+// Broker holds a mutex from a request to its response, and a Fetch's
+// response waits up to the fetch's MaxWaitTime in the broker; the elector's
+// producer, waiting for that mutex meanwhile, is not durably blocked, so a
+// bubble's clock never advances to end the wait (tried on kfake's in-memory
+// network, kfake.VirtualNetwork: the first heartbeat hangs). The election's
+// rules run on a fake clock without I/O in vote_test.go; here the clocks
+// are injected where a test needs one to stand still (stoppableClock).
 const (
 	testHeartbeat = 100 * time.Millisecond
 	testLeaderTTL = 600 * time.Millisecond
@@ -272,6 +281,7 @@ func leaders(nodes ...*node) []*node {
 }
 
 func TestElectorSingleNodeCreatesTopicLeadsAndResigns(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	n := startNode(t, c, &memFence{rec: record{Epoch: 4}}, "solo", "n1")
 	testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
@@ -339,6 +349,7 @@ func (c *stoppableClock) stop() {
 func withClock(c *stoppableClock) func(*Config) { return func(cfg *Config) { cfg.Now = c.Now } }
 
 func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	var aClock stoppableClock
@@ -422,6 +433,7 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 }
 
 func TestElectorTermEnds(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		cause error
@@ -432,6 +444,7 @@ func TestElectorTermEnds(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c := newKafka(t)
 			n := startNode(t, c, &memFence{}, "ends", "n1")
 			testutil.WaitFor(t, 10*time.Second, "n1 to lead", func() bool { return len(leaders(n)) == 1 })
@@ -470,6 +483,7 @@ func (n *node) cancelled() bool {
 // The highest id without ZooKeeper could never record a won epoch: it does
 // not claim, so the next id leads instead of nobody.
 func TestElectorHighestWithoutZooKeeperStandsAside(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a, b, cc := startNode(t, c, fence, "nozk", "a"), startNode(t, c, fence, "nozk", "b"), startNode(t, c, fence, "nozk", "c")
@@ -513,6 +527,7 @@ func produceHeartbeat(t *testing.T, c *kfake.Cluster, id string, hb *Heartbeat) 
 // foreign address depose nobody, redirect nobody, and do not stop the next
 // election from counting up from the recorded epoch.
 func TestElectorForgedHeartbeatsChangeNothing(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a, b, cc := startNode(t, c, fence, "forge", "a"), startNode(t, c, fence, "forge", "b"), startNode(t, c, fence, "forge", "c")
@@ -560,6 +575,7 @@ func TestElectorForgedHeartbeatsChangeNothing(t *testing.T) {
 // ZooKeeper is the authority: a rewritten or deleted fence record ends the
 // term of the leader it named, without any commit.
 func TestElectorFenceRecordChangeEndsTerm(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		to   record
@@ -568,6 +584,7 @@ func TestElectorFenceRecordChangeEndsTerm(t *testing.T) {
 		{"deleted", record{Missing: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c := newKafka(t)
 			fence := &memFence{}
 			n := startNode(t, c, fence, "rewrite", "n1")
@@ -589,6 +606,7 @@ func TestElectorFenceRecordChangeEndsTerm(t *testing.T) {
 // Two live processes with one node id: neither claims (each logs an error
 // once), so the next id leads instead.
 func TestElectorDuplicateNodeIDRefusesToClaim(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	b := startNode(t, c, fence, "dup", "b")
@@ -615,6 +633,7 @@ func TestElectorDuplicateNodeIDRefusesToClaim(t *testing.T) {
 // leader timeout, logs each failure with its cause, and a lower member gets
 // its turn and leads.
 func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a, b := startNode(t, c, fence, "livelock", "a"), startNode(t, c, fence, "livelock", "b")
@@ -644,6 +663,7 @@ func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
 // stand still from the end of the term: none of them waits out a leader
 // timeout).
 func TestElectorTermEndedByItsHolderHandsOver(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	var aClock, bClock stoppableClock

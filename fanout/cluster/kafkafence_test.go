@@ -67,6 +67,7 @@ func testCtx(t *testing.T) context.Context {
 // replaced by the next leader's join, and a commit under the crashed term's
 // fence is refused while the new term's goes through.
 func TestKafkaAuthorityFailover(t *testing.T) {
+	t.Parallel()
 	c := newKafkaWithTopic(t)
 	a, b, cc := startKafkaNode(t, c, "k3", "a"), startKafkaNode(t, c, "k3", "b"), startKafkaNode(t, c, "k3", "c")
 	agree := func(leader string, epoch uint64, nodes ...*kafkaNode) func() bool {
@@ -116,6 +117,7 @@ func TestKafkaAuthorityFailover(t *testing.T) {
 // heartbeat is refused, the group names another member), and its commits
 // are refused.
 func TestKafkaAuthorityReplacedMembershipEndsTerm(t *testing.T) {
+	t.Parallel()
 	c := newKafkaWithTopic(t)
 	n := startKafkaNode(t, c, "replaced", "n1")
 	testutil.WaitFor(t, 15*time.Second, "n1 to lead", func() bool { return len(leaders(n.node)) == 1 })
@@ -143,6 +145,7 @@ func TestKafkaAuthorityReplacedMembershipEndsTerm(t *testing.T) {
 // that starts later goes on from the highest epoch the committed offsets
 // name, not from 1.
 func TestKafkaAuthorityResignLeavesAndEpochsGoOn(t *testing.T) {
+	t.Parallel()
 	c := newKafkaWithTopic(t)
 	n := startKafkaNode(t, c, "resign", "n1")
 	testutil.WaitFor(t, 15*time.Second, "n1 to lead", func() bool { return len(leaders(n.node)) == 1 })
@@ -170,6 +173,7 @@ func TestKafkaAuthorityResignLeavesAndEpochsGoOn(t *testing.T) {
 // fanout's group id) is an unreadable record: nobody leads, and the nodes
 // say why.
 func TestKafkaAuthorityForeignMemberLeavesNobodyLeading(t *testing.T) {
+	t.Parallel()
 	c := newKafkaWithTopic(t)
 	client := newKafkaClient(t, c)
 	coord, err := client.Coordinator(kafkastore.GroupName("foreign"))
@@ -206,6 +210,7 @@ func (f slowRelease) release(ctx context.Context, rec record) {
 // Run returns only after the release of a resigned term ran, so a daemon
 // that stops cleanly leaves the group before it closes its Kafka client.
 func TestKafkaAuthorityStopWaitsForTheRelease(t *testing.T) {
+	t.Parallel()
 	c := newKafkaWithTopic(t)
 	cfg := testConfig(t, c, "slowleave", "n1")
 	store := kafkastore.New(cfg.Client, "slowleave", "jobs", 0)
@@ -230,6 +235,7 @@ func TestKafkaAuthorityStopWaitsForTheRelease(t *testing.T) {
 // neither, as older ones, is unknown). A member of another store is logged,
 // once.
 func TestHeartbeatsSayStoreAndReadiness(t *testing.T) {
+	t.Parallel()
 	c := newKafkaWithTopic(t)
 	a := startKafkaNodeWith(t, c, "say", "a", func(cfg *Config) {
 		cfg.Readiness = func() (bool, string) { return true, "follower: leader b (epoch 1)" }

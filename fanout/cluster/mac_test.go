@@ -51,6 +51,7 @@ func produceRecord(t *testing.T, c *kfake.Cluster, id string, hb *Heartbeat, hea
 // forged candidate with a foreign address change nothing; they are
 // counted, and said once.
 func TestElectorWithSecretIgnoresRecordsWithoutAValidMAC(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a := startSecretNode(t, c, fence, "mac", "a", testSecret)
@@ -103,6 +104,7 @@ func TestElectorWithSecretIgnoresRecordsWithoutAValidMAC(t *testing.T) {
 // Without a secret, members warn once that heartbeats are not
 // authenticated when they hear from another member.
 func TestElectorWithoutSecretWarnsOnce(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a, b := startNode(t, c, fence, "open", "a"), startNode(t, c, fence, "open", "b")
@@ -119,6 +121,7 @@ func TestElectorWithoutSecretWarnsOnce(t *testing.T) {
 // A member with another secret is not heard: the members with the right
 // one elect among themselves.
 func TestElectorMemberWithAnotherSecretIsNotHeard(t *testing.T) {
+	t.Parallel()
 	c := newKafka(t)
 	fence := &memFence{}
 	a := startSecretNode(t, c, fence, "mixed", "a", testSecret)
@@ -146,6 +149,7 @@ func mustMarshal(t *testing.T, hb *Heartbeat) []byte {
 // every partition to a foreign address, is not accepted: without the MAC
 // it would be (the leader's own heartbeats are all the proof there is).
 func TestSpreadWithSecretIgnoresAForgedLeaderAssignment(t *testing.T) {
+	t.Parallel()
 	c := newSpreadKafka(t, 4)
 	fence := &memFence{}
 	spread := func(cfg *Config) {
@@ -180,6 +184,7 @@ func TestSpreadWithSecretIgnoresAForgedLeaderAssignment(t *testing.T) {
 // record whose instance, sequence number or position was changed does not
 // pass with the original's MAC, so a replay cannot be made to look new.
 func TestHeartbeatMACCoversTheBinding(t *testing.T) {
+	t.Parallel()
 	topic := TopicName("mac", "jobs")
 	hb := &Heartbeat{NodeId: "c", Addr: "c:4000", Instance: "c-1", Seq: 7, Seen: 40, Role: Role_ROLE_LEADER, Epoch: 3}
 	mac := HeartbeatMAC([]byte(testSecret), topic, mustMarshal(t, hb))
@@ -238,6 +243,7 @@ func recordedHeartbeats(t *testing.T, c *kfake.Cluster, id string) []*sarama.Con
 // partition when its recorded heartbeats (MACs and all) are written again:
 // the leader does not take it for live, and nothing is published.
 func TestSpreadWithSecretReplayedDepartedMemberGetsNothing(t *testing.T) {
+	t.Parallel()
 	c := newSpreadKafka(t, 6)
 	fence := &memFence{}
 	spread := func(cfg *Config) {

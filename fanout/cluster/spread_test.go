@@ -55,6 +55,7 @@ func owners(a *Assignment) map[string][]int32 { return a.owned() }
 // of the members still alive and moves only the crashed one's partitions;
 // the topic grows and the new partitions are spread.
 func TestSpreadAssignmentFollowsTheMembers(t *testing.T) {
+	t.Parallel()
 	c := newSpreadKafka(t, 12)
 	fence := &memFence{}
 	a, b, cc := startSpread(t, c, fence, "sp", "a"), startSpread(t, c, fence, "sp", "b"), startSpread(t, c, fence, "sp", "c")
@@ -140,6 +141,7 @@ func TestSpreadAssignmentFollowsTheMembers(t *testing.T) {
 // Members accept an assignment only from the leader ZooKeeper records, for
 // its epoch: forged heartbeats (another node, another epoch) change nothing.
 func TestSpreadForgedAssignmentsIgnored(t *testing.T) {
+	t.Parallel()
 	c := newSpreadKafka(t, 4)
 	fence := &memFence{}
 	a, b := startSpread(t, c, fence, "spf", "a"), startSpread(t, c, fence, "spf", "b")
@@ -177,6 +179,7 @@ func TestSpreadForgedAssignmentsIgnored(t *testing.T) {
 // A member whose mode differs from the leader's says so and has no
 // assignment in force; a spread leader leaves a leader-mode member out.
 func TestSpreadModeMismatch(t *testing.T) {
+	t.Parallel()
 	c := newSpreadKafka(t, 4)
 	fence := &memFence{}
 	// b (spread) leads first: the highest id.
@@ -228,6 +231,7 @@ func TestSpreadModeMismatch(t *testing.T) {
 }
 
 func TestAssignmentString(t *testing.T) {
+	t.Parallel()
 	a := &Assignment{Owners: []Owner{{NodeID: "n1", Partitions: []int32{0, 1, 2, 3, 6}}, {NodeID: "n2"}}}
 	if got, want := a.String(), "n1:0-3,6 n2:-"; got != want {
 		t.Fatalf("String() = %q, want %q", got, want)
@@ -245,8 +249,10 @@ func TestAssignmentString(t *testing.T) {
 // gives --initial-offset to no partition (InitialPartitions 0); one that
 // begins in a group that never committed, to those the topic has.
 func TestSpreadInitialPartitions(t *testing.T) {
+	t.Parallel()
 	for _, committed := range []bool{false, true} {
 		t.Run(fmt.Sprint("committed=", committed), func(t *testing.T) {
+			t.Parallel()
 			c := newSpreadKafka(t, 6)
 			n := startNodeWith(t, c, &memFence{}, "init", "a", func(cfg *Config) {
 				cfg.Mode, cfg.PartitionRefresh = Mode_MODE_SPREAD, 100*time.Millisecond

@@ -16,6 +16,7 @@ import (
 // through, and once the tool leaves the members elect the next leader at
 // the following epoch, which sees the tool's offsets.
 func TestTakeKafkaFencesTheLeader(t *testing.T) {
+	t.Parallel()
 	c := newKafkaWithTopic(t)
 	a, b := startKafkaNode(t, c, "take", "a"), startKafkaNode(t, c, "take", "b")
 	testutil.WaitFor(t, 15*time.Second, "b to lead", func() bool { return len(leaders(b.node)) == 1 })

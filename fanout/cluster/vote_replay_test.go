@@ -193,6 +193,7 @@ func (s *sim) unmoved(what string) {
 // nothing: nobody claims, everybody sees c live, the fence record stays;
 // and when c dies afterwards, the next member leads the next epoch.
 func TestVoteReplayedLogMovesNoLeader(t *testing.T) {
+	t.Parallel()
 	s := newSim(t)
 	s.start("c")
 	s.until(10*time.Second, "c leading alone", func() bool { return s.zk.Node == "c" && s.zk.Epoch == 1 })
@@ -220,6 +221,7 @@ func TestVoteReplayedLogMovesNoLeader(t *testing.T) {
 // whether it left with a leaving heartbeat or crashed, before the others
 // forget it and after.
 func TestVoteReplayedDepartedMemberStaysGone(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		depart func(s *sim)
@@ -274,6 +276,7 @@ func TestVoteReplayedDepartedMemberStaysGone(t *testing.T) {
 // instance's records, late or replayed, are ignored; so are copies of the
 // new instance's own records, which change none of its state.
 func TestVoteInstancesOfOneNode(t *testing.T) {
+	t.Parallel()
 	v := newVote("a", "a-1", testTimeout, t0)
 	v.strict = true
 	v.setRecord(*rec(4, "x"))
@@ -326,6 +329,7 @@ func TestVoteInstancesOfOneNode(t *testing.T) {
 // for two timeouts are forgotten at a tick, and new node ids are heard
 // again.
 func TestVoteMembersBounded(t *testing.T) {
+	t.Parallel()
 	v := newVote("a", testInstance, testTimeout, t0)
 	v.setRecord(*rec(1, "b"))
 	off := int64(0)
@@ -364,6 +368,7 @@ func TestVoteMembersBounded(t *testing.T) {
 // (it would leave replays open); without it, it is taken as before, the
 // last one read of a node winning.
 func TestVoteHeartbeatsWithoutSequence(t *testing.T) {
+	t.Parallel()
 	for _, strict := range []bool{true, false} {
 		v := newVote("a", testInstance, testTimeout, t0)
 		v.strict = strict
@@ -387,6 +392,7 @@ func TestVoteHeartbeatsWithoutSequence(t *testing.T) {
 // another live process with its node id; a process whose heartbeat was
 // made after this one's last was appended is.
 func TestVoteOwnEarlierIncarnationIsNoDuplicate(t *testing.T) {
+	t.Parallel()
 	v := newVote("c", "c-2", testTimeout, t0)
 	v.strict = true
 	v.setRecord(*rec(1, "c"))
@@ -409,6 +415,7 @@ func TestVoteOwnEarlierIncarnationIsNoDuplicate(t *testing.T) {
 // that names a position beyond its own offset (made for the old log) is
 // not.
 func TestVoteReadFromAfterTheLogBeganAgain(t *testing.T) {
+	t.Parallel()
 	v := newVote("a", "a-1", testTimeout, t0)
 	v.strict = true
 	v.setRecord(*rec(1, "b"))

@@ -73,6 +73,7 @@ func concat(parts ...[]step) []step {
 }
 
 func TestVote(t *testing.T) {
+	t.Parallel()
 	s := time.Second
 	tests := []struct {
 		name       string
@@ -328,6 +329,7 @@ func sortSteps(steps []step) []step {
 }
 
 func TestVoteImplausibleHeartbeatsAreNotObserved(t *testing.T) {
+	t.Parallel()
 	v := newVote("a", testInstance, testTimeout, t0)
 	forged := &Heartbeat{NodeId: "zz", Addr: "evil:1", Epoch: 1 << 40, Role: Role_ROLE_LEADER}
 	if got := feed(v, forged, t0); got != observed {
@@ -354,6 +356,7 @@ func TestVoteImplausibleHeartbeatsAreNotObserved(t *testing.T) {
 // own first heartbeat, keeps it from claiming for a timeout; heartbeats of
 // an earlier incarnation read before it do not.
 func TestVoteDuplicateNodeIDRefusesToClaim(t *testing.T) {
+	t.Parallel()
 	s := time.Second
 	v := newVote("c", testInstance, testTimeout, t0)
 	v.setRecord(*rec(0, ""))
@@ -390,6 +393,7 @@ func TestVoteDuplicateNodeIDRefusesToClaim(t *testing.T) {
 // one compare-and-set wins each epoch, and after the leader dies the next
 // highest is recorded with epoch 2 within about a timeout.
 func TestVoteSimulatedCluster(t *testing.T) {
+	t.Parallel()
 	ids := []string{"a", "b", "c"}
 	votes := map[string]*vote{}
 	read := map[string]int{} // log position each node has read
@@ -464,6 +468,7 @@ func TestVoteSimulatedCluster(t *testing.T) {
 // A member whose compare-and-set failed (not a lost race) does not claim
 // again for a full timeout.
 func TestVoteFailedClaimSitsOutATimeout(t *testing.T) {
+	t.Parallel()
 	s := time.Second
 	v := newVote("c", testInstance, testTimeout, t0)
 	v.setRecord(*rec(0, ""))

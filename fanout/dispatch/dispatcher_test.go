@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -171,6 +172,11 @@ func (h *harness) stats(t *testing.T) Stats {
 }
 
 func TestRunDeliversAcksAndCommits(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunDeliversAcksAndCommits)
+}
+
+func testRunDeliversAcksAndCommits(t *testing.T) {
 	h := start(t, Config{})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
@@ -189,6 +195,11 @@ func TestRunDeliversAcksAndCommits(t *testing.T) {
 // Settle takes ranges of ids through the request queue: acks of a whole
 // batch in one call commit it.
 func TestRunSettlesRanges(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunSettlesRanges)
+}
+
+func testRunSettlesRanges(t *testing.T) {
 	h := start(t, Config{})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
@@ -214,6 +225,11 @@ func TestRunSettlesRanges(t *testing.T) {
 }
 
 func TestRunRedeliversAfterAckTimeout(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunRedeliversAfterAckTimeout)
+}
+
+func testRunRedeliversAfterAckTimeout(t *testing.T) {
 	h := start(t, Config{AckTimeout: 50 * time.Millisecond})
 	a, b := newChanSink(), newChanSink()
 	h.d.Join(1, "a", 10, a)
@@ -236,6 +252,11 @@ func TestRunRedeliversAfterAckTimeout(t *testing.T) {
 }
 
 func TestRunPausesWithoutClientsAndResumesOnJoin(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunPausesWithoutClientsAndResumesOnJoin)
+}
+
+func testRunPausesWithoutClientsAndResumesOnJoin(t *testing.T) {
 	h := start(t, Config{})
 	testutil.WaitFor(t, 5*time.Second, "pause with no clients", func() bool { return h.src.paused.Load() })
 	h.src.ch <- batch(0, 0, 3) // already fetched: buffered
@@ -256,6 +277,11 @@ func TestRunPausesWithoutClientsAndResumesOnJoin(t *testing.T) {
 }
 
 func TestRunStopsReadingWhenBufferFull(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunStopsReadingWhenBufferFull)
+}
+
+func testRunStopsReadingWhenBufferFull(t *testing.T) {
 	h := start(t, Config{MaxBuffered: 4})
 	k := newChanSink()
 	h.d.Join(1, "a", 1, k) // takes one message, then is full
@@ -279,6 +305,11 @@ func TestRunStopsReadingWhenBufferFull(t *testing.T) {
 }
 
 func TestRunDrainsCommitsAndReturns(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunDrainsCommitsAndReturns)
+}
+
+func testRunDrainsCommitsAndReturns(t *testing.T) {
 	h := start(t, Config{DrainTimeout: 5 * time.Second, CommitInterval: time.Hour})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
@@ -311,6 +342,11 @@ func TestRunDrainsCommitsAndReturns(t *testing.T) {
 }
 
 func TestRunDrainTimeoutCommitsAckedPrefix(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunDrainTimeoutCommitsAckedPrefix)
+}
+
+func testRunDrainTimeoutCommitsAckedPrefix(t *testing.T) {
 	h := start(t, Config{DrainTimeout: 50 * time.Millisecond, CommitInterval: time.Hour})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
@@ -329,6 +365,11 @@ func TestRunDrainTimeoutCommitsAckedPrefix(t *testing.T) {
 }
 
 func TestRunStopsWhenFenced(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunStopsWhenFenced)
+}
+
+func testRunStopsWhenFenced(t *testing.T) {
 	store := &recStore{err: fmt.Errorf("check leader: %w", offsets.ErrFenced)}
 	h := start(t, Config{Store: store})
 	k := newChanSink()
@@ -348,6 +389,11 @@ func TestRunStopsWhenFenced(t *testing.T) {
 }
 
 func TestRunRetriesFailedCommits(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunRetriesFailedCommits)
+}
+
+func testRunRetriesFailedCommits(t *testing.T) {
 	store := &recStore{err: errors.New("zookeeper down")}
 	h := start(t, Config{Store: store})
 	h.src.ch <- Batch{Partition: 0, Start: 42}
@@ -359,6 +405,11 @@ func TestRunRetriesFailedCommits(t *testing.T) {
 }
 
 func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunAbandonedReturnsWithoutCommit)
+}
+
+func testRunAbandonedReturnsWithoutCommit(t *testing.T) {
 	src, store := newFakeSource(), &recStore{}
 	d, err := New(Config{Store: store, Scope: WholeTopic(testFence), CommitInterval: time.Hour, DrainTimeout: time.Hour}, src)
 	if err != nil {
@@ -390,6 +441,7 @@ func TestRunAbandonedReturnsWithoutCommit(t *testing.T) {
 }
 
 func TestRunStatsReportCommits(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name          string
 		storeErr      error
@@ -400,7 +452,7 @@ func TestRunStatsReportCommits(t *testing.T) {
 		{"commit fails", errors.New("zookeeper down"), map[int32]int64{1: 3}, true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+		t.Run(tt.name, testutil.InBubble(func(t *testing.T) {
 			var observed atomic.Int32
 			var observedErr atomic.Bool
 			h := start(t, Config{
@@ -433,7 +485,7 @@ func TestRunStatsReportCommits(t *testing.T) {
 				t.Errorf("CommitFailures = %d, OnCommit saw an error: %v; want failing %v",
 					st.CommitFailures, observedErr.Load(), tt.wantFailing)
 			}
-		})
+		}))
 	}
 }
 
@@ -462,6 +514,11 @@ func (b *blockStore) Commit(ctx context.Context, fence offsets.Fence, m map[int3
 }
 
 func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunAbandonedDoesNotWaitForAHangingCommit)
+}
+
+func testRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	defer close(store.release)
 	src := newFakeSource()
@@ -493,6 +550,11 @@ func TestRunAbandonedDoesNotWaitForAHangingCommit(t *testing.T) {
 // ids, so the ids waiting in the full request queue are bounded (8 MiB)
 // whatever a client's in-flight limit allows a frame to name.
 func TestIDRequestsBounded(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testIDRequestsBounded)
+}
+
+func testIDRequestsBounded(t *testing.T) {
 	mem := offsets.NewMemoryStore()
 	d, err := New(Config{Store: mem, Scope: WholeTopic(mem.NewTerm())}, newFakeSource())
 	if err != nil {
@@ -556,6 +618,11 @@ func TestIDRequestsBounded(t *testing.T) {
 // once a new term began: the commit carries its own term's fence, however
 // late it reaches the store.
 func TestAbandonedCommitterCannotWriteInANewTerm(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testAbandonedCommitterCannotWriteInANewTerm)
+}
+
+func testAbandonedCommitterCannotWriteInANewTerm(t *testing.T) {
 	mem := offsets.NewMemoryStore()
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{}), inner: mem, result: make(chan error, 10)}
 	src := newFakeSource()
@@ -597,6 +664,7 @@ func TestAbandonedCommitterCannotWriteInANewTerm(t *testing.T) {
 }
 
 func TestNewRequiresAFence(t *testing.T) {
+	t.Parallel()
 	if _, err := New(Config{Store: &recStore{}}, newFakeSource()); err == nil {
 		t.Fatal("New without a fence succeeded")
 	}
@@ -605,6 +673,11 @@ func TestNewRequiresAFence(t *testing.T) {
 // A leader whose commits keep failing (ZooKeeper out of reach) stops
 // delivering once they have failed for MaxCommitFailure, and not before.
 func TestRunStopsWhenCommitsKeepFailing(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunStopsWhenCommitsKeepFailing)
+}
+
+func testRunStopsWhenCommitsKeepFailing(t *testing.T) {
 	const bound = 200 * time.Millisecond
 	store := &recStore{err: errors.New("zk: could not connect to a server")}
 	begin := time.Now() // before the first commit can fail
@@ -632,6 +705,11 @@ func TestRunStopsWhenCommitsKeepFailing(t *testing.T) {
 
 // A commit that hangs counts as failing: Run gives up without waiting for it.
 func TestRunStopsWhenACommitHangs(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunStopsWhenACommitHangs)
+}
+
+func testRunStopsWhenACommitHangs(t *testing.T) {
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	defer close(store.release)
 	h := start(t, Config{Store: store, MaxCommitFailure: 200 * time.Millisecond})
@@ -649,6 +727,11 @@ func TestRunStopsWhenACommitHangs(t *testing.T) {
 // Clients is a request answered by the running dispatcher, and false once
 // Run has returned.
 func TestRunClients(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunClients)
+}
+
+func testRunClients(t *testing.T) {
 	h := start(t, Config{})
 	k := newChanSink()
 	h.d.Join(7, "worker", 5, k)
@@ -687,6 +770,11 @@ func waitClosed(t *testing.T, ch chan struct{}, what string) {
 // A Start batch with an Anchor is committed at once (the commit interval is
 // an hour here), and its Anchor is closed only once the commit is stored.
 func TestRunAnchorClosedOnceStored(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunAnchorClosedOnceStored)
+}
+
+func testRunAnchorClosedOnceStored(t *testing.T) {
 	mem := offsets.NewMemoryStore()
 	store := &blockStore{entered: make(chan struct{}, 1), release: make(chan struct{}), inner: mem, result: make(chan error, 10)}
 	h := start(t, Config{Store: store, Scope: WholeTopic(mem.NewTerm()), CommitInterval: time.Hour})
@@ -713,6 +801,11 @@ func TestRunAnchorClosedOnceStored(t *testing.T) {
 // restart offset: unacked messages below it stay outstanding and the stored
 // offset must not pass them.
 func TestRunAnchorOfARestartKeepsUnackedBelow(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunAnchorOfARestartKeepsUnackedBelow)
+}
+
+func testRunAnchorOfARestartKeepsUnackedBelow(t *testing.T) {
 	h := start(t, Config{CommitInterval: time.Hour})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
@@ -735,6 +828,11 @@ func TestRunAnchorOfARestartKeepsUnackedBelow(t *testing.T) {
 
 // An anchor whose commit fails waits for the retry.
 func TestRunAnchorWaitsForAFailedCommitsRetry(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunAnchorWaitsForAFailedCommitsRetry)
+}
+
+func testRunAnchorWaitsForAFailedCommitsRetry(t *testing.T) {
 	var failed atomic.Int32
 	store := &recStore{err: errors.New("zookeeper down")}
 	h := start(t, Config{Store: store, OnCommit: func(_ time.Duration, err error) {
@@ -765,6 +863,11 @@ func TestRunAnchorWaitsForAFailedCommitsRetry(t *testing.T) {
 // the other partitions keep flowing, and once the message is acked the
 // partition resumes.
 func TestRunPausesAPartitionHoldingTooManyOffsets(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunPausesAPartitionHoldingTooManyOffsets)
+}
+
+func testRunPausesAPartitionHoldingTooManyOffsets(t *testing.T) {
 	const max = 20
 	h := start(t, Config{MaxOutstanding: max})
 	k := newChanSink()
@@ -825,6 +928,11 @@ func TestRunPausesAPartitionHoldingTooManyOffsets(t *testing.T) {
 // A partition held for its offsets resumes only once back at half of the
 // bound (hysteresis), not as soon as it drops below it.
 func TestRunHeldPartitionResumesAtHalf(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunHeldPartitionResumesAtHalf)
+}
+
+func testRunHeldPartitionResumesAtHalf(t *testing.T) {
 	const max = 10
 	h := start(t, Config{MaxOutstanding: max})
 	k := newChanSink()

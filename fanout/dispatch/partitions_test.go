@@ -32,6 +32,7 @@ func ownedSetup(maxes ...int) (*state, []*recSink) {
 // its deliveries in flight, whose acks still count, and never queues one of
 // them again; the partition's committable offset is then handed back.
 func TestRevokeDropsBufferedAndAwaitsInFlight(t *testing.T) {
+	t.Parallel()
 	s, sinks := ownedSetup(4)
 	k := sinks[0]
 	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
@@ -82,6 +83,7 @@ func TestRevokeDropsBufferedAndAwaitsInFlight(t *testing.T) {
 // At the deadline a revocation drops what is still in flight: the offset
 // handed back is the lowest unacked one, and a late ack is unknown.
 func TestRevokeDeadlineDropsUnacked(t *testing.T) {
+	t.Parallel()
 	s, sinks := ownedSetup(10)
 	k := sinks[0]
 	s.addBatch(Batch{Partition: 0, Start: 5}, t0)
@@ -118,6 +120,7 @@ func TestRevokeDeadlineDropsUnacked(t *testing.T) {
 // A partition dropped (lost) loses everything at once; assigned again it
 // starts afresh: what was outstanding before does not hold its offset.
 func TestForgetAndAssignAgain(t *testing.T) {
+	t.Parallel()
 	s, sinks := ownedSetup(2)
 	k := sinks[0]
 	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
@@ -232,6 +235,11 @@ func startOwned(t *testing.T, store offsets.Store, cfg Config) *harness {
 // acked, after a last commit of its offset: nothing of it is committed or
 // delivered afterwards.
 func TestPerPartitionRevoke(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testPerPartitionRevoke)
+}
+
+func testPerPartitionRevoke(t *testing.T) {
 	store := &condStore{}
 	h := startOwned(t, store, Config{})
 	k := newChanSink()
@@ -307,6 +315,11 @@ func TestPerPartitionRevoke(t *testing.T) {
 // A revocation that times out drops the unacked deliveries and commits the
 // lowest unacked offset.
 func TestPerPartitionRevokeTimeout(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testPerPartitionRevokeTimeout)
+}
+
+func testPerPartitionRevokeTimeout(t *testing.T) {
 	store := &condStore{}
 	h := startOwned(t, store, Config{})
 	k := newChanSink()
@@ -339,6 +352,11 @@ func TestPerPartitionRevokeTimeout(t *testing.T) {
 // A commit refused for one partition (its ownership record changed) drops
 // that partition alone, with OnLost; the others go on being committed.
 func TestPerPartitionLostPartition(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testPerPartitionLostPartition)
+}
+
+func testPerPartitionLostPartition(t *testing.T) {
 	store := &condStore{fenced: map[offsets.Condition]bool{testTerm(11): true}}
 	lost := make(chan int32, 4)
 	h := startOwned(t, store, Config{Scope: AssignedPartitions(func(p int32, c offsets.Condition) {
@@ -385,6 +403,11 @@ func TestPerPartitionLostPartition(t *testing.T) {
 // the condition of a later stretch: the offsets of a commit that fails go
 // back only while the partition keeps the condition they were taken under.
 func TestCommitterNeverCarriesOffsetsIntoANewStretch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testCommitterNeverCarriesOffsetsIntoANewStretch)
+}
+
+func testCommitterNeverCarriesOffsetsIntoANewStretch(t *testing.T) {
 	store := &condStore{}
 	gate := &failOnce{entered: make(chan struct{}), release: make(chan struct{}), inner: store}
 	cm := newTestCommitter(t, gate, 5*time.Millisecond)
@@ -501,6 +524,11 @@ func commitOnce(t *testing.T, cm *committer) {
 // with an error at once, never by a commit of the new stretch, and every
 // offer of the new stretch is committed under the new condition.
 func TestCommitterAssignedAgainWithAFinalCommitPending(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testCommitterAssignedAgainWithAFinalCommitPending)
+}
+
+func testCommitterAssignedAgainWithAFinalCommitPending(t *testing.T) {
 	store := &condStore{}
 	cm := newTestCommitter(t, store, time.Hour)
 	first, second := testTerm(1), testTerm(2)
@@ -549,6 +577,7 @@ func TestCommitterAssignedAgainWithAFinalCommitPending(t *testing.T) {
 // assigned to this member again, and its new stretch is committed as it is
 // acked.
 func TestPerPartitionAssignedAgainAfterAHandoffGaveUp(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		store := &condStore{}
 		h := startOwned(t, store, Config{Logger: testLog()}) // quiet: commits fail for seconds

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
@@ -35,6 +36,11 @@ func (c *chanDeadLetter) records() []DeadLetterRecord {
 // each commit; a dispatcher started from what it loads does not deliver the
 // acked ones again, and resumes the others' attempts.
 func TestRunProgressSurvivesARestart(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunProgressSurvivesARestart)
+}
+
+func testRunProgressSurvivesARestart(t *testing.T) {
 	mem := offsets.NewMemoryStore()
 	h := start(t, Config{Store: mem, Scope: WholeTopic(mem.NewTerm())})
 	k := newChanSink()
@@ -84,6 +90,11 @@ func TestRunProgressSurvivesARestart(t *testing.T) {
 // A dead letter holds its partition's offset until the DeadLetter stores it;
 // a drain waits for it too.
 func TestRunDeadLetterHoldsTheOffset(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunDeadLetterHoldsTheOffset)
+}
+
+func testRunDeadLetterHoldsTheOffset(t *testing.T) {
 	dl := newChanDeadLetter()
 	h := start(t, Config{MaxAttempts: 1, DeadLetter: dl, DrainTimeout: 5 * time.Second})
 	k := newChanSink()
@@ -118,6 +129,7 @@ func TestRunDeadLetterHoldsTheOffset(t *testing.T) {
 }
 
 func TestNewRefusesMaxAttemptsWithoutDeadLetter(t *testing.T) {
+	t.Parallel()
 	mem := offsets.NewMemoryStore()
 	if _, err := New(Config{Store: mem, Scope: WholeTopic(mem.NewTerm()), MaxAttempts: 3}, newFakeSource()); err == nil {
 		t.Fatal("New accepted MaxAttempts without a DeadLetter")
@@ -131,6 +143,11 @@ func TestNewRefusesMaxAttemptsWithoutDeadLetter(t *testing.T) {
 // timer (measured from before the nack: never earlier), and an observer
 // gets its copies.
 func TestRunNackDelayAndObserver(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunNackDelayAndObserver)
+}
+
+func testRunNackDelayAndObserver(t *testing.T) {
 	h := start(t, Config{})
 	k, obs := newChanSink(), newChanSink()
 	h.d.Join(1, "a", 10, k)

@@ -37,6 +37,7 @@ func keysBatch(keys ...string) Batch {
 // delivered before the delay is over, counts as buffered and delayed, holds
 // the committed offset, and is the next deadline of the dispatcher's timer.
 func TestNackDelayWaitsInTheHeap(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -74,6 +75,7 @@ func TestNackDelayWaitsInTheHeap(t *testing.T) {
 // or a disconnect by min·2^(failures−1) capped at max, jittered into the
 // upper half; a nack's own delay wins over it.
 func TestRetryBackoffWindows(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1)
 	s.retryMin, s.retryMax = time.Second, 4*time.Second
 	s.addBatch(batch(0, 0, 1), t0)
@@ -124,6 +126,7 @@ func TestRetryBackoffWindows(t *testing.T) {
 // failures, is not delivered again, holds the committed offset until
 // stored, and then counts as done; the messages behind it flow meanwhile.
 func TestMaxAttemptsDeadLetters(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 10)
 	dl := &recDeadLetter{}
 	s.maxAttempts, s.deadLetter = 3, dl
@@ -190,6 +193,7 @@ func TestMaxAttemptsDeadLetters(t *testing.T) {
 // counts, so that max attempts counts across a restart (a message that had
 // used them all goes to the dead letter without a delivery).
 func TestRestoredProgress(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.tracker.TrackProgress()
 	dl := &recDeadLetter{}
@@ -232,6 +236,7 @@ func TestRestoredProgress(t *testing.T) {
 // next waits until the previous is acked; a redelivery keeps the order;
 // other keys and unkeyed messages go out in parallel.
 func TestKeyOrderingOneAtATime(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10, 10)
 	s.keys = map[uint64]keyGate{}
 	s.addBatch(keysBatch("a", "b", "a", "a", "", "b"), t0)
@@ -296,6 +301,7 @@ func TestKeyOrderingOneAtATime(t *testing.T) {
 // and then: for every key, the acked (or dead-lettered) sequence is in
 // offset order and every message is done once the churn stops.
 func TestKeyOrderingRandomized(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	s := newState(timeout)
 	s.keys = map[uint64]keyGate{}
@@ -400,6 +406,7 @@ func TestKeyOrderingRandomized(t *testing.T) {
 // dropped holder passes the gate on, a holder in flight keeps it until its
 // flight comes back.
 func TestKeyOrderingRestart(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.keys = map[uint64]keyGate{}
 	b := Batch{Partition: 0, Start: 0}
@@ -439,6 +446,7 @@ func TestKeyOrderingRestart(t *testing.T) {
 // A key whose message is dead-lettered waits for the dead letter to be
 // stored before its next message goes out.
 func TestKeyOrderingWaitsForTheDeadLetter(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.keys = map[uint64]keyGate{}
 	dl := &recDeadLetter{}
@@ -463,6 +471,7 @@ func TestKeyOrderingWaitsForTheDeadLetter(t *testing.T) {
 // An observer gets a copy of every delivery, redeliveries included, with
 // delivery id 0; it holds no credit, takes no turn and acks nothing.
 func TestObserverSeesEveryDelivery(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(2)
 	obs := &recSink{}
 	s.observe(9, "watch", obs)
@@ -509,6 +518,7 @@ func (w *weightedSink) Weight() int { return w.w }
 // client has room, spread evenly; credit still applies; a redelivery
 // prefers another client.
 func TestWeightsShareDeliveries(t *testing.T) {
+	t.Parallel()
 	s := newState(timeout)
 	sinks := []*weightedSink{{w: 100}, {w: 100}, {w: 5}}
 	for i, k := range sinks {
@@ -553,6 +563,7 @@ func TestWeightsShareDeliveries(t *testing.T) {
 // existed (TestRoundRobin), even through a client that gave a weight
 // joining and leaving.
 func TestWeightsOffWhenAllDefault(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10, 10)
 	canary := &weightedSink{w: 5}
 	s.join(3, "canary", 10, canary)
@@ -579,6 +590,7 @@ func keyedBatch(p int32, from, to int64, k string) Batch {
 // those of messages in flight and of one given back during the handoff, so
 // that the partition assigned again orders its key afresh.
 func TestPoliciesAcrossAHandoff(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	k := sinks[0]
 	s.parts = map[int32]*owned{}
@@ -627,6 +639,7 @@ func TestPoliciesAcrossAHandoff(t *testing.T) {
 // sends its clients away). Each step fails the one delivery out
 // and the next delivery's attempt shows what was counted.
 func TestFailuresThatDoNotCount(t *testing.T) {
+	t.Parallel()
 	const window = 2 * time.Second
 	type step struct {
 		after time.Duration // since the previous step

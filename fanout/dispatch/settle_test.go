@@ -8,6 +8,7 @@ import (
 )
 
 func TestFlightIDsAreNeverReused(t *testing.T) {
+	t.Parallel()
 	tab := newFlightTable()
 	seen := map[uint64]bool{}
 	var live []*flight
@@ -49,6 +50,7 @@ func TestFlightIDsAreNeverReused(t *testing.T) {
 // Ids follow one counter: a flight that waits long for its ack keeps its
 // slot, and the ids that would take it are skipped, never reused.
 func TestFlightIDsSkipTakenSlots(t *testing.T) {
+	t.Parallel()
 	tab := newFlightTable()
 	old := tab.take()
 	tab.insert(old)
@@ -77,6 +79,7 @@ func TestFlightIDsSkipTakenSlots(t *testing.T) {
 // The deliveries a client gets in one round have consecutive ids, whatever
 // the round-robin order among clients, so that it can ack them as a range.
 func TestRoundIDsAreConsecutivePerClient(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(100, 100, 100, 100)
 	s.addBatch(batch(0, 0, 40), t0)
 	s.dispatch(t0)
@@ -98,6 +101,7 @@ func TestRoundIDsAreConsecutivePerClient(t *testing.T) {
 }
 
 func TestSettleRanges(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10, 10)
 	s.addBatch(batch(0, 0, 20), t0)
 	s.dispatch(t0)
@@ -153,6 +157,7 @@ func TestSettleRanges(t *testing.T) {
 // Deadlines are kept in delivery and touch order; a clock that steps back
 // makes a flight expire late, never early.
 func TestDeadlineListOrder(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
@@ -194,6 +199,7 @@ func rangeOf(t *testing.T, ds []Delivery) []Range {
 // by ids do: a nack's delay and reason, max attempts and the dead-letter
 // record, key gates, observers' copies.
 func TestSettleRangesHonourPolicies(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	dl := &recDeadLetter{}
 	s.maxAttempts, s.deadLetter = 2, dl
@@ -265,6 +271,7 @@ func TestSettleRangesHonourPolicies(t *testing.T) {
 // With weights, a client's deliveries of one round still have consecutive
 // ids, so one range per client and round settles them.
 func TestWeightedRoundsSettleByRange(t *testing.T) {
+	t.Parallel()
 	s := newState(timeout)
 	sinks := []*weightedSink{{w: 100}, {w: 50}}
 	for i, k := range sinks {

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/nanoservice/core-fanout/internal/testutil"
@@ -13,6 +14,7 @@ import (
 // offsets above it are acked is reported once, with where the message
 // holding it is, counted in Stats.Stalled, and reported again when it moves.
 func TestStalledPartitionReported(t *testing.T) {
+	t.Parallel()
 	const after = time.Minute
 	s, sinks := setup(10)
 	s.addBatch(batch(0, 0, 3), t0)
@@ -53,6 +55,7 @@ func TestStalledPartitionReported(t *testing.T) {
 // A partition whose offsets move, however slowly, or that holds nothing, is
 // never stalled; the watch says where a held message waits.
 func TestStallWatchWhere(t *testing.T) {
+	t.Parallel()
 	const after = time.Minute
 	s, sinks := setup(1)
 	s.addBatch(batch(0, 0, 3), t0)
@@ -87,6 +90,7 @@ func TestStallWatchWhere(t *testing.T) {
 // A message the tracker holds and the dispatcher does not (neither in
 // flight nor buffered) would never be delivered: the report says so.
 func TestStallWatchNamesALostMessage(t *testing.T) {
+	t.Parallel()
 	s, _ := setup()
 	s.addBatch(batch(0, 0, 2), t0)
 	s.fresh.pop() // offset 0 lost between the buffer and the clients
@@ -101,6 +105,11 @@ func TestStallWatchNamesALostMessage(t *testing.T) {
 // that never acks it makes its partition stalled once StallAfter has
 // passed, in Stats; its ack ends it.
 func TestRunReportsAStalledPartition(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunReportsAStalledPartition)
+}
+
+func testRunReportsAStalledPartition(t *testing.T) {
 	h := start(t, Config{StallAfter: 50 * time.Millisecond})
 	k := newChanSink()
 	h.d.Join(1, "holder", 10, k)

@@ -63,6 +63,7 @@ func setup(maxes ...int) (*state, []*recSink) {
 }
 
 func TestRoundRobin(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10, 10, 10)
 	s.addBatch(batch(0, 0, 9), t0)
 	s.dispatch(t0)
@@ -80,6 +81,7 @@ func TestRoundRobin(t *testing.T) {
 }
 
 func TestFullClientSkipped(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 10)
 	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0)
@@ -100,6 +102,7 @@ func TestFullClientSkipped(t *testing.T) {
 }
 
 func TestNothingWithoutRoom(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(2)
 	s.addBatch(batch(0, 0, 5), t0)
 	s.dispatch(t0)
@@ -109,6 +112,7 @@ func TestNothingWithoutRoom(t *testing.T) {
 }
 
 func TestAckTimeoutRedeliversToAnotherClient(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -148,6 +152,7 @@ func TestAckTimeoutRedeliversToAnotherClient(t *testing.T) {
 }
 
 func TestRedeliveryToTheSameClientWhenAlone(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(5)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -159,6 +164,7 @@ func TestRedeliveryToTheSameClientWhenAlone(t *testing.T) {
 }
 
 func TestRedeliveriesGoFirst(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 2), t0)
 	s.dispatch(t0)
@@ -178,6 +184,7 @@ func TestRedeliveriesGoFirst(t *testing.T) {
 }
 
 func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -192,6 +199,7 @@ func TestNackGoesToAnotherClientAtOnce(t *testing.T) {
 }
 
 func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(3, 3)
 	s.addBatch(batch(0, 0, 6), t0)
 	s.dispatch(t0)
@@ -218,6 +226,7 @@ func TestLeaveRedeliversEverythingElsewhere(t *testing.T) {
 }
 
 func TestAckFromAnotherClientIgnored(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -229,6 +238,7 @@ func TestAckFromAnotherClientIgnored(t *testing.T) {
 }
 
 func TestTouchRestartsTheTimeout(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(1, 1)
 	s.addBatch(batch(0, 0, 1), t0)
 	s.dispatch(t0)
@@ -247,6 +257,7 @@ func TestTouchRestartsTheTimeout(t *testing.T) {
 }
 
 func TestBufferedUntilAClientJoins(t *testing.T) {
+	t.Parallel()
 	s := newState(timeout)
 	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
@@ -262,6 +273,7 @@ func TestBufferedUntilAClientJoins(t *testing.T) {
 }
 
 func TestCommittableFollowsAckedPrefixAcrossPartitions(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(100)
 	s.addBatch(Batch{Partition: 0, Start: 100}, t0)
 	b := batch(0, 100, 106)
@@ -287,6 +299,7 @@ func TestCommittableFollowsAckedPrefixAcrossPartitions(t *testing.T) {
 }
 
 func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.addBatch(batch(0, 0, 2), t0)
 	s.dispatch(t0)
@@ -308,6 +321,7 @@ func TestDrainSaysGoodbyeAndStopsDeliveries(t *testing.T) {
 }
 
 func TestLeaveTakesClientOutOfRotation(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10, 10)
 	s.leave(1, LeaveDisconnect, t0)
 	s.addBatch(batch(0, 0, 4), t0)
@@ -494,6 +508,7 @@ func (d *discardSink) Goodbye(string) {}
 // delivery made before the restart does not count for the message that now
 // has the same offset.
 func TestAckFromBeforeARestartDoesNotCommitTheRefetch(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(10)
 	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
 	s.addBatch(batch(0, 0, 2), t0)
@@ -540,6 +555,7 @@ func sizedState() *state {
 // messages behind it flow; a client that announces a large enough limit
 // gets it.
 func TestTooLargeWaitsWhileSmallerFlow(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	var reported []int64
 	s.onTooLarge = func(m *Message, largest int) {
@@ -593,6 +609,7 @@ func TestTooLargeWaitsWhileSmallerFlow(t *testing.T) {
 // holding up the others, and is the first thing that client gets when it
 // has room again; it is not reported as too large.
 func TestLargeWaitsForTheClientItFits(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	var reported []int64
 	s.onTooLarge = func(m *Message, _ int) { reported = append(reported, m.Offset) }
@@ -640,6 +657,7 @@ func TestLargeWaitsForTheClientItFits(t *testing.T) {
 // Clients that take any size (not a LimitedSink) and messages without a
 // size (no FrameSize) are never held back.
 func TestNoLimitsNoWaiting(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	any := &recSink{}
 	s.join(1, "any", 10, any)
@@ -662,6 +680,7 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 // count; nacks, unknown ids and another client's ids do not; a client that
 // leaves is gone from the snapshot; weights and observers are reported.
 func TestClientStats(t *testing.T) {
+	t.Parallel()
 	s, sinks := setup(4, 3)
 	s.addBatch(batch(0, 0, 6), t0)
 	s.dispatch(t0)
@@ -717,6 +736,7 @@ func bufferedOffsets(s *state) []int64 {
 // offset never passes them. One client, partition 0; after each step the
 // dispatcher runs a round.
 func TestRestartKeepsUnackedBelowAndForgetsFrom(t *testing.T) {
+	t.Parallel()
 	type step struct {
 		op   string // "start", "batch", "ack" (the latest delivery of each offset), "ack-first", "expire", "check"
 		offs []int64
@@ -860,6 +880,7 @@ func offsetsFrom(from, to int64) []int64 {
 // fits nobody connected: a client that fits it, or no client at all,
 // starts the count again.
 func TestTooLargeDeadLetteredAfterMaxAttemptsTimeouts(t *testing.T) {
+	t.Parallel()
 	s := sizedState()
 	dl := &recDeadLetter{}
 	s.maxAttempts, s.deadLetter = 2, dl
@@ -910,6 +931,7 @@ func TestTooLargeDeadLetteredAfterMaxAttemptsTimeouts(t *testing.T) {
 // Without clients, or without a dead-letter topic, a message too large for
 // the clients seen waits as before.
 func TestTooLargeWaitsWithoutClientsOrDeadLetterTopic(t *testing.T) {
+	t.Parallel()
 	for _, maxAttempts := range []uint32{0, 2} {
 		s := sizedState()
 		dl := &recDeadLetter{}

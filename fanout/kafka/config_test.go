@@ -8,6 +8,7 @@ import (
 )
 
 func TestNewConfig(t *testing.T) {
+	t.Parallel()
 	cfg := NewConfig("fanout-test")
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
@@ -34,6 +35,7 @@ func TestNewConfig(t *testing.T) {
 }
 
 func TestMetadataBackoff(t *testing.T) {
+	t.Parallel()
 	var total time.Duration
 	prev := time.Duration(0)
 	for i := range 10 {
@@ -50,6 +52,7 @@ func TestMetadataBackoff(t *testing.T) {
 }
 
 func TestParseIsolation(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in      string
 		want    sarama.IsolationLevel

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -62,6 +63,11 @@ func headerMap(m *sarama.ProducerMessage) map[string]string {
 // is retried (the others are reported stored at once) until it is stored;
 // FailingSince tells how long it has failed.
 func TestDeadLettersProduceAndRetry(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLettersProduceAndRetry)
+}
+
+func testDeadLettersProduceAndRetry(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &fakeProducer{fail: map[string]bool{"bad-day": true}, failing: true}
 	dl := NewDeadLetters(p, "orders.dlq", "orders", 0, 50*time.Millisecond, logrus.NewEntry(logger))
@@ -208,11 +214,12 @@ func waitStored(t *testing.T, dl *DeadLetters) []*dispatch.Message {
 // max.message.bytes) refuses it before sending or the broker does; the
 // message is then reported stored, so its partition moves on.
 func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		limit int // what the producer knows of the topic's limit; 0: nothing
 	}{{"known limit", 4 << 10}, {"broker refuses", 0}} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.name, testutil.InBubble(func(t *testing.T) {
 			logger, _ := logtest.NewNullLogger()
 			p := &brokerProducer{max: 4 << 10}
 			dl := NewDeadLetters(p, "orders.dlq", "orders", tc.limit, 20*time.Millisecond, logrus.NewEntry(logger))
@@ -264,13 +271,18 @@ func TestDeadLetterTooLargeWrittenWithoutValue(t *testing.T) {
 			if tc.limit > 0 && p.calls != 1 {
 				t.Errorf("%d produce calls with the limit known, want 1: the record goes without its value at once", p.calls)
 			}
-		})
+		}))
 	}
 }
 
 // A record whose key and headers alone are too large for the dead-letter
 // topic goes without them too, still naming its source.
 func TestDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLetterTooLargeEvenWithoutValue)
+}
+
+func testDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &brokerProducer{max: 1 << 10}
 	dl := NewDeadLetters(p, "orders.dlq", "orders", 1<<10, 20*time.Millisecond, logrus.NewEntry(logger))
@@ -293,6 +305,11 @@ func TestDeadLetterTooLargeEvenWithoutValue(t *testing.T) {
 // for metrics and /readyz, and logged once a minute, not once per retry;
 // once the topic takes it, it is stored and the alert ends.
 func TestDeadLetterRefusedAlertsAndHolds(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLetterRefusedAlertsAndHolds)
+}
+
+func testDeadLetterRefusedAlertsAndHolds(t *testing.T) {
 	logger, hook := logtest.NewNullLogger()
 	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
 	dl := NewDeadLetters(p, "orders.dlq", "orders", 0, 2*time.Millisecond, logrus.NewEntry(logger))
@@ -353,6 +370,7 @@ func TestDeadLetterRefusedAlertsAndHolds(t *testing.T) {
 
 // Errors are classified by what retrying can do.
 func TestDeadLetterErrorClasses(t *testing.T) {
+	t.Parallel()
 	for err, want := range map[error]produceFailure{
 		sarama.ErrNotLeaderForPartition:   failRetriable,
 		sarama.ErrUnknownTopicOrPartition: failRetriable,
@@ -376,6 +394,11 @@ func TestDeadLetterErrorClasses(t *testing.T) {
 // after it: they are produced as they come, not after the refused record's
 // next retry.
 func TestDeadLetterRefusedDoesNotDelayOthers(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testDeadLetterRefusedDoesNotDelayOthers)
+}
+
+func testDeadLetterRefusedDoesNotDelayOthers(t *testing.T) {
 	logger, _ := logtest.NewNullLogger()
 	p := &brokerProducer{refuse: sarama.ErrInvalidRecord, refusing: true}
 	dl := NewDeadLetters(p, "orders.dlq", "orders", 0, time.Hour, logrus.NewEntry(logger))

@@ -14,6 +14,7 @@ import (
 // or policy Add gives, and nothing of a partition once Remove returned; a
 // partition added again starts where that Add says.
 func TestSourceManualAddRemove(t *testing.T) {
+	t.Parallel()
 	const topic = "t"
 	cluster := newCluster(t, topic, 3)
 	prod := newProducer(t, cluster)

@@ -169,6 +169,7 @@ func truncation(cluster *kfake.Cluster, end int64) *atomic.Bool {
 // re-fetched from 3 are acked, and the acks of 0-2, made after the restart,
 // count.
 func TestSourceForwardRestartKeepsUnackedBelow(t *testing.T) {
+	t.Parallel()
 	const topic = "t"
 	cluster := newCluster(t, topic, 2)
 	truncated := truncation(cluster, 3)

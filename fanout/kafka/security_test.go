@@ -55,6 +55,7 @@ func connect(c *kfake.Cluster, sec Security) error {
 }
 
 func TestSecurityConfigConnectsWithEachMechanismOverTLS(t *testing.T) {
+	t.Parallel()
 	files := testutil.NewTLSFiles(t)
 	for _, m := range []string{SASLPlain, SASLSCRAMSHA256, SASLSCRAMSHA512} {
 		t.Run(m, func(t *testing.T) {
@@ -72,6 +73,7 @@ func TestSecurityConfigConnectsWithEachMechanismOverTLS(t *testing.T) {
 }
 
 func TestSecurityConfigWrongPasswordIsRefused(t *testing.T) {
+	t.Parallel()
 	files := testutil.NewTLSFiles(t)
 	c := secureCluster(t, files, SASLSCRAMSHA512)
 	sec := Security{TLSFiles: tlsconf.Files{CA: files.CA},
@@ -99,6 +101,7 @@ func TestSecurityConfigWrongPasswordIsRefused(t *testing.T) {
 }
 
 func TestSecurityConfigRefusesBrokerOfAnotherCA(t *testing.T) {
+	t.Parallel()
 	files, other := testutil.NewTLSFiles(t), testutil.NewTLSFiles(t)
 	c := secureCluster(t, files, SASLSCRAMSHA512)
 	sec := Security{TLSFiles: tlsconf.Files{CA: other.CA},
@@ -122,6 +125,7 @@ func TestSecurityConfigRefusesBrokerOfAnotherCA(t *testing.T) {
 }
 
 func TestSecurityConfigPlain(t *testing.T) {
+	t.Parallel()
 	cfg, err := Security{}.Config("plain")
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +139,7 @@ func TestSecurityConfigPlain(t *testing.T) {
 }
 
 func TestSecurityValidate(t *testing.T) {
+	t.Parallel()
 	files := testutil.NewTLSFiles(t)
 	sasl := Security{SASLMechanism: SASLSCRAMSHA512, SASLUser: "u", SASLPassword: testPassword}
 	tests := []struct {
@@ -175,6 +180,7 @@ func TestSecurityValidate(t *testing.T) {
 }
 
 func TestSecurityStringHidesPassword(t *testing.T) {
+	t.Parallel()
 	s := Security{TLS: true, SASLMechanism: "scram-sha-256", SASLUser: "fanout", SASLPassword: testPassword}
 	if got, want := s.String(), "TLS, SASL SCRAM-SHA-256 as fanout"; got != want {
 		t.Fatalf("String() = %q, want %q", got, want)

@@ -265,6 +265,7 @@ func offsetsFrom(from, to int64) []int64 {
 }
 
 func TestSourceStartOffsets(t *testing.T) {
+	t.Parallel()
 	const before, after = 5, 2 // messages per partition produced before and after the start
 	tests := []struct {
 		name         string
@@ -357,6 +358,7 @@ func TestSourceStartOffsets(t *testing.T) {
 // the records under the consumer meanwhile, and expects a restart by policy
 // announced with a Start batch.
 func TestSourceOutOfRangeWhileRunning(t *testing.T) {
+	t.Parallel()
 	const topic = "t"
 	cluster := newCluster(t, topic, 1)
 	prod := newProducer(t, cluster)
@@ -452,6 +454,7 @@ func failOldestLookups(cluster *kfake.Cluster, n int32) *atomic.Int32 {
 // the lookups that tell where the log starts fail for a while: they are
 // retried, never answered by the policy (newest would skip 3 and 4).
 func TestSourceResetRetriesFailedLookup(t *testing.T) {
+	t.Parallel()
 	const topic = "t"
 	cluster := newCluster(t, topic, 1)
 	prod := newProducer(t, cluster)
@@ -492,6 +495,7 @@ func requestsInFlight(client sarama.Client) int64 {
 }
 
 func TestSourcePauseResume(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		pauseBefore bool // Pause before Run: partitions must start paused
@@ -546,6 +550,7 @@ func TestSourcePauseResume(t *testing.T) {
 // holds across a Pause and Resume of the whole source, until
 // ResumePartition.
 func TestSourcePausePartition(t *testing.T) {
+	t.Parallel()
 	const topic = "t"
 	cluster := newCluster(t, topic, 2)
 	prod := newProducer(t, cluster)
@@ -587,6 +592,7 @@ func TestSourcePausePartition(t *testing.T) {
 }
 
 func TestSourceTopicNotFound(t *testing.T) {
+	t.Parallel()
 	cluster := newCluster(t, "other", 1)
 	client := newClient(t, cluster)
 	src, err := NewSource(client, SourceConfig{Topic: "missing", Initial: sarama.OffsetOldest, Logger: quietLogger()})
@@ -616,6 +622,7 @@ func TestSourceTopicNotFound(t *testing.T) {
 }
 
 func TestSourceNewPartition(t *testing.T) {
+	t.Parallel()
 	const topic = "t"
 	cluster := newCluster(t, topic, 1)
 	prod := newProducer(t, cluster)
@@ -655,6 +662,7 @@ func TestSourceNewPartition(t *testing.T) {
 // message until the dispatcher has anchored that start; the other
 // partitions flow meanwhile.
 func TestSourceSendsNoMessageBeforeItsStartIsAnchored(t *testing.T) {
+	t.Parallel()
 	const topic = "t"
 	cluster := newCluster(t, topic, 2)
 	prod := newProducer(t, cluster)
@@ -680,6 +688,7 @@ func TestSourceSendsNoMessageBeforeItsStartIsAnchored(t *testing.T) {
 }
 
 func TestParseInitialOffset(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in      string
 		want    int64
@@ -700,6 +709,7 @@ func TestParseInitialOffset(t *testing.T) {
 }
 
 func TestNewSourceValidates(t *testing.T) {
+	t.Parallel()
 	cluster := newCluster(t, "t", 1)
 	client := newClient(t, cluster)
 	tests := []struct {
@@ -740,6 +750,7 @@ func testMessages(n, headers int) []*sarama.ConsumerMessage {
 }
 
 func TestConvert(t *testing.T) {
+	t.Parallel()
 	for _, headers := range []int{0, 2} {
 		in := testMessages(5, headers)
 		if headers > 0 {

@@ -45,6 +45,7 @@ func (c *client) expectBatch(ds ...dispatch.Delivery) {
 }
 
 func TestBatchClientGetsDeliverBatchFrames(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c := dial(t, s)
 	w := c.hello(batchHello())
@@ -63,6 +64,7 @@ func TestBatchClientGetsDeliverBatchFrames(t *testing.T) {
 // Consecutive entries of the outbox share a frame; a control frame between
 // them ends it, in order.
 func TestPumpMergesQueuedDeliveries(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	p := &pumpState{w: protocol.NewWriter(&buf, 0), batch: true, pong: protocol.PongFrame(0)}
 	d := func(id uint64) dispatch.Delivery {
@@ -94,6 +96,7 @@ func TestPumpMergesQueuedDeliveries(t *testing.T) {
 // Frames are at most batchBytes; a message that does not fit a DeliverBatch
 // frame of the client's limit alone goes as a Deliver frame.
 func TestBatchFramesBounded(t *testing.T) {
+	t.Parallel()
 	const limit = 3 * batchBytes
 	s := startServer(t)
 	c := dial(t, s)
@@ -146,6 +149,7 @@ func TestBatchFramesBounded(t *testing.T) {
 // A client that announces CAPABILITY_MEMBERS and not CAPABILITY_BATCH gets
 // today's Welcome (no capabilities listed) and Deliver frames.
 func TestClientWithoutBatchSeesTodaysFrames(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, func(c *Config) { c.Heartbeat = time.Hour })
 	c := dial(t, s)
 	c.send(protocol.HelloFrame(capableHello()))
@@ -163,6 +167,7 @@ func TestClientWithoutBatchSeesTodaysFrames(t *testing.T) {
 // them its Ack, Nack and Touch; a Nack's delay and reason go with its
 // ranges.
 func TestRangesReachBackend(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c := dial(t, s)
 	id := c.hello(batchHello()).GetSessionId()
@@ -191,6 +196,7 @@ func TestRangesReachBackend(t *testing.T) {
 // Ranges that are not pairs of an id and a count of at least one are a bad
 // frame; ranges naming more ids than the client's credit, too many.
 func TestBadRangesCloseTheConnection(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, func(c *Config) { c.MaxInFlight = 10 })
 	for _, tc := range []struct {
 		ranges []uint64

@@ -27,6 +27,7 @@ import (
 // A Hello is read under protocol.MaxHelloSize, whatever MaxFrameSize allows
 // after the handshake.
 func TestHelloSizeLimited(t *testing.T) {
+	t.Parallel()
 	s := startServer(t) // MaxFrameSize 1 MiB
 	hello := func(idLen int) *protocol.Frame {
 		return protocol.HelloFrame(&protocol.Hello{ClientId: strings.Repeat("x", idLen), ProtocolVersion: protocol.Version})
@@ -57,6 +58,7 @@ func TestHelloSizeLimited(t *testing.T) {
 // one closes the one that has waited longest, so a real client that says
 // hello at once is served whatever the flood.
 func TestSilentConnectionsEvicted(t *testing.T) {
+	t.Parallel()
 	const max, silent = 8, 40
 	s := startServer(t, func(c *Config) { c.MaxHandshakes = max })
 	conns := make([]*client, silent)
@@ -127,6 +129,7 @@ func heapNow() uint64 {
 // consumer once its queued Pongs pass MaxOutboxBytes, and the heap stays
 // under a bound derived from it; another client is served meanwhile.
 func TestPingFloodBounded(t *testing.T) {
+	// Not parallel: it bounds the whole process's heap.
 	const outbox = 256 << 10
 	s := startServer(t, func(c *Config) { c.MaxOutboxBytes = outbox })
 	good, goodID := connect(t, s)
@@ -198,6 +201,7 @@ func encodePings(n int) []byte {
 // though each write to its socket makes progress; a client that reads at
 // full speed is not.
 func TestTrickleReaderDropped(t *testing.T) {
+	t.Parallel()
 	const writeTimeout = 2 * time.Second
 	s := startServer(t, func(c *Config) { c.WriteTimeout = writeTimeout })
 	trickle, trickleID := connect(t, s)
@@ -264,6 +268,7 @@ func TestTrickleReaderDropped(t *testing.T) {
 // refused, fatally, before its ids are decoded; one at the limit is handed
 // to the backend.
 func TestIDsPerFrameCapped(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name  string
 		frame func([]uint64) *protocol.Frame
@@ -336,6 +341,7 @@ func (b *blockingBackend) Ack(id uint64, ids []uint64) {
 // the client's credit of ids: the heap stays under a bound derived from the
 // in-flight limit, and another client is served.
 func TestAckFloodBounded(t *testing.T) {
+	// Not parallel: it bounds the whole process's heap.
 	const credit, flooders = 1000, 8
 	logger, hook := logtest.NewNullLogger()
 	b := &blockingBackend{fakeBackend: newFakeBackend(), block: map[string]bool{"flood": true},
@@ -442,6 +448,7 @@ func encodeFrame(t testing.TB, f *protocol.Frame) []byte {
 // DeliverFrameSize bounds the Deliver frame of a message whatever its id and
 // attempt, and not by much.
 func TestDeliverFrameSizeBound(t *testing.T) {
+	t.Parallel()
 	msgs := []*dispatch.Message{
 		{},
 		{Partition: 7, Offset: 1 << 40, Value: []byte("v")},
@@ -475,6 +482,7 @@ func TestDeliverFrameSizeBound(t *testing.T) {
 // it nothing larger) and the pump's: a delivery above it is never written,
 // whoever queued it.
 func TestClientFrameLimit(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	def, defID := connect(t, s)
 	if got := s.b.sink(t, defID).(dispatch.LimitedSink).MaxFrameSize(); got != protocol.DefaultMaxFrameSize {

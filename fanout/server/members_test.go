@@ -145,6 +145,7 @@ func (c *client) expectPong(nonce uint64) {
 }
 
 func TestWelcomeListsMembersToCapableClients(t *testing.T) {
+	t.Parallel()
 	l := &memberList{}
 	l.set("10.0.0.1:4987", "10.0.0.2:4987", "10.0.0.3:4987")
 	s := startMembersServer(t, l)
@@ -167,6 +168,7 @@ func TestWelcomeListsMembersToCapableClients(t *testing.T) {
 // assignment's epoch and generation, so that a client keeps the newest list
 // when members disagree for a moment.
 func TestMembersListsCarryTheirVersion(t *testing.T) {
+	t.Parallel()
 	l := &memberList{}
 	l.set("a:1", "b:2")
 	l.version(3, 7)
@@ -187,6 +189,7 @@ func TestMembersListsCarryTheirVersion(t *testing.T) {
 // A client that announces no capability gets exactly the frames it got
 // before members existed, whatever the list and its changes.
 func TestClientWithoutCapabilitySeesTodaysFrames(t *testing.T) {
+	t.Parallel()
 	l := &memberList{}
 	l.set("10.0.0.1:4987", "10.0.0.2:4987")
 	s := startMembersServer(t, l)
@@ -214,6 +217,7 @@ func TestClientWithoutCapabilitySeesTodaysFrames(t *testing.T) {
 }
 
 func TestMembersChangedReachesCapableClients(t *testing.T) {
+	t.Parallel()
 	l := &memberList{}
 	l.set("a:1", "b:2")
 	s := startMembersServer(t, l)
@@ -245,6 +249,7 @@ func TestMembersChangedReachesCapableClients(t *testing.T) {
 // Changes of the list while the pump is busy writing are coalesced: the
 // client gets the latest list once, never a backlog of older ones.
 func TestMembersCoalesced(t *testing.T) {
+	t.Parallel()
 	l := &memberList{}
 	l.set("a:1")
 	s := startMembersServer(t, l)
@@ -279,6 +284,7 @@ func TestMembersCoalesced(t *testing.T) {
 // A list too large for the client's max_frame_size is not sent (a warning
 // says so); the session goes on.
 func TestMembersAboveClientFrameLimitNotSent(t *testing.T) {
+	t.Parallel()
 	var many []string
 	for i := range 40 {
 		many = append(many, fmt.Sprintf("member-%02d.example.com:4987", i))

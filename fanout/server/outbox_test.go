@@ -11,6 +11,7 @@ import (
 )
 
 func TestDeliverEdgeValues(t *testing.T) {
+	t.Parallel()
 	// writeDelivery encodes with WriteDeliver: edge values arrive as the
 	// generated code would encode them, and header keys that are not UTF-8
 	// are repaired rather than failing the connection.
@@ -41,6 +42,7 @@ func TestDeliverEdgeValues(t *testing.T) {
 // tick that came late (the daemon itself was paused, the client's frames
 // wait unread), which judges nothing, and only once in a row.
 func TestLivenessAfterThePumpWasPaused(t *testing.T) {
+	t.Parallel()
 	const hb, window = time.Second, 2 * time.Second
 	t0 := time.Unix(1_700_000_000, 0)
 	type tick struct {

@@ -13,6 +13,7 @@ import (
 // A Hello's weight reaches the dispatcher through the sink (WeightedSink);
 // without one the sink has the default weight.
 func TestHelloWeight(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c := dial(t, s)
 	w := c.hello(&protocol.Hello{ClientId: "canary", ProtocolVersion: protocol.Version, Weight: 5})
@@ -31,6 +32,7 @@ func TestHelloWeight(t *testing.T) {
 // A Nack's delay, reason and unprocessed flag reach the dispatcher; a delay
 // above the longest is cut to it.
 func TestNackDelayAndReasonPassedOn(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c, id := connect(t, s)
 	c.send(protocol.NackWithFrame([]uint64{7}, 1500*time.Millisecond, "db down"))
@@ -52,6 +54,7 @@ func TestNackDelayAndReasonPassedOn(t *testing.T) {
 // An observer is welcomed as one and joins the dispatcher by Observe; its
 // copies arrive as Deliver frames with delivery id 0.
 func TestObserverWelcomed(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c := dial(t, s)
 	w := c.hello(&protocol.Hello{ClientId: "watch", ProtocolVersion: protocol.Version, Observer: true})
@@ -71,6 +74,7 @@ func TestObserverWelcomed(t *testing.T) {
 // An observer that does not read is dropped once its queued copies pass
 // MaxObserverBytes, without the sender ever blocking; counted and logged.
 func TestObserverBehindDropped(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, func(c *Config) { c.MaxObserverBytes = 64 << 10; c.WriteTimeout = time.Minute })
 	c := dial(t, s)
 	w := c.hello(&protocol.Hello{ClientId: "slow", ProtocolVersion: protocol.Version, Observer: true})

@@ -22,6 +22,7 @@ import (
 )
 
 func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		change  func(*Config)
@@ -70,6 +71,7 @@ func TestNewValidatesConfig(t *testing.T) {
 type nilBackend struct{ dispatch.Backend }
 
 func TestWelcome(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c := dial(t, s)
 	w := c.hello(&protocol.Hello{ClientId: "worker-7", ProtocolVersion: 1, MaxInFlight: 10})
@@ -97,6 +99,7 @@ func TestWelcome(t *testing.T) {
 }
 
 func TestMaxInFlightCapped(t *testing.T) {
+	t.Parallel()
 	s := startServer(t) // MaxInFlight 100
 	for _, tt := range []struct {
 		asked uint32
@@ -114,6 +117,7 @@ func TestMaxInFlightCapped(t *testing.T) {
 }
 
 func TestDeliveriesArriveWithAllFields(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c, id := connect(t, s)
 	sink := s.b.sink(t, id)
@@ -130,6 +134,7 @@ func TestDeliveriesArriveWithAllFields(t *testing.T) {
 }
 
 func TestWelcomeBeforeDeliveries(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	// A backend that sends from inside Join, the earliest moment possible.
 	s.b.mu.Lock()
@@ -163,6 +168,7 @@ func (c *countConn) count() int {
 }
 
 func TestManyDeliveriesOneFlush(t *testing.T) {
+	t.Parallel()
 	b := newFakeBackend()
 	s, err := New(testConfig(), b)
 	if err != nil {
@@ -191,6 +197,7 @@ func TestManyDeliveriesOneFlush(t *testing.T) {
 }
 
 func TestAckNackTouchReachBackend(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c, id := connect(t, s)
 	tests := []struct {
@@ -226,6 +233,7 @@ func equalIDs(a, b []uint64) bool {
 }
 
 func TestClientPingAnsweredWithPong(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c, _ := connect(t, s)
 	for _, nonce := range []uint64{42, 1 << 60} {
@@ -238,6 +246,7 @@ func TestClientPingAnsweredWithPong(t *testing.T) {
 }
 
 func TestServerPingsAtHeartbeat(t *testing.T) {
+	// Not parallel: its client must answer pings within a few 40 ms heartbeats of real time.
 	const hb = 40 * time.Millisecond
 	s := startServer(t, func(c *Config) { c.Heartbeat = hb })
 	c, id := connect(t, s)
@@ -261,6 +270,7 @@ func TestServerPingsAtHeartbeat(t *testing.T) {
 }
 
 func TestSilentClientDropped(t *testing.T) {
+	// Not parallel: its live client must answer pings within a few 50 ms heartbeats of real time.
 	const hb = 50 * time.Millisecond
 	s := startServer(t, func(c *Config) { c.Heartbeat = hb; c.Liveness = 3 })
 	start := time.Now() // before the silent client's last frame, its hello
@@ -290,6 +300,7 @@ func TestSilentClientDropped(t *testing.T) {
 }
 
 func TestSlowConsumerDropped(t *testing.T) {
+	// Not parallel: its fast client must keep reading within the 200 ms write timeout of real time.
 	s := startServer(t, func(c *Config) { c.WriteTimeout = 200 * time.Millisecond })
 	slow, slowID := connect(t, s)
 	if err := slow.nc.(*net.TCPConn).SetReadBuffer(4 << 10); err != nil {
@@ -329,6 +340,7 @@ func TestSlowConsumerDropped(t *testing.T) {
 }
 
 func TestHandshakeRejected(t *testing.T) {
+	t.Parallel()
 	follower := func(c *Config) {
 		c.Leadership = func() Leadership {
 			return Leadership{LeaderAddr: "10.0.0.2:4987", LeaderID: "node-2", Epoch: 7, Known: true}
@@ -391,12 +403,14 @@ func wantError(code protocol.ErrorCode, retryMs uint32) func(*testing.T, *protoc
 }
 
 func TestRightTokenAccepted(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, func(c *Config) { c.AuthToken = "s3cret" })
 	c := dial(t, s)
 	c.hello(&protocol.Hello{ClientId: "c", ProtocolVersion: 1, AuthToken: "s3cret"})
 }
 
 func TestTooManyClients(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, func(c *Config) { c.MaxClients = 2 })
 	connect(t, s)
 	_, id2 := connect(t, s)
@@ -418,6 +432,7 @@ func TestTooManyClients(t *testing.T) {
 }
 
 func TestUnexpectedFrameAfterHello(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		frame *protocol.Frame
@@ -449,6 +464,7 @@ func frameBytes(n uint32, body ...byte) []byte {
 }
 
 func TestBadInputClosesOnlyThatConnection(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name       string
 		afterHello bool
@@ -499,6 +515,7 @@ func TestBadInputClosesOnlyThatConnection(t *testing.T) {
 }
 
 func TestHelloTimeout(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, func(c *Config) { c.HelloTimeout = 50 * time.Millisecond })
 	start := time.Now() // before the dial: the server's deadline starts at its accept
 	c := dial(t, s)
@@ -509,6 +526,7 @@ func TestHelloTimeout(t *testing.T) {
 }
 
 func TestClientGoodbye(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c, id := connect(t, s)
 	c.send(protocol.GoodbyeFrame("done"))
@@ -520,6 +538,7 @@ func TestClientGoodbye(t *testing.T) {
 }
 
 func TestSinkGoodbyeKeepsConnectionForAcks(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c, id := connect(t, s)
 	sink := s.b.sink(t, id)
@@ -540,6 +559,7 @@ func TestSinkGoodbyeKeepsConnectionForAcks(t *testing.T) {
 }
 
 func TestBackendPanicClosesOnlyThatConnection(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	victim, victimID := connect(t, s)
 	other, otherID := connect(t, s)
@@ -561,6 +581,7 @@ func TestBackendPanicClosesOnlyThatConnection(t *testing.T) {
 }
 
 func TestCloseLeavesEveryClient(t *testing.T) {
+	// Not parallel: it counts the goroutines of the whole process.
 	before := runtime.NumGoroutine()
 	s := startServer(t)
 	var ids []uint64
@@ -602,6 +623,7 @@ func TestCloseLeavesEveryClient(t *testing.T) {
 }
 
 func TestContextCancelClosesServer(t *testing.T) {
+	t.Parallel()
 	b := newFakeBackend()
 	s, err := New(testConfig(), b)
 	if err != nil {
@@ -623,6 +645,7 @@ func TestContextCancelClosesServer(t *testing.T) {
 }
 
 func TestRedirectAll(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		l     Leadership
@@ -657,6 +680,7 @@ func TestRedirectAll(t *testing.T) {
 }
 
 func TestStopAcceptingKeepsConnections(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	c, id := connect(t, s)
 	s.StopAccepting()
@@ -672,6 +696,7 @@ func TestStopAcceptingKeepsConnections(t *testing.T) {
 // Sessions lists the connections past their Hello with the client's name
 // and address; a silent connection and a closed one are not listed.
 func TestSessions(t *testing.T) {
+	t.Parallel()
 	s := startServer(t)
 	dial(t, s) // silent: no Hello
 	before := time.Now()

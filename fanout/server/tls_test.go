@@ -56,6 +56,7 @@ func dialTLS(t testing.TB, s *testServer, f testutil.TLSFiles, cert, key string)
 }
 
 func TestTLSClientIsWelcomedAndNamedByItsCertificate(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	s := startServer(t, withTLS(t, f, true))
 	c := dialTLS(t, s, f, f.ClientCert, f.ClientKey)
@@ -77,6 +78,7 @@ func TestTLSClientIsWelcomedAndNamedByItsCertificate(t *testing.T) {
 }
 
 func TestMutualTLSRefusesBadClientCertificatesInTheHandshake(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	other := testutil.NewTLSFiles(t)
 	s := startServer(t, withTLS(t, f, true))
@@ -108,6 +110,7 @@ func TestMutualTLSRefusesBadClientCertificatesInTheHandshake(t *testing.T) {
 }
 
 func TestPlainTextClientOnTLSListenerIsToldInPlainText(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	s := startServer(t, withTLS(t, f, false))
 	c := dial(t, s)
@@ -120,6 +123,7 @@ func TestPlainTextClientOnTLSListenerIsToldInPlainText(t *testing.T) {
 }
 
 func TestSilentClientOnTLSListenerIsClosedAtTheHelloTimeout(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	s := startServer(t, withTLS(t, f, false), func(c *Config) { c.HelloTimeout = 100 * time.Millisecond })
 	c := dial(t, s)
@@ -128,6 +132,7 @@ func TestSilentClientOnTLSListenerIsClosedAtTheHelloTimeout(t *testing.T) {
 }
 
 func TestTLSClientOnPlainListenerGetsAnErrorNotAHang(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	s := startServer(t)
 	c := dialTLS(t, s, f, "", "")
@@ -150,6 +155,7 @@ func TestTLSClientOnPlainListenerGetsAnErrorNotAHang(t *testing.T) {
 // Named tokens beside the shared one: each passes, a named one names the
 // client in the logs (never the token), an unknown one is refused.
 func TestNamedTokensNameTheClient(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, func(c *Config) {
 		c.AuthToken = "shared-token"
 		c.Authenticate = namedTokens(&sync.Map{}, map[string]string{"tok-billing": "billing"})
@@ -175,6 +181,7 @@ func TestNamedTokensNameTheClient(t *testing.T) {
 
 // Mutual TLS and a named token: the identity names both.
 func TestCertificateAndNamedTokenBothNameTheClient(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	s := startServer(t, withTLS(t, f, true), func(c *Config) {
 		c.Authenticate = namedTokens(&sync.Map{}, map[string]string{"tok-billing": "billing"})
@@ -217,6 +224,7 @@ func namedTokens(tokens *sync.Map, m map[string]string) func([sha256.Size]byte) 
 // named token is no longer known, and they leave the backend; a session of
 // a token still known, or of the shared token, stays.
 func TestReauthorizeEndsSessionsOfRevokedTokens(t *testing.T) {
+	t.Parallel()
 	tokens := &sync.Map{}
 	s := startServer(t, func(c *Config) {
 		c.AuthToken = "shared-token"
@@ -256,6 +264,7 @@ func TestReauthorizeEndsSessionsOfRevokedTokens(t *testing.T) {
 // Reauthorize ends the sessions whose certificate Config.VerifyClient now
 // refuses.
 func TestReauthorizeEndsSessionsOfRefusedCertificates(t *testing.T) {
+	t.Parallel()
 	f := testutil.NewTLSFiles(t)
 	var refuse atomic.Bool
 	s := startServer(t, withTLS(t, f, true), func(c *Config) {

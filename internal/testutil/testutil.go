@@ -4,6 +4,7 @@ package testutil
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -23,4 +24,11 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(PollInterval)
 	}
+}
+
+// InBubble returns a subtest that runs f in a testing/synctest bubble, on
+// the bubble's fake clock: synctest.Test cannot call t.Run, so each subtest
+// of a table gets a bubble of its own (t.Run(name, testutil.InBubble(...))).
+func InBubble(f func(*testing.T)) func(*testing.T) {
+	return func(t *testing.T) { synctest.Test(t, f) }
 }
