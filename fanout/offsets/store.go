@@ -123,7 +123,7 @@ type MemoryStore struct {
 	mu       sync.Mutex // guards offsets, progress and term
 	offsets  map[int32]int64
 	progress map[int32][2]string // Progress.Encode and EncodeDelays, as a real store keeps them
-	term     uint64           // the current term; 0 before the first NewTerm
+	term     uint64              // the current term; 0 before the first NewTerm
 }
 
 var _ ProgressStore = (*MemoryStore)(nil)
