@@ -160,13 +160,18 @@ type Result struct {
 	OwnerSamples int      `json:"owner_samples"`
 	TwoOwners    int      `json:"two_owners"`
 	TwoOwnersAt  []string `json:"two_owners_at,omitempty"`
+	// EarlyNackRedeliveries counts records nacked with a delay that came
+	// again sooner than the delay after the nack, with no fault that could
+	// have lost the delay (checkDelayedNacks): a delay survives failovers.
+	EarlyNackRedeliveries   int      `json:"early_nack_redeliveries"`
+	EarlyNackRedeliveriesAt []string `json:"early_nack_redeliveries_at,omitempty"`
 }
 
 // Passed reports whether nothing was lost, every duplicate is explained and
 // no committed offset passed an unacked record.
 func (r *Result) Passed() bool {
 	return r.Lost == 0 && r.Vanished == 0 && r.DeadLetterWrong == 0 && r.Duplicates[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 &&
-		r.TwoOwners == 0
+		r.TwoOwners == 0 && r.EarlyNackRedeliveries == 0
 }
 
 type key struct {
@@ -262,6 +267,7 @@ func Verify(in Input, leaderOnly bool) *Result {
 	checkOffsets(res, records, done, in.Samples)
 	recovery(res, records, perRecord, in.Faults, leaderOnly)
 	checkOwners(res, events, in)
+	checkDelayedNacks(res, events, in)
 	return res
 }
 
@@ -344,8 +350,8 @@ func checkOwners(res *Result, events []Event, in Input) {
 func redeliveryCause(prev, cur *delivery, faults []Fault, ackTimeout, nackDelay time.Duration) string {
 	// The daemon starts the delay when it reads the nack, after the client
 	// logged it, and the next client logs the delivery after it was sent:
-	// sooner, the nack does not explain it (a fault or a handoff may: the
-	// delay is not stored).
+	// sooner, the nack does not explain it (a fault or a handoff may; that
+	// the fault could have lost the delay is checkDelayedNacks').
 	if prev.outcome == EventNack && cur.At.Sub(prev.doneAt) >= nackDelay {
 		return causeNack
 	}
