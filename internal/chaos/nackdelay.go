@@ -22,9 +22,12 @@ const delayStoreWindow = 2 * time.Second
 // ack timeout before the nack (a deposed leader delivers until its next
 // commit fails) until delayStoreWindow after it; a restart of Kafka or
 // ZooKeeper then; or a fault of the nacking client (its nack may never have
-// been sent: the delivery comes back without the delay). A nack logged 90 %
-// of the ack timeout or more after its delivery is not judged: the daemon
-// may have timed the delivery out before it read the nack.
+// been sent: the delivery comes back without the delay). The redelivery is
+// the next delivery of a later attempt (clients log the daemon's attempt
+// number: a nack that counts makes it grow, and the count is stored with
+// the delay); a nack logged 90 % of the ack timeout or more after its
+// delivery is not judged: the daemon may have timed the delivery out before
+// it read the nack.
 func checkDelayedNacks(res *Result, events []Event, in Input) {
 	if len(in.NackDelays) == 0 {
 		return
@@ -34,12 +37,12 @@ func checkDelayedNacks(res *Result, events []Event, in Input) {
 		idx    uint64
 	}
 	deliveries := map[ck]Event{}
-	again := map[key][]time.Time{} // each record's deliveries, in time order (events are sorted)
+	again := map[key][]Event{} // each record's deliveries, in time order (events are sorted)
 	for _, e := range events {
 		if e.Kind == EventDeliver {
 			deliveries[ck{e.Client, e.Index}] = e
 			k := key{e.Partition, e.Offset}
-			again[k] = append(again[k], e.At)
+			again[k] = append(again[k], e)
 		}
 	}
 	for _, n := range events {
@@ -51,20 +54,23 @@ func checkDelayedNacks(res *Result, events []Event, in Input) {
 		if !ok || n.At.Sub(d.At) >= in.AckTimeout*9/10 {
 			continue
 		}
+		// The next delivery of a later attempt: one of the same or an
+		// earlier attempt logged after the nack was sent before it (a
+		// stopped client logs late what it read before).
 		ds := again[key{n.Partition, n.Offset}]
-		i, _ := slices.BinarySearchFunc(ds, n.At, func(at, t time.Time) int { return at.Compare(t) })
-		for i < len(ds) && !ds[i].After(n.At) {
+		i, _ := slices.BinarySearchFunc(ds, n.At, func(e Event, t time.Time) int { return e.At.Compare(t) })
+		for i < len(ds) && (!ds[i].At.After(n.At) || ds[i].Attempt <= d.Attempt) {
 			i++
 		}
-		if i == len(ds) || !ds[i].Before(n.At.Add(delay)) || delayLost(in, d, n) {
+		if i == len(ds) || !ds[i].At.Before(n.At.Add(delay)) || delayLost(in, d, n) {
 			continue
 		}
 		res.EarlyNackRedeliveries++
 		if len(res.EarlyNackRedeliveriesAt) < maxListed {
 			res.EarlyNackRedeliveriesAt = append(res.EarlyNackRedeliveriesAt, fmt.Sprintf(
-				"%d/%d: delivered by %s, nacked by %s at %s asking %v, delivered again at %s (%v after the nack)",
-				n.Partition, n.Offset, d.Member, n.Client, n.At.Format(time.RFC3339Nano), delay, ds[i].Format(time.RFC3339Nano),
-				ds[i].Sub(n.At)))
+				"%d/%d: attempt %d delivered by %s, nacked by %s at %s asking %v; attempt %d delivered by %s to %s at %s (%v after the nack)",
+				n.Partition, n.Offset, d.Attempt, d.Member, n.Client, n.At.Format(time.RFC3339Nano), delay,
+				ds[i].Attempt, ds[i].Member, ds[i].Client, ds[i].At.Format(time.RFC3339Nano), ds[i].At.Sub(n.At)))
 		}
 	}
 }

@@ -21,7 +21,7 @@ func TestCheckDelayedNacks(t *testing.T) {
 			Members: map[string]string{"m": "d0"}, NackDelays: map[string]time.Duration{"nacker": delay},
 			Events: []Event{
 				ev(0, EventDeliver, "nacker.1", 1, 0, 0), ev(200, EventNack, "nacker.1", 1, 0, 0),
-				ev(againMS, EventDeliver, "c0.1", 1, 0, 0), ev(againMS+10, EventAck, "c0.1", 1, 0, 0),
+				attempt(ev(againMS, EventDeliver, "c0.1", 1, 0, 0), 2), ev(againMS+10, EventAck, "c0.1", 1, 0, 0),
 			}}
 	}
 	fault := func(kind, target string, startMS, endMS int) Fault {
@@ -54,8 +54,9 @@ func TestCheckDelayedNacks(t *testing.T) {
 	}
 	// Not judged: a nack logged after the daemon could have timed the
 	// delivery out (it redelivers without the nack's delay), a delivery
-	// logged before the nack (a client that read it late), a client whose
-	// nacks ask for no delay.
+	// logged before the nack, one of an attempt that is not later (a
+	// stopped client that logs late what it was sent before the nack), a
+	// client whose nacks ask for no delay.
 	in := nackedThenAgain(5000)
 	in.Events[1].At = at(4600)
 	if res := Verify(in, true); res.EarlyNackRedeliveries != 0 {
@@ -66,8 +67,19 @@ func TestCheckDelayedNacks(t *testing.T) {
 		t.Errorf("a delivery logged before the nack: %d early", res.EarlyNackRedeliveries)
 	}
 	in = nackedThenAgain(5000)
+	in.Events[2].Attempt = 1
+	if res := Verify(in, true); res.EarlyNackRedeliveries != 0 {
+		t.Errorf("a delivery of the same attempt logged after the nack: %d early", res.EarlyNackRedeliveries)
+	}
+	in = nackedThenAgain(5000)
 	in.NackDelays = nil
 	if res := Verify(in, true); res.EarlyNackRedeliveries != 0 {
 		t.Errorf("no delay asked: %d early", res.EarlyNackRedeliveries)
 	}
+}
+
+// attempt returns e with attempt a.
+func attempt(e Event, a int) Event {
+	e.Attempt = a
+	return e
 }
