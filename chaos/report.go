@@ -119,6 +119,7 @@ func (s *Summary) Markdown() string {
 			recoveryName, s.RecoveryMS[0], s.RecoveryMS[1], s.RecoveryMS[2], len(s.Recovery), s.Unmeasured)
 	}
 	fmt.Fprintf(&b, "| faults after which a partition never delivered again | %d |\n", s.NotRecovered)
+	fmt.Fprintf(&b, "| records nacked with a delay that came again sooner, no fault excusing it | %d |\n", s.EarlyNackRedeliveries)
 	if s.Mode == "spread" {
 		fmt.Fprintf(&b, "| ownership-record samples | %d |\n| deliveries by a member while another owned the partition | %d |\n",
 			s.OwnerSamples, s.TwoOwners)
@@ -138,7 +139,8 @@ func (s *Summary) Markdown() string {
 		name string
 		xs   []string
 	}{{"Lost records", s.LostRecords}, {"Unexplained duplicates", s.Unexplained}, {"Unexplained failures", s.UnexplainedFailures},
-		{"Offset violations", s.Violations}, {"Two owners", s.TwoOwnersAt}, {"Wrong dead letters", s.DeadLetterWrongAt}} {
+		{"Offset violations", s.Violations}, {"Two owners", s.TwoOwnersAt}, {"Wrong dead letters", s.DeadLetterWrongAt},
+		{"Early redeliveries of delayed nacks", s.EarlyNackRedeliveriesAt}} {
 		if len(l.xs) > 0 {
 			fmt.Fprintf(&b, "\n%s (first %d):\n\n", l.name, len(l.xs))
 			for _, x := range l.xs {

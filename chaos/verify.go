@@ -176,6 +176,11 @@ type Result struct {
 	OwnerSamples int      `json:"owner_samples"`
 	TwoOwners    int      `json:"two_owners"`
 	TwoOwnersAt  []string `json:"two_owners_at,omitempty"`
+	// EarlyNackRedeliveries counts records nacked with a delay that came
+	// again sooner than the delay after the nack, with no fault that could
+	// have lost the delay (checkDelayedNacks): a delay survives failovers.
+	EarlyNackRedeliveries   int      `json:"early_nack_redeliveries"`
+	EarlyNackRedeliveriesAt []string `json:"early_nack_redeliveries_at,omitempty"`
 }
 
 // DeliveryLogStats is what the daemons' delivery logs held.
@@ -197,7 +202,8 @@ type DeliveryLogStats struct {
 // record.
 func (r *Result) Passed() bool {
 	return r.Lost == 0 && r.Vanished == 0 && r.DeadLetterWrong == 0 && r.Duplicates[causeUnexplained] == 0 &&
-		r.Failures[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 && r.TwoOwners == 0
+		r.Failures[causeUnexplained] == 0 && r.OffsetViolations == 0 && r.NotRecovered == 0 && r.TwoOwners == 0 &&
+		r.EarlyNackRedeliveries == 0
 }
 
 type key struct {
@@ -313,6 +319,7 @@ func Verify(in Input, leaderOnly bool) *Result {
 	checkOffsets(res, records, done, in.Samples)
 	recovery(res, records, perRecord, in.Faults, leaderOnly)
 	checkOwners(res, events, in)
+	checkDelayedNacks(res, events, in)
 	return res
 }
 

@@ -105,7 +105,8 @@ func polPoison(t testing.TB, topic, poison string, n int) {
 // with its key, value, headers and the fanout.dlq.* headers; the offset moves
 // past it, the other messages flow; and with a kill -9 of the leader between
 // attempts (a failover), its attempts total 3: the survivor resumes at the
-// second, and does not deliver again what was acked above it.
+// second, after the first nack's delay, and does not deliver again what was
+// acked above it.
 func TestPoisonDeadLetteredAcrossFailover(t *testing.T) {
 	testPoisonDeadLetteredAcrossFailover(t, false)
 }
@@ -135,15 +136,18 @@ func testPoisonDeadLetteredAcrossFailover(t *testing.T, kafkaStore bool) {
 	leader := clWaitLeader(t, c.nodes, 60*time.Second)
 	c1 := procDial(t, client.Config{MaxInFlight: 20}, leader.addr)
 
-	// First attempt: nacked with a long delay, so that it waits; the rest
-	// is acked.
+	// First attempt: nacked with a delay longer than the failover, so that
+	// it waits; the rest is acked.
+	const delay = 20 * time.Second
+	var nacked time.Time
 	for acked := 0; acked < n; {
 		m := recv(t, c1, 30*time.Second)
 		if string(m.Value) == "poison" {
 			if m.Attempt != 1 {
 				t.Fatalf("poison delivered with attempt %d first", m.Attempt)
 			}
-			if err := m.NackWith(10*time.Minute, "cannot parse"); err != nil {
+			nacked = time.Now()
+			if err := m.NackWith(delay, "cannot parse"); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -167,10 +171,13 @@ func testPoisonDeadLetteredAcrossFailover(t *testing.T, kafkaStore bool) {
 	clWaitLeader(t, []*clNode{survivor}, clFailoverBound+30*time.Second)
 	c2 := procDial(t, client.Config{MaxInFlight: 20}, survivor.addr)
 	for want := 2; want <= 3; want++ {
-		m := recv(t, c2, 30*time.Second)
+		m := recv(t, c2, delay+30*time.Second)
 		if string(m.Value) != "poison" || m.Attempt != want {
 			t.Fatalf("after the failover: %q attempt %d, want the poison message's attempt %d (acked messages are not delivered again)",
 				m.Value, m.Attempt, want)
+		}
+		if want == 2 && time.Since(nacked) < delay {
+			t.Fatalf("attempt 2 came %v after the nack with a %v delay", time.Since(nacked), delay)
 		}
 		if err := m.NackWith(0, fmt.Sprintf("cannot parse, attempt %d", want)); err != nil {
 			t.Fatal(err)
@@ -571,11 +578,12 @@ func TestAckedRangesSpareDuplicatesAfterKillNine(t *testing.T) {
 
 // Spread mode: a partition's stored progress moves with it at a handoff.
 // One member serves both partitions; each partition's poison message fails
-// once (nacked with a long delay) and the rest is acked. A second member
+// once (nacked with a 20 s delay) and the rest is acked. A second member
 // joins and takes one partition over (release-before-reserve, the old
 // owner's final commit carrying the progress): it does not deliver the acked
-// messages again and resumes the poison message at its second attempt, so
-// that --max-attempts 3 dead-letters it after three attempts in all.
+// messages again and resumes the poison message at its second attempt, no
+// sooner than its delay, so that --max-attempts 3 dead-letters it after
+// three attempts in all.
 func TestSpreadProgressMovesWithThePartition(t *testing.T) {
 	const partitions, n = 2, 5
 	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
@@ -600,13 +608,16 @@ func TestSpreadProgressMovesWithThePartition(t *testing.T) {
 	c.startAll()
 	spWaitOwned(t, conn, c, c.nodes, partitions, 60*time.Second)
 	cl := procDial(t, client.Config{MaxInFlight: 20}, c.nodes[0].addr)
+	const delay = 20 * time.Second // longer than the handoff
+	nacked := map[string]time.Time{}
 	for acked := 0; acked < partitions*n; {
 		m := recv(t, cl, 30*time.Second)
 		if strings.HasPrefix(string(m.Value), "poison") {
 			if m.Attempt != 1 {
 				t.Fatalf("%s: attempt %d first", m.Value, m.Attempt)
 			}
-			if err := m.NackWith(10*time.Minute, "first"); err != nil {
+			nacked[string(m.Value)] = time.Now()
+			if err := m.NackWith(delay, "first"); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -633,10 +644,21 @@ func TestSpreadProgressMovesWithThePartition(t *testing.T) {
 	moved := after[joiner.id][0]
 	t.Logf("partition %d moved to %s", moved, joiner.id)
 	for want := 2; want <= 3; want++ {
-		m := recv(t, cl, 60*time.Second)
+		m := recv(t, cl, delay+60*time.Second)
+		if m.Partition != moved && string(m.Value) == fmt.Sprintf("poison-%d", m.Partition) && m.Attempt == 2 {
+			// The other partition's poison, after its delay: it stays.
+			if err := m.NackWith(10*time.Minute, "later"); err != nil {
+				t.Fatal(err)
+			}
+			want--
+			continue
+		}
 		if string(m.Value) != fmt.Sprintf("poison-%d", moved) || m.Attempt != want || m.Member() != joiner.addr {
 			t.Fatalf("after the handoff: %q attempt %d from %s, want poison-%d attempt %d from %s (acked messages are not delivered again)",
 				m.Value, m.Attempt, m.Member(), moved, want, joiner.addr)
+		}
+		if waited := time.Since(nacked[string(m.Value)]); want == 2 && waited < delay {
+			t.Fatalf("after the handoff: attempt 2 came %v after the nack with a %v delay (the delay moves with the partition)", waited, delay)
 		}
 		if err := m.NackWith(0, "still bad"); err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -323,5 +324,74 @@ func TestZKStoreProgress(t *testing.T) {
 	}
 	if got, _ := zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx); len(got) != 0 {
 		t.Fatalf("LoadProgress after a new Store's commit = %v, want none", got)
+	}
+}
+
+// The delays of a progress go in the same multi, into a tree of their own
+// beside the progress, whose znode holds what a daemon that knows no delays
+// reads (offsets.Progress.Encode, read by its parser in the offsets
+// package's tests); they come back in a new Store, alone or with the rest,
+// are emptied by a commit without them, and delays left by a writer that
+// knows none (stale: another base) are not taken.
+func TestZKStoreDelays(t *testing.T) {
+	conn := zkConnect(t)
+	chroot := zkChroot(t, conn)
+	ctx := context.Background()
+	s := zkstore.New(conn, chroot, "a", "t")
+	fence := zkFence(t, conn, chroot)
+	pr := offsets.Progress{Base: 10, Acked: []offsets.Range{{First: 12, Last: 15}}, Failed: []offsets.Failure{{Offset: 10, Count: 2}},
+		Delayed: []offsets.Delay{{Offset: 10, NotBefore: 1_700_000_020_000}, {Offset: 11, NotBefore: 1_700_000_030_000}}}
+	only := offsets.Progress{Base: 20, Delayed: []offsets.Delay{{Offset: 21, NotBefore: 1_700_000_040_000}}}
+	if err := s.CommitProgress(ctx, fence, map[int32]int64{0: 10, 1: 20}, map[int32]offsets.Progress{0: pr, 1: only}); err != nil {
+		t.Fatalf("CommitProgress: %v", err)
+	}
+	progress := zkstore.ProgressPath(chroot, "a", "t")
+	delays := zkstore.DelaysPath(chroot, "a", "t")
+	if data, _, err := conn.Get(progress + "/0"); err != nil || string(data) != pr.Encode() {
+		t.Fatalf("progress znode holds %q, %v; want %q, what a daemon that knows no delays reads", data, err, pr.Encode())
+	}
+	if data, _, err := conn.Get(delays + "/0"); err != nil || string(data) != pr.EncodeDelays() {
+		t.Fatalf("delays znode holds %q, %v; want %q", data, err, pr.EncodeDelays())
+	}
+	fresh := zkstore.New(zkConnect(t), chroot, "a", "t")
+	got, err := fresh.LoadProgress(ctx)
+	if err != nil || !reflect.DeepEqual(got, map[int32]offsets.Progress{0: pr, 1: only}) {
+		t.Fatalf("LoadProgress = %+v, %v; want %+v and %+v", got, err, pr, only)
+	}
+	if one, err := zkstore.New(conn, chroot, "a", "t").LoadPartitionProgress(ctx, 0); err != nil || !reflect.DeepEqual(one, pr) {
+		t.Fatalf("LoadPartitionProgress(0) = %+v, %v; want %+v", one, err, pr)
+	}
+
+	// Committed again without delays: emptied, the rest kept.
+	pr2 := offsets.Progress{Base: 10, Failed: pr.Failed}
+	if err := fresh.CommitProgress(ctx, fence, map[int32]int64{0: 10}, map[int32]offsets.Progress{0: pr2}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx); err != nil || !reflect.DeepEqual(got[0], pr2) {
+		t.Fatalf("LoadProgress after a commit without delays = %+v, %v; want %+v", got, err, pr2)
+	}
+
+	// A writer that knows no delays moves the offset and writes its
+	// progress, leaving the delays znode as it was: stale, not taken.
+	if err := s.CommitProgress(ctx, fence, map[int32]int64{0: 10}, map[int32]offsets.Progress{0: pr}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Set(s.Path()+"/0", []byte("12"), -1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Set(progress+"/0", []byte("v1 b=12 a=0+3"), -1); err != nil {
+		t.Fatal(err)
+	}
+	want := offsets.Progress{Base: 12, Acked: []offsets.Range{{First: 13, Last: 15}}}
+	if got, err := zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx); err != nil || !reflect.DeepEqual(got[0], want) {
+		t.Fatalf("LoadProgress with stale delays = %+v, %v; want %+v", got[0], err, want)
+	}
+
+	// A commit of the offset alone (the offsets tool) empties both.
+	if err := zkstore.New(conn, chroot, "a", "t").Commit(ctx, fence, map[int32]int64{0: 12, 1: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := zkstore.New(conn, chroot, "a", "t").LoadProgress(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("LoadProgress after a commit of offsets alone = %+v, %v; want none", got, err)
 	}
 }

@@ -65,7 +65,8 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	ackTimeout := fs.Duration("ack-timeout", 5*time.Second, "the daemons' --ack-timeout")
 	maxAttempts := fs.Int("max-attempts", 5, "the daemons' --max-attempts, with a dead-letter topic of the run's own (0: none)")
 	poison := fs.Float64("poison-share", 0.01, "share of the records produced as poison: every client nacks them, so they are dead-lettered")
-	nackRedeliver := fs.Duration("nack-redeliver", time.Second, "the delay the nacking client asks for in its nacks")
+	nackRedeliver := fs.Duration("nack-redeliver", 10*time.Second,
+		"the delay the nacking client asks for in its nacks (longer than a failover, so that delays must survive one)")
 	python := fs.String("python", "", "a Python 3 with the Python client's dependencies: one more acking client on it")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -393,7 +393,7 @@ func TestDevProduceThenTail(t *testing.T) {
 // backoff it went round tens of thousands of times; with the default one
 // (1s doubling: deliveries at about 0, 1, 3, 7 s, jittered into the upper
 // half of each wait) at most 5 fit. The bound leaves room for a new term on
-// a loaded machine, which delivers at once (a delay is not stored); it is a
+// a loaded machine, which may deliver at once (a delay begun since the last commit is not stored); it is a
 // bound on the count, not on time.
 func TestDevDefaultsDoNotSpinAPoisonRecord(t *testing.T) {
 	t.Parallel()

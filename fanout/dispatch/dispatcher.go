@@ -551,7 +551,7 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 				c, _ := s.tracker.Report(b.Partition)
 				var prog map[int32]offsets.Progress
 				if progress {
-					prog = map[int32]offsets.Progress{b.Partition: s.tracker.Progress(b.Partition)}
+					prog = s.progress(map[int32]int64{b.Partition: c})
 				}
 				cm.anchor(b.Partition, c, prog, b.Anchor)
 			}
@@ -722,11 +722,7 @@ func (d *Dispatcher) dirty(s *state, progress bool) (map[int32]int64, map[int32]
 	if !progress || offs == nil {
 		return offs, nil
 	}
-	prog := make(map[int32]offsets.Progress, len(offs))
-	for p := range offs {
-		prog[p] = s.tracker.Progress(p)
-	}
-	return offs, prog
+	return offs, s.progress(offs)
 }
 
 // endRevoke ends the revocation of partition p: its committable offset goes

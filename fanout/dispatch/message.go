@@ -34,6 +34,10 @@ type Message struct {
 	reason   string   // the reason given by the last nack that gave one
 	keyHash  uint64   // key ordering: its key's gate (keys.go); 0: unkeyed, or not in key order
 	keyNext  *Message // key ordering: the next message of its key, waiting behind it
+	// wait, in key order, is the due time (Unix ns) of a delay restored
+	// with the message, which it waits out once it holds its key; 0: none
+	// (restore.go).
+	wait int64
 }
 
 // Size is the number of payload bytes the message holds, used for the

@@ -25,6 +25,10 @@ type revocation struct {
 	dropped  int // its buffered messages dropped when it began
 	returned int // its deliveries that came back meanwhile (nack, ack timeout, client gone): left to the next owner
 	reply    chan<- revokeReply
+	// delays are the due times of its messages that waited out a delay
+	// when it began, or were nacked with one meanwhile: the final commit
+	// stores them, for the next owner.
+	delays []offsets.Delay
 }
 
 // revokeReply is what the dispatcher answers a Revoke with.
@@ -92,6 +96,13 @@ func (s *state) revokeStart(p int32, deadline time.Time, reply chan<- revokeRepl
 	if s.trace != nil {
 		s.tracePartition(deliverylog.Revoke, p, -1, "")
 	}
+	var delays offsets.Progress
+	s.addDelays(func(q int32) *offsets.Progress {
+		if q == p {
+			return &delays
+		}
+		return nil
+	})
 	dropped := s.dropBuffered(p)
 	n := 0
 	for _, f := range s.flights.slots {
@@ -99,7 +110,7 @@ func (s *state) revokeStart(p int32, deadline time.Time, reply chan<- revokeRepl
 			n++
 		}
 	}
-	o.revoke = &revocation{deadline: deadline, inFlight: n, dropped: dropped, reply: reply}
+	o.revoke = &revocation{deadline: deadline, inFlight: n, dropped: dropped, reply: reply, delays: delays.Delayed}
 	s.revoking++
 }
 
@@ -127,8 +138,8 @@ func (s *state) revocations(now time.Time) (ready []int32, next time.Time) {
 // flight are dropped, it is forgotten, and its committable offset is
 // returned with the number of deliveries dropped (ok false when nothing of
 // it was ever received) and its progress above the offset, for the final
-// commit (the next owner skips what it shows acked and resumes the
-// failure counts).
+// commit (the next owner skips what it shows acked, resumes the failure
+// counts and waits out the delays).
 func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacked int, prog offsets.Progress) {
 	o = s.parts[p]
 	unacked = s.dropFlights(p, "revoked")
@@ -140,7 +151,9 @@ func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacke
 		}
 		s.tracePartition(deliverylog.Revoked, p, committed, "")
 	}
-	prog = s.tracker.Progress(p)
+	prog = s.progress(map[int32]int64{p: offset})[p]
+	prog.Delayed = append(prog.Delayed, o.revoke.delays...)
+	prog.SortDelays()
 	s.tracker.Forget(p)
 	s.forgetRestore(p)
 	delete(s.parts, p)

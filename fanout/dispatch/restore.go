@@ -1,16 +1,27 @@
 package dispatch
 
-import "github.com/nanoservice/core-fanout/fanout/offsets"
+import (
+	"time"
+
+	"github.com/nanoservice/core-fanout/client/protocol"
+	"github.com/nanoservice/core-fanout/fanout/deliverylog"
+	"github.com/nanoservice/core-fanout/fanout/offsets"
+)
 
 // Progress restored after a restart or failover (Config.Progress). A commit
-// stores, with each partition's offset, the offsets acked above it and the
-// failure counts of the unacked messages (offsets.Progress). When the
+// stores, with each partition's offset, the offsets acked above it, the
+// failure counts of the unacked messages and the due times of those
+// waiting out a retry delay (offsets.Progress; progress.go). When the
 // partition starts again at that offset, the messages the progress shows
 // acked are taken as acked as they arrive (Stats.Skipped), not delivered
-// again, and the others resume their failure counts, so that
-// Config.MaxAttempts counts across failovers. A partition that starts
-// elsewhere (its offset was changed by a tool, or went out of range) drops
-// its progress: it would describe other offsets.
+// again, the others resume their failure counts, so that
+// Config.MaxAttempts counts across failovers, and a message still due
+// later waits until then before its first delivery (restoredDelay). A
+// partition that starts elsewhere (its offset was changed by a tool, or
+// went out of range) drops its progress: it would describe other offsets.
+// Until its messages are past it, what the progress says of offsets not
+// received yet is committed again with the partition's progress (carry),
+// so that a second failover soon after the first loses none of it.
 
 // restoring is the progress of one partition until its messages passed it.
 type restoring struct {
@@ -44,6 +55,9 @@ func newRestoring(pr offsets.Progress) *restoring {
 	}
 	if n := len(pr.Failed); n > 0 {
 		rs.last = max(rs.last, pr.Failed[n-1].Offset)
+	}
+	if n := len(pr.Delayed); n > 0 {
+		rs.last = max(rs.last, pr.Delayed[n-1].Offset)
 	}
 	return rs
 }
@@ -92,18 +106,88 @@ func (s *state) forgetRestore(p int32) {
 	}
 }
 
-// restored applies rs to m, just received: it reports true when m was acked
-// before (then it is acked now, not delivered), else it sets m's failure
-// count.
-func (s *state) restored(rs *restoring, m *Message) bool {
+// restored applies rs to m, just received at now: it reports true when m
+// was acked before (then it is acked now, not delivered) or waits out a
+// delay (restoredDelay); it sets m's failure count.
+func (s *state) restored(rs *restoring, m *Message, now time.Time) bool {
 	if rs.AckedAt(m.Offset) {
 		s.tracker.AckIn(m.Partition, m.Offset, m.gen)
 		s.stats.Skipped++
+		if s.trace != nil {
+			s.traceMessage(deliverylog.Skipped, m, 0, "")
+		}
 		return true
 	}
 	if n := rs.FailuresAt(m.Offset); n > 0 {
 		m.failed = n
 		s.tracker.SetFailures(m.Partition, m.Offset, m.gen, n)
 	}
-	return false
+	return len(rs.Delayed) > 0 && s.restoredDelay(rs, m, now)
+}
+
+// restoredDelay makes m, just received, wait out the delay rs records for
+// it, on this member's clock, cut to protocol.MaxNackDelay from now (a
+// member whose clock is far behind the one that stored it cannot park the
+// message; one whose clock is ahead delivers early by the difference). An
+// unordered message goes to the delay heap at once, and restoredDelay
+// reports true; in key order the message goes on as a fresh one and waits
+// out its time once it holds its key (Message.wait), so that its key's
+// order holds.
+func (s *state) restoredDelay(rs *restoring, m *Message, now time.Time) bool {
+	nb, ok := rs.DelayAt(m.Offset)
+	if !ok {
+		return false
+	}
+	wait := time.UnixMilli(nb).Sub(now)
+	if wait <= 0 {
+		return false
+	}
+	due := now.Add(min(wait, protocol.MaxNackDelay))
+	if s.keys != nil && len(m.Key) > 0 {
+		m.wait = due.UnixNano()
+		s.waits++
+		return false
+	}
+	if s.frameSize != nil {
+		m.frame = s.frameSize(m)
+	}
+	s.bytes += m.Size()
+	s.delay(m, 0, due)
+	return true
+}
+
+// waitRestored puts m, taken to be delivered while it holds its key, in
+// the delay heap when its restored delay (Message.wait) is not over, and
+// reports whether it did.
+func (s *state) waitRestored(m *Message, now time.Time) bool {
+	left := time.Duration(m.wait - now.UnixNano())
+	m.wait = 0
+	if s.waits > 0 {
+		s.waits--
+	}
+	if left <= 0 {
+		return false
+	}
+	s.delay(m, 0, now.Add(left))
+	return true
+}
+
+// carry adds to pr what rs records of the offsets from on (not received
+// yet): acked ranges (cut at from), failure counts and delays.
+func (rs *restoring) carry(pr *offsets.Progress, from int64) {
+	for _, r := range rs.Acked {
+		if r.Last >= from {
+			pr.Acked = append(pr.Acked, offsets.Range{First: max(r.First, from), Last: r.Last})
+		}
+	}
+	for _, f := range rs.Failed {
+		if f.Offset >= from {
+			pr.Failed = append(pr.Failed, f)
+		}
+	}
+	for _, d := range rs.Delayed {
+		if d.Offset >= from {
+			pr.Delayed = append(pr.Delayed, d)
+		}
+	}
 }

@@ -11,13 +11,23 @@ import "time"
 // the dispatcher's one timer is armed for the earliest of the ack deadlines
 // and the due times (state.nextDeadline). While they wait they are buffered
 // like any message: they count against MaxBuffered and MaxBufferedBytes, and
-// hold their partition's committed offset (they are not acked).
+// hold their partition's committed offset (they are not acked). Their due
+// times are stored with the partition's progress, and restored after a
+// failover or restart (restore.go, progress.go).
 
 // delayed is a redelivery waiting until due.
 type delayed struct {
 	msg  *Message
 	last uint64 // the client that had it, to prefer another one
 	due  time.Time
+}
+
+// delay puts m in the delay heap until due; last is the client that had it
+// (0: none). The partition's progress changed: the next commit stores the
+// due time (progress.go).
+func (s *state) delay(m *Message, last uint64, due time.Time) {
+	s.delays.push(delayed{msg: m, last: last, due: due})
+	s.tracker.MarkProgress(m.Partition)
 }
 
 // delayHeap is a min-heap of delayed redeliveries by due time.

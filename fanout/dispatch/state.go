@@ -165,6 +165,10 @@ type state struct {
 	keyWaiting       int                  // messages waiting in the gates' chains
 	observers        []*observer          // see observers.go
 	restore          map[int32]*restoring // progress loaded from the store, until applied; see restore.go
+	// waits counts, at most, the messages with a restored delay to wait out
+	// once they hold their key (Message.wait); progress looks for them
+	// while it is not 0.
+	waits int
 
 	// large holds messages that were larger than the client whose turn it
 	// was; they wait, in order, for a client they fit, while the messages
@@ -280,11 +284,8 @@ func (s *state) addBatch(b Batch, now time.Time) {
 		}
 		m.gen = s.tracker.Gen(m.Partition)
 		s.stats.Consumed++
-		if rs != nil && s.restored(rs, m) {
-			if s.trace != nil {
-				s.traceMessage(deliverylog.Skipped, m, 0, "")
-			}
-			continue // acked before the restart
+		if rs != nil && s.restored(rs, m, now) {
+			continue // acked before the restart, or waiting out the delay stored with it
 		}
 		if s.frameSize != nil {
 			m.frame = s.frameSize(m)
@@ -566,7 +567,11 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 		if s.trace != nil {
 			s.traceFlight(deliverylog.Returned, f, outcomeKinds[reason].String())
 		}
-		s.parts[m.Partition].revoke.returned++
+		r := s.parts[m.Partition].revoke
+		r.returned++
+		if how.Delay > 0 {
+			r.delays = append(r.delays, offsets.Delay{Offset: m.Offset, NotBefore: offsets.NotBefore(now.Add(how.Delay))})
+		}
 		s.unlink(f)
 		s.recycle(f)
 		if m.keyHash != 0 {
@@ -607,7 +612,7 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 		delay = backoff.Delay(s.retryMin, s.retryMax, int(m.failed), true)
 	}
 	if delay > 0 {
-		s.delays.push(delayed{msg: m, last: c.id, due: now.Add(delay)})
+		s.delay(m, c.id, now.Add(delay))
 		return
 	}
 	s.retries.push(retry{msg: m, last: c.id})
@@ -724,10 +729,18 @@ func (s *state) dispatch(now time.Time) {
 			msg = r.msg
 		case s.unblocked.len() > 0:
 			msg = s.unblocked.pop()
+			if msg.wait != 0 && s.waitRestored(msg, now) {
+				continue // holds its key while it waits out its restored delay
+			}
 		case s.fresh.len() > 0:
 			msg = s.fresh.pop()
-			if msg.keyHash != 0 && !s.takeKey(msg) {
-				continue // waits behind its key's message
+			if msg.keyHash != 0 {
+				if !s.takeKey(msg) {
+					continue // waits behind its key's message
+				}
+				if msg.wait != 0 && s.waitRestored(msg, now) {
+					continue
+				}
 			}
 		default:
 			// Only large messages are left and c does not fit the first:

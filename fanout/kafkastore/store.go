@@ -16,9 +16,12 @@
 // Per partition the group holds the next offset to consume, and a metadata
 // string naming the term that committed it: {"epoch":E,"node":"N"}, and,
 // when there is some, the partition's progress above the offset
-// (offsets.Progress.Encode) as "progress":"v1 b=..."; at most MaxMetadata
-// bytes. Offset and progress are written by the same OffsetCommit, as one
-// record per partition: a reader sees both or neither.
+// (offsets.Progress.Encode) as "progress":"v1 b=..." and the not-before
+// times of its delayed messages (offsets.Progress.EncodeDelays) as
+// "delays":"d1 b=..." (a field of its own, which a daemon that knows no
+// delays skips); at most MaxMetadata bytes. Offset and progress are written
+// by the same OffsetCommit, as one record per partition: a reader sees both
+// or neither.
 package kafkastore
 
 import (
@@ -42,9 +45,9 @@ const (
 	InstanceID = "fanout-leader"
 	// MaxMetadata bounds the metadata string of each committed offset, in
 	// bytes (brokers accept offset.metadata.max.bytes, 4096 by default):
-	// the term (at most 256 bytes) and the progress (at most
-	// offsets.MaxProgressBytes).
-	MaxMetadata = 256 + offsets.MaxProgressBytes
+	// the term (at most 256 bytes), the progress (at most
+	// offsets.MaxProgressBytes) and the delays (offsets.MaxDelayBytes).
+	MaxMetadata = 256 + offsets.MaxProgressBytes + offsets.MaxDelayBytes
 	// DefaultSessionTimeout is the session timeout of a membership when
 	// New is given none. Brokers accept group.min.session.timeout.ms (6 s)
 	// to group.max.session.timeout.ms (30 min) by default.
@@ -141,11 +144,15 @@ type CommitInfo struct {
 	// Progress is the partition's progress above the offset
 	// (offsets.Progress.Encode); empty when there is none.
 	Progress string `json:"progress,omitempty"`
+	// Delays are the not-before times of the partition's delayed messages
+	// (offsets.Progress.EncodeDelays); empty when there are none.
+	Delays string `json:"delays,omitempty"`
 }
 
 // commitMetadata returns the metadata string of a commit under cond, with
-// the progress given (Encode; "" for none), at most MaxMetadata bytes.
-func commitMetadata(cond offsets.Condition, progress string) string {
+// the progress and delays given (Encode, EncodeDelays; "" for none), at most
+// MaxMetadata bytes.
+func commitMetadata(cond offsets.Condition, progress, delays string) string {
 	var b []byte
 	switch c := cond.(type) {
 	case Member:
@@ -153,7 +160,7 @@ func commitMetadata(cond offsets.Condition, progress string) string {
 		if len(node) > maxNode {
 			node = strings.ToValidUTF8(node[:maxNode], "")
 		}
-		b, _ = json.Marshal(CommitInfo{Epoch: c.Epoch, Node: node, Progress: progress})
+		b, _ = json.Marshal(CommitInfo{Epoch: c.Epoch, Node: node, Progress: progress, Delays: delays})
 	case Empty:
 		b, _ = json.Marshal(struct {
 			Note string `json:"note"`
@@ -269,19 +276,25 @@ func (s *Store) LoadProgress(ctx context.Context) (map[int32]offsets.Progress, e
 	out := make(map[int32]offsets.Progress, len(committed))
 	var bad []error
 	for p, c := range committed {
-		info, ok := ParseCommitInfo(c.Metadata)
-		if !ok || info.Progress == "" {
-			continue
-		}
-		pr, err := offsets.ParseProgress(info.Progress)
-		switch {
-		case err != nil:
+		pr, err := progressOf(c)
+		if err != nil {
 			bad = append(bad, fmt.Errorf("kafkastore: group %s, %s/%d: %w", s.group, s.topic, p, err))
-		case pr.Base == c.Offset && !pr.IsZero():
+		}
+		if pr.Base == c.Offset && !pr.IsZero() {
 			out[p] = pr
 		}
 	}
 	return out, errors.Join(bad...)
+}
+
+// progressOf decodes the progress and delays in c's metadata (none: the
+// zero Progress, base -1); see offsets.DecodeProgress.
+func progressOf(c Committed) (offsets.Progress, error) {
+	info, ok := ParseCommitInfo(c.Metadata)
+	if !ok {
+		return offsets.Progress{Base: -1}, nil
+	}
+	return offsets.DecodeProgress(info.Progress, info.Delays)
 }
 
 // CommitProgress implements offsets.ProgressStore: Commit with each
@@ -317,11 +330,11 @@ func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs ma
 		instance := InstanceID
 		req.ConsumerGroupGeneration, req.ConsumerID, req.GroupInstanceId = m.Generation, m.MemberID, &instance
 	}
-	meta := commitMetadata(cond, "")
+	meta := commitMetadata(cond, "", "")
 	for _, p := range parts {
 		m := meta
 		if pr, ok := progress[p]; ok && !pr.IsZero() && pr.Base == offs[p] {
-			if withProgress := commitMetadata(cond, pr.Encode()); withProgress != "" {
+			if withProgress := commitMetadata(cond, pr.Encode(), pr.EncodeDelays()); withProgress != "" {
 				m = withProgress
 			}
 		}

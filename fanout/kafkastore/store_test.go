@@ -2,8 +2,10 @@ package kafkastore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -215,14 +217,60 @@ func TestCommitMetadataBounded(t *testing.T) {
 	for i := range int64(2 * offsets.MaxProgressBytes) {
 		full.Acked = append(full.Acked, offsets.Range{First: 2*i + 1, Last: 2*i + 1})
 	}
-	meta := commitMetadata(Member{Epoch: 1<<64 - 1, Node: long}, full.Encode())
-	if len(meta) > MaxMetadata || meta == "" {
-		t.Fatalf("metadata of %d bytes: %q", len(meta), meta)
+	for i := range int64(2 * offsets.MaxProgressDelays) {
+		full.Delayed = append(full.Delayed, offsets.Delay{Offset: 1_000_000_007 * i, NotBefore: 1_700_000_000_000 + 900_000 - i})
+	}
+	meta := commitMetadata(Member{Epoch: 1<<64 - 1, Node: long}, full.Encode(), full.EncodeDelays())
+	if len(meta) > MaxMetadata || meta == "" || MaxMetadata > 4096 {
+		t.Fatalf("metadata of %d bytes (bound %d, brokers' default 4096): %q", len(meta), MaxMetadata, meta)
 	}
 	info, ok := ParseCommitInfo(meta)
-	if !ok || info.Epoch != 1<<64-1 || !strings.HasPrefix(long, info.Node) || len(info.Node) > maxNode {
+	if !ok || info.Epoch != 1<<64-1 || !strings.HasPrefix(long, info.Node) || len(info.Node) > maxNode ||
+		info.Progress != full.Encode() || info.Delays != full.EncodeDelays() {
 		t.Fatalf("ParseCommitInfo(%q) = %+v, %v", meta, info, ok)
 	}
+}
+
+// Delays travel in the metadata beside the progress, in a field of their
+// own: a daemon that knows no delays (its CommitInfo, formerCommitInfo
+// below) reads the progress as before and skips them; LoadProgress returns
+// them with the rest, alone too, and leaves out delays of another base.
+func TestCommitDelaysAndLoad(t *testing.T) {
+	a, b := newStore(t)
+	m := mustJoin(t, a, Leader{Epoch: 2, Node: "node-a", Addr: "a:4987"})
+	pr := offsets.Progress{Base: 10, Acked: []offsets.Range{{First: 12, Last: 15}}, Failed: []offsets.Failure{{Offset: 10, Count: 2}},
+		Delayed: []offsets.Delay{{Offset: 10, NotBefore: 1_700_000_020_000}, {Offset: 11, NotBefore: 1_700_000_030_000}}}
+	only := offsets.Progress{Base: 5, Delayed: []offsets.Delay{{Offset: 7, NotBefore: 1_700_000_040_000}}}
+	err := a.CommitProgress(ctx(t), offsets.TopicFence(m), map[int32]int64{0: 10, 1: 5}, map[int32]offsets.Progress{0: pr, 1: only})
+	if err != nil {
+		t.Fatalf("CommitProgress: %v", err)
+	}
+	got, err := b.LoadProgress(ctx(t))
+	if err != nil || !reflect.DeepEqual(got, map[int32]offsets.Progress{0: pr, 1: only}) {
+		t.Fatalf("LoadProgress = %+v, %v; want %+v and %+v", got, err, pr, only)
+	}
+	committed, err := b.Committed(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var former formerCommitInfo
+	if err := json.Unmarshal([]byte(committed[0].Metadata), &former); err != nil || former.Epoch != 2 || former.Progress != pr.Encode() {
+		t.Fatalf("a daemon that knows no delays reads %+v, %v from %q; want epoch 2 and progress %q",
+			former, err, committed[0].Metadata, pr.Encode())
+	}
+	// Delays of another base than the progress are stale: left out.
+	info, _ := ParseCommitInfo(committed[0].Metadata)
+	stale := Committed{Offset: 10, Metadata: commitMetadata(m, "v1 b=10 f=0:2", strings.Replace(info.Delays, "b=10", "b=9", 1))}
+	if pr, err := progressOf(stale); err != nil || len(pr.Delayed) != 0 || pr.Base != 10 {
+		t.Fatalf("progress with stale delays = %+v, %v; want none of them", pr, err)
+	}
+}
+
+// formerCommitInfo is CommitInfo as a daemon that knows no delays has it.
+type formerCommitInfo struct {
+	Epoch    uint64 `json:"epoch"`
+	Node     string `json:"node"`
+	Progress string `json:"progress,omitempty"`
 }
 
 // A group used by a consumer that is not a fanout leader has no holder,

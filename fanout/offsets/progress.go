@@ -11,20 +11,26 @@ import (
 
 // Progress is what a commit records of one partition above its committed
 // offset, so that a restart or a failover need not deliver it all again:
-// the offsets acked above the oldest unacked one, and how often each unacked
-// message failed. It is written in the same atomic write as the offset it
+// the offsets acked above the oldest unacked one, how often each unacked
+// message failed, and until when the unacked messages waiting out a retry
+// delay must wait. It is written in the same atomic write as the offset it
 // was recorded above (Base), and applies only to a partition that starts
 // there again: an offset changed by a tool, or a restart elsewhere, makes it
 // void.
 //
-// It is bounded (MaxProgressBytes encoded): what does not fit falls back to
-// the committed offset's guarantee, which is delivering again. Ranges are
+// It is bounded (MaxProgressBytes encoded, and MaxDelayBytes for the
+// delays, encoded apart: EncodeDelays): what does not fit falls back to the
+// committed offset's guarantee, which is delivering again. Ranges are
 // dropped from the highest, so what is recorded is exact up to some offset;
-// failure counts are kept for the messages that failed most.
+// failure counts are kept for the messages that failed most, delays for the
+// messages that wait longest.
 type Progress struct {
 	Base   int64     // the committed offset the progress was recorded above
 	Acked  []Range   // acked offsets above Base, ascending, disjoint
 	Failed []Failure // unacked messages at or above Base that failed, ascending by offset
+	// Delayed are the unacked messages at or above Base waiting out a
+	// retry delay, ascending by offset (delays.go).
+	Delayed []Delay
 }
 
 // Range is the offsets First to Last, both included. In a Progress it stands
@@ -42,7 +48,9 @@ type Failure struct {
 }
 
 // IsZero reports whether p records nothing above its base.
-func (p Progress) IsZero() bool { return len(p.Acked) == 0 && len(p.Failed) == 0 }
+func (p Progress) IsZero() bool {
+	return len(p.Acked) == 0 && len(p.Failed) == 0 && len(p.Delayed) == 0
+}
 
 // AckedAt reports whether offset o lies in one of p's acked ranges.
 func (p Progress) AckedAt(o int64) bool {
@@ -88,11 +96,12 @@ const (
 // progressVersion starts every encoding: a later format gets another.
 const progressVersion = "v1"
 
-// Encode returns p as text of at most MaxProgressBytes bytes, the same for
-// every store: "v1 b=<base> f=<failures> a=<ranges>", numbers in decimal and
-// relative. A failure is <offset − previous failure's offset (the first's:
-// − base)>:<count>; a range is <first − (previous range's last + 1, the
-// first's: base + 1)>+<length>. E.g. base 100, 105-110 and 112 acked, 100
+// Encode returns p but its delays (EncodeDelays) as text of at most
+// MaxProgressBytes bytes, the same for every store: "v1 b=<base>
+// f=<failures> a=<ranges>", numbers in decimal and relative. A failure is
+// <offset − previous failure's offset (the first's: − base)>:<count>; a
+// range is <first − (previous range's last + 1, the first's: base +
+// 1)>+<length>. E.g. base 100, 105-110 and 112 acked, 100
 // failed twice: "v1 b=100 f=0:2 a=4+6,1+1". What does not fit is left out:
 // the failures beyond MaxProgressFailures (keeping the highest counts),
 // then ranges from the highest. Entries at or below base (acked) or below it

@@ -122,8 +122,8 @@ func (f Fence) String() string {
 type MemoryStore struct {
 	mu       sync.Mutex // guards offsets, progress and term
 	offsets  map[int32]int64
-	progress map[int32]string // Progress.Encode, as a real store keeps it
-	term     uint64           // the current term; 0 before the first NewTerm
+	progress map[int32][2]string // Progress.Encode and EncodeDelays, as a real store keeps them
+	term     uint64              // the current term; 0 before the first NewTerm
 }
 
 var _ ProgressStore = (*MemoryStore)(nil)
@@ -138,7 +138,7 @@ func (c memoryTerm) String() string { return fmt.Sprintf("memory store term %d",
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{offsets: map[int32]int64{}, progress: map[int32]string{}}
+	return &MemoryStore{offsets: map[int32]int64{}, progress: map[int32][2]string{}}
 }
 
 // NewTerm begins a new term and returns its fence: from now on, commits
@@ -168,19 +168,20 @@ func (s *MemoryStore) Commit(ctx context.Context, fence Fence, offsets map[int32
 }
 
 // LoadProgress returns the stored progress, encoded and decoded as a real
-// store does (so bounded by MaxProgressBytes).
+// store does (so bounded by MaxProgressBytes and MaxDelayBytes).
 func (s *MemoryStore) LoadProgress(context.Context) (map[int32]Progress, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[int32]Progress, len(s.progress))
 	var errs []error
-	for p, text := range s.progress {
-		pr, err := ParseProgress(text)
+	for p, texts := range s.progress {
+		pr, err := DecodeProgress(texts[0], texts[1])
 		if err != nil {
 			errs = append(errs, fmt.Errorf("memory store: partition %d: %w", p, err))
-			continue
 		}
-		out[p] = pr
+		if !pr.IsZero() {
+			out[p] = pr
+		}
 	}
 	return out, errors.Join(errs...)
 }
@@ -210,7 +211,7 @@ func (s *MemoryStore) CommitProgress(_ context.Context, fence Fence, offsets map
 	for p, o := range offsets {
 		s.offsets[p] = o
 		if pr, ok := progress[p]; ok && !pr.IsZero() && pr.Base == o {
-			s.progress[p] = pr.Encode()
+			s.progress[p] = [2]string{pr.Encode(), pr.EncodeDelays()}
 		} else {
 			delete(s.progress, p)
 		}

@@ -247,6 +247,15 @@ func (t *Tracker) SetFailures(p int32, offset int64, gen uint32, n uint32) bool 
 	return true
 }
 
+// MarkProgress records that the progress of partition p changed where the
+// tracker does not see it (a message began to wait out a retry delay), so
+// that Dirty reports p, with TrackProgress.
+func (t *Tracker) MarkProgress(p int32) {
+	if pt := t.get(p); pt != nil && t.progress {
+		pt.moved = true
+	}
+}
+
 // Progress returns what partition p holds above its committable offset: the
 // runs of acked offsets (a run spans the received offsets between its ends,
 // all acked) and the failure counts of the unacked ones. At most

@@ -10,10 +10,15 @@
 //	<chroot>/consumers/fanout_<id>/progress/<topic>/<partition>
 //
 // holds the partition's offsets.Progress above that offset (acked ranges,
-// failure counts; offsets.Progress.Encode), empty when there is none. A
-// commit writes its partitions, offsets and progress, in one multi (all or
-// nothing) that first checks the versions of the znodes its fence names
-// (Version).
+// failure counts; offsets.Progress.Encode), empty when there is none, and
+//
+//	<chroot>/consumers/fanout_<id>/delays/<topic>/<partition>
+//
+// the not-before times of its delayed messages (offsets.Progress.EncodeDelays),
+// apart so that a daemon that knows no delays reads the progress as before.
+// A commit writes its partitions, offsets, progress and delays, in one multi
+// (all or nothing) that first checks the versions of the znodes its fence
+// names (Version).
 package zkstore
 
 import (
@@ -185,6 +190,13 @@ func ProgressPath(chroot, id, topic string) string {
 	return chroot + "/consumers/fanout_" + id + "/progress/" + topic
 }
 
+// DelaysPath is the znode holding, per partition, the not-before times of
+// the delayed messages above the committed offsets of topic for fanout
+// instance id: <chroot>/consumers/fanout_<id>/delays/<topic>.
+func DelaysPath(chroot, id, topic string) string {
+	return chroot + "/consumers/fanout_" + id + "/delays/" + topic
+}
+
 // Version is the Condition of the ZooKeeper store's fences: the znode at
 // Path (absolute: chroot included) has version Version. A commit under it
 // checks that in its multi; a changed or deleted znode fences the commit.
@@ -203,14 +215,15 @@ type Store struct {
 	chroot  string
 	dir     string // OffsetsPath
 	progDir string // ProgressPath
+	delDir  string // DelaysPath
 	acl     ACL    // of the znodes the Store creates; set before the first Commit
 
 	commitMu    sync.Mutex // serialises Load and Commit; guards the fields below
 	parentsMade bool
 	known       map[int32]bool // partition znodes known to exist
-	// what each partition's progress znode is known to be; a partition
-	// absent is not known yet (learnProgress)
-	progress map[int32]progState
+	// what each partition's progress and delays znodes are known to be; a
+	// partition absent is not known yet (learnProgress)
+	progress, delays map[int32]progState
 }
 
 // New returns the Store of topic for fanout instance id, under chroot (from
@@ -218,7 +231,7 @@ type Store struct {
 func New(conn *zk.Conn, chroot, id, topic string) *Store {
 	chroot, _ = cleanChroot(chroot)
 	return &Store{conn: conn, chroot: chroot, dir: OffsetsPath(chroot, id, topic), progDir: ProgressPath(chroot, id, topic),
-		known: map[int32]bool{}, progress: map[int32]progState{}}
+		delDir: DelaysPath(chroot, id, topic), known: map[int32]bool{}, progress: map[int32]progState{}, delays: map[int32]progState{}}
 }
 
 // SetACL sets the ACL of the znodes the Store creates (its offsets znode,
@@ -307,22 +320,46 @@ func (s *Store) LoadPartitionProgress(ctx context.Context, p int32) (offsets.Pro
 	if err := ctx.Err(); err != nil {
 		return offsets.Progress{}, fmt.Errorf("zkstore: load progress of partition %d: %w", p, err)
 	}
-	znode := s.progressPath(p)
-	data, _, err := s.conn.Get(znode)
-	if errors.Is(err, zk.ErrNoNode) {
-		return offsets.Progress{Base: -1}, nil
-	}
-	if err != nil {
-		return offsets.Progress{}, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
-	}
 	s.commitMu.Lock()
-	s.progress[p] = stateOf(data)
-	s.commitMu.Unlock()
-	pr, err := offsets.ParseProgress(string(data))
+	defer s.commitMu.Unlock()
+	return s.loadPartitionProgress(p)
+}
+
+// loadPartitionProgress reads partition p's progress and delays znodes and
+// decodes them; what does not decode is reported in an error wrapping
+// offsets.ErrBadProgress beside what does (see offsets.DecodeProgress), and
+// is rewritten by the next commit of p (its znode holds some). s.commitMu
+// must be held.
+func (s *Store) loadPartitionProgress(p int32) (offsets.Progress, error) {
+	progress, err := s.readSide(s.progressPath(p), s.progress, p)
 	if err != nil {
-		return offsets.Progress{}, fmt.Errorf("zkstore: znode %s: %w", znode, err)
+		return offsets.Progress{}, err
+	}
+	delays, err := s.readSide(s.delaysPath(p), s.delays, p)
+	if err != nil {
+		return offsets.Progress{}, err
+	}
+	pr, err := offsets.DecodeProgress(string(progress), string(delays))
+	if err != nil {
+		return pr, fmt.Errorf("zkstore: znodes %s, %s: %w", s.progressPath(p), s.delaysPath(p), err)
 	}
 	return pr, nil
+}
+
+// readSide reads znode, partition p's in a tree beside the offsets, and
+// records its state in states. A znode that does not exist reads as empty.
+// s.commitMu must be held.
+func (s *Store) readSide(znode string, states map[int32]progState, p int32) ([]byte, error) {
+	data, _, err := s.conn.Get(znode)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		states[p] = progAbsent
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
+	}
+	states[p] = stateOf(data)
+	return data, nil
 }
 
 // parseOffset parses a znode value: a decimal, non-negative offset
@@ -345,56 +382,54 @@ func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]
 	return s.CommitProgress(ctx, fence, offs, nil)
 }
 
-// LoadProgress implements offsets.ProgressStore: the progress znodes that
-// hold progress. One that does not decode is left out and reported in an
-// error wrapping offsets.ErrBadProgress beside the others.
+// LoadProgress implements offsets.ProgressStore: the progress and delays
+// znodes that hold some. What does not decode is left out and reported in
+// an error wrapping offsets.ErrBadProgress beside the others.
 func (s *Store) LoadProgress(ctx context.Context) (map[int32]offsets.Progress, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("zkstore: load %s: %w", s.progDir, err)
 	}
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	children, _, err := s.conn.Children(s.progDir)
-	if errors.Is(err, zk.ErrNoNode) {
-		return map[int32]offsets.Progress{}, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("zkstore: list %s: %w", s.progDir, noAuthHint(err))
-	}
-	out := make(map[int32]offsets.Progress, len(children))
 	var bad []error
-	for _, c := range children {
-		znode := s.progDir + "/" + c
-		p, err := strconv.ParseInt(c, 10, 32)
-		if err != nil || p < 0 {
-			bad = append(bad, fmt.Errorf("zkstore: znode %s: name is not a partition number: %w", znode, offsets.ErrBadProgress))
-			continue
-		}
-		data, _, err := s.conn.Get(znode)
+	parts := map[int32]bool{}
+	for _, dir := range []string{s.progDir, s.delDir} {
+		children, _, err := s.conn.Children(dir)
 		if errors.Is(err, zk.ErrNoNode) {
-			continue // deleted since listed
-		}
-		if err != nil {
-			return nil, fmt.Errorf("zkstore: read %s: %w", znode, noAuthHint(err))
-		}
-		s.progress[int32(p)] = stateOf(data)
-		pr, err := offsets.ParseProgress(string(data))
-		if err != nil {
-			s.progress[int32(p)] = progFull // rewritten by the next commit of the partition
-			bad = append(bad, fmt.Errorf("zkstore: znode %s: %w", znode, err))
 			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("zkstore: list %s: %w", dir, noAuthHint(err))
+		}
+		for _, c := range children {
+			p, err := strconv.ParseInt(c, 10, 32)
+			if err != nil || p < 0 {
+				bad = append(bad, fmt.Errorf("zkstore: znode %s/%s: name is not a partition number: %w", dir, c, offsets.ErrBadProgress))
+				continue
+			}
+			parts[int32(p)] = true
+		}
+	}
+	out := make(map[int32]offsets.Progress, len(parts))
+	for p := range parts {
+		pr, err := s.loadPartitionProgress(p)
+		if err != nil && !errors.Is(err, offsets.ErrBadProgress) {
+			return nil, err
+		}
+		if err != nil {
+			bad = append(bad, err)
 		}
 		if !pr.IsZero() {
-			out[int32(p)] = pr
+			out[p] = pr
 		}
 	}
 	return out, errors.Join(bad...)
 }
 
 // CommitProgress implements offsets.ProgressStore: Commit that also writes
-// each partition's progress (Encode) to its progress znode, in the same
-// multi. An empty progress writes nothing, or empties a znode that holds
-// some.
+// each partition's progress (Encode) to its progress znode and its delays
+// (EncodeDelays) to its delays znode, in the same multi. An empty text
+// writes nothing, or empties a znode that holds some.
 func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs map[int32]int64, progress map[int32]offsets.Progress) error {
 	if fence.IsZero() {
 		return fmt.Errorf("zkstore: commit to %s without a fence: %w", s.dir, offsets.ErrFenced)
@@ -466,8 +501,8 @@ func (s *Store) partitions(ctx context.Context, offs map[int32]int64) ([]int32, 
 }
 
 // commit runs the multi of a commit: the ops of pre (the fence: version
-// checks, or takes), then the partitions' writes, offsets and progress
-// (empty progress empties a progress znode that holds some). A failed op of pre is
+// checks, or takes), then the partitions' writes, offsets, progress and
+// delays (empty ones empty a znode that holds some). A failed op of pre is
 // offsets.ErrFenced, described by describe(its index).
 func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs map[int32]int64,
 	progress map[int32]offsets.Progress) error {
@@ -481,10 +516,10 @@ func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs
 	if err := s.learnProgress(parts); err != nil {
 		return err
 	}
-	texts := make(map[int32]string, len(progress))
+	texts := make(map[int32]progressTexts, len(progress))
 	for p, pr := range progress {
 		if o, ok := offs[p]; ok && !pr.IsZero() && pr.Base == o {
-			texts[p] = pr.Encode()
+			texts[p] = progressTexts{progress: pr.Encode(), delays: pr.EncodeDelays()}
 		}
 	}
 	for attempt := 0; ; attempt++ {
@@ -493,12 +528,8 @@ func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs
 		if err == nil {
 			for _, p := range parts {
 				s.known[p] = true
-				switch {
-				case texts[p] != "":
-					s.progress[p] = progFull
-				case s.progress[p] == progFull:
-					s.progress[p] = progEmpty
-				}
+				written(s.progress, p, texts[p].progress)
+				written(s.delays, p, texts[p].delays)
 			}
 			return nil
 		}
@@ -553,12 +584,28 @@ func takeOps(takes []Take) []any {
 	return ops
 }
 
+// progressTexts are the texts a commit writes of a partition's progress:
+// offsets.Progress.Encode and EncodeDelays.
+type progressTexts struct {
+	progress, delays string
+}
+
+// written records in states that partition p's znode was written with text.
+func written(states map[int32]progState, p int32, text string) {
+	switch {
+	case text != "":
+		states[p] = progFull
+	case states[p] == progFull:
+		states[p] = progEmpty
+	}
+}
+
 // commitOps builds the multi: the fence's ops first (pre), then per
 // partition in partition order one SetData or Create of its offset and,
-// when it has progress (texts) or its progress znode may hold some, one of
-// its progress.
-func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64, texts map[int32]string) []any {
-	ops := make([]any, 0, len(pre)+2*len(parts))
+// when it has progress or delays (texts) or its progress or delays znode
+// may hold some, one of each.
+func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64, texts map[int32]progressTexts) []any {
+	ops := make([]any, 0, len(pre)+3*len(parts))
 	ops = append(ops, pre...)
 	write := func(znode string, data []byte, exists bool) {
 		if exists {
@@ -569,10 +616,13 @@ func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64, texts 
 	}
 	for _, p := range parts {
 		write(s.partitionPath(p), []byte(strconv.FormatInt(offs[p], 10)), s.known[p])
-		st := s.progress[p]
-		if text := texts[p]; text != "" || st == progFull {
-			write(s.progressPath(p), []byte(text), st == progFull || st == progEmpty)
+		side := func(znode, text string, st progState) {
+			if text != "" || st == progFull {
+				write(znode, []byte(text), st == progFull || st == progEmpty)
+			}
 		}
+		side(s.progressPath(p), texts[p].progress, s.progress[p])
+		side(s.delaysPath(p), texts[p].delays, s.delays[p])
 	}
 	return ops
 }
@@ -593,7 +643,7 @@ func (s *Store) partitionPath(p int32) string {
 	return s.dir + "/" + strconv.FormatInt(int64(p), 10)
 }
 
-// progState is what a partition's progress znode is known to be.
+// progState is what a partition's progress (or delays) znode is known to be.
 type progState uint8
 
 const (
@@ -603,7 +653,7 @@ const (
 	progFull                     // a znode that holds progress
 )
 
-// stateOf returns the state of a progress znode holding data.
+// stateOf returns the state of a progress or delays znode holding data.
 func stateOf(data []byte) progState {
 	if len(data) > 0 {
 		return progFull
@@ -611,11 +661,12 @@ func stateOf(data []byte) progState {
 	return progEmpty
 }
 
-// learnProgress finds out, for the partitions whose progress znode's state
-// is unknown, whether it exists and holds progress. s.commitMu must be held.
+// learnProgress finds out, for the partitions whose progress or delays
+// znode's state is unknown, whether it exists and holds some. s.commitMu
+// must be held.
 func (s *Store) learnProgress(parts []int32) error {
 	for _, p := range parts {
-		if s.progress[p] == progUnknown {
+		if s.progress[p] == progUnknown || s.delays[p] == progUnknown {
 			if err := s.lookProgress(p); err != nil {
 				return err
 			}
@@ -624,20 +675,25 @@ func (s *Store) learnProgress(parts []int32) error {
 	return nil
 }
 
-// lookProgress records the state of partition p's progress znode.
-// s.commitMu must be held.
+// lookProgress records the state of partition p's progress and delays
+// znodes. s.commitMu must be held.
 func (s *Store) lookProgress(p int32) error {
-	ok, stat, err := s.conn.Exists(s.progressPath(p))
-	if err != nil {
-		return fmt.Errorf("zkstore: exists %s: %w", s.progressPath(p), noAuthHint(err))
-	}
-	switch {
-	case !ok:
-		s.progress[p] = progAbsent
-	case stat.DataLength > 0:
-		s.progress[p] = progFull
-	default:
-		s.progress[p] = progEmpty
+	for _, side := range []struct {
+		znode  string
+		states map[int32]progState
+	}{{s.progressPath(p), s.progress}, {s.delaysPath(p), s.delays}} {
+		ok, stat, err := s.conn.Exists(side.znode)
+		if err != nil {
+			return fmt.Errorf("zkstore: exists %s: %w", side.znode, noAuthHint(err))
+		}
+		switch {
+		case !ok:
+			side.states[p] = progAbsent
+		case stat.DataLength > 0:
+			side.states[p] = progFull
+		default:
+			side.states[p] = progEmpty
+		}
 	}
 	return nil
 }
@@ -647,13 +703,18 @@ func (s *Store) progressPath(p int32) string {
 	return s.progDir + "/" + strconv.FormatInt(int64(p), 10)
 }
 
-// makeParents creates the offsets and progress znodes and their ancestors
-// once.
+// delaysPath is the delays znode of partition p.
+func (s *Store) delaysPath(p int32) string {
+	return s.delDir + "/" + strconv.FormatInt(int64(p), 10)
+}
+
+// makeParents creates the offsets, progress and delays znodes and their
+// ancestors once.
 func (s *Store) makeParents() error {
 	if s.parentsMade {
 		return nil
 	}
-	for _, dir := range []string{s.dir, s.progDir} {
+	for _, dir := range []string{s.dir, s.progDir, s.delDir} {
 		for i := 1; i < len(dir); i++ {
 			if dir[i] != '/' {
 				continue
@@ -679,8 +740,8 @@ func (s *Store) create(znode string) error {
 	return nil
 }
 
-// refreshKnown records which of the partitions' znodes exist, offsets and
-// progress.
+// refreshKnown records which of the partitions' znodes exist, offsets,
+// progress and delays.
 func (s *Store) refreshKnown(parts []int32) error {
 	for _, p := range parts {
 		ok, _, err := s.conn.Exists(s.partitionPath(p))

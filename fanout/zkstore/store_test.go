@@ -138,7 +138,7 @@ func TestCommitOpsWithProgress(t *testing.T) {
 	s.progress[1] = progFull  // holds progress
 	s.progress[2] = progEmpty // exists, empty
 	offs := map[int32]int64{0: 10, 1: 20, 2: 30, 3: 40}
-	texts := map[int32]string{0: "v1 b=10 a=0+1", 3: "v1 b=40 f=0:1"}
+	texts := map[int32]progressTexts{0: {progress: "v1 b=10 a=0+1"}, 3: {progress: "v1 b=40 f=0:1"}}
 	var got []string
 	for _, op := range s.commitOps(nil, []int32{0, 1, 2, 3}, offs, texts) {
 		switch op := op.(type) {
@@ -223,5 +223,43 @@ func TestFailedOp(t *testing.T) {
 		if idx != tt.wantIdx || !errors.Is(err, tt.wantErr) {
 			t.Errorf("%s: failedOp = %d, %v; want %d, %v", tt.name, idx, err, tt.wantIdx, tt.wantErr)
 		}
+	}
+}
+
+// Delays go in the same multi, into a tree of their own beside the
+// progress (a daemon that knows no delays reads the progress znode alone):
+// created or set when there are some, emptied when there were some and are
+// no more, left alone otherwise; each tree as its own znodes are known.
+func TestCommitOpsWithDelays(t *testing.T) {
+	s := New(nil, "/r", "i", "t")
+	s.known[0], s.known[1], s.known[2] = true, true, true
+	s.progress[0], s.progress[1], s.progress[2] = progFull, progFull, progEmpty
+	s.delays[1] = progFull  // holds delays
+	s.delays[2] = progEmpty // exists, empty
+	offs := map[int32]int64{0: 10, 1: 20, 2: 30}
+	texts := map[int32]progressTexts{0: {"v1 b=10 f=0:1", "d1 b=10 t=1700000000000 d=0:0"}, 1: {progress: "v1 b=20 f=0:1"},
+		2: {"v1 b=30 f=0:1", "d1 b=30 t=1700000000000 d=0:0"}}
+	var got []string
+	for _, op := range s.commitOps(nil, []int32{0, 1, 2}, offs, texts) {
+		switch op := op.(type) {
+		case *zk.CreateRequest:
+			got = append(got, fmt.Sprintf("create %s=%s", op.Path, op.Data))
+		case *zk.SetDataRequest:
+			got = append(got, fmt.Sprintf("set %s=%s", op.Path, op.Data))
+		}
+	}
+	want := []string{
+		"set /r/consumers/fanout_i/offsets/t/0=10", "set /r/consumers/fanout_i/progress/t/0=v1 b=10 f=0:1",
+		"create /r/consumers/fanout_i/delays/t/0=d1 b=10 t=1700000000000 d=0:0",
+		"set /r/consumers/fanout_i/offsets/t/1=20", "set /r/consumers/fanout_i/progress/t/1=v1 b=20 f=0:1",
+		"set /r/consumers/fanout_i/delays/t/1=",
+		"set /r/consumers/fanout_i/offsets/t/2=30", "set /r/consumers/fanout_i/progress/t/2=v1 b=30 f=0:1",
+		"set /r/consumers/fanout_i/delays/t/2=d1 b=30 t=1700000000000 d=0:0",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ops\n%q\nwant\n%q", got, want)
+	}
+	if DelaysPath("/r", "i", "t") != "/r/consumers/fanout_i/delays/t" {
+		t.Fatalf("DelaysPath = %q", DelaysPath("/r", "i", "t"))
 	}
 }
