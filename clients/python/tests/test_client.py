@@ -136,10 +136,9 @@ def test_acks_queued_together_go_in_one_frame(daemon):
         s = msgs[0]._session
         with s._lock:  # hold the writer off while all five are queued
             s._woken = True
-            for m in msgs:
-                m._done = True
-                s.held -= 1
-                s._acks.append(m.delivery_id)
+        for m in msgs:
+            m.ack()
+        with s._lock:
             s._woken = False
         s.signal()
         assert sorted(conn.expect("ack").ack.delivery_ids) == [1, 2, 3, 4, 5]
@@ -183,7 +182,8 @@ def test_context_manager_closes_and_late_ack_is_refused(daemon):
         conn.deliver(9)
         m = c.get(TIMEOUT)
     assert conn.expect("goodbye")
-    assert m.ack() is False  # the daemon delivers it again
+    with pytest.raises(fanout_client.SessionClosedError):
+        m.ack()  # nothing sent: the daemon delivers it again
 
 
 def test_close_with_drain_waits_for_held_messages(daemon):
@@ -306,7 +306,8 @@ def test_bad_frame_ends_the_session_and_the_client_reconnects(daemon, raw):
         m = c.get(TIMEOUT)
         conn.send_raw(raw)
         conn2 = daemon.accept()
-        assert m.ack() is False  # its session ended: the daemon delivers it again
+        with pytest.raises(fanout_client.SessionClosedError):
+            m.ack()  # its session ended: the daemon delivers it again
         conn2.welcome()
         conn2.deliver(2)
         assert c.get(TIMEOUT).delivery_id == 2
@@ -366,7 +367,7 @@ def test_deliver_batch_and_ranges_when_confirmed(daemon):
         conn.send_raw(_batch_frame([pb.Deliver(delivery_id=i, attempt=1) for i in range(2000, 2010)]))
         msgs = [c.get(TIMEOUT) for _ in range(10)]
         s = msgs[0]._session
-        assert s.ranges
+        assert s.state.ranges
         with s._lock:
             s._woken = True  # queue all ten before the writer runs
         for m in msgs:

@@ -5,32 +5,31 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
-import random
 import socket
 import ssl
 import threading
 import time
-from typing import Deque, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Iterator, List, Optional, Sequence, Tuple, Union
 
-from . import _wire
+from . import _state, _wire
+from ._members import Following
+from ._options import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_BACKOFF,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MIN_BACKOFF,
+    Options,
+    split_addr,
+)
+from ._pool import check_concurrency, settle
 from ._proto import fanout_pb2 as pb
-from ._session import RedirectError, Session
-from .errors import ClosedError, ConnectError, FanoutError, RemoteError, is_permanent, retry_after
+from ._redial import Redial
+from ._session import Session
+from ._state import Version
+from .errors import ClosedError, ConnectError, FanoutError
 from .message import Message
 
 __all__ = ["Client", "connect"]
-
-#: Defaults of the Client's arguments.
-DEFAULT_MAX_IN_FLIGHT = 64
-DEFAULT_CONNECT_TIMEOUT = 5.0
-DEFAULT_MIN_BACKOFF = 0.1
-DEFAULT_MAX_BACKOFF = 5.0
-
-# Bounds the Redirect frames followed in one connection attempt.
-_MAX_REDIRECTS = 5
-# How long a session must last for the reconnect backoff to start over.
-_STABLE_SESSION = 2.0
 
 
 class Client:
@@ -91,43 +90,24 @@ class Client:
         batch: bool = True,
         logger: Optional[logging.Logger] = None,
     ) -> None:
-        self.addrs: List[str] = [addrs] if isinstance(addrs, str) else list(addrs)
-        if not self.addrs or any(not a for a in self.addrs):
-            raise ValueError("fanout client: no daemon address given")
-        for a in self.addrs:
-            _split_addr(a)
-        if not 1 <= max_in_flight <= 1 << 20:
-            raise ValueError(f"fanout client: max_in_flight {max_in_flight} out of range 1..{1 << 20}")
-        if not _wire.MAX_HELLO_SIZE <= max_frame_size <= _wire.MAX_FRAME_SIZE_LIMIT:
-            raise ValueError(
-                f"fanout client: max_frame_size {max_frame_size} out of range "
-                f"{_wire.MAX_HELLO_SIZE}..{_wire.MAX_FRAME_SIZE_LIMIT}"
-            )
-        if connect_timeout <= 0:
-            raise ValueError(f"fanout client: connect_timeout {connect_timeout} must be positive")
-        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.opts = Options(
+            addrs, client_id=client_id, max_in_flight=max_in_flight, auth_token=auth_token, ssl_context=ssl_context,
+            connect_timeout=connect_timeout, reconnect=reconnect, min_backoff=min_backoff, max_backoff=max_backoff,
+            max_frame_size=max_frame_size, batch=batch, logger=logger,
+        )
+        self.addrs: List[str] = self.opts.addrs
+        self.client_id: str = self.opts.client_id
         self.max_in_flight = max_in_flight
-        self.auth_token = auth_token
-        self.ssl_context = ssl_context
-        self.connect_timeout = connect_timeout
-        self.reconnect = reconnect
-        self.min_backoff = max(min_backoff, 0.001)
-        self.max_backoff = max(max_backoff, self.min_backoff)
-        self.max_frame_size = max_frame_size
-        self.batch = batch
-        self.log = logger or logging.getLogger("fanout_client")
+        self.log = self.opts.log
 
         self._cond = threading.Condition()  # guards the fields below
         self._queue: Deque[Message] = collections.deque()
         self._links: List[_Link] = []
-        self._members: List[str] = []
-        # The (epoch, generation) of the member list followed; None: none.
-        self._version: Optional[Tuple[int, int]] = None
+        self._following = Following(max_in_flight, self.log)
         self._started = False
         self._welcomed = False
         self._error: Optional[BaseException] = None  # why the client stopped on its own
         self._last_error: Optional[BaseException] = None  # the last connection failure
-        self._stopped = False  # every link has exited
 
         self._closing = threading.Event()  # close() or a link gave up
         self._drain = 0.0
@@ -183,7 +163,7 @@ class Client:
                     self._cond.wait(left)
                 m = self._queue.popleft()
             s = m._session
-            assert s is not None
+            assert isinstance(s, Session)
             if s.usable():
                 return m
             s.release(m)  # its session ended or retires: the daemon delivers it again
@@ -201,11 +181,66 @@ class Client:
             if m is not None:
                 yield m
 
+    def consume(self, handler: Callable[[Message], object], concurrency: int = 1) -> None:
+        """Runs handler on the client's messages in concurrency threads (the
+        workers), and acks or nacks each message by its outcome: a handler
+        that returns acks its message (unless it acked or nacked it itself);
+        one that raises nacks it, the exception's text the nack's reason,
+        without a delay (the daemon's --retry-backoff applies) unless it
+        raised :class:`RetryAfter` with one. An ack or nack that cannot be
+        sent (the message's session ended) is logged: the message comes
+        again.
+
+        consume returns once every worker has stopped, after the client is
+        closed; it raises the client's error if the client gives up. For a
+        graceful stop call ``close(drain=seconds)`` from another thread (a
+        signal handler's, say): no new messages are handed out, the running
+        handlers finish, their acks are sent, then goodbye. An exception in
+        the calling thread (KeyboardInterrupt) closes the client at once (the
+        messages in hand come again) and is raised once the workers stopped.
+
+        The workers are the only threads started: concurrency bounds the
+        handlers running at once. More workers than max_in_flight have
+        nothing to do.
+        """
+        check_concurrency(concurrency)
+        workers = [
+            threading.Thread(target=self._work, args=(handler,), name=f"fanout-worker-{i}", daemon=True)
+            for i in range(concurrency)
+        ]
+        for w in workers:
+            w.start()
+        try:
+            for w in workers:
+                w.join()
+        except BaseException:
+            self.close()
+            for w in workers:
+                w.join()
+            raise
+        if self._error is not None:
+            raise self._error
+
+    def _work(self, handler: Callable[[Message], object]) -> None:
+        while True:
+            try:
+                m = self.get()
+            except FanoutError:
+                return  # closed, or given up: consume raises the error
+            if m is None:
+                continue
+            err: Optional[BaseException] = None
+            try:
+                handler(m)
+            except Exception as e:  # noqa: BLE001 - a handler's failure nacks its message
+                err = e
+            settle(m, err, self.log)
+
     def close(self, drain: float = 0.0) -> None:
         """Closes every session: sends the acks queued so far and a Goodbye,
         waits for the daemons to close the connections (a couple of seconds
         at most) and stops reconnecting. Messages not acked by then come
-        again, to other clients; their ack() returns False.
+        again, to other clients; their ack() raises SessionClosedError.
 
         Args:
             drain: seconds to wait first, after passing no more messages on,
@@ -247,7 +282,7 @@ class Client:
         """The members the client keeps a session with (spread mode), sorted:
         the latest list a daemon sent. Empty in leader mode."""
         with self._cond:
-            return list(self._members)
+            return list(self._following.members)
 
     # ------------------------------------------------------------ sessions' side
 
@@ -273,21 +308,12 @@ class Client:
         link.thread.start()
         return link
 
-    def _backoff(self, n: int) -> float:
-        """The wait before attempt n+1 after n failures: exponential from
-        min_backoff, capped at max_backoff, the upper half jittered."""
-        d = self.max_backoff
-        if n - 1 < 62:
-            d = min(self.max_backoff, self.min_backoff * (2 ** (n - 1)))
-        return d / 2 + random.uniform(0, d / 2)
-
     def _welcomed_by(self, link: "_Link", s: Session) -> None:
         with self._cond:
             self._welcomed = True
             self._cond.notify_all()
-        self._follow_members(
-            link, [m.address for m in s.welcome.members], _wire.members_version(s.welcome, "members_version"), welcome=True
-        )
+        addrs, version = _state.members_of(s.welcome)
+        self._follow_members(link, addrs, version, welcome=True)
 
     def _gave_up(self, err: BaseException) -> None:
         with self._cond:
@@ -307,122 +333,55 @@ class Client:
             self._cond.notify_all()
 
     def _follow_members(
-        self, src: "_Link", addrs: List[str], version: Optional[Tuple[int, int]] = None, welcome: bool = False
+        self, src: "_Link", addrs: List[str], version: Optional[Version] = None, welcome: bool = False
     ) -> None:
-        """Applies a member list of the given (epoch, generation) version
-        that src's session received (in its Welcome when welcome): an empty
-        list means leader mode (src becomes the one link, with all the
-        credit); otherwise one link per member, each with its share, links of
-        members no longer listed are retired, and the cluster link becomes
-        the link of the member it is connected to, or retires.
-
-        A list older than the one followed (a lower version, or none in a
-        Members frame while the client holds one) is ignored: members may
-        disagree for a moment while an assignment spreads. A Welcome without
-        a version is leader mode, or an older daemon: followed."""
-        if src.stopping:
-            return  # its member left: its view is not the one to follow
-        new = sorted(set(a for a in addrs if a))
+        """Applies a member list src's session received (see Following.follow)."""
         with self._cond:
-            held = self._version
-            if held is not None and ((version is None and not welcome) or (version is not None and version < held)):
-                self.log.debug("ignoring member list %s of version %s from %s: following %s", new, version, src.member, held)
-                return
-            self._version = version
-            if new == self._members or self._closing.is_set():
-                return
-            self._members = new
-            links = list(self._links)
-            if not new:
-                self.log.info("no members listed: one session, to the leader")
-                src.member = ""
-                src.set_credit(self.max_in_flight)
-                for link in links:
-                    if link is not src:
-                        link.stop()
-                return
-            credit = max(1, self.max_in_flight // len(new)) if len(new) > 1 else self.max_in_flight
-            self.log.info("members changed: one session per member of %s, max_in_flight %d each", new, credit)
-            by_member = {}
-            leaving, clusters = [], []
-            for link in links:
-                if link.stopping:
-                    continue
-                if link.member == "":
-                    clusters.append(link)
-                elif link.member in new and link.member not in by_member:
-                    by_member[link.member] = link
-                else:
-                    leaving.append(link)
-            for link in clusters:
-                s = link.session
-                if s is not None and s.addr in new and s.addr not in by_member:
-                    link.member = s.addr
-                    by_member[s.addr] = link
-                else:
-                    leaving.append(link)
-            # Leavers first: a member no longer listed passes nothing more on.
-            for link in leaving:
-                link.stop()
-            for addr in new:
-                if addr in by_member:
-                    by_member[addr].set_credit(credit)
-            for addr in new:
-                if addr not in by_member:
-                    self._start_link(addr, credit)
+            self._following.follow(src, addrs, version, welcome, list(self._links), self._start_link,
+                                   self._closing.is_set())
 
     # ------------------------------------------------------------ connecting
 
     def _connect(self, link: "_Link", addr: str, credit: int) -> Session:
-        """Connects to addr for link, following up to _MAX_REDIRECTS redirects."""
-        for hop in range(_MAX_REDIRECTS + 1):
+        """Connects to addr for link, following up to MAX_REDIRECTS redirects."""
+        for _ in range(_state.MAX_REDIRECTS + 1):
             s, redirect = self._handshake(link, addr, credit)
             if s is not None:
                 return s
             self.log.info("redirected from %s to the leader at %s", addr, redirect)
             addr = redirect
-        raise FanoutError(f"more than {_MAX_REDIRECTS} redirects, last to {addr}")
+        raise _state.too_many_redirects(addr)
 
     def _handshake(self, link: "_Link", addr: str, credit: int) -> Tuple[Optional[Session], str]:
         """Dials addr, sends Hello and reads the answer: a session for a
         Welcome, the leader's address for a Redirect, or an error."""
-        host, port = _split_addr(addr)
-        deadline = time.monotonic() + self.connect_timeout
+        opts = self.opts
+        host, port = split_addr(addr)
+        deadline = time.monotonic() + opts.connect_timeout
         try:
-            raw = socket.create_connection((host, port), timeout=self.connect_timeout)
+            raw = socket.create_connection((host, port), timeout=opts.connect_timeout)
         except OSError as e:
             raise ConnectionError(f"dial {addr}: {e}") from e
         sock: socket.socket = raw
         ok = False
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.ssl_context is not None:
+            if opts.ssl_context is not None:
                 try:
-                    sock = self.ssl_context.wrap_socket(raw, server_hostname=host)
+                    sock = opts.ssl_context.wrap_socket(raw, server_hostname=host)
                 except (OSError, ssl.SSLError) as e:
                     raise ConnectionError(f"TLS handshake with {addr}: {e}") from e
-            caps = [_wire.CAPABILITY_MEMBERS] + ([_wire.CAPABILITY_BATCH] if self.batch else [])
-            hello = pb.Frame(
-                hello=pb.Hello(
-                    client_id=self.client_id,
-                    protocol_version=_wire.PROTOCOL_VERSION,
-                    max_in_flight=credit,
-                    auth_token=self.auth_token,
-                    max_frame_size=self.max_frame_size,
-                    capabilities=caps,
-                )
-            )
             try:
-                sock.sendall(_wire.encode(hello, _wire.MAX_HELLO_SIZE))
+                sock.sendall(_state.hello(opts, credit))
             except OSError as e:
                 raise ConnectionError(f"hello to {addr}: {e}") from e
-            reader = _wire.FrameReader(self.max_frame_size)
+            reader = _wire.FrameReader(opts.max_frame_size)
             frames: List[pb.Frame] = []
             while True:
                 while not frames:
                     left = deadline - time.monotonic()
                     if left <= 0 or link.stopping or self._closing.is_set():
-                        raise ConnectionError(f"handshake with {addr}: no answer in {self.connect_timeout}s")
+                        raise ConnectionError(f"handshake with {addr}: no answer in {opts.connect_timeout}s")
                     sock.settimeout(min(left, 0.25))
                     try:
                         data = sock.recv(256 * 1024)
@@ -433,22 +392,14 @@ class Client:
                     if not data:
                         raise ConnectionError(f"handshake with {addr}: connection closed")
                     frames = reader.feed(data)
-                f = frames.pop(0)
-                kind = f.WhichOneof("body")
-                if kind == "welcome":
-                    s = Session(self, link, sock, addr, reader, f.welcome, credit, frames)
-                    ok = True
-                    return s, ""
-                if kind == "redirect":
-                    to = f.redirect.leader_address
-                    if not to:
-                        raise ConnectionError(f"handshake with {addr}: redirect without a leader address")
-                    return None, to
-                if kind == "error":
-                    raise RemoteError.from_frame(f.error, addr)
-                if kind in ("ping", "pong"):
-                    continue  # too early to answer; the Welcome follows
-                raise ConnectionError(f"handshake with {addr}: unexpected {kind} frame")
+                a = _state.answer(frames.pop(0), addr)
+                if a is None:
+                    continue
+                if isinstance(a, str):
+                    return None, a
+                s = Session(self, link, sock, addr, reader, a, credit, frames)
+                ok = True
+                return s, ""
         finally:
             if not ok:
                 sock.close()
@@ -457,8 +408,9 @@ class Client:
 class _Link:
     """Keeps one session open: with one member in spread mode, or with the
     cluster (the client's addrs, following redirects) in leader mode. Its
-    thread connects, runs the session and reconnects with backoff until the
-    client closes, the link is stopped, or it gives up."""
+    thread connects, runs the session and reconnects with backoff (see
+    _redial.Redial) until the client closes, the link is stopped, or it
+    gives up."""
 
     def __init__(self, client: Client, member: str, credit: int) -> None:
         self.client = client
@@ -468,6 +420,10 @@ class _Link:
         self.stopping = False
         self._wait = threading.Event()  # set to interrupt a backoff
         self.thread = threading.Thread(target=self._run, name=f"fanout-link-{member or 'cluster'}", daemon=True)
+
+    def session_addr(self) -> Optional[str]:
+        s = self.session
+        return s.addr if s is not None else None
 
     def wake(self) -> None:
         """Interrupts a backoff and wakes the session (the client closes)."""
@@ -500,22 +456,15 @@ class _Link:
 
     def _serve(self) -> None:
         c = self.client
-        prefer = ""
-        nxt = 0
-        failures = 0
-        connected = False
-        wait = 0.0
+        redial = Redial(c.opts)
+        wait: Optional[float] = 0.0
         while True:
-            if wait > 0:
+            if wait:
                 self._wait.wait(wait)
             if c._closing.is_set() or self.stopping:
                 return
             addrs = [self.member] if self.member else c.addrs
-            addr = prefer
-            prefer = ""
-            if not addr:
-                addr = addrs[nxt % len(addrs)]
-                nxt += 1
+            addr = redial.target(addrs)
             credit = self.credit
             try:
                 s = c._connect(self, addr, credit)
@@ -525,24 +474,23 @@ class _Link:
                 with c._cond:
                     c._last_error = err
                 c.log.warning("connection attempt to %s failed: %s", addr, err)
-                failures += 1
-                if is_permanent(err) or (not c.reconnect and (connected or failures >= len(addrs))):
+                wait = redial.failed(err, addrs)
+                if wait is None:
                     c._gave_up(err)
                     return
-                wait = retry_after(err) or c._backoff(failures)
                 continue
-            connected = True
+            redial.welcomed()
+            w = s.welcome
             c.log.info(
                 "connected to %s (node %s, max_in_flight %d, heartbeat %d ms, topic %s, %d members)",
-                addr, s.welcome.node_id, s.welcome.max_in_flight, s.welcome.heartbeat_ms,
-                s.welcome.topic, len(s.welcome.members),
+                addr, w.node_id, w.max_in_flight, w.heartbeat_ms, w.topic, len(w.members),
             )
             self.session = s
             if self.stopping or self.credit != credit:
                 s.retire()
             c._welcomed_by(self, s)
             began = time.monotonic()
-            err = s.run()
+            ended = s.run()
             self.session = None
             if c._closing.is_set():
                 return
@@ -551,31 +499,36 @@ class _Link:
                 return
             if s.retired():
                 c.log.info("reconnecting to %s with a new share of the credit: %d", s.addr, self.credit)
-                prefer, failures, wait = s.addr, 0, 0.0
+                redial.retired(s.addr)
+                wait = 0.0
                 continue
-            c.log.warning("disconnected from %s: %s", s.addr, err)
-            prefer = s.addr
-            if retry_after(err) > 0 and len(addrs) > 1:
-                prefer = ""  # that daemon stopped leading: the next leader is more likely another
-            if isinstance(err, RedirectError):
-                prefer = err.addr
-            if is_permanent(err) or not c.reconnect:
-                c._gave_up(err)
+            c.log.warning("disconnected from %s: %s", s.addr, ended)
+            wait = redial.ended(ended, s.addr, time.monotonic() - began, addrs)
+            if wait is None:
+                c._gave_up(ended)
                 return
-            if time.monotonic() - began >= _STABLE_SESSION:
-                failures = 0
-            failures += 1
-            wait = retry_after(err) or c._backoff(failures)
 
 
-def _split_addr(addr: str) -> Tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"fanout client: address {addr!r} is not host:port")
-    return host.strip("[]"), int(port)
-
-
-def connect(addrs: Union[str, Sequence[str]], timeout: Optional[float] = 30.0, **kwargs: object) -> Client:
+def connect(
+    addrs: Union[str, Sequence[str]],
+    timeout: Optional[float] = 30.0,
+    *,
+    client_id: Optional[str] = None,
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    auth_token: str = "",
+    ssl_context: Optional[ssl.SSLContext] = None,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    reconnect: bool = True,
+    min_backoff: float = DEFAULT_MIN_BACKOFF,
+    max_backoff: float = DEFAULT_MAX_BACKOFF,
+    max_frame_size: int = _wire.DEFAULT_MAX_FRAME_SIZE,
+    batch: bool = True,
+    logger: Optional[logging.Logger] = None,
+) -> Client:
     """Returns a connected Client (see :class:`Client` for the arguments and
     :meth:`Client.connect` for timeout and errors)."""
-    return Client(addrs, **kwargs).connect(timeout)  # type: ignore[arg-type]
+    return Client(
+        addrs, client_id=client_id, max_in_flight=max_in_flight, auth_token=auth_token, ssl_context=ssl_context,
+        connect_timeout=connect_timeout, reconnect=reconnect, min_backoff=min_backoff, max_backoff=max_backoff,
+        max_frame_size=max_frame_size, batch=batch, logger=logger,
+    ).connect(timeout)
