@@ -1,6 +1,7 @@
 import pytest
 
 from fake import FakeDaemon
+from flavors import Flavor
 
 
 @pytest.fixture
@@ -15,3 +16,11 @@ def daemon2():
     d = FakeDaemon()
     yield d
     d.close()
+
+
+@pytest.fixture(params=["threads", "asyncio"])
+def flavor(request):
+    """Each test taking it runs with the threaded client and with the asyncio client (tests/flavors.py)."""
+    f = Flavor(request.param)
+    yield f
+    f.close()
