@@ -1,5 +1,6 @@
 import pytest
 
+from fanout_client import _state
 from fake import FakeDaemon
 from flavors import Flavor
 
@@ -24,3 +25,9 @@ def flavor(request):
     f = Flavor(request.param)
     yield f
     f.close()
+
+
+@pytest.fixture(autouse=True)
+def short_linger(monkeypatch):
+    """A client that said goodbye waits this long for the daemon to close; the fake daemon seldom does."""
+    monkeypatch.setattr(_state, "LINGER_TIMEOUT", 0.25)

@@ -21,9 +21,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, List, Optional
 
-from . import _wire
+from . import _state, _wire
 from ._proto import fanout_pb2 as pb
-from ._state import LINGER_TIMEOUT, SessionState, StaleError
+from ._state import SessionState, StaleError
 from .errors import ClosedError, ConnectionLostError, DaemonSilentError
 from .message import BaseMessage, Message
 
@@ -247,7 +247,7 @@ class Session:
             data = self.state.goodbye(ended, reason)
         self._send(data)
         self._closing = True
-        self._linger_until = time.monotonic() + LINGER_TIMEOUT
+        self._linger_until = time.monotonic() + _state.LINGER_TIMEOUT
         if not isinstance(self.sock, ssl.SSLSocket):
             try:
                 self.sock.shutdown(socket.SHUT_WR)

@@ -36,7 +36,7 @@ from ._options import (
 from ._pool import RetryAfter, check_concurrency, settle
 from ._proto import fanout_pb2 as pb
 from ._redial import Redial
-from ._state import LINGER_TIMEOUT, SessionState, StaleError, Version
+from ._state import SessionState, StaleError, Version
 from .errors import ClosedError, ConnectError, ConnectionLostError, DaemonSilentError, FanoutError
 from .message import OP_ACK, OP_NACK, BaseMessage
 
@@ -226,6 +226,8 @@ class Client:
         in its work nacks its message.
         """
         check_concurrency(concurrency)
+        if self._loop is None:
+            raise ClosedError("fanout client: consume before connect")
         loop = asyncio.get_running_loop()
         workers = [loop.create_task(self._work(handler)) for _ in range(concurrency)]
         await asyncio.gather(*workers)
@@ -641,7 +643,7 @@ class Session:
         self._closing = True
         if self._transport.can_write_eof():
             self._transport.write_eof()
-        self._linger = self._loop.call_later(LINGER_TIMEOUT, self._fail, ClosedError("client closed"))
+        self._linger = self._loop.call_later(_state.LINGER_TIMEOUT, self._fail, ClosedError("client closed"))
 
     def _fail(self, err: BaseException) -> None:
         self._end(err)
