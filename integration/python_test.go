@@ -289,27 +289,33 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // session with each member and receives every partition's messages.
 func TestPythonClientSpread(t *testing.T) {
 	const partitions, n = 4, 40
-	topic := uniqueName(t, "topic")
-	id := uniqueName(t, "svc")
-	createTopic(t, topic, partitions)
-	addrs := []string{procFreeAddr(t), procFreeAddr(t)}
-	for i, a := range addrs {
-		procStart(t, procDaemonArgs(t, id, topic, a, append(spArgs(), "--node-id", fmt.Sprintf("node-%d", i+1))...)...)
-	}
-	conn := spZK(t)
-	c := &clCluster{id: id, topic: topic}
-	testutil.WaitFor(t, 90*time.Second, "both members own partitions", func() bool { return len(spOwners(t, conn, c)) == 2 })
+	addrs, id, topic := pySpread(t, 2, partitions)
 	produceSeq(t, topic, "m", n, partitions)
 	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + addrs[0], "FANOUT_TEST_MEMBERS=" + strings.Join(addrs, ","),
 		fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
 		"tests/integration/test_daemon.py::test_spread_one_session_per_member")
-	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool {
-		var sum int64
-		for _, o := range zkOffsets(t, id, topic) {
-			sum += o
-		}
-		return sum == n
+	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return sumOffsets(zkOffsets(t, id, topic)) == n })
+}
+
+// pySpread starts members daemons of a new service in spread mode, on a new
+// topic of partitions, and waits until each owns partitions; it returns
+// their addresses, the service's id and the topic.
+func pySpread(t *testing.T, members int, partitions int32) (addrs []string, id, topic string) {
+	t.Helper()
+	topic = uniqueName(t, "topic")
+	id = uniqueName(t, "svc")
+	createTopic(t, topic, partitions)
+	for i := range members {
+		a := procFreeAddr(t)
+		addrs = append(addrs, a)
+		procStart(t, procDaemonArgs(t, id, topic, a, append(spArgs(), "--node-id", fmt.Sprintf("node-%d", i+1))...)...)
+	}
+	conn := spZK(t)
+	c := &clCluster{id: id, topic: topic}
+	testutil.WaitFor(t, 120*time.Second, fmt.Sprintf("the %d members own partitions", members), func() bool {
+		return len(spOwners(t, conn, c)) == members
 	})
+	return addrs, id, topic
 }
 
 // sumOffsets is the sum of a topic's committed offsets.
@@ -372,16 +378,7 @@ func TestPythonAsyncioWorkerOutlivesKill9(t *testing.T) {
 // every partition's messages.
 func TestPythonAsyncioSpreadThreeMembers(t *testing.T) {
 	const partitions, n = 6, 60
-	topic := uniqueName(t, "topic")
-	id := uniqueName(t, "svc")
-	createTopic(t, topic, partitions)
-	addrs := []string{procFreeAddr(t), procFreeAddr(t), procFreeAddr(t)}
-	for i, a := range addrs {
-		procStart(t, procDaemonArgs(t, id, topic, a, append(spArgs(), "--node-id", fmt.Sprintf("node-%d", i+1))...)...)
-	}
-	conn := spZK(t)
-	c := &clCluster{id: id, topic: topic}
-	testutil.WaitFor(t, 120*time.Second, "the three members own partitions", func() bool { return len(spOwners(t, conn, c)) == 3 })
+	addrs, id, topic := pySpread(t, 3, partitions)
 	produceSeq(t, topic, "m", n, partitions)
 	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + addrs[0], "FANOUT_TEST_MEMBERS=" + strings.Join(addrs, ","),
 		fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},

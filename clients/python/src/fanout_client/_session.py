@@ -13,7 +13,6 @@ lock.
 
 from __future__ import annotations
 
-import logging
 import select
 import socket
 import ssl
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 from . import _state, _wire
 from ._proto import fanout_pb2 as pb
+from ._core import log_of
 from ._state import SessionState, StaleError
 from .errors import ClosedError, ConnectionLostError, DaemonSilentError
 from .message import BaseMessage, Message
@@ -54,7 +54,7 @@ class Session:
         self.welcome = welcome
         self.credit = credit
         self.state = SessionState(client.opts, addr, welcome, credit)
-        self.log = logging.LoggerAdapter(client.log, {"addr": addr, "node": welcome.node_id, "session": welcome.session_id})
+        self.log = log_of(client.log, self.state)
         self._reader = reader
         self._pending = pending  # frames read with the Welcome
 

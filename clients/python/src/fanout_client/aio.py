@@ -17,14 +17,14 @@ thread.
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import logging
 import ssl
 import time
-from typing import Any, Awaitable, Callable, Deque, List, Optional, Sequence, Tuple, Union
+from typing import Any, Awaitable, Callable, ContextManager, List, Optional, Sequence, Tuple, Union
 
 from . import _state, _wire
-from ._members import Following
+from ._core import ClientBase, Connect, LinkBase, Serve, Step, Wait, log_of
 from ._options import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_BACKOFF,
@@ -35,8 +35,7 @@ from ._options import (
 )
 from ._pool import RetryAfter, check_concurrency, settle
 from ._proto import fanout_pb2 as pb
-from ._redial import Redial
-from ._state import SessionState, StaleError, Version
+from ._state import SessionState, StaleError
 from .errors import ClosedError, ConnectError, ConnectionLostError, DaemonSilentError, FanoutError
 from .message import OP_ACK, OP_NACK, BaseMessage
 
@@ -79,7 +78,7 @@ class Message(BaseMessage):
         return self._touch()
 
 
-class Client:
+class Client(ClientBase[Message, "Session", "_Link"]):
     """Receives messages from a fanout cluster in an asyncio program. The
     arguments are :class:`fanout_client.Client`'s; ``await client.connect()``
     (or :func:`connect`) starts it in the running event loop.
@@ -107,29 +106,43 @@ class Client:
         batch: bool = True,
         logger: Optional[logging.Logger] = None,
     ) -> None:
-        self.opts = Options(
+        super().__init__(Options(
             addrs, client_id=client_id, max_in_flight=max_in_flight, auth_token=auth_token, ssl_context=ssl_context,
             connect_timeout=connect_timeout, reconnect=reconnect, min_backoff=min_backoff, max_backoff=max_backoff,
             max_frame_size=max_frame_size, batch=batch, logger=logger,
-        )
-        self.addrs: List[str] = self.opts.addrs
-        self.client_id: str = self.opts.client_id
-        self.max_in_flight = max_in_flight
-        self.log = self.opts.log
-
-        self._queue: Deque[Message] = collections.deque()
-        self._links: List[_Link] = []
-        self._following = Following(max_in_flight, self.log)
+        ))
         # Bound to the event loop by connect (an asyncio.Event made outside it
         # would belong to another loop on Python 3.9).
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._arrival: Optional[asyncio.Event] = None  # a message came, or the client closes
-        self._settled: Optional[asyncio.Event] = None  # welcomed, or gave up
-        self._welcomed = False
-        self._error: Optional[BaseException] = None  # why the client stopped on its own
-        self._last_error: Optional[BaseException] = None  # the last connection failure
-        self._closing = False  # close() or a link gave up
-        self._drain = 0.0
+        self._changed: Optional[asyncio.Event] = None  # set on every change: a message, welcomed, closing
+
+    def _locked(self) -> ContextManager[Any]:
+        return contextlib.nullcontext()  # only the event loop's thread touches the state
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def _new_link(self, member: str, credit: int) -> "_Link":
+        return _Link(self, member, credit)
+
+    async def _wait_change(self, end: Optional[float]) -> bool:
+        """Waits for a change until end (the loop's time; None: no end);
+        False when end came first."""
+        loop, changed = self._loop, self._changed
+        assert loop is not None and changed is not None
+        changed.clear()
+        if end is None:
+            await changed.wait()
+            return True
+        left = end - loop.time()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(changed.wait(), left)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     # ------------------------------------------------------------ public API
 
@@ -141,18 +154,16 @@ class Client:
         Raises:
             ConnectError: as :meth:`fanout_client.Client.connect`.
         """
-        if self._closing:
+        if self._closing.is_set():
             raise ClosedError("fanout client: connect after close")
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
-            self._arrival = asyncio.Event()
-            self._settled = asyncio.Event()
+            self._changed = asyncio.Event()
             self._start_link("", self.max_in_flight)
-        assert self._settled is not None
-        try:
-            await asyncio.wait_for(self._settled.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        end = None if timeout is None else self._loop.time() + timeout
+        while not self._welcomed and self._error is None:
+            if not await self._wait_change(end):
+                break
         if self._welcomed:
             return self
         err = self._error or self._last_error
@@ -167,27 +178,17 @@ class Client:
             ClosedError: the client was closed (or never connected).
             FanoutError: the client gave up (see :attr:`error`).
         """
-        loop, arrival = self._loop, self._arrival
-        if loop is None or arrival is None:
+        if self._loop is None:
             raise ClosedError("fanout client: get before connect")
-        end = None if timeout is None else loop.time() + timeout
+        end = None if timeout is None else self._loop.time() + timeout
         while True:
             while not self._queue:
                 if self._error is not None:
                     raise self._error
-                if self._closing:
+                if self._closing.is_set():
                     raise ClosedError("fanout client closed")
-                arrival.clear()
-                if end is None:
-                    await arrival.wait()
-                    continue
-                left = end - loop.time()
-                if left <= 0:
+                if not await self._wait_change(end):
                     return None
-                try:
-                    await asyncio.wait_for(arrival.wait(), left)
-                except asyncio.TimeoutError:
-                    pass
             m = self._queue.popleft()
             s = m._session
             assert isinstance(s, Session)
@@ -264,14 +265,7 @@ class Client:
 
         Safe to call more than once.
         """
-        if not self._closing:
-            self._drain = drain
-            self._closing = True
-        if self._arrival is not None:
-            self._arrival.set()
-        links = list(self._links)
-        for link in links:
-            link.wake()
+        links = self._close_links(drain)
         me = asyncio.current_task()
         await asyncio.gather(*(link.task for link in links if link.task is not me), return_exceptions=True)
 
@@ -282,66 +276,6 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    @property
-    def error(self) -> Optional[BaseException]:
-        """Why the client stopped on its own, or None (see
-        :attr:`fanout_client.Client.error`)."""
-        return self._error
-
-    @property
-    def members(self) -> List[str]:
-        """The members the client keeps a session with (spread mode), sorted.
-        Empty in leader mode."""
-        return list(self._following.members)
-
-    # ------------------------------------------------------------ sessions' side
-
-    def _put(self, m: Message) -> None:
-        self._queue.append(m)
-        assert self._arrival is not None
-        self._arrival.set()
-
-    def _drop_queued(self, s: "Session") -> None:
-        """Drops the messages of s not yet handed to the user; the daemon
-        delivers them again once s has ended."""
-        mine = [m for m in self._queue if m._session is s]
-        if mine:
-            self._queue = collections.deque(m for m in self._queue if m._session is not s)
-        for m in mine:
-            s.release(m)
-
-    def _start_link(self, member: str, credit: int) -> "_Link":
-        link = _Link(self, member, credit)
-        self._links.append(link)
-        return link
-
-    def _welcomed_by(self, link: "_Link", s: "Session") -> None:
-        self._welcomed = True
-        assert self._settled is not None
-        self._settled.set()
-        addrs, version = _state.members_of(s.state.welcome)
-        self._follow_members(link, addrs, version, welcome=True)
-
-    def _gave_up(self, err: BaseException) -> None:
-        if self._error is None:
-            self._error = err
-        self._closing = True
-        assert self._settled is not None and self._arrival is not None
-        self._settled.set()
-        self._arrival.set()
-        self.log.error("fanout client gives up: %s", err)
-        for link in list(self._links):
-            link.wake()
-
-    def _link_exited(self, link: "_Link") -> None:
-        if link in self._links:
-            self._links.remove(link)
-
-    def _follow_members(
-        self, src: "_Link", addrs: List[str], version: Optional[Version] = None, welcome: bool = False
-    ) -> None:
-        self._following.follow(src, addrs, version, welcome, list(self._links), self._start_link, self._closing)
 
     # ------------------------------------------------------------ connecting
 
@@ -477,7 +411,7 @@ class Session:
         self.addr = addr
         self.credit = credit
         self.state = SessionState(client.opts, addr, welcome, credit)
-        self.log = logging.LoggerAdapter(client.log, {"addr": addr, "node": welcome.node_id, "session": welcome.session_id})
+        self.log = log_of(client.log, self.state)
         self._conn = conn
         assert conn.transport is not None
         self._transport: asyncio.Transport = conn.transport
@@ -617,7 +551,8 @@ class Session:
         if self.done.done() or self._closing:
             return
         c = self.client
-        if c._closing:
+        closing = c._closing.is_set()
+        if closing:
             if c._drain > 0 and not self.state.draining:
                 self.retire(c._drain)
             elif c._drain <= 0:
@@ -627,7 +562,7 @@ class Session:
             if self.state.held > 0:
                 self.log.warning("retired session with %s: %d messages not acked in time; they come again",
                                  self.addr, self.state.held)
-            if c._closing:
+            if closing:
                 self._goodbye(ClosedError("client closed"), "client closing")
             else:
                 self._goodbye(StaleError("session retired"), "session retired")
@@ -655,116 +590,58 @@ class Session:
             self.done.set_result(err)
 
 
-class _Link:
-    """Keeps one session open, as the threaded client's link, in a task."""
+class _Link(LinkBase[Session]):
+    """A link (see _core.LinkBase) whose steps its task carries out."""
 
     def __init__(self, client: Client, member: str, credit: int) -> None:
-        self.client = client
-        self.member = member  # "" for the cluster link
-        self.credit = credit  # Hello.max_in_flight of the next session
-        self.session: Optional[Session] = None
-        self.stopping = False
+        super().__init__(client, member, credit)
+        self._client = client
         self._wait = asyncio.Event()  # set to interrupt a backoff
         self._attempt: "Optional[asyncio.Future[Session]]" = None
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"fanout-link-{member or 'cluster'}")
 
-    def session_addr(self) -> Optional[str]:
-        s = self.session
-        return s.addr if s is not None else None
-
-    def wake(self) -> None:
-        """Interrupts a backoff or a connection attempt and wakes the session (the client closes)."""
+    def _interrupt(self) -> None:
         self._wait.set()
         if self._attempt is not None:
             self._attempt.cancel()
-        s = self.session
-        if s is not None:
-            s.signal()
-
-    def stop(self) -> None:
-        """Retires the link's session and ends the link after it."""
-        self.stopping = True
-        self._wait.set()
-        if self._attempt is not None:
-            self._attempt.cancel()
-        s = self.session
-        if s is not None:
-            s.retire()
-
-    def set_credit(self, credit: int) -> None:
-        self.credit = credit
-        s = self.session
-        if s is not None and s.credit != credit:
-            s.retire()
 
     async def _run(self) -> None:
         try:
-            await self._serve()
+            steps = self.steps()
+            result: Any = None
+            failure: Optional[Exception] = None
+            while True:
+                try:
+                    step = steps.send(result) if failure is None else steps.throw(failure)
+                except StopIteration:
+                    return
+                result, failure = None, None
+                try:
+                    result = await self._do(step)
+                except Exception as e:  # noqa: BLE001 - a failed attempt goes back into the steps
+                    failure = e
         finally:
             self.client._link_exited(self)
 
-    async def _serve(self) -> None:
-        c = self.client
-        redial = Redial(c.opts)
-        wait: Optional[float] = 0.0
-        while True:
-            if wait:
-                try:
-                    await asyncio.wait_for(self._wait.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
-            if c._closing or self.stopping:
-                return
-            addrs = [self.member] if self.member else c.addrs
-            addr = redial.target(addrs)
-            credit = self.credit
-            self._attempt = asyncio.ensure_future(c._connect(self, addr, credit))
+    async def _do(self, step: Step) -> Any:
+        if isinstance(step, Wait):
             try:
-                s = await self._attempt
+                await asyncio.wait_for(self._wait.wait(), step.seconds)
+            except asyncio.TimeoutError:
+                pass
+            return None
+        if isinstance(step, Connect):
+            self._attempt = asyncio.ensure_future(self._client._connect(self, step.addr, step.credit))
+            try:
+                return await self._attempt
             except asyncio.CancelledError:
-                if c._closing or self.stopping:
-                    return
-                raise
-            except Exception as err:  # noqa: BLE001 - every failure is retried or reported
-                if c._closing or self.stopping:
-                    return
-                c._last_error = err
-                c.log.warning("connection attempt to %s failed: %s", addr, err)
-                wait = redial.failed(err, addrs)
-                if wait is None:
-                    c._gave_up(err)
-                    return
-                continue
+                if not self._over():
+                    raise
+                raise ConnectionError(f"connection attempt to {step.addr} interrupted") from None
             finally:
                 self._attempt = None
-            redial.welcomed()
-            w = s.state.welcome
-            c.log.info(
-                "connected to %s (node %s, max_in_flight %d, heartbeat %d ms, topic %s, %d members)",
-                addr, w.node_id, w.max_in_flight, w.heartbeat_ms, w.topic, len(w.members),
-            )
-            self.session = s
-            if self.stopping or self.credit != credit:
-                s.retire()
-            c._welcomed_by(self, s)
-            began = time.monotonic()
-            ended = await s.run()
-            self.session = None
-            if c._closing:
-                return
-            if self.stopping:
-                c.log.info("session with %s retired: no longer needed", s.addr)
-                return
-            if s.retired():
-                c.log.info("reconnecting to %s with a new share of the credit: %d", s.addr, self.credit)
-                redial.retired(s.addr)
-                wait = 0.0
-                continue
-            c.log.warning("disconnected from %s: %s", s.addr, ended)
-            wait = redial.ended(ended, s.addr, time.monotonic() - began, addrs)
-            if wait is None:
-                c._gave_up(ended)
-                return
+        assert isinstance(step, Serve)
+        return await step.session.run()
 
 
 async def connect(

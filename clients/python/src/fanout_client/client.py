@@ -3,16 +3,15 @@ messages merged into one iterator."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import socket
 import ssl
 import threading
 import time
-from typing import Callable, Deque, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _state, _wire
-from ._members import Following
+from ._core import ClientBase, Connect, LinkBase, Serve, Step, Wait
 from ._options import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_BACKOFF,
@@ -23,16 +22,14 @@ from ._options import (
 )
 from ._pool import check_concurrency, settle
 from ._proto import fanout_pb2 as pb
-from ._redial import Redial
 from ._session import Session
-from ._state import Version
 from .errors import ClosedError, ConnectError, FanoutError
 from .message import Message
 
 __all__ = ["Client", "connect"]
 
 
-class Client:
+class Client(ClientBase[Message, Session, "_Link"]):
     """Receives messages from a fanout cluster: over one connection, to the
     leader, in leader mode; over one connection per member in spread mode.
     It follows redirects, answers the daemon's pings, detects a silent daemon
@@ -90,27 +87,27 @@ class Client:
         batch: bool = True,
         logger: Optional[logging.Logger] = None,
     ) -> None:
-        self.opts = Options(
+        super().__init__(Options(
             addrs, client_id=client_id, max_in_flight=max_in_flight, auth_token=auth_token, ssl_context=ssl_context,
             connect_timeout=connect_timeout, reconnect=reconnect, min_backoff=min_backoff, max_backoff=max_backoff,
             max_frame_size=max_frame_size, batch=batch, logger=logger,
-        )
-        self.addrs: List[str] = self.opts.addrs
-        self.client_id: str = self.opts.client_id
-        self.max_in_flight = max_in_flight
-        self.log = self.opts.log
-
-        self._cond = threading.Condition()  # guards the fields below
-        self._queue: Deque[Message] = collections.deque()
-        self._links: List[_Link] = []
-        self._following = Following(max_in_flight, self.log)
+        ))
+        self._cond = threading.Condition()  # guards the state of ClientBase
         self._started = False
-        self._welcomed = False
-        self._error: Optional[BaseException] = None  # why the client stopped on its own
-        self._last_error: Optional[BaseException] = None  # the last connection failure
 
-        self._closing = threading.Event()  # close() or a link gave up
-        self._drain = 0.0
+    def _locked(self) -> ContextManager[Any]:
+        return self._cond
+
+    def _notify(self) -> None:
+        self._cond.notify_all()
+
+    def _arrived(self) -> None:
+        self._cond.notify()
+
+    def _new_link(self, member: str, credit: int) -> "_Link":
+        link = _Link(self, member, credit)
+        link.thread.start()
+        return link
 
     # ------------------------------------------------------------ public API
 
@@ -249,15 +246,7 @@ class Client:
 
         Safe to call more than once, and from any thread.
         """
-        with self._cond:
-            if not self._closing.is_set():
-                self._drain = drain
-                self._closing.set()
-            links = list(self._links)
-            self._cond.notify_all()
-        for link in links:
-            link.wake()
-        for link in links:
+        for link in self._close_links(drain):
             if link.thread is not threading.current_thread():
                 link.thread.join()
 
@@ -268,77 +257,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def error(self) -> Optional[BaseException]:
-        """Why the client stopped on its own (a permanent error from the
-        daemon, a frame above max_frame_size, or a lost connection without
-        reconnect), or None."""
-        with self._cond:
-            return self._error
-
-    @property
-    def members(self) -> List[str]:
-        """The members the client keeps a session with (spread mode), sorted:
-        the latest list a daemon sent. Empty in leader mode."""
-        with self._cond:
-            return list(self._following.members)
-
-    # ------------------------------------------------------------ sessions' side
-
-    def _put(self, m: Message) -> None:
-        with self._cond:
-            self._queue.append(m)
-            self._cond.notify()
-
-    def _drop_queued(self, s: Session) -> None:
-        """Drops the messages of s not yet handed to the user; the daemon
-        delivers them again once s has ended."""
-        with self._cond:
-            mine = [m for m in self._queue if m._session is s]
-            if mine:
-                self._queue = collections.deque(m for m in self._queue if m._session is not s)
-        for m in mine:
-            s.release(m)
-
-    def _start_link(self, member: str, credit: int) -> "_Link":
-        """Starts a link; self._cond must be held."""
-        link = _Link(self, member, credit)
-        self._links.append(link)
-        link.thread.start()
-        return link
-
-    def _welcomed_by(self, link: "_Link", s: Session) -> None:
-        with self._cond:
-            self._welcomed = True
-            self._cond.notify_all()
-        addrs, version = _state.members_of(s.welcome)
-        self._follow_members(link, addrs, version, welcome=True)
-
-    def _gave_up(self, err: BaseException) -> None:
-        with self._cond:
-            if self._error is None:
-                self._error = err
-            self._closing.set()
-            links = list(self._links)
-            self._cond.notify_all()
-        self.log.error("fanout client gives up: %s", err)
-        for link in links:
-            link.wake()
-
-    def _link_exited(self, link: "_Link") -> None:
-        with self._cond:
-            if link in self._links:
-                self._links.remove(link)
-            self._cond.notify_all()
-
-    def _follow_members(
-        self, src: "_Link", addrs: List[str], version: Optional[Version] = None, welcome: bool = False
-    ) -> None:
-        """Applies a member list src's session received (see Following.follow)."""
-        with self._cond:
-            self._following.follow(src, addrs, version, welcome, list(self._links), self._start_link,
-                                   self._closing.is_set())
 
     # ------------------------------------------------------------ connecting
 
@@ -405,108 +323,44 @@ class Client:
                 sock.close()
 
 
-class _Link:
-    """Keeps one session open: with one member in spread mode, or with the
-    cluster (the client's addrs, following redirects) in leader mode. Its
-    thread connects, runs the session and reconnects with backoff (see
-    _redial.Redial) until the client closes, the link is stopped, or it
-    gives up."""
+class _Link(LinkBase[Session]):
+    """A link (see _core.LinkBase) whose steps its thread carries out."""
 
     def __init__(self, client: Client, member: str, credit: int) -> None:
-        self.client = client
-        self.member = member  # "" for the cluster link
-        self.credit = credit  # Hello.max_in_flight of the next session
-        self.session: Optional[Session] = None
-        self.stopping = False
+        super().__init__(client, member, credit)
+        self._client = client
         self._wait = threading.Event()  # set to interrupt a backoff
         self.thread = threading.Thread(target=self._run, name=f"fanout-link-{member or 'cluster'}", daemon=True)
 
-    def session_addr(self) -> Optional[str]:
-        s = self.session
-        return s.addr if s is not None else None
-
-    def wake(self) -> None:
-        """Interrupts a backoff and wakes the session (the client closes)."""
-        self._wait.set()
-        s = self.session
-        if s is not None:
-            s.signal()
-
-    def stop(self) -> None:
-        """Retires the link's session and ends the link after it."""
-        self.stopping = True
-        self._wait.set()
-        s = self.session
-        if s is not None:
-            s.retire()
-
-    def set_credit(self, credit: int) -> None:
-        """A session that asked for another credit is retired and opened
-        again with this one."""
-        self.credit = credit
-        s = self.session
-        if s is not None and s.credit != credit:
-            s.retire()
+    def _interrupt(self) -> None:
+        self._wait.set()  # a connection attempt sees stopping or the client closing within 0.25 s
 
     def _run(self) -> None:
         try:
-            self._serve()
+            steps = self.steps()
+            result: Any = None
+            failure: Optional[Exception] = None
+            while True:
+                try:
+                    step = steps.send(result) if failure is None else steps.throw(failure)
+                except StopIteration:
+                    return
+                result, failure = None, None
+                try:
+                    result = self._do(step)
+                except Exception as e:  # noqa: BLE001 - a failed attempt goes back into the steps
+                    failure = e
         finally:
             self.client._link_exited(self)
 
-    def _serve(self) -> None:
-        c = self.client
-        redial = Redial(c.opts)
-        wait: Optional[float] = 0.0
-        while True:
-            if wait:
-                self._wait.wait(wait)
-            if c._closing.is_set() or self.stopping:
-                return
-            addrs = [self.member] if self.member else c.addrs
-            addr = redial.target(addrs)
-            credit = self.credit
-            try:
-                s = c._connect(self, addr, credit)
-            except Exception as err:  # noqa: BLE001 - every failure is retried or reported
-                if c._closing.is_set() or self.stopping:
-                    return
-                with c._cond:
-                    c._last_error = err
-                c.log.warning("connection attempt to %s failed: %s", addr, err)
-                wait = redial.failed(err, addrs)
-                if wait is None:
-                    c._gave_up(err)
-                    return
-                continue
-            redial.welcomed()
-            w = s.welcome
-            c.log.info(
-                "connected to %s (node %s, max_in_flight %d, heartbeat %d ms, topic %s, %d members)",
-                addr, w.node_id, w.max_in_flight, w.heartbeat_ms, w.topic, len(w.members),
-            )
-            self.session = s
-            if self.stopping or self.credit != credit:
-                s.retire()
-            c._welcomed_by(self, s)
-            began = time.monotonic()
-            ended = s.run()
-            self.session = None
-            if c._closing.is_set():
-                return
-            if self.stopping:
-                c.log.info("session with %s retired: no longer needed", s.addr)
-                return
-            if s.retired():
-                c.log.info("reconnecting to %s with a new share of the credit: %d", s.addr, self.credit)
-                redial.retired(s.addr)
-                wait = 0.0
-                continue
-            c.log.warning("disconnected from %s: %s", s.addr, ended)
-            wait = redial.ended(ended, s.addr, time.monotonic() - began, addrs)
-            if wait is None:
-                c._gave_up(ended)
-                return
+    def _do(self, step: Step) -> Any:
+        if isinstance(step, Wait):
+            self._wait.wait(step.seconds)
+            return None
+        if isinstance(step, Connect):
+            return self._client._connect(self, step.addr, step.credit)
+        assert isinstance(step, Serve)
+        return step.session.run()
 
 
 def connect(
