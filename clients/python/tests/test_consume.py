@@ -209,3 +209,31 @@ def test_aio_acks_of_one_turn_go_in_one_frame_as_a_range(daemon):
         await c.close()
 
     asyncio.run(main())
+
+
+def test_no_ack_waits_for_the_next_frame(flavor, daemon):
+    """Acks from many threads at once: each is sent without waiting for
+    something else to wake the connection. The daemon delivers a message only
+    when one is acked, keeping four in flight: an ack the connection did not
+    wake up for stalls it (until the test's timeout)."""
+    c, conn, _ = open_session(flavor, daemon, welcome=dict(max_in_flight=4))
+    t, out = flavor.consume_bg(c, lambda m: None, 8)
+    try:
+        n, sent, acked = 5000, 0, set()
+        for _ in range(4):
+            sent += 1
+            conn.deliver(sent, offset=sent)
+        while len(acked) < n:
+            f = conn.expect("ack")
+            ids = list(f.ack.delivery_ids) + [f.ack.ranges[i] + k for i in range(0, len(f.ack.ranges), 2)
+                                              for k in range(f.ack.ranges[i + 1])]
+            for i in ids:
+                assert i not in acked
+                acked.add(i)
+                if sent < n:
+                    sent += 1
+                    conn.deliver(sent, offset=sent)
+    finally:
+        c.close()
+    t.join(TIMEOUT)
+    assert out == {}

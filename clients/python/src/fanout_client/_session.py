@@ -185,12 +185,14 @@ class Session:
             else:
                 readable, _, _ = select.select([self.sock, self._wake_r], [], [], timeout)
             if self._wake_r in readable:
-                with self._lock:
-                    self._woken = False
+                # Drained first, then the flag reset: a signal in between sends no byte, and what it queued
+                # is written below; one after the reset sends a byte this loop has not drained.
                 try:
                     self._wake_r.recv(4096)
                 except BlockingIOError:
                     pass
+                with self._lock:
+                    self._woken = False
             if self.sock in readable:
                 data = self._recv()
                 if data is None:
