@@ -20,7 +20,9 @@ def mypy(*args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_the_package_checks_strictly():
-    r = mypy("-p", "fanout_client")
+    # Against the oldest Python mypy can target (the package supports 3.9): nothing of the standard library
+    # newer than that is used.
+    r = mypy("--python-version", "3.10", "-p", "fanout_client")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
