@@ -150,6 +150,9 @@ class Flavor:
 
 FAST = dict(min_backoff=0.01, max_backoff=0.05, connect_timeout=5.0)
 
+#: The threaded client, for the tests of it alone.
+THREADS = Flavor("threads")
+
 
 def connect_bg(flavor, addrs, **kw):
     """Connects a client of flavor in a thread (the fake daemon answers in the test's); returns a result holder

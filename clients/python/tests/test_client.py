@@ -11,11 +11,8 @@ import fanout_client
 from fanout_client import _wire, aio
 from fanout_client._proto import fanout_pb2 as pb
 from fake import TIMEOUT, frame_len
-from flavors import FAST, Flavor, connect_bg, open_session
+from flavors import FAST, THREADS, connect_bg, open_session
 from rawpb import fields, varint
-
-# The tests that look inside the threaded client's session.
-THREADS = Flavor("threads")
 
 def test_hello_announces_the_client(flavor, daemon):
     c, conn, hello = open_session(flavor, daemon, client_id="py-1", max_in_flight=7, auth_token="s3cret", max_frame_size=65536)

@@ -237,3 +237,54 @@ def test_no_ack_waits_for_the_next_frame(flavor, daemon):
         c.close()
     t.join(TIMEOUT)
     assert out == {}
+
+
+def test_an_interrupted_consume_closes_the_client_and_raises(daemon):
+    """Ctrl-C in the thread running consume: the client is closed at once
+    (the message in hand comes again: its ack is refused), the workers stop,
+    and consume raises KeyboardInterrupt."""
+    import signal
+
+    from flavors import THREADS
+
+    c, conn, _ = open_session(THREADS, daemon)
+    started, gate, acks = threading.Event(), threading.Event(), []
+
+    def handler(m):
+        started.set()
+        gate.wait(TIMEOUT)
+        try:
+            m.ack()
+        except fanout_client.SessionClosedError as e:
+            acks.append(e)
+
+    def interrupt():
+        assert started.wait(TIMEOUT)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # the thread running consume
+        assert conn.expect("goodbye").goodbye.reason == "client closing"
+        gate.set()
+
+    conn.deliver(1)
+    helper = threading.Thread(target=interrupt, daemon=True)
+    helper.start()
+    with pytest.raises(KeyboardInterrupt):
+        c.consume(handler, concurrency=2)
+    helper.join(TIMEOUT)
+    assert len(acks) == 1  # the worker finished before consume raised
+
+
+def test_a_handlers_exception_is_logged_with_its_traceback(flavor, daemon, caplog):
+    c, conn, _ = open_session(flavor, daemon)
+
+    def behavior(m):
+        raise KeyError("doc-7")
+
+    t, out = flavor.consume_bg(c, behavior, 1)
+    try:
+        conn.deliver(1)
+        assert conn.expect("nack").nack.reason == "KeyError: 'doc-7'"
+    finally:
+        c.close()
+    t.join(TIMEOUT)
+    (rec,) = [r for r in caplog.records if r.getMessage().startswith("handler failed")]
+    assert rec.levelname == "WARNING" and rec.exc_info and rec.exc_info[0] is KeyError

@@ -201,37 +201,20 @@ class Client(ClientBase[Message, Session, "_Link"]):
         nothing to do.
         """
         check_concurrency(concurrency)
-        workers = [
-            threading.Thread(target=self._work, args=(handler,), name=f"fanout-worker-{i}", daemon=True)
-            for i in range(concurrency)
-        ]
-        for w in workers:
-            w.start()
+        # Counted by the workers themselves, and waited for on a condition rather than with Thread.join: a
+        # KeyboardInterrupt in Thread.start or Thread.join can leave a thread's state wrong (a running
+        # thread taken for stopped), and a worker started after the client closed stops at once anyway.
+        pool = _Pool(self, handler)
         try:
-            for w in workers:
-                w.join()
+            for i in range(concurrency):
+                threading.Thread(target=pool.work, name=f"fanout-worker-{i}", daemon=True).start()
+            pool.wait(concurrency)
         except BaseException:
             self.close()
-            for w in workers:
-                w.join()
+            pool.wait(0)
             raise
         if self._error is not None:
             raise self._error
-
-    def _work(self, handler: Callable[[Message], object]) -> None:
-        while True:
-            try:
-                m = self.get()
-            except FanoutError:
-                return  # closed, or given up: consume raises the error
-            if m is None:
-                continue
-            err: Optional[BaseException] = None
-            try:
-                handler(m)
-            except Exception as e:  # noqa: BLE001 - a handler's failure nacks its message
-                err = e
-            settle(m, err, self.log)
 
     def close(self, drain: float = 0.0) -> None:
         """Closes every session: sends the acks queued so far and a Goodbye,
@@ -321,6 +304,51 @@ class Client(ClientBase[Message, Session, "_Link"]):
         finally:
             if not ok:
                 sock.close()
+
+
+class _Pool:
+    """consume's workers: each takes a message, runs the handler, settles the
+    message, until the client is closed."""
+
+    def __init__(self, client: Client, handler: Callable[[Message], object]) -> None:
+        self.client = client
+        self.handler = handler
+        self._cond = threading.Condition()
+        self._running = 0  # workers in work
+        self._done = 0  # workers that returned
+
+    def wait(self, done: int) -> None:
+        """Waits until done workers have returned and none runs (done 0: none runs)."""
+        with self._cond:
+            while self._running > 0 or self._done < done:
+                self._cond.wait()
+
+    def work(self) -> None:
+        with self._cond:
+            self._running += 1
+        try:
+            self._work()
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._done += 1
+                self._cond.notify_all()
+
+    def _work(self) -> None:
+        c = self.client
+        while True:
+            try:
+                m = c.get()
+            except FanoutError:
+                return  # closed, or given up: consume raises the error
+            if m is None:
+                continue
+            err: Optional[BaseException] = None
+            try:
+                self.handler(m)
+            except Exception as e:  # noqa: BLE001 - a handler's failure nacks its message
+                err = e
+            settle(m, err, c.log)
 
 
 class _Link(LinkBase[Session]):
