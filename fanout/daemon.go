@@ -294,9 +294,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.listening)
 	stopAccepting := context.AfterFunc(ctx, d.srv.StopAccepting)
 	defer stopAccepting()
-	watchCtx, stopWatching := context.WithCancel(ctx)
+	credsCtx, stopWatching := context.WithCancel(ctx)
 	var watcher actor.Group
-	watcher.Go(d.log, "credentials watcher", func() { d.watchCredentials(watchCtx) }, nil)
+	watcher.Go(d.log, "credentials watcher", func() { d.watchCredentials(credsCtx) }, nil)
 	defer watcher.Wait()
 	defer stopWatching()
 	fields := logrus.Fields{"listen": d.srv.Addr().String(), "client_security": d.clientSecurity(), "heartbeat_security": d.heartbeatSecurity(), "node": d.opts.NodeID, "kafka": d.opts.Kafka,
