@@ -62,6 +62,22 @@ func pyRun(t testing.TB, dir string, timeout time.Duration, env []string, args .
 	return string(out)
 }
 
+// pyStart starts pytest on the Python client's tests selected by args, in
+// the background, its output (-s: the tests' prints too) going to the
+// process's log; killed at the end of the test if still running.
+func pyStart(t testing.TB, env []string, args ...string) *procProcess {
+	t.Helper()
+	src, err := filepath.Abs(filepath.Join(pyRoot, "clients", "python", "src"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(pyPython(t), append([]string{"-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+		"-o", "log_level=INFO"}, args...)...)
+	cmd.Dir = filepath.Join(pyRoot, "clients", "python")
+	cmd.Env = append(append(os.Environ(), "PYTHONPATH="+src, "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"), env...)
+	return procRunCmd(t, cmd)
+}
+
 // pyTest runs pytest on the Python client's tests selected by args.
 func pyTest(t testing.TB, env []string, args ...string) {
 	t.Helper()
@@ -107,7 +123,17 @@ func TestPythonClientFollowsRedirect(t *testing.T) {
 	for _, a := range addrs {
 		procStart(t, procDaemonArgs(t, id, topic, a)...)
 	}
-	var leader, follower string
+	leader, follower := pyLeader(t, addrs)
+	produceSeq(t, topic, "m", n, 1)
+	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + follower, "FANOUT_TEST_LEADER=" + leader, fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
+		"tests/integration/test_daemon.py::test_redirected_to_the_leader")
+	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return zkOffsets(t, id, topic)[0] == n })
+}
+
+// pyLeader waits until one of the two daemons at addrs leads and the other
+// redirects to it; it returns the leader's index and address, and the other's.
+func pyLeader(t *testing.T, addrs []string) (leader, follower string) {
+	t.Helper()
 	testutil.WaitFor(t, 60*time.Second, "a leader and a follower that redirects to it", func() bool {
 		a, b := clHello(addrs[0]), clHello(addrs[1])
 		switch {
@@ -120,10 +146,7 @@ func TestPythonClientFollowsRedirect(t *testing.T) {
 		}
 		return true
 	})
-	produceSeq(t, topic, "m", n, 1)
-	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + follower, "FANOUT_TEST_LEADER=" + leader, fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
-		"tests/integration/test_daemon.py::test_redirected_to_the_leader")
-	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return zkOffsets(t, id, topic)[0] == n })
+	return leader, follower
 }
 
 // clients/python/examples/tail.py prints the messages as JSON and acks
@@ -266,25 +289,132 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // session with each member and receives every partition's messages.
 func TestPythonClientSpread(t *testing.T) {
 	const partitions, n = 4, 40
-	topic := uniqueName(t, "topic")
-	id := uniqueName(t, "svc")
-	createTopic(t, topic, partitions)
-	addrs := []string{procFreeAddr(t), procFreeAddr(t)}
-	for i, a := range addrs {
-		procStart(t, procDaemonArgs(t, id, topic, a, append(spArgs(), "--node-id", fmt.Sprintf("node-%d", i+1))...)...)
-	}
-	conn := spZK(t)
-	c := &clCluster{id: id, topic: topic}
-	testutil.WaitFor(t, 90*time.Second, "both members own partitions", func() bool { return len(spOwners(t, conn, c)) == 2 })
+	addrs, id, topic := pySpread(t, 2, partitions)
 	produceSeq(t, topic, "m", n, partitions)
 	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + addrs[0], "FANOUT_TEST_MEMBERS=" + strings.Join(addrs, ","),
 		fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
 		"tests/integration/test_daemon.py::test_spread_one_session_per_member")
-	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool {
-		var sum int64
-		for _, o := range zkOffsets(t, id, topic) {
-			sum += o
-		}
-		return sum == n
+	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return sumOffsets(zkOffsets(t, id, topic)) == n })
+}
+
+// pySpread starts members daemons of a new service in spread mode, on a new
+// topic of partitions, and waits until each owns partitions; it returns
+// their addresses, the service's id and the topic.
+func pySpread(t *testing.T, members int, partitions int32) (addrs []string, id, topic string) {
+	t.Helper()
+	topic = uniqueName(t, "topic")
+	id = uniqueName(t, "svc")
+	createTopic(t, topic, partitions)
+	for i := range members {
+		a := procFreeAddr(t)
+		addrs = append(addrs, a)
+		procStart(t, procDaemonArgs(t, id, topic, a, append(spArgs(), "--node-id", fmt.Sprintf("node-%d", i+1))...)...)
+	}
+	conn := spZK(t)
+	c := &clCluster{id: id, topic: topic}
+	testutil.WaitFor(t, 120*time.Second, fmt.Sprintf("the %d members own partitions", members), func() bool {
+		return len(spOwners(t, conn, c)) == members
 	})
+	return addrs, id, topic
+}
+
+// sumOffsets is the sum of a topic's committed offsets.
+func sumOffsets(offs map[int32]int64) int64 {
+	var sum int64
+	for _, o := range offs {
+		sum += o
+	}
+	return sum
+}
+
+// An asyncio worker (consume, four workers) outlives a kill -9 of the leader
+// under it: messages keep coming while the leader dies and is started again,
+// the worker reconnects (to the other daemon once it leads, or to the
+// restarted one), the messages it had in hand come again, and every offset
+// gets committed; then SIGTERM stops it gracefully (close with a drain) and
+// it checks that it handled every message.
+func TestPythonAsyncioWorkerOutlivesKill9(t *testing.T) {
+	const partitions, n = 2, 400
+	topic := uniqueName(t, "topic")
+	id := uniqueName(t, "svc")
+	createTopic(t, topic, partitions)
+	addrs := []string{procFreeAddr(t), procFreeAddr(t)}
+	procs := map[string]*procProcess{}
+	for _, a := range addrs {
+		procs[a] = procStart(t, procDaemonArgs(t, id, topic, a)...)
+	}
+	leader, _ := pyLeader(t, addrs)
+	produced := procProducePaced(t, topic, n, partitions, 10, 100*time.Millisecond)
+	worker := pyStart(t, []string{"FANOUT_TEST_DAEMONS=" + strings.Join(addrs, ","), "FANOUT_TEST_PREFIX=seq",
+		fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
+		"tests/integration/test_aio.py::test_worker_outlives_a_kill_9_of_its_daemon")
+	var before int64
+	testutil.WaitFor(t, 90*time.Second, "the worker's first acks committed", func() bool {
+		before = sumOffsets(zkOffsets(t, id, topic))
+		return before >= 40
+	})
+	if before >= n {
+		t.Fatalf("every message was committed before the kill: nothing was in flight to test")
+	}
+	procs[leader].signal(t, syscall.SIGKILL)
+	procs[leader].wait(t, 30*time.Second)
+	t.Logf("killed the leader %s with %d of %d offsets committed", leader, before, n)
+	procs[leader] = procStart(t, procDaemonArgs(t, id, topic, leader)...)
+	if err := <-produced; err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 180*time.Second, "every offset committed", func() bool {
+		return sumOffsets(zkOffsets(t, id, topic)) == n
+	})
+	worker.signal(t, syscall.SIGTERM)
+	if code := worker.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("the worker exited with %d:\n%s", code, worker.output())
+	}
+	t.Logf("worker:\n%s", worker.output())
+}
+
+// In spread mode the asyncio client given one address of three members
+// keeps a session with each, a third of max_in_flight each, and receives
+// every partition's messages.
+func TestPythonAsyncioSpreadThreeMembers(t *testing.T) {
+	const partitions, n = 6, 60
+	addrs, id, topic := pySpread(t, 3, partitions)
+	produceSeq(t, topic, "m", n, partitions)
+	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + addrs[0], "FANOUT_TEST_MEMBERS=" + strings.Join(addrs, ","),
+		fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
+		"tests/integration/test_aio.py::test_spread_one_session_per_member")
+	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return sumOffsets(zkOffsets(t, id, topic)) == n })
+}
+
+// The asyncio client closed with a drain while its handlers run: they
+// finish, and their acks reach the daemon before the Goodbye: the committed
+// offset is exactly the number of messages handled (the ones queued and not
+// handed out were given back, not acked).
+func TestPythonAsyncioCloseDrains(t *testing.T) {
+	const n = 40
+	topic := uniqueName(t, "topic")
+	id := uniqueName(t, "svc")
+	createTopic(t, topic, 1)
+	addr := procFreeAddr(t)
+	procStart(t, procDaemonArgs(t, id, topic, addr)...)
+	produceSeq(t, topic, "m", n, 1)
+	out := filepath.Join(t.TempDir(), "drain.json")
+	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + addr, "FANOUT_TEST_OUT=" + out, fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
+		"tests/integration/test_aio.py::test_close_drains_the_handlers_in_hand")
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Handled int64 `json:"handled"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil || r.Handled <= 0 {
+		t.Fatalf("the test's result %s: %v", b, err)
+	}
+	testutil.WaitFor(t, 30*time.Second, fmt.Sprintf("offset %d committed", r.Handled), func() bool {
+		return zkOffsets(t, id, topic)[0] >= r.Handled
+	})
+	if got := zkOffsets(t, id, topic)[0]; got != r.Handled {
+		t.Fatalf("committed offset %d, want %d: exactly the messages handled", got, r.Handled)
+	}
 }

@@ -7,15 +7,20 @@ counts its words and stores the result in a "database", here a directory of
 JSON files (--out), one per document id. Storing is idempotent (delivery is
 at least once: a document may come twice), and the store may fail for a
 while (a "transient" failure, simulated by documents with "flaky": true on
-their first attempt): the worker then nacks the message with a delay, and
-the daemon hands it out again later. A document that is not valid JSON can
-never succeed: the worker logs it and acks it, so it does not come back
-forever (with the daemon's dead-letter topic, nack it instead).
+their first attempt): the worker then raises RetryAfter, which nacks the
+message with a delay, and the daemon hands it out again later. A document
+that is not valid JSON can never succeed: the worker logs it and acks it, so
+it does not come back forever (with the daemon's dead-letter topic, raise
+instead, and let the daemon move it aside after --max-attempts).
+
+The client's consume runs the handler in a fixed set of worker threads
+(--workers): a handler that returns acks its message, one that raises nacks
+it.
 
     pip install ../../clients/python
     python3 worker.py --connect localhost:4987 --out results/
 
-SIGTERM or Ctrl-C stops it cleanly: the message in hand is finished and
+SIGTERM or Ctrl-C stops it cleanly: the messages in hand are finished and
 acked, then the client says goodbye.
 """
 
@@ -72,36 +77,39 @@ def main(argv=None) -> int:
     p.add_argument("--auth-token", default=os.environ.get("FANOUT_AUTH_TOKEN", ""))
     p.add_argument("--out", required=True, help="directory of the results (the worker's database)")
     p.add_argument("--retry-delay", type=float, default=1.0, help="seconds before a transient failure is retried")
+    p.add_argument("--workers", type=int, default=4, help="documents processed at once")
     p.add_argument("--max-in-flight", type=int, default=16)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     store = ResultStore(args.out)
+
+    def work(msg: fanout_client.Message) -> None:
+        """consume's handler: returning acks the message, raising nacks it."""
+        try:
+            handle(msg, store)
+        except TransientError as e:
+            log.warning("partition %d offset %d: %s; retrying in %.1fs", msg.partition, msg.offset, e, args.retry_delay)
+            raise fanout_client.RetryAfter(args.retry_delay, str(e)) from e
+        except ValueError as e:
+            log.error("partition %d offset %d: dropping a bad document: %s", msg.partition, msg.offset, e)
+            return
+        log.info("partition %d offset %d done (attempt %d)", msg.partition, msg.offset, msg.attempt)
+
     try:
         with fanout_client.connect(args.connect.split(","), auth_token=args.auth_token, client_id="python-worker",
                                    max_in_flight=args.max_in_flight, timeout=60) as client:
             log.info("connected to %s", args.connect)
 
             def stop(signum, frame):
-                # Graceful: no new messages; the one in hand is finished and acked (within 10 s), then
-                # goodbye. close() waits, so it runs beside the loop, which ends once the client is closed.
+                # Graceful: no new messages; the ones in hand are finished and acked (within 10 s), then
+                # goodbye. close() waits, so it runs beside consume, which returns once the client is closed.
                 log.info("stopping")
                 threading.Thread(target=client.close, kwargs={"drain": 10.0}, daemon=True).start()
 
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-            for msg in client:
-                try:
-                    handle(msg, store)
-                except TransientError as e:
-                    log.warning("partition %d offset %d: %s; retrying in %.1fs", msg.partition, msg.offset, e,
-                                args.retry_delay)
-                    msg.nack(delay=args.retry_delay, reason=str(e))
-                    continue
-                except ValueError as e:
-                    log.error("partition %d offset %d: dropping a bad document: %s", msg.partition, msg.offset, e)
-                log.info("partition %d offset %d done (attempt %d)", msg.partition, msg.offset, msg.attempt)
-                msg.ack()
+            client.consume(work, concurrency=args.workers)
     except fanout_client.FanoutError as e:
         log.error("%s", e)
         return 1

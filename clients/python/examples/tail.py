@@ -50,7 +50,10 @@ def main(argv=None) -> int:
             for msg in client:
                 print(render(msg) if args.json else msg.value.decode("utf-8", "replace"), flush=True)
                 if not args.no_ack:
-                    msg.ack()
+                    try:
+                        msg.ack()
+                    except fanout_client.SessionClosedError:
+                        pass  # its connection ended: the daemon delivers it again
                 printed += 1
                 if args.count and printed >= args.count:
                     break

@@ -48,6 +48,15 @@ class Conn:
                 return f
             assert k in skip, f"got a {k} frame, want {kind}: {f}"
 
+    def expect_any(self, kinds, timeout: float = TIMEOUT, skip=("pong",)) -> pb.Frame:
+        """The next frame of one of kinds, skipping kinds in skip."""
+        while True:
+            f, _ = self.next(timeout)
+            k = f.WhichOneof("body")
+            if k in kinds:
+                return f
+            assert k in skip, f"got a {k} frame, want one of {kinds}: {f}"
+
     def expect_body(self, kind: str) -> bytes:
         while True:
             f, body = self.next()

@@ -8,42 +8,14 @@ import time
 import pytest
 
 import fanout_client
-from fanout_client import _wire
+from fanout_client import _wire, aio
 from fanout_client._proto import fanout_pb2 as pb
 from fake import TIMEOUT, frame_len
+from flavors import FAST, THREADS, connect_bg, open_session
 from rawpb import fields, varint
 
-FAST = dict(min_backoff=0.01, max_backoff=0.05, connect_timeout=5.0)
-
-
-def connect_bg(addrs, **kw):
-    """Connects in a thread (the fake daemon answers in the test's); returns a result holder and the thread."""
-    out = {}
-
-    def run():
-        try:
-            out["client"] = fanout_client.connect(addrs, timeout=TIMEOUT, **{**FAST, **kw})
-        except Exception as e:  # noqa: BLE001
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return out, t
-
-
-def open_session(daemon, **kw):
-    """A client welcomed by daemon; returns (client, conn, hello)."""
-    welcome = kw.pop("welcome", {})
-    out, t = connect_bg(daemon.addr, **kw)
-    conn = daemon.accept()
-    hello = conn.welcome(**welcome)
-    t.join(TIMEOUT)
-    assert "client" in out, out.get("error")
-    return out["client"], conn, hello
-
-
-def test_hello_announces_the_client(daemon):
-    c, conn, hello = open_session(daemon, client_id="py-1", max_in_flight=7, auth_token="s3cret", max_frame_size=65536)
+def test_hello_announces_the_client(flavor, daemon):
+    c, conn, hello = open_session(flavor, daemon, client_id="py-1", max_in_flight=7, auth_token="s3cret", max_frame_size=65536)
     try:
         assert hello.protocol_version == 1
         assert hello.client_id == "py-1"
@@ -55,14 +27,14 @@ def test_hello_announces_the_client(daemon):
         c.close()
 
 
-def test_without_batch_only_members_is_announced(daemon):
-    c, conn, hello = open_session(daemon, batch=False)
+def test_without_batch_only_members_is_announced(flavor, daemon):
+    c, conn, hello = open_session(flavor, daemon, batch=False)
     c.close()
     assert list(hello.capabilities) == [_wire.CAPABILITY_MEMBERS]
 
 
-def test_messages_are_iterated_and_acked(daemon):
-    c, conn, _ = open_session(daemon)
+def test_messages_are_iterated_and_acked(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon)
     try:
         conn.deliver(11, b"hello", partition=2, offset=40, key=b"k", timestamp_ms=1_700_000_000_000,
                      headers=[pb.Header(key="h", value=b"x")])
@@ -81,8 +53,8 @@ def test_messages_are_iterated_and_acked(daemon):
         c.close()
 
 
-def test_a_record_without_a_key_has_key_none(daemon):
-    c, conn, _ = open_session(daemon)
+def test_a_record_without_a_key_has_key_none(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon)
     try:
         conn.deliver(1, b"none")
         conn.deliver(2, b"empty", key=b"")
@@ -93,8 +65,8 @@ def test_a_record_without_a_key_has_key_none(daemon):
         c.close()
 
 
-def test_touch_and_plain_nack(daemon):
-    c, conn, _ = open_session(daemon)
+def test_touch_and_plain_nack(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon)
     try:
         conn.deliver(1)
         m = c.get(TIMEOUT)
@@ -109,8 +81,8 @@ def test_touch_and_plain_nack(daemon):
         c.close()
 
 
-def test_nack_with_delay_and_reason(daemon):
-    c, conn, _ = open_session(daemon)
+def test_nack_with_delay_and_reason(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon)
     try:
         conn.deliver(5)
         m = c.get(TIMEOUT)
@@ -128,7 +100,7 @@ def test_nack_with_delay_and_reason(daemon):
 
 
 def test_acks_queued_together_go_in_one_frame(daemon):
-    c, conn, _ = open_session(daemon, batch=False)
+    c, conn, _ = open_session(THREADS, daemon, batch=False)
     try:
         for i in range(1, 6):
             conn.deliver(i, offset=i)
@@ -136,10 +108,9 @@ def test_acks_queued_together_go_in_one_frame(daemon):
         s = msgs[0]._session
         with s._lock:  # hold the writer off while all five are queued
             s._woken = True
-            for m in msgs:
-                m._done = True
-                s.held -= 1
-                s._acks.append(m.delivery_id)
+        for m in msgs:
+            m.ack()
+        with s._lock:
             s._woken = False
         s.signal()
         assert sorted(conn.expect("ack").ack.delivery_ids) == [1, 2, 3, 4, 5]
@@ -147,8 +118,8 @@ def test_acks_queued_together_go_in_one_frame(daemon):
         c.close()
 
 
-def test_pings_are_answered(daemon):
-    c, conn, _ = open_session(daemon)
+def test_pings_are_answered(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon)
     try:
         for nonce in (1, 300, 2**63):
             conn.send(pb.Frame(ping=pb.Ping(nonce=nonce)))
@@ -157,8 +128,8 @@ def test_pings_are_answered(daemon):
         c.close()
 
 
-def test_close_sends_queued_acks_then_goodbye(daemon):
-    c, conn, _ = open_session(daemon)
+def test_close_sends_queued_acks_then_goodbye(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon)
     conn.deliver(3)
     m = c.get(TIMEOUT)
     m.ack()  # queued; close sends it at the latest
@@ -174,8 +145,8 @@ def test_close_sends_queued_acks_then_goodbye(daemon):
     assert list(c) == []
 
 
-def test_context_manager_closes_and_late_ack_is_refused(daemon):
-    out, t = connect_bg(daemon.addr)
+def test_context_manager_closes_and_late_ack_is_refused(flavor, daemon):
+    out, t = connect_bg(flavor, daemon.addr)
     conn = daemon.accept()
     conn.welcome()
     t.join(TIMEOUT)
@@ -183,11 +154,12 @@ def test_context_manager_closes_and_late_ack_is_refused(daemon):
         conn.deliver(9)
         m = c.get(TIMEOUT)
     assert conn.expect("goodbye")
-    assert m.ack() is False  # the daemon delivers it again
+    with pytest.raises(fanout_client.SessionClosedError):
+        m.ack()  # nothing sent: the daemon delivers it again
 
 
-def test_close_with_drain_waits_for_held_messages(daemon):
-    c, conn, _ = open_session(daemon)
+def test_close_with_drain_waits_for_held_messages(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon)
     conn.deliver(1)
     m = c.get(TIMEOUT)
     t = threading.Thread(target=c.close, kwargs={"drain": TIMEOUT})
@@ -206,8 +178,8 @@ def test_close_with_drain_waits_for_held_messages(daemon):
     assert not t.is_alive()
 
 
-def test_redirect_in_handshake_is_followed(daemon, daemon2):
-    out, t = connect_bg(daemon.addr)
+def test_redirect_in_handshake_is_followed(flavor, daemon, daemon2):
+    out, t = connect_bg(flavor, daemon.addr)
     conn = daemon.accept()
     conn.expect("hello")
     conn.send(pb.Frame(redirect=pb.Redirect(leader_address=daemon2.addr, leader_node_id="n2", epoch=3)))
@@ -222,8 +194,8 @@ def test_redirect_in_handshake_is_followed(daemon, daemon2):
         c.close()
 
 
-def test_redirect_after_welcome_reconnects_to_the_leader(daemon, daemon2):
-    c, conn, _ = open_session(daemon)
+def test_redirect_after_welcome_reconnects_to_the_leader(flavor, daemon, daemon2):
+    c, conn, _ = open_session(flavor, daemon)
     try:
         conn.send(pb.Frame(redirect=pb.Redirect(leader_address=daemon2.addr)))
         conn2 = daemon2.accept()
@@ -234,8 +206,8 @@ def test_redirect_after_welcome_reconnects_to_the_leader(daemon, daemon2):
         c.close()
 
 
-def test_unauthorized_fails_connect_at_once(daemon):
-    out, t = connect_bg(daemon.addr)
+def test_unauthorized_fails_connect_at_once(flavor, daemon):
+    out, t = connect_bg(flavor, daemon.addr)
     conn = daemon.accept()
     conn.expect("hello")
     conn.send(pb.Frame(error=pb.Error(code=pb.ERROR_CODE_UNAUTHORIZED, message="bad token", fatal=True)))
@@ -247,8 +219,8 @@ def test_unauthorized_fails_connect_at_once(daemon):
     assert daemon.no_connection(0.3)  # not retried
 
 
-def test_an_http_server_fails_connect_at_once_saying_so(daemon):
-    out, t = connect_bg(daemon.addr)
+def test_an_http_server_fails_connect_at_once_saying_so(flavor, daemon):
+    out, t = connect_bg(flavor, daemon.addr)
     conn = daemon.accept()
     conn.expect("hello")
     conn.send_raw(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
@@ -261,8 +233,8 @@ def test_an_http_server_fails_connect_at_once_saying_so(daemon):
     assert daemon.no_connection(0.3)  # not retried
 
 
-def test_no_leader_waits_retry_after(daemon):
-    out, t = connect_bg(daemon.addr)
+def test_no_leader_waits_retry_after(flavor, daemon):
+    out, t = connect_bg(flavor, daemon.addr)
     conn = daemon.accept()
     conn.expect("hello")
     t0 = time.monotonic()
@@ -275,19 +247,19 @@ def test_no_leader_waits_retry_after(daemon):
     out["client"].close()
 
 
-def test_connect_times_out_with_the_last_error():
+def test_connect_times_out_with_the_last_error(flavor):
     import socket
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     addr = "127.0.0.1:%d" % s.getsockname()[1]
     s.close()  # nobody listens
     with pytest.raises(fanout_client.ConnectError) as e:
-        fanout_client.connect(addr, timeout=0.5, **FAST)
+        flavor.connect(addr, timeout=0.5, **FAST)
     assert isinstance(e.value.__cause__, ConnectionError)
 
 
-def test_frame_above_the_limit_stops_the_client(daemon):
-    c, conn, _ = open_session(daemon, max_frame_size=4096)
+def test_frame_above_the_limit_stops_the_client(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon, max_frame_size=4096)
     conn.send_raw(frame_len(4097))  # declared only: refused before the body
     with pytest.raises(fanout_client.FrameTooLargeError):
         c.get(TIMEOUT)
@@ -299,14 +271,15 @@ def test_frame_above_the_limit_stops_the_client(daemon):
 
 
 @pytest.mark.parametrize("raw", [frame_len(0), frame_len(3) + b"\xff\xff\xff"], ids=["empty", "garbage"])
-def test_bad_frame_ends_the_session_and_the_client_reconnects(daemon, raw):
-    c, conn, _ = open_session(daemon)
+def test_bad_frame_ends_the_session_and_the_client_reconnects(flavor, daemon, raw):
+    c, conn, _ = open_session(flavor, daemon)
     try:
         conn.deliver(1)
         m = c.get(TIMEOUT)
         conn.send_raw(raw)
         conn2 = daemon.accept()
-        assert m.ack() is False  # its session ended: the daemon delivers it again
+        with pytest.raises(fanout_client.SessionClosedError):
+            m.ack()  # its session ended: the daemon delivers it again
         conn2.welcome()
         conn2.deliver(2)
         assert c.get(TIMEOUT).delivery_id == 2
@@ -315,8 +288,8 @@ def test_bad_frame_ends_the_session_and_the_client_reconnects(daemon, raw):
         c.close()
 
 
-def test_silent_daemon_is_left(daemon):
-    c, conn, _ = open_session(daemon, welcome=dict(heartbeat_ms=100, liveness_intervals=2))
+def test_silent_daemon_is_left(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon, welcome=dict(heartbeat_ms=100, liveness_intervals=2))
     try:
         t0 = time.monotonic()
         conn2 = daemon.accept()  # the client gave up on conn: nothing came for 3 heartbeats
@@ -326,8 +299,8 @@ def test_silent_daemon_is_left(daemon):
         c.close()
 
 
-def test_no_reconnect_gives_up(daemon):
-    c, conn, _ = open_session(daemon, reconnect=False)
+def test_no_reconnect_gives_up(flavor, daemon):
+    c, conn, _ = open_session(flavor, daemon, reconnect=False)
     conn.close()
     with pytest.raises(fanout_client.ConnectionLostError):
         c.get(TIMEOUT)
@@ -337,7 +310,7 @@ def test_no_reconnect_gives_up(daemon):
 
 def test_deliver_batch_and_ranges_when_confirmed(daemon):
     # Welcome.capabilities = [CAPABILITY_BATCH] (field 11), as the daemon sends it.
-    c, conn, hello = open_session(daemon, welcome=dict(max_in_flight=64))
+    c, conn, hello = open_session(THREADS, daemon, welcome=dict(max_in_flight=64))
     try:
         assert _wire.CAPABILITY_BATCH in hello.capabilities
         s = c.get(0.2)  # nothing yet
@@ -355,7 +328,7 @@ def test_deliver_batch_and_ranges_when_confirmed(daemon):
     finally:
         c.close()
 
-    out, t = connect_bg(daemon.addr)
+    out, t = connect_bg(THREADS, daemon.addr)
     conn = daemon.accept()
     conn.expect("hello")
     welcome = pb.Frame(welcome=pb.Welcome(max_in_flight=64, heartbeat_ms=60_000)).SerializeToString()
@@ -366,7 +339,7 @@ def test_deliver_batch_and_ranges_when_confirmed(daemon):
         conn.send_raw(_batch_frame([pb.Deliver(delivery_id=i, attempt=1) for i in range(2000, 2010)]))
         msgs = [c.get(TIMEOUT) for _ in range(10)]
         s = msgs[0]._session
-        assert s.ranges
+        assert s.state.ranges
         with s._lock:
             s._woken = True  # queue all ten before the writer runs
         for m in msgs:
@@ -395,9 +368,9 @@ def _add_welcome_caps(frame_body: bytes, caps):
     return frame_len(len(body)) + body
 
 
-def test_members_one_session_each_with_split_credit(daemon, daemon2):
+def test_members_one_session_each_with_split_credit(flavor, daemon, daemon2):
     both = [pb.Member(address=daemon.addr), pb.Member(address=daemon2.addr)]
-    c, conn, hello = open_session(daemon, max_in_flight=10, welcome=dict(members=both))
+    c, conn, hello = open_session(flavor, daemon, max_in_flight=10, welcome=dict(members=both))
     try:
         assert hello.max_in_flight == 10
         # The first session asked for all the credit: it is opened again with its share, once drained.
@@ -439,14 +412,14 @@ def test_members_one_session_each_with_split_credit(daemon, daemon2):
         c.close()
 
 
-def test_older_member_list_changes_nothing(daemon, daemon2):
+def test_older_member_list_changes_nothing(flavor, daemon, daemon2):
     """Members may disagree for a moment while an assignment spreads: a list
     of a lower (epoch, generation), or without one in a Members frame, is
     ignored; a newer one is followed."""
     both = [pb.Member(address=daemon.addr), pb.Member(address=daemon2.addr)]
     one = [pb.Member(address=daemon.addr)]
     v = pb.MembersVersion
-    c, conn, _ = open_session(daemon, max_in_flight=10, welcome=dict(members=both, members_version=v(epoch=2, generation=5)))
+    c, conn, _ = open_session(flavor, daemon, max_in_flight=10, welcome=dict(members=both, members_version=v(epoch=2, generation=5)))
     try:
         conn2 = daemon2.accept()
         conn2.welcome(members=both, members_version=v(epoch=2, generation=5))
@@ -475,15 +448,16 @@ def test_older_member_list_changes_nothing(daemon, daemon2):
         c.close()
 
 
-def test_bad_arguments_are_refused():
+@pytest.mark.parametrize("cls", [fanout_client.Client, aio.Client], ids=["threads", "asyncio"])
+def test_bad_arguments_are_refused(cls):
     with pytest.raises(ValueError):
-        fanout_client.Client([])
+        cls([])
     with pytest.raises(ValueError):
-        fanout_client.Client("no-port")
+        cls("no-port")
     with pytest.raises(ValueError):
-        fanout_client.Client("h:1", max_in_flight=0)
+        cls("h:1", max_in_flight=0)
     with pytest.raises(ValueError):
-        fanout_client.Client("h:1", max_frame_size=10)
+        cls("h:1", max_frame_size=10)
 
 
 @pytest.fixture
@@ -504,14 +478,14 @@ def tls(tmp_path):
     return server, ssl.create_default_context(cafile=str(cert))
 
 
-def test_tls_session(tls):
+def test_tls_session(flavor, tls):
     from fake import FakeDaemon
     import ssl
 
     server, client_ctx = tls
     d = FakeDaemon(server)
     try:
-        c, conn, hello = open_session(d, ssl_context=client_ctx)
+        c, conn, hello = open_session(flavor, d, ssl_context=client_ctx)
         try:
             assert isinstance(conn.sock, ssl.SSLSocket)
             for i in range(1, 4):
@@ -531,6 +505,6 @@ def test_tls_session(tls):
             c.close()
         # A client that does not trust the certificate does not get in.
         with pytest.raises(fanout_client.ConnectError):
-            fanout_client.connect(d.addr, ssl_context=ssl.create_default_context(), timeout=1, **FAST)
+            flavor.connect(d.addr, ssl_context=ssl.create_default_context(), timeout=1, **FAST)
     finally:
         d.close()

@@ -9,11 +9,13 @@
             process(msg.value)
             msg.ack()
 
-See :class:`Client` and :class:`Message`, and clients/python/README.md.
+See :class:`Client`, :class:`Message` and :meth:`Client.consume`; the
+asyncio client is :mod:`fanout_client.aio`; and clients/python/README.md.
 """
 
 import logging
 
+from ._pool import RetryAfter
 from .client import Client, connect
 from .errors import (
     AlreadyAckedError,
@@ -26,14 +28,17 @@ from .errors import (
     FrameTooLargeError,
     HTTPServerError,
     RemoteError,
+    SessionClosedError,
 )
-from .message import Header, Message
+from .message import BaseMessage, Header, Message
 
 __all__ = [
     "Client",
     "connect",
     "Message",
+    "BaseMessage",
     "Header",
+    "RetryAfter",
     "FanoutError",
     "ClosedError",
     "AlreadyAckedError",
@@ -44,6 +49,7 @@ __all__ = [
     "FrameTooLargeError",
     "HTTPServerError",
     "RemoteError",
+    "SessionClosedError",
 ]
 
 # The package's version, its one place: pyproject.toml reads it (docs/releasing.md).

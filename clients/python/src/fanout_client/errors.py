@@ -17,6 +17,7 @@ __all__ = [
     "ConnectionLostError",
     "DaemonSilentError",
     "ConnectError",
+    "SessionClosedError",
 ]
 
 
@@ -37,6 +38,14 @@ class ConnectError(FanoutError):
 
     Its ``__cause__`` is the last connection failure, when there was one.
     """
+
+
+class SessionClosedError(FanoutError):
+    """ack(), nack() or touch() of a message whose session has ended: its
+    connection broke, the session retired, or the client was closed. Nothing
+    was sent; the daemon delivers the message again (to this client or
+    another), so nothing is lost. Its ``__cause__`` says why the session
+    ended."""
 
 
 class ConnectionLostError(FanoutError):

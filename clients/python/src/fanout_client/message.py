@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Type, TypeVar
 
 from ._wire import MAX_NACK_DELAY_MS
-from .errors import AlreadyAckedError
+from .errors import SessionClosedError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._session import Session
+    from typing import Protocol
 
-__all__ = ["Header", "Message"]
+    from ._proto import fanout_pb2 as pb
+
+    class _Settler(Protocol):
+        """What a message's session does for it (both clients' sessions)."""
+
+        addr: str
+
+        def finish(self, msg: "BaseMessage", op: int, delay_ms: int, reason: str) -> None: ...
+
+        def touch(self, msg: "BaseMessage") -> None: ...
+
+__all__ = ["Header", "Message", "BaseMessage"]
 
 # What a session queues for its writer.
 OP_ACK, OP_NACK, OP_TOUCH = 0, 1, 2
+
+
+_M = TypeVar("_M", bound="BaseMessage")
 
 
 class Header(NamedTuple):
@@ -24,16 +38,9 @@ class Header(NamedTuple):
     value: bytes
 
 
-class Message:
-    """One delivery of a Kafka record.
-
-    Ack it once processed; without an ack within the daemon's ack timeout, or
-    when its connection breaks first, the daemon delivers it again (possibly
-    to another client). ``ack``, ``nack`` and ``touch`` may be called from any
-    thread; they queue the delivery id for the session's writer, which sends
-    the ids queued by then in one frame. Delivery is at least once: a message
-    may come twice, so process idempotently (``partition`` and ``offset``
-    identify the record).
+class BaseMessage:
+    """One delivery of a Kafka record: what both clients' messages share (the
+    record, the delivery, the session it came on). See :class:`Message`.
 
     Attributes:
         partition: the Kafka partition.
@@ -60,7 +67,7 @@ class Message:
         timestamp_ms: int,
         attempt: int,
         delivery_id: int,
-        session: "Optional[Session]" = None,
+        session: "Optional[_Settler]" = None,
     ) -> None:
         self.partition = partition
         self.offset = offset
@@ -72,6 +79,21 @@ class Message:
         self.delivery_id = delivery_id
         self._session = session
         self._done = False
+
+    @classmethod
+    def _of(cls: Type[_M], d: "pb.Deliver", session: "_Settler") -> _M:
+        """The message of a Deliver that session received."""
+        return cls(
+            d.partition,
+            d.offset,
+            d.key if d.HasField("key") else None,
+            d.value,
+            [Header(h.key, h.value) for h in d.headers],
+            d.timestamp_ms,
+            d.attempt,
+            d.delivery_id,
+            session,
+        )
 
     @property
     def timestamp(self) -> datetime.datetime:
@@ -87,18 +109,57 @@ class Message:
 
     @property
     def acked(self) -> bool:
-        """Whether ack() or nack() was called."""
+        """Whether ack() or nack() was called (and the id queued)."""
         return self._done
+
+    def _finish(self, op: int, delay: Optional[float] = None, reason: str = "") -> bool:
+        delay_ms = 0
+        if delay is not None:
+            if delay < 0:
+                raise ValueError(f"nack delay {delay!r} is negative")
+            delay_ms = min(int(round(delay * 1000)), MAX_NACK_DELAY_MS)
+        s = self._session
+        if s is None:
+            raise SessionClosedError(f"{self!r} came on no session: nothing to ack it on")
+        s.finish(self, op, delay_ms, reason)
+        return True
+
+    def _touch(self) -> bool:
+        s = self._session
+        if s is None:
+            raise SessionClosedError(f"{self!r} came on no session: nothing to touch it on")
+        s.touch(self)
+        return True
+
+    def __repr__(self) -> str:
+        return f"<fanout Message partition={self.partition} offset={self.offset} attempt={self.attempt} delivery_id={self.delivery_id}>"
+
+
+class Message(BaseMessage):
+    """One delivery of a Kafka record, from :class:`fanout_client.Client`.
+
+    Ack it once processed; without an ack within the daemon's ack timeout, or
+    when its connection breaks first, the daemon delivers it again (possibly
+    to another client). ``ack``, ``nack`` and ``touch`` may be called from any
+    thread; they queue the delivery id for the session's thread, which sends
+    the ids queued by then in one frame. Delivery is at least once: a message
+    may come twice, so process idempotently (``partition`` and ``offset``
+    identify the record). The attributes are :class:`BaseMessage`'s.
+    """
+
+    __slots__ = ()
 
     def ack(self) -> bool:
         """Tells the daemon the message is processed.
 
         Returns True once the ack is queued for sending (an ack queued just
-        before the connection breaks may still be lost: the message then comes
-        again), False when it cannot be sent: the message's connection has
-        ended or the client was closed, and the daemon will deliver it again.
+        before the connection breaks may still be lost: the message then
+        comes again).
 
         Raises:
+            SessionClosedError: the message's session has ended (its
+                connection broke, it retired, or the client was closed):
+                nothing is sent, and the daemon delivers the message again.
             AlreadyAckedError: after a previous ack() or nack().
         """
         return self._finish(OP_ACK)
@@ -116,34 +177,10 @@ class Message:
             reason: why, for the daemon's logs and the dead-letter record
                 (the daemon keeps 256 bytes of it).
         """
-        delay_ms = 0
-        if delay is not None:
-            if delay < 0:
-                raise ValueError(f"nack delay {delay!r} is negative")
-            delay_ms = min(int(round(delay * 1000)), MAX_NACK_DELAY_MS)
-        return self._finish(OP_NACK, delay_ms, reason)
+        return self._finish(OP_NACK, delay, reason)
 
     def touch(self) -> bool:
         """Restarts the message's ack timeout on the daemon, for work that
-        takes longer than it. Returns like ack().
-
-        Raises:
-            AlreadyAckedError: after ack() or nack().
-        """
-        if self._session is None:
-            if self._done:
-                raise AlreadyAckedError(f"touch of {self!r}: already acked or nacked")
-            return False
-        return self._session.touch(self)
-
-    def _finish(self, op: int, delay_ms: int = 0, reason: str = "") -> bool:
-        s = self._session
-        if s is None:
-            if self._done:
-                raise AlreadyAckedError(f"{self!r}: already acked or nacked")
-            self._done = True
-            return False
-        return s.finish(self, op, delay_ms, reason)
-
-    def __repr__(self) -> str:
-        return f"<fanout Message partition={self.partition} offset={self.offset} attempt={self.attempt} delivery_id={self.delivery_id}>"
+        takes longer than it. Returns and raises like ack() (AlreadyAckedError
+        after ack() or nack())."""
+        return self._touch()
