@@ -20,7 +20,6 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Defaults of the status command.
@@ -128,10 +127,10 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 	if err != nil {
 		return nil, fmt.Errorf("committed offsets: %w", err)
 	}
-	var owners map[int32]zkstore.OwnerState // spread mode's ownership records, where the store keeps them
+	var held authority.Holdings // who holds each partition in spread mode, where the store keeps it
 	if o, ok := auth.Owners(); ok {
-		if owners, err = o.Read(ctx); err != nil {
-			return nil, fmt.Errorf("ownership records: %w", err)
+		if held, err = o.Read(ctx); err != nil {
+			return nil, fmt.Errorf("the partitions' holders: %w", err)
 		}
 	}
 	parts, err := client.Partitions(opts.Topic)
@@ -163,7 +162,11 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 			st.Mode = m.Mode
 		}
 	}
-	st.AddSpread(log.assignment(st.Leader), owners)
+	a := held.Assignment // the store's, when it assigns
+	if a == nil {
+		a = log.assignment(st.Leader) // else the elected leader's
+	}
+	st.AddSpread(a, held.Holders)
 	return st, nil
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 func TestWriteStatus(t *testing.T) {
@@ -130,13 +129,13 @@ func TestSpreadStatus(t *testing.T) {
 		{NodeID: "node-a", Addr: "h:1", Partitions: []int32{0, 1, 2}},
 		{NodeID: "node-b", Addr: "h:2", Partitions: []int32{3, 4, 5}},
 	}}
-	owners := map[int32]zkstore.OwnerState{
-		0: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-a"}, Live: true},
-		1: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-a"}, Live: true},
-		2: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-b"}, Live: true}, // handing over to node-a
-		3: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-b"}, Live: true},
-		4: {OwnerRecord: zkstore.OwnerRecord{Owner: ""}},       // released
-		5: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-c"}}, // crashed
+	owners := map[int32]status.Holder{
+		0: {Node: "node-a", Live: true},
+		1: {Node: "node-a", Live: true},
+		2: {Node: "node-b", Live: true}, // handing over to node-a
+		3: {Node: "node-b", Live: true},
+		4: {Node: ""},       // released
+		5: {Node: "node-c"}, // crashed
 	}
 	st := status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
 		Leader: &status.Leader{Node: "node-b", Addr: "h:2", Epoch: 4}}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Status describes a fanout cluster. Node, Clients and Rates are a
@@ -200,15 +199,25 @@ func (s *Status) AddPartition(p int32, highWatermark int64, committed *int64, ow
 	s.Partitions = append(s.Partitions, ps)
 }
 
+// Holder is who holds a partition in spread mode, as the offset store
+// says (authority.Owners): the member Node, live while it may serve the
+// partition (its ZooKeeper session is the one its ownership record names,
+// or the group's generation lets it hold it). Node is "" once the
+// partition was released and nobody took it yet.
+type Holder struct {
+	Node string
+	Live bool
+}
+
 // AddSpread adds what spread mode says of the partitions added so far: each
-// one's owner, the live owner its ownership record names (owners, from
-// zkstore.ReadOwners); and, when a is not nil, the mode, the assignment with
-// each member's owned partitions and lag, and the handoffs in progress.
-func (s *Status) AddSpread(a *cluster.Assignment, owners map[int32]zkstore.OwnerState) {
+// one's owner, the live member that holds it (holders, from the offset
+// store); and, when a is not nil, the mode, the assignment with each
+// member's owned partitions and lag, and the handoffs in progress.
+func (s *Status) AddSpread(a *cluster.Assignment, holders map[int32]Holder) {
 	lag := map[int32]int64{}
 	for i, p := range s.Partitions {
-		if o := owners[p.Partition]; o.Live {
-			s.Partitions[i].Owner = o.Owner
+		if o := holders[p.Partition]; o.Live {
+			s.Partitions[i].Owner = o.Node
 		}
 		if p.Lag != nil {
 			lag[p.Partition] = *p.Lag
@@ -227,20 +236,20 @@ func (s *Status) AddSpread(a *cluster.Assignment, owners map[int32]zkstore.Owner
 		}
 		for _, p := range o.Partitions {
 			m.Lag += lag[p]
-			rec, ok := owners[p]
+			h, ok := holders[p]
 			switch {
-			case ok && rec.Live && rec.Owner == o.NodeID:
+			case ok && h.Live && h.Node == o.NodeID:
 				m.Owned = append(m.Owned, p)
 			case !ok:
 				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "never reserved: waiting for " + o.NodeID})
-			case rec.Owner == "":
+			case h.Node == "":
 				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "released: waiting for " + o.NodeID})
-			case rec.Live:
-				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
-					State: "held by " + rec.Owner + ": handing over"})
+			case h.Live:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: h.Node, To: o.NodeID,
+					State: "held by " + h.Node + ": handing over"})
 			default:
-				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
-					State: rec.Owner + "'s session is gone: waiting for " + o.NodeID})
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: h.Node, To: o.NodeID,
+					State: h.Node + "'s session is gone: waiting for " + o.NodeID})
 			}
 		}
 		s.Assignment.Members = append(s.Assignment.Members, m)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // The fields fanout status has always printed keep their names; what is
@@ -105,14 +104,12 @@ func TestAddSpread(t *testing.T) {
 		{NodeID: "m-b", Addr: "h:2", Partitions: []int32{3, 4}},
 		{NodeID: "m-c", Addr: "h:3"}, // owns nothing: listed, with empty lists
 	}}
-	live := func(owner string) zkstore.OwnerState {
-		return zkstore.OwnerState{OwnerRecord: zkstore.OwnerRecord{Owner: owner}, Live: true}
-	}
-	owners := map[int32]zkstore.OwnerState{
+	live := func(owner string) Holder { return Holder{Node: owner, Live: true} }
+	owners := map[int32]Holder{
 		0: live("m-a"),
-		1: live("m-b"),                                      // handing over to m-a
-		2: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-x"}}, // its session is gone
-		3: {OwnerRecord: zkstore.OwnerRecord{Owner: ""}},    // released
+		1: live("m-b"),   // handing over to m-a
+		2: {Node: "m-x"}, // its session is gone
+		3: {Node: ""},    // released
 		// 4: never reserved
 	}
 	var st Status
