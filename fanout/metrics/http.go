@@ -94,7 +94,7 @@ func roleHolds(s Snapshot, _ time.Time, _ time.Duration) string {
 		case !s.Serving:
 			return "not serving yet"
 		case s.Generation == 0:
-			return "no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"
+			return "no assignment in force (none received yet, cut off, or the cluster runs another --assignment)"
 		case !slices.Equal(s.Assigned, s.Owned):
 			return fmt.Sprintf("owns partitions %v of %v assigned (generation %d)", s.Owned, s.Assigned, s.Generation)
 		}
