@@ -93,6 +93,7 @@ func (m *spreadMode) run(ctx context.Context, s serveEnv) error {
 	}
 	claims := owners.Member(member, s.el)
 	m.claims.Store(&claimsRef{claims})
+	defer m.claims.Store(nil)
 	defer func() {
 		// After every partition's last commit and release: the others
 		// take over at once.

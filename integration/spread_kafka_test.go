@@ -148,6 +148,22 @@ func TestSpreadKafkaThreeMembersShareTwelvePartitions(t *testing.T) {
 	if rows != 12 {
 		t.Errorf("kafka-consumer-groups --offsets listed %d partitions, want 12", rows)
 	}
+
+	// fanout offsets reset is refused while the members run, --fence-leader
+	// or not: no leader record fences their commits.
+	for _, extra := range [][]string{nil, {"--fence-leader"}} {
+		args := append([]string{"offsets", "reset", "--id", c.id, "--topic", c.topic, "--kafka", strings.Join(kafkaAddrs(t), ","),
+			"--offset-store", "kafka", "--to", "oldest", "--yes"}, extra...)
+		cmd := exec.Command(procBinary(t), args...)
+		out, _ := cmd.CombinedOutput()
+		if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), "the cluster runs") ||
+			!strings.Contains(string(out), "spread mode") {
+			t.Errorf("fanout offsets reset %v while the members run: exit %d, want 1 naming the running spread cluster:\n%s", extra, code, out)
+		}
+	}
+	if got := c.offsets(); got[0] == 0 {
+		t.Errorf("a refused reset wrote: %v", got)
+	}
 }
 
 // 2. A member joins while messages flow: each member ends with three,
