@@ -220,30 +220,12 @@ func TestSpreadDaemonsOnTheKafkaStore(t *testing.T) {
 		log := logrus.New()
 		log.SetOutput(discard{})
 		log.AddHook(hook)
-		d, err := New(Options{
+		return runStoppableDaemon(t, Options{
 			ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), OffsetStore: OffsetStoreKafka, Assignment: AssignmentSpread,
 			NodeID: node, Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 50 * time.Millisecond,
 			ClusterHeartbeat: 100 * time.Millisecond, LeaderTimeout: 600 * time.Millisecond,
 			KafkaSessionTimeout: 2 * time.Second, HandoffTimeout: time.Second, Logger: logrus.NewEntry(log).WithField("node", node),
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done, stopped := make(chan error, 1), make(chan struct{})
-		go func() {
-			done <- d.Run(ctx)
-			close(stopped)
-		}()
-		t.Cleanup(func() {
-			cancel()
-			select {
-			case <-stopped:
-			case <-time.After(30 * time.Second):
-				t.Error("daemon did not stop")
-			}
-		})
-		return d, cancel, done
 	}
 	defer func() {
 		if t.Failed() {

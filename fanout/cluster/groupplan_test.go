@@ -11,7 +11,7 @@ import (
 func planOf(p kafkastore.Plan) map[string][2]string {
 	out := map[string][2]string{}
 	for _, o := range p.Owners {
-		out[o.Node] = [2]string{ranges(o.Target), ranges(o.Held)}
+		out[o.Node] = [2]string{PartitionRanges(o.Target), PartitionRanges(o.Held)}
 	}
 	return out
 }

@@ -81,7 +81,7 @@ func (p *Plan) String() string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		fmt.Fprintf(&b, "%s:%s", o.Node, ranges(o.Target))
+		fmt.Fprintf(&b, "%s:%s", o.Node, Ranges(o.Target))
 		var extra []int32
 		for _, h := range o.Held {
 			if _, ok := slices.BinarySearch(o.Target, h); !ok {
@@ -89,14 +89,14 @@ func (p *Plan) String() string {
 			}
 		}
 		if len(extra) > 0 {
-			fmt.Fprintf(&b, "(+%s)", ranges(extra))
+			fmt.Fprintf(&b, "(+%s)", Ranges(extra))
 		}
 	}
 	return b.String()
 }
 
-// ranges writes ascending partitions compactly: "0-3,6"; "-" for none.
-func ranges(ps []int32) string {
+// Ranges writes ascending partitions compactly: "0-3,6"; "-" for none.
+func Ranges(ps []int32) string {
 	if len(ps) == 0 {
 		return "-"
 	}

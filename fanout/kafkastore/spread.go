@@ -588,11 +588,11 @@ func (s *Spread) apply(gen int32, held []int32, plan *Plan) {
 		s.session = s.sessions
 	}
 	s.signal()
-	log := s.log.WithFields(logrus.Fields{"generation": gen, "leader": plan.Leader, "held": ranges(held),
+	log := s.log.WithFields(logrus.Fields{"generation": gen, "leader": plan.Leader, "held": Ranges(held),
 		"plan": plan.String()})
 	if len(lost) > 0 {
 		slices.Sort(lost)
-		log.WithField("lost", ranges(lost)).Warn("spread mode: the generation no longer lets this member hold some partitions it held: dropped")
+		log.WithField("lost", Ranges(lost)).Warn("spread mode: the generation no longer lets this member hold some partitions it held: dropped")
 	} else {
 		log.Info("spread mode: joined the group's generation")
 	}
