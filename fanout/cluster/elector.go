@@ -146,6 +146,10 @@ type Member struct {
 	Weight    int         // its capacity in spread mode
 	Store     OffsetStore // its --offset-store (OFFSET_STORE_UNSPECIFIED for a member that does not say)
 	Readiness *Readiness  // what its /readyz answered as of its last heartbeat; nil when it does not say
+	Pause     Pause       // the cluster's delivery pause as its last heartbeat says (zero: none)
+	// LastAction is the last operator action asked of it, as its last
+	// heartbeat says; nil: none.
+	LastAction *Action
 }
 
 // Leadership is this member's view of who leads the cluster.

@@ -514,8 +514,14 @@ func (l *loop) publishSnapshot(now time.Time) {
 			Mode: l.v.members[rec.Node].mode}
 	}
 	for _, m := range l.v.view(now) {
-		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen,
-			Mode: m.mode, Weight: m.weight, Store: m.store, Readiness: m.readiness})
+		mm := Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen,
+			Mode: m.mode, Weight: m.weight, Store: m.store, Readiness: m.readiness}
+		hb := &Heartbeat{Pause: m.pause, LastAction: m.action}
+		mm.Pause, _ = PauseOf(hb)
+		if a, ok := LastActionOf(hb); ok {
+			mm.LastAction = &a
+		}
+		s.members = append(s.members, mm)
 	}
 	s.assignment = l.e.sharing.inForce(l, now)
 	s.pause = l.pause
