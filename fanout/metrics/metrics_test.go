@@ -457,7 +457,7 @@ func TestWarnings(t *testing.T) {
 		{"no clients, nothing waits", with(flowing, func(s *Snapshot) {
 			s.Stats.Clients, s.Stats.Buffered, s.HighWaterMarks = 0, 0, map[int32]int64{0: 5, 1: 9}
 		}), nil, ""},
-		{"commits failing briefly", with(flowing, func(s *Snapshot) { s.Stats.CommitFailingSince, s.Stats.CommitFailures = now.Add(-2 * time.Second), 3 }),
+		{"commits failing briefly", with(flowing, func(s *Snapshot) { s.Stats.CommitFailingSince, s.Stats.CommitFailures = now.Add(-2*time.Second), 3 }),
 			[]string{"commits-failing"}, "offset commits failing for 2s (3 failures so far)"},
 		{"commits failing too long", with(flowing, func(s *Snapshot) { s.Stats.CommitFailingSince = now.Add(-11 * time.Second) }),
 			[]string{"commits-failing!"}, "offset commits failing for 11s"},
