@@ -235,7 +235,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var watch actor.Group
 	watch.Go(d.log, "topic watch", func() {
 		d.health.watch(watchCtx, d.log, min(topicCheckInterval, d.opts.ConnectBackoffMax), func() error {
-			_, err := kafka.TopicPartitions(client, d.opts.Topic)
+			parts, err := kafka.TopicPartitions(client, d.opts.Topic)
+			if err == nil {
+				d.health.setNewest(d.newestUnwatched(client, parts))
+			}
 			return err
 		})
 	}, nil)
@@ -560,6 +563,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	d.health.fill(&s)
 	if p := d.backend.serving(); p != nil {
 		s.HighWaterMarks = p.src.HighWaterMarks()
+		d.health.fillNewest(&s)
 		s.Partitions = len(p.src.Partitions())
 		if p.dead != nil {
 			s.DeadLetterTopic, s.DeadLetterFailingSince = p.dead.Topic(), p.dead.FailingSince()

@@ -106,10 +106,10 @@ type ClientStats struct {
 	Weight      int    // its share (WeightedSink; protocol.DefaultWeight when it gives none); 0 for an observer
 	Observer    bool   // it observes (Observe): copies of every delivery, no acks, no credit
 	// Outcomes of its deliveries since it joined, besides Acked: nacked,
-	// not acked within the ack timeout, and failed for the last time (the
-	// message went to the dead-letter topic); Redelivered counts the
-	// deliveries it got that were not a message's first attempt.
-	Nacked, TimedOut, DeadLettered, Redelivered uint64
+	// not acked within the ack timeout, queued again for another delivery
+	// (after a nack, a timeout, or as it left holding them), and failed for
+	// the last time (the message went to the dead-letter topic).
+	Nacked, TimedOut, Redelivered, DeadLettered uint64
 	// Draining: it is being drained (DrainClient).
 	Draining bool
 }
@@ -641,6 +641,7 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 		return
 	}
 	s.stats.Redelivered[reason]++
+	c.redelivered++
 	delay := how.Delay
 	if delay <= 0 && s.retryMin > 0 && counted {
 		delay = backoff.Delay(s.retryMin, s.retryMax, int(m.failed), true)
@@ -854,9 +855,6 @@ func (s *state) give(c *client, msg *Message, deadline time.Time) {
 // (number).
 func (s *state) deliver(c *client, msg *Message, deadline time.Time) {
 	attempt := msg.failed + 1
-	if attempt > 1 {
-		c.redelivered++
-	}
 	f := s.flights.take()
 	f.msg, f.attempt, f.client, f.deadline, f.prev = msg, attempt, c, deadline, c.last
 	if c.last != nil {

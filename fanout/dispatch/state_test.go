@@ -694,7 +694,7 @@ func TestClientStats(t *testing.T) {
 	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
 	want := []ClientStats{
 		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2, Weight: 100},
-		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100, Nacked: 1},
+		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100, Nacked: 1, Redelivered: 1},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("clientStats() = %+v, want %+v", got, want)

@@ -27,7 +27,8 @@ type Snapshot struct {
 	Serving bool
 	Stats   dispatch.Stats
 	// HighWaterMarks is, per partition, the offset the next produced
-	// message gets (the source's view as of its last fetch).
+	// message gets (the source's view as of its last fetch; while it
+	// fetches nothing, the topic check's, when newer).
 	HighWaterMarks map[int32]int64
 	// Clients is the number of connected, welcomed clients.
 	Clients int

@@ -256,9 +256,9 @@ type Client struct {
 	Acked         uint64    `json:"acked"`           // since it joined
 	AcksPerSecond float64   `json:"acks_per_second"` // over the last sample interval
 	ConnectedAt   time.Time `json:"connected_at"`
-	// Since it joined: its deliveries nacked, not acked in time, and failed
-	// for the last time (dead-lettered); the deliveries it got that were
-	// not a message's first attempt.
+	// Since it joined, its deliveries: nacked, not acked in time, queued
+	// again for another delivery (after a nack, a timeout, or as it left
+	// holding them), and failed for the last time (dead-lettered).
 	Nacked       uint64 `json:"nacked"`
 	TimedOut     uint64 `json:"timed_out"`
 	DeadLettered uint64 `json:"dead_lettered"`
