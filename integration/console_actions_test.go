@@ -8,8 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
@@ -121,21 +119,8 @@ step();
 // said of the action.
 func consoleClick(t *testing.T, base, token, selector string) string {
 	t.Helper()
-	target, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sel, _ := json.Marshal(selector)
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /harness.html", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		fmt.Fprintf(w, consoleClickHarness, url.QueryEscape(token), sel)
-	})
-	mux.Handle("/", httputil.NewSingleHostReverseProxy(target))
-	proxy := httptest.NewServer(mux)
-	defer proxy.Close()
-
-	doc := renderDOM(t, proxy.URL+"/harness.html", 15*time.Second)
+	doc := renderOnConsoleOrigin(t, base, fmt.Sprintf(consoleClickHarness, url.QueryEscape(token), sel), 15*time.Second)
 	var got struct {
 		Text   string `json:"text"`
 		Failed bool   `json:"failed"`

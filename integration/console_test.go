@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"image"
 	"image/png"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -475,10 +476,10 @@ check();
 </script>
 </body></html>`
 
-// consoleNarrow loads the console in a frame width pixels wide (Chromium's
-// headless window is at least 500 px wide) through a proxy that serves the
-// measuring page on the console's origin, and returns what overflows, or "".
-func consoleNarrow(t *testing.T, base, token string, width int) string {
+// renderOnConsoleOrigin renders page, a harness that works on the console
+// in a frame, served by a proxy on the console's origin (base) so that it
+// may reach into the frame, for budget of virtual time, and returns its DOM.
+func renderOnConsoleOrigin(t *testing.T, base, page string, budget time.Duration) *html.Node {
 	t.Helper()
 	target, err := url.Parse(base)
 	if err != nil {
@@ -487,13 +488,20 @@ func consoleNarrow(t *testing.T, base, token string, width int) string {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /harness.html", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		fmt.Fprintf(w, consoleHarness, url.QueryEscape(token), width)
+		_, _ = io.WriteString(w, page)
 	})
 	mux.Handle("/", httputil.NewSingleHostReverseProxy(target))
 	proxy := httptest.NewServer(mux)
 	defer proxy.Close()
+	return renderDOM(t, proxy.URL+"/harness.html", budget)
+}
 
-	doc := renderDOM(t, proxy.URL+"/harness.html", 10*time.Second)
+// consoleNarrow loads the console in a frame width pixels wide (Chromium's
+// headless window is at least 500 px wide) through a proxy that serves the
+// measuring page on the console's origin, and returns what overflows, or "".
+func consoleNarrow(t *testing.T, base, token string, width int) string {
+	t.Helper()
+	doc := renderOnConsoleOrigin(t, base, fmt.Sprintf(consoleHarness, url.QueryEscape(token), width), 10*time.Second)
 	var got struct {
 		Viewport    int      `json:"viewport"`
 		ScrollWidth int      `json:"scrollWidth"`
