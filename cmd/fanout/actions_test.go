@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/urfave/cli/v2"
 
 	"github.com/nanoservice/core-fanout/fanout/console"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
@@ -115,20 +112,8 @@ func (f *fakeDaemon) status(context.Context) *status.Status {
 // runAction runs fanout with args and returns its exit code and output.
 func runAction(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	var out, errOut strings.Builder
-	err := runCLI(context.Background(), newApp(&out, &errOut), append([]string{"fanout"}, args...))
-	code := 0
-	var ec cli.ExitCoder
-	switch {
-	case errors.As(err, &ec):
-		code = ec.ExitCode()
-	case err != nil:
-		code = 1
-	}
-	if err != nil {
-		errOut.WriteString(err.Error())
-	}
-	return code, out.String() + errOut.String()
+	code, out, errOut := runApp(context.Background(), t, nil, args...)
+	return code, out + errOut
 }
 
 // pause and resume ask the first daemon that answers, with the token and
