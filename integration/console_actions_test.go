@@ -22,6 +22,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/client/protocol"
+	"github.com/nanoservice/core-fanout/fanout"
 	"github.com/nanoservice/core-fanout/fanout/status"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
@@ -356,7 +357,7 @@ func TestPauseOutlivesTheLeader(t *testing.T) {
 	produceSeq(t, topic, "before", 10, 2)
 	testutil.WaitFor(t, 60*time.Second, "10 acked", func() bool { return acked.Load() == 10 })
 
-	fanout := func(args ...string) string {
+	tool := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command(bin, args...)
 		cmd.Env = append(os.Environ(), "FANOUT_METRICS_TOKEN=", "FANOUT_METRICS_TOKEN_FILE=")
@@ -366,7 +367,7 @@ func TestPauseOutlivesTheLeader(t *testing.T) {
 		}
 		return string(out)
 	}
-	out := fanout("pause", "--metrics-addr", followerMetrics, "--metrics-token-file", tokenFile, "--by", "ci")
+	out := tool("pause", "--metrics-addr", followerMetrics, "--metrics-token-file", tokenFile, "--by", "ci")
 	if !strings.Contains(out, "deliveries paused by ci from 127.0.0.1:") || !strings.Contains(out, "every member has it: pause-node-a, pause-node-b") {
 		t.Fatalf("fanout pause: %s", out)
 	}
@@ -380,7 +381,7 @@ func TestPauseOutlivesTheLeader(t *testing.T) {
 	var st struct {
 		Pause *status.Pause `json:"pause"`
 	}
-	js := fanout("status", "--json", "--id", opts.ID, "--topic", topic, "--kafka", strings.Join(opts.Kafka, ","),
+	js := tool("status", "--json", "--id", opts.ID, "--topic", topic, "--kafka", strings.Join(opts.Kafka, ","),
 		"--zookeeper", strings.Join(opts.ZooKeeper, ","))
 	if err := json.Unmarshal([]byte(js), &st); err != nil || st.Pause == nil || !st.Pause.Paused || st.Pause.Node != "pause-node-a" ||
 		!strings.HasPrefix(st.Pause.By, "ci from ") {
@@ -401,7 +402,7 @@ func TestPauseOutlivesTheLeader(t *testing.T) {
 		t.Fatalf("%d acked after the failover while paused, want 10", n)
 	}
 
-	out = fanout("resume", "--metrics-addr", followerMetrics, "--metrics-token-file", tokenFile, "--by", "ci")
+	out = tool("resume", "--metrics-addr", followerMetrics, "--metrics-token-file", tokenFile, "--by", "ci")
 	if !strings.Contains(out, "deliveries resumed by ci") || !strings.Contains(out, "every member has it: pause-node-a") {
 		t.Fatalf("fanout resume: %s", out)
 	}
@@ -414,5 +415,90 @@ func TestPauseOutlivesTheLeader(t *testing.T) {
 			}
 		}
 		return acked.Load() >= 20 && committed == 20
+	})
+}
+
+// postAction posts an action to the daemon whose metrics listener is at
+// addr, with token, and fails the test unless it is taken.
+func postAction(t *testing.T, addr, token, path, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST %s: %d", path, resp.StatusCode)
+	}
+}
+
+// TestPauseSpread: two spread members and a worker with a session on each.
+// A pause asked of one member stops the deliveries of both; a resume asked
+// of the other lets everything through, nothing lost.
+func TestPauseSpread(t *testing.T) {
+	const partitions = 4
+	topic := uniqueName(t, "pause")
+	createTopic(t, topic, partitions)
+	opts := daemonOptions(t, topic)
+	opts.Assignment = fanout.AssignmentSpread
+	opts.ZooKeeperSessionTimeout = 4 * time.Second
+	opts.HandoffTimeout = 3 * time.Second
+	opts.MetricsListen = "127.0.0.1:0"
+	opts.MetricsToken = uniqueName(t, "token")
+	var members []*testDaemon
+	for _, id := range []string{"pause-spread-a", "pause-spread-b"} {
+		o := opts
+		o.NodeID = id
+		members = append(members, startDaemon(t, o))
+	}
+	var acked atomic.Int64
+	consoleAck(t, dial(t, client.Config{ClientID: "pause-spread-worker", MaxInFlight: 20}, members[0].addr, members[1].addr), &acked)
+	testutil.WaitFor(t, 90*time.Second, "each member serving two partitions and the worker", func() bool {
+		for _, m := range members {
+			s, ok := m.Stats(t.Context())
+			if !ok || s.Clients != 1 || len(m.Ownership().Owned) != partitions/2 {
+				return false
+			}
+		}
+		return true
+	})
+	produceSeq(t, topic, "before", 20, partitions)
+	testutil.WaitFor(t, 60*time.Second, "20 acked", func() bool { return acked.Load() >= 20 })
+
+	postAction(t, members[0].MetricsAddr().String(), opts.MetricsToken, "/api/pause", `{"by":"ci"}`)
+	testutil.WaitFor(t, 30*time.Second, "both members' dispatchers paused", func() bool {
+		for _, m := range members {
+			if s, ok := m.Stats(t.Context()); !ok || !s.DeliveryPaused {
+				return false
+			}
+		}
+		return true
+	})
+	before := acked.Load()
+	produceSeq(t, topic, "during", 20, partitions)
+	time.Sleep(3 * time.Second) // an absence of deliveries: give them time to happen
+	if n := acked.Load(); n != before {
+		t.Fatalf("%d acked while paused, want %d", n, before)
+	}
+	st := consoleStatus(t, "http://"+members[1].MetricsAddr().String(), opts.MetricsToken)
+	if st.Pause == nil || !st.Pause.Paused || st.Pause.Node != "pause-spread-a" || !strings.HasPrefix(st.Pause.By, "ci from ") {
+		t.Fatalf("the other member's pause: %+v", st.Pause)
+	}
+
+	postAction(t, members[1].MetricsAddr().String(), opts.MetricsToken, "/api/resume", `{"by":"ci"}`)
+	testutil.WaitFor(t, 60*time.Second, "all 40 acked and committed", func() bool {
+		st := consoleStatus(t, "http://"+members[1].MetricsAddr().String(), opts.MetricsToken)
+		committed := int64(0)
+		for _, p := range st.Partitions {
+			if p.Committed != nil {
+				committed += *p.Committed
+			}
+		}
+		return acked.Load() >= 40 && committed == 40
 	})
 }
