@@ -70,7 +70,7 @@ func (d *Daemon) setPaused(ctx context.Context, paused bool, by string) (*status
 		var err error
 		if p, err = el.SetPaused(ctx, paused, by); err != nil {
 			if errors.Is(err, cluster.ErrNotRunning) {
-				err = fmt.Errorf("%w: the election does not run (the daemon is stopping)", console.ErrUnavailable)
+				err = fmt.Errorf("%w: the election does not run (not yet, or no more)", console.ErrUnavailable)
 			}
 			return nil, err
 		}
