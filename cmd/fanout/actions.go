@@ -288,6 +288,10 @@ func (ac *actionClient) awaitPause(c *cli.Context, base string, p *status.Pause,
 func drainClientAction(c *cli.Context) error {
 	session := c.Uint64("session")
 	name := c.Args().First()
+	if rest := c.Args().Tail(); len(rest) > 0 && !slices.ContainsFunc(rest, func(a string) bool { return a != "-h" && a != "--help" }) {
+		// Flags stop at the client's name: a help flag after it still asks for help.
+		return cli.ShowCommandHelp(c.Lineage()[1], c.Command.Name)
+	}
 	switch {
 	case c.Args().Len() > 1 && strings.HasPrefix(c.Args().Get(1), "-"):
 		return usageError(fmt.Errorf("unexpected argument %q: the flags go before the client's name", c.Args().Get(1)))

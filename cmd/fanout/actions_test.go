@@ -205,7 +205,10 @@ func TestDrainClientCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "no daemon had such a client") {
 		t.Fatalf("drain-client of nobody: exit %d, output %q", code, out)
 	}
-	for _, args := range [][]string{{}, {"--session", "3", "w1"}, {"w1", "w2"}} {
+	if code, out := runAction(t, "drain-client", "--metrics-token-file", tokenFile, "w1", "--help"); code != 0 || !strings.Contains(out, "fanout drain-client - end a client's sessions") {
+		t.Errorf("drain-client NAME --help: exit %d, output %q; want the help", code, out)
+	}
+	for _, args := range [][]string{{}, {"--session", "3", "w1"}, {"w1", "w2"}, {"w1", "--by", "x"}} {
 		if code, out := runAction(t, append([]string{"drain-client", "--metrics-token-file", tokenFile}, args...)...); code != 2 {
 			t.Errorf("%q: exit %d, output %q; want a usage error", args, code, out)
 		}
