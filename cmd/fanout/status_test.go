@@ -63,6 +63,36 @@ PARTITION  COMMITTED  HIGH WATERMARK  LAG
 `,
 		},
 		{
+			name: "paused, a member drained a client",
+			st: status.Status{
+				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "leader",
+				Leader: &status.Leader{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
+				Members: []status.Member{
+					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-time.Second),
+						LastAction: &status.Action{Kind: "pause", By: "alice from 10.9.9.9:5000", At: now.Add(-90 * time.Second), Node: "node-a"}},
+					{NodeID: "node-b", Addr: "10.0.0.2:4987", Role: "leader", Epoch: 3, LastSeen: now.Add(-time.Second),
+						LastAction: &status.Action{Kind: "drain-client", Target: "w1", By: "bob from 10.9.9.8:6000", At: now.Add(-10 * time.Second), Node: "node-b"}},
+				},
+				Pause: &status.Pause{Paused: true, Version: 4, Node: "node-a", By: "alice from 10.9.9.9:5000", At: now.Add(-90 * time.Second)},
+			},
+			want: `cluster   fanout_svc_t (id svc, topic t)
+mode      leader
+leader    node-b (epoch 3, 10.0.0.2:4987)
+lag       0
+delivery  paused by alice from 10.9.9.9:5000 1m30s ago (asked of node-a, version 4)
+
+MEMBER  ADDR           ROLE      EPOCH  STORE    LAST HEARTBEAT  READY
+node-a  10.0.0.1:4987  follower  3      unknown  1s ago          unknown
+node-b  10.0.0.2:4987  leader    3      unknown  1s ago          unknown
+
+MEMBER  LAST ACTION      BY                        WHEN
+node-a  pause            alice from 10.9.9.9:5000  1m30s ago
+node-b  drain-client w1  bob from 10.9.9.8:6000    10s ago
+
+PARTITION  COMMITTED  HIGH WATERMARK  LAG
+`,
+		},
+		{
 			name: "nothing in ZooKeeper, no heartbeats",
 			st: status.Status{
 				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
