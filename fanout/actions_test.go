@@ -3,10 +3,14 @@ package fanout
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/fanout/console"
@@ -30,9 +34,12 @@ func warned(d *Daemon, kind string) bool {
 // pause holds what is produced while it lasts, in the document and in the
 // dispatcher, and is noted among the daemon's actions; a drained client's
 // deliveries go to the other client; a client of no such name is none.
+// Each action is logged with who asked.
 func TestDaemonActions(t *testing.T) {
 	t.Parallel()
+	logger, logs := logtest.NewNullLogger()
 	d, brokers, _ := soloDaemon(t, offsets.NewMemoryStore(), func(o *Options) {
+		o.Logger = logrus.NewEntry(logger)
 		o.NodeID = "solo-node"
 		o.ConnectBackoffMax = 200 * time.Millisecond // the topic check's interval
 		o.DrainTimeout = time.Second
@@ -116,6 +123,16 @@ func TestDaemonActions(t *testing.T) {
 	}
 	if want := []string{"pause : version 1", "resume : version 2", "drain-client nobody: no such client", "drain-client holder: 1 sessions"}; !slices.Equal(kinds, want) {
 		t.Errorf("actions %q, want %q", kinds, want)
+	}
+	var logged []string
+	for _, e := range logs.AllEntries() {
+		if e.Message == "operator action" {
+			logged = append(logged, fmt.Sprintf("%v %v by %v: %v", e.Data["action"], e.Data["target"], e.Data["by"], e.Data["result"]))
+		}
+	}
+	if want := []string{"pause  by ops from 10.0.0.1:5: version 1", "resume  by ops: version 2",
+		"drain-client nobody by ops: no such client", "drain-client holder by ops from 10.0.0.1:5: 1 sessions"}; !slices.Equal(logged, want) {
+		t.Errorf("logged actions %q, want %q", logged, want)
 	}
 }
 

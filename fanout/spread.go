@@ -80,6 +80,15 @@ func (m *spreadMode) run(ctx context.Context, s serveEnv) error {
 	member := authority.Member{Node: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()), Weight: d.opts.Weight,
 		Heartbeat: d.opts.ClusterHeartbeat, Committed: m.committed.Load, Logger: d.log}
 	if owners.Assigns() {
+		// The store assigns the partitions, not a leader's heartbeat that
+		// carries the cluster's pause with it: join once the heartbeats
+		// were read up to now, so that a paused cluster's new member
+		// serves paused from its first delivery.
+		select {
+		case <-s.el.CaughtUp():
+		case <-ctx.Done():
+			return nil
+		}
 		// The group's membership waits on the whole group (a JoinGroup
 		// returns once every member joined): a connection of its own.
 		client, err := d.connectKafka(ctx, "fanout-group-"+d.opts.NodeID, func(c *sarama.Config) {

@@ -441,12 +441,29 @@ func postAction(t *testing.T, addr, token, path, body string) {
 // A pause asked of one member stops the deliveries of both; a resume asked
 // of the other lets everything through, nothing lost.
 func TestPauseSpread(t *testing.T) {
-	const partitions = 4
 	topic := uniqueName(t, "pause")
-	createTopic(t, topic, partitions)
 	opts := daemonOptions(t, topic)
-	opts.Assignment = fanout.AssignmentSpread
 	opts.ZooKeeperSessionTimeout = 4 * time.Second
+	testPauseSpread(t, opts)
+}
+
+// TestPauseSpreadKafka is TestPauseSpread on the Kafka store: the members
+// share the partitions through the group, without a leader; the pause
+// travels in their heartbeats all the same.
+func TestPauseSpreadKafka(t *testing.T) {
+	topic := uniqueName(t, "pause")
+	opts := ksDaemonOptions(t, topic)
+	opts.KafkaSessionTimeout = skSessionTimeout
+	testPauseSpread(t, opts)
+}
+
+// testPauseSpread runs TestPauseSpread with opts (its topic not created
+// yet) on the store they name.
+func testPauseSpread(t *testing.T, opts fanout.Options) {
+	const partitions = 4
+	topic := opts.Topic
+	createTopic(t, topic, partitions)
+	opts.Assignment = fanout.AssignmentSpread
 	opts.HandoffTimeout = 3 * time.Second
 	opts.MetricsListen = "127.0.0.1:0"
 	opts.MetricsToken = uniqueName(t, "token")

@@ -944,3 +944,70 @@ func TestConsoleTitleSaysEachThingOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleShowsEveryWarningAndCount renders, in Chromium, a document
+// with every kind of warning and trouble the console shows: each advisory
+// is a line of the warnings banner (a pause is said by the actions, the
+// reasons the node is unready by the not-ready line); each partition's
+// state says held, stalled and its dead letters pending; each client's
+// outcomes are its own.
+func TestConsoleShowsEveryWarningAndCount(t *testing.T) {
+	at := time.Now()
+	const unready = "leader: topic t not found in Kafka"
+	committed, lag := int64(7), int64(5)
+	advisories := []status.Warning{
+		{Kind: "commits-failing", Message: "offset commits failing for 2s (3 failures so far)"},
+		{Kind: "dead-letters-failing", Message: "producing to dead-letter topic t.dlq failing for 1s (1 messages waiting)"},
+		{Kind: "partitions-held", Message: "partitions 0 held: more than --max-outstanding offsets behind an unacked message"},
+		{Kind: "partitions-stalled", Message: "partitions 1 stalled: committed offset unchanged for 5m0s"},
+		{Kind: "no-clients", Message: "no clients connected while messages wait (lag 5, 0 fetched)"},
+	}
+	st := &status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "leader",
+		Node: &status.Node{NodeID: "a", Mode: "leader", Role: "leader", Ready: false, Reason: unready, Serving: true, Time: at,
+			Warnings: append([]status.Warning{{Kind: "topic-missing", Message: "topic t not found in Kafka", Unready: true},
+				{Kind: "delivery-paused", Message: "deliveries paused by ops"}}, advisories...)},
+		Partitions: []status.Partition{
+			{Partition: 0, Committed: &committed, HighWatermark: 12, Lag: &lag, Owner: "a", Held: true, DeadLettersPending: 2},
+			{Partition: 1, Committed: &committed, HighWatermark: 7, Lag: new(int64), Owner: "a", Stalled: true},
+			{Partition: 2, Committed: &committed, HighWatermark: 7, Lag: new(int64), Owner: "a"},
+		},
+		Clients: []status.Client{{ID: 1, Name: "w1", Addr: "127.0.0.1:5", Role: "worker", InFlight: 1, MaxInFlight: 10,
+			Acked: 1001, Nacked: 4, TimedOut: 3, Redelivered: 7, DeadLettered: 2, ConnectedAt: at}},
+		Rates: &status.Rates{IntervalSeconds: 2},
+	}
+	srv := httptest.NewServer(console.Handler(console.Config{Status: func(context.Context) *status.Status { return st }}))
+	doc := renderDOM(t, srv.URL+"/", 3*time.Second)
+	srv.Close()
+
+	if got := text(byID(t, doc, "not-ready")); got != "Not ready: "+unready+"." {
+		t.Errorf("not-ready line %q", got)
+	}
+	list := byID(t, doc, "warnings")
+	items := findAll(list, func(n *html.Node) bool { return n.Data == "li" })
+	if hidden(list) || len(items) != len(advisories) {
+		t.Fatalf("the banner (hidden %v) has %d lines, want the %d advisories", hidden(list), len(items), len(advisories))
+	}
+	for i, w := range advisories {
+		if k, _ := attr(items[i], "data-warning"); k != w.Kind || text(items[i]) != w.Message+"." {
+			t.Errorf("banner line %d: %s %q, want %s %q", i, k, text(items[i]), w.Kind, w.Message+".")
+		}
+	}
+	parts := rows(t, doc, "partitions", "data-partition")
+	if len(parts) != 3 {
+		t.Fatalf("%d partition rows, want 3", len(parts))
+	}
+	for i, want := range []string{"held, 2 dead letters pending", "stalled", "–"} {
+		if got := text(cell(t, parts[i], "state")); got != want {
+			t.Errorf("partition %d: state %q, want %q", i, got, want)
+		}
+	}
+	clients := rows(t, doc, "clients", "data-client")
+	if len(clients) != 1 {
+		t.Fatalf("%d client rows, want 1", len(clients))
+	}
+	for col, want := range map[string]string{"acked": "1,001", "nacked": "4", "timed-out": "3", "redelivered": "7", "dead-lettered": "2"} {
+		if got := text(cell(t, clients[0], col)); got != want {
+			t.Errorf("client %s %q, want %q", col, got, want)
+		}
+	}
+}

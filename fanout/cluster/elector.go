@@ -199,6 +199,8 @@ type Elector struct {
 	lastAction atomic.Pointer[Action]
 
 	changed chan struct{} // capacity 1: the assignment in force changed
+
+	caughtUp chan struct{} // closed once the heartbeat log was read up to its end at the start
 }
 
 // New validates cfg and returns an Elector. Nothing runs until Run.
@@ -226,6 +228,7 @@ func newElector(cfg Config, f fencer) *Elector {
 		resign:   make(chan chan error),
 		pauses:   make(chan pauseReq),
 		done:     make(chan struct{}),
+		caughtUp: make(chan struct{}),
 	}
 	e.repair = "fix the record"
 	if cfg.Fencer != nil { // tests may fence with a fencer of their own
@@ -235,6 +238,10 @@ func newElector(cfg Config, f fencer) *Elector {
 	e.snap.Store(&snapshot{})
 	return e
 }
+
+// CaughtUp is closed once the member has read the heartbeat log up to
+// its end as it was when Run began: it then knows the cluster's pause.
+func (e *Elector) CaughtUp() <-chan struct{} { return e.caughtUp }
 
 // Terms delivers each leadership term this node wins, in order. A term may
 // already have ended when it is received; at most one runs at a time. The

@@ -36,6 +36,7 @@ type loop struct {
 	position       int64                    // the next offset after the last record read (where reading began, before)
 	logEnd         int64                    // the log's end when reading began: the first heartbeats' seen
 	resync         bool                     // reading restarts at the oldest offset: the next record may not follow the last
+	caughtUp       bool                     // the log was read up to logEnd (Elector.CaughtUp is closed)
 	seq            uint64                   // the sequence number of the last heartbeat published
 	term           *Term                    // the running term, if any
 	termRec        record                   // the fence record the running term wrote
@@ -86,6 +87,12 @@ func (l *loop) run(ctx context.Context) {
 	ticker := time.NewTicker(e.cfg.Heartbeat)
 	defer ticker.Stop()
 	for {
+		if !l.caughtUp && l.position >= l.logEnd {
+			// Every record up to the log's end at the start was folded
+			// (and the snapshot published): the pause they carry is known.
+			l.caughtUp = true
+			close(e.caughtUp)
+		}
 		var msgs <-chan *sarama.ConsumerMessage
 		var errs <-chan *sarama.ConsumerError
 		if l.pc != nil {

@@ -148,3 +148,36 @@ func TestSetPausedNotRunning(t *testing.T) {
 		t.Fatalf("SetPaused = %v, want ErrNotRunning", err)
 	}
 }
+
+// A member that starts while the cluster is paused knows the pause once it
+// has caught up with the heartbeat log (CaughtUp): what waits for that
+// before it serves (spread mode on a store that assigns the partitions
+// itself) never serves unpaused.
+func TestElectorCaughtUpKnowsThePause(t *testing.T) {
+	t.Parallel()
+	c := newKafka(t)
+	fence := &memFence{}
+	told := map[string]*pauses{}
+	start := func(id string) *node {
+		told[id] = &pauses{}
+		return startNodeWith(t, c, fence, "caught", id, func(cfg *Config) { cfg.OnPause = told[id].on })
+	}
+	a, b := start("a"), start("b")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := a.e.SetPaused(ctx, true, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "b paused by a", func() bool { return b.e.Pause() == p })
+
+	late := start("c")
+	select {
+	case <-late.e.CaughtUp():
+	case <-time.After(30 * time.Second):
+		t.Fatal("c never caught up with the heartbeat log")
+	}
+	if got, was := late.e.Pause(), told["c"].last(); got != p || was != p {
+		t.Fatalf("c caught up with pause %+v (told %+v), want %+v", got, was, p)
+	}
+}
