@@ -105,6 +105,9 @@ func (r *blockReader) read(block *sarama.FetchResponseBlock, p int32, from int64
 				continue // incomplete: fetched again, whole, with a larger fetch size
 			}
 			last := b.LastOffset()
+			if n := len(b.Records); n > 0 {
+				last = max(last, b.FirstOffset+b.Records[n-1].OffsetDelta)
+			}
 			next = max(next, last+1)
 			// The aborted transactions that begin at or before this batch
 			// cover its producer's batches until that producer's abort
@@ -301,7 +304,7 @@ type chunk struct {
 	vals []dispatch.Message
 	ptrs []*dispatch.Message
 	hdrs []dispatch.Header
-	prev []dispatch.Header // the headers of the previous message
+	prev []dispatch.Header // the headers of the last message before the current one that has some
 }
 
 // newChunk returns a chunk of partition p for n messages.
@@ -312,7 +315,7 @@ func newChunk(p int32, n int) chunk {
 // add fills the next message of c, which will get headers headers
 // (header).
 func (c *chunk) add(offset int64, key, value []byte, ts time.Time, headers int) *dispatch.Message {
-	if n := len(c.ptrs); n > 0 {
+	if n := len(c.ptrs); n > 0 && len(c.ptrs[n-1].Headers) > 0 {
 		c.prev = c.ptrs[n-1].Headers
 	}
 	m := &c.vals[len(c.ptrs)]
@@ -327,8 +330,9 @@ func (c *chunk) add(offset int64, key, value []byte, ts time.Time, headers int) 
 }
 
 // header appends a header to m, the message added last. A key equal to
-// the one at the same index of the previous message reuses its string, so
-// records that carry the same header keys allocate those strings once.
+// the one at the same index of the previous message with headers reuses its
+// string, so records that carry the same header keys allocate those strings
+// once per batch.
 func (c *chunk) header(m *dispatch.Message, key, value []byte) {
 	j := len(m.Headers)
 	var k string
