@@ -86,8 +86,10 @@ type Batch struct {
 type Buffer struct {
 	Size int
 
-	scan uint64 // the dispatcher's scan that last found it in use
-	live int    // the payload bytes of the messages that scan found in it
+	scan  uint64  // the dispatcher's scan that counted it last; 0: never counted
+	live  int     // the payload bytes of the messages that scan found in it
+	to    *Buffer // while compacting it: where its messages' bytes go
+	arena []byte  // while compacting it: the memory of to
 }
 
 // Source is the stream of messages to dispatch, typically every partition of

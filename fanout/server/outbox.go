@@ -526,12 +526,15 @@ func (p *pumpState) fillOne(d *dispatch.Delivery) *protocol.Deliver {
 	dv := p.msgs[i]
 	dv.DeliveryId, dv.Attempt = d.ID, d.Attempt
 	if m := d.Msg; m != nil {
-		dv.Partition, dv.Offset, dv.Key, dv.Value = m.Partition, m.Offset, m.Key, m.Value
+		// The payload as delivered: the dispatcher may point the
+		// message's fields at a copy meanwhile.
+		key, value, headers := d.Payload()
+		dv.Partition, dv.Offset, dv.Key, dv.Value = m.Partition, m.Offset, key, value
 		dv.TimestampMs = 0
 		if !m.Timestamp.IsZero() {
 			dv.TimestampMs = m.Timestamp.UnixMilli()
 		}
-		dv.Headers = p.fillHeaders(i, m.Headers)
+		dv.Headers = p.fillHeaders(i, headers)
 	} else {
 		dv.Partition, dv.Offset, dv.Key, dv.Value, dv.TimestampMs, dv.Headers = 0, 0, nil, nil, 0, nil
 	}
