@@ -122,6 +122,7 @@ type Collector struct {
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
+	fetchedHeld                                                  *prometheus.Desc
 	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
 	oldestPending, oldestPendingAll                              *prometheus.Desc
@@ -171,14 +172,16 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		inFlight:      desc("messages_in_flight", "Deliveries waiting for an ack."),
 		buffered:      desc("buffered_messages", "Messages waiting for a client."),
 		bufferedBytes: desc("buffered_bytes", "Payload bytes of the messages waiting for a client."),
-		paused:        desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
-		clients:       desc("clients_connected", "Connected clients."),
-		handshaking:   desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
-		connsClosed:   desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
-		tooLarge:      desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
-		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
-		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
-		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
+		fetchedHeld: desc("fetched_bytes_held", "Bytes of fetch responses from Kafka that messages not yet acked hold "+
+			"(they count against --max-buffered-bytes)."),
+		paused:      desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
+		clients:     desc("clients_connected", "Connected clients."),
+		handshaking: desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
+		connsClosed: desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
+		tooLarge:    desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
+		lag:         desc("consumer_lag", "High watermark minus committed offset.", "partition"),
+		committed:   desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
+		highWater:   desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
 		oldestPending: desc("partition_oldest_pending_age_seconds",
 			"Age of the partition's oldest message received from Kafka and not yet acked (in flight, buffered, delayed or going to the dead-letter topic), since it arrived; 0 when none is.", "partition"),
 		oldestPendingAll: desc("oldest_pending_age_seconds",
@@ -242,7 +245,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.handoffLatency.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
+		c.inFlight, c.buffered, c.bufferedBytes, c.fetchedHeld, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.oldestPending, c.oldestPendingAll, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
@@ -277,6 +280,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.inFlight, float64(st.InFlight))
 	gauge(c.buffered, float64(st.Buffered))
 	gauge(c.bufferedBytes, float64(st.BufferBytes))
+	gauge(c.fetchedHeld, float64(st.Pinned))
 	gauge(c.tooLarge, float64(st.TooLarge))
 	gauge(c.paused, bool01(st.Paused))
 	gauge(c.clients, float64(s.Clients))
