@@ -25,6 +25,11 @@ import (
 // fetch goes out as soon as every partition has taken its part, so while
 // the partitions send one response's batches the next is on its way.
 //
+// A fetcher has a connection of its own to its broker: a fetch waits up to
+// Consumer.MaxWaitTime for records, and sarama's broker holds its
+// connection meanwhile, so the client's requests (metadata, offsets) would
+// wait behind it.
+//
 // What ends a subscription is handed over the same way, after the records
 // fetched before it: an offset out of range (the partition's goroutine
 // opens it again, resetting by policy), a partition that moved to another
@@ -58,8 +63,9 @@ type fetched struct {
 // fetcher fetches the partitions subscribed to one broker.
 type fetcher struct {
 	s      *Source
-	broker *sarama.Broker
-	wake   chan struct{} // capacity 1: a subscription came, or a partition was resumed
+	id     int32          // the broker's
+	broker *sarama.Broker // the fetcher's own connection to it
+	wake   chan struct{}  // capacity 1: a subscription came, or a partition was resumed
 
 	mu   sync.Mutex      // guards adds
 	adds []*subscription // subscribed, not yet taken by the loop
@@ -68,18 +74,28 @@ type fetcher struct {
 	reader *blockReader
 }
 
-// subscribe hands sub to the fetcher of broker, starting one if there is
+// subscribe hands sub to the fetcher of leader, starting one if there is
 // none. s.mu must not be held.
-func (s *Source) subscribe(broker *sarama.Broker, sub *subscription) {
+func (s *Source) subscribe(leader *sarama.Broker, sub *subscription) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f := s.fetchers[broker]
+	f := s.fetchers[leader.ID()]
 	if f == nil {
-		f = &fetcher{s: s, broker: broker, wake: make(chan struct{}, 1),
-			reader: newBlockReader(s.cfg.BatchSize, s.client.Config().Consumer.IsolationLevel == sarama.ReadCommitted)}
-		s.fetchers[broker] = f
+		conf := s.client.Config()
+		conn := sarama.NewBroker(leader.Addr())
+		if err := conn.Open(conf); err != nil {
+			// Only a configuration the client already took fails here: the
+			// fetch reports it.
+			s.log.WithError(err).Warn("opening a connection to fetch from the broker")
+		}
+		f = &fetcher{s: s, id: leader.ID(), broker: conn, wake: make(chan struct{}, 1),
+			reader: newBlockReader(s.cfg.BatchSize, conf.Consumer.IsolationLevel == sarama.ReadCommitted)}
+		s.fetchers[f.id] = f
 		ctx := s.fetchCtx
-		s.fetching.Go(s.log.WithField("broker", broker.ID()), "fetcher", func() { f.run(ctx) }, nil)
+		s.fetching.Go(s.log.WithField("broker", f.id), "fetcher", func() {
+			defer func() { _ = f.broker.Close() }()
+			f.run(ctx)
+		}, nil)
 	}
 	// Under s.mu: a fetcher that fails removes itself from s.fetchers
 	// under s.mu before it takes adds for the last time.
@@ -111,7 +127,7 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		resp, err := f.broker.Fetch(req)
 		if err != nil {
-			f.fail(fmt.Errorf("fetch from broker %d (%s): %w", f.broker.ID(), f.broker.Addr(), err))
+			f.fail(fmt.Errorf("fetch from broker %d (%s): %w", f.id, f.broker.Addr(), err))
 			return
 		}
 		f.handle(ctx, resp)
@@ -269,17 +285,16 @@ func partial(block *sarama.FetchResponseBlock) bool {
 	return false
 }
 
-// fail ends the fetcher after a failed fetch: the broker's connection is
-// closed (the client opens it again when next asked for it), and every
-// subscription ends with err, to be subscribed again after a backoff.
+// fail ends the fetcher after a failed fetch (its connection is closed as
+// it returns): every subscription ends with err, to be subscribed again
+// after a backoff, to a fetcher with a new connection.
 func (f *fetcher) fail(err error) {
 	s := f.s
 	s.mu.Lock()
-	if s.fetchers[f.broker] == f {
-		delete(s.fetchers, f.broker)
+	if s.fetchers[f.id] == f {
+		delete(s.fetchers, f.id)
 	}
 	s.mu.Unlock()
-	_ = f.broker.Close()
 	f.take() // no subscription is added after the removal above
 	for _, sub := range f.subs {
 		select {

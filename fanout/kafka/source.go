@@ -118,15 +118,15 @@ type Source struct {
 	log     *logrus.Entry
 	batches chan dispatch.Batch
 
-	mu       sync.Mutex                  // guards the fields below
-	paused   bool                        // Pause: every partition is paused
-	held     map[int32]bool              // PausePartition: these are paused whatever Resume says
-	running  bool                        // Run has started consuming
-	parts    map[int32]*partition        // partitions being consumed
-	manual   manualParts                 // Manual: the partitions added
-	fetchers map[*sarama.Broker]*fetcher // Run's, by the broker they fetch from
-	fetchCtx context.Context             // Run's
-	fetching *actor.Group                // Run's fetcher goroutines
+	mu       sync.Mutex           // guards the fields below
+	paused   bool                 // Pause: every partition is paused
+	held     map[int32]bool       // PausePartition: these are paused whatever Resume says
+	running  bool                 // Run has started consuming
+	parts    map[int32]*partition // partitions being consumed
+	manual   manualParts          // Manual: the partitions added
+	fetchers map[int32]*fetcher   // Run's, by the broker they fetch from
+	fetchCtx context.Context      // Run's
+	fetching *actor.Group         // Run's fetcher goroutines
 }
 
 // partition is a partition being consumed.
@@ -190,7 +190,7 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		held:     map[int32]bool{},
 		parts:    map[int32]*partition{},
 		manual:   manualParts{waiting: map[int32]int64{}, running: map[int32]*partRun{}},
-		fetchers: map[*sarama.Broker]*fetcher{},
+		fetchers: map[int32]*fetcher{},
 	}, nil
 }
 
@@ -681,6 +681,7 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, part *partition
 	var lim errLimiter
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	var sub *subscription
+	refresh := false // the leader is looked up anew after a failure
 	defer func() {
 		if sub != nil {
 			close(sub.stop)
@@ -689,7 +690,7 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, part *partition
 	for {
 		if sub == nil {
 			var err error
-			if sub, err = s.subscribeAt(ctx, log, part, next, &b); err != nil {
+			if sub, err = s.subscribeAt(ctx, log, part, next, &b, refresh); err != nil {
 				return next, false // ctx ended
 			}
 		}
@@ -711,7 +712,7 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, part *partition
 		if fd.err == nil {
 			continue
 		}
-		sub = nil // the fetcher dropped it
+		sub, refresh = nil, true // the fetcher dropped it
 		if errors.Is(fd.err, sarama.ErrOffsetOutOfRange) {
 			log.WithError(fd.err).WithField("offset", next).Warn("partition offset out of range")
 			return next, true
@@ -723,12 +724,16 @@ func (s *Source) consume(ctx context.Context, log *logrus.Entry, part *partition
 	}
 }
 
-// subscribeAt subscribes part at offset to the fetcher of its leader, after
-// a metadata refresh, retrying with backoff b until ctx ends.
+// subscribeAt subscribes part at offset to the fetcher of its leader,
+// retrying with backoff b until ctx ends. After a failure (refresh) the
+// leader is looked up anew, else in the client's metadata.
 func (s *Source) subscribeAt(ctx context.Context, log *logrus.Entry, part *partition, offset int64,
-	b *backoff.Backoff) (*subscription, error) {
+	b *backoff.Backoff, refresh bool) (*subscription, error) {
 	for {
-		err := s.client.RefreshMetadata(s.cfg.Topic)
+		var err error
+		if refresh {
+			err = s.client.RefreshMetadata(s.cfg.Topic)
+		}
 		var leader *sarama.Broker
 		var epoch int32
 		if err == nil {
@@ -740,6 +745,7 @@ func (s *Source) subscribeAt(ctx context.Context, log *logrus.Entry, part *parti
 			s.subscribe(leader, sub)
 			return sub, nil
 		}
+		refresh = true
 		wait := b.Next()
 		log.WithError(err).WithFields(logrus.Fields{"offset": offset, "retry_in": wait}).
 			Warn("cannot find the partition's leader, retrying")
