@@ -64,6 +64,10 @@ func (s *state) sendDeadLetter(m *Message, lastFailure string) {
 	}
 	s.deadPending++
 	ownBytes(m) // the producer reads them, and compaction does not see m
+	if s.deadPendingBy == nil {
+		s.deadPendingBy = map[int32]int{}
+	}
+	s.deadPendingBy[m.Partition]++
 	s.deadLetter.Send(DeadLetterRecord{
 		Msg:         m,
 		Attempts:    m.failed,
@@ -127,6 +131,9 @@ func (s *state) deadLettered(ms []*Message) {
 			s.traceMessage(deliverylog.DeadLettered, m, m.failed, "")
 		}
 		s.deadPending--
+		if s.deadPendingBy[m.Partition]--; s.deadPendingBy[m.Partition] <= 0 {
+			delete(s.deadPendingBy, m.Partition)
+		}
 		s.bytes -= m.Size()
 		s.stats.DeadLettered++
 		s.countAttempts(m.failed)

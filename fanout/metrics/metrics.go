@@ -27,7 +27,8 @@ type Snapshot struct {
 	Serving bool
 	Stats   dispatch.Stats
 	// HighWaterMarks is, per partition, the offset the next produced
-	// message gets (the source's view as of its last fetch).
+	// message gets (the source's view as of its last fetch; while it
+	// fetches nothing, the topic check's, when newer).
 	HighWaterMarks map[int32]int64
 	// Clients is the number of connected, welcomed clients.
 	Clients int
@@ -93,6 +94,12 @@ type Snapshot struct {
 	// Assigned, Owned and HandingOff are the partitions the assignment
 	// gives this member, those it serves, and those it is handing over.
 	Assigned, Owned, HandingOff []int32
+
+	// DeliveryPaused: an operator paused the cluster's deliveries, as this
+	// daemon knows (it hands nothing out while it serves); PausedBy says
+	// who asked, where and when.
+	DeliveryPaused bool
+	PausedBy       string
 }
 
 // ObserverBehind is the reason, among Snapshot.ConnectionsClosed, of an
@@ -123,6 +130,7 @@ type Collector struct {
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
 	fetchedHeld                                                  *prometheus.Desc
+	deliveryPaused                                               *prometheus.Desc
 	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
 	oldestPending, oldestPendingAll                              *prometheus.Desc
@@ -174,8 +182,10 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		bufferedBytes: desc("buffered_bytes", "Payload bytes of the messages waiting for a client."),
 		fetchedHeld: desc("fetched_bytes_held", "Bytes of fetch responses from Kafka that messages not yet acked hold "+
 			"(they count against --max-buffered-bytes)."),
-		paused:      desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
-		clients:     desc("clients_connected", "Connected clients."),
+		paused:  desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
+		clients: desc("clients_connected", "Connected clients."),
+		deliveryPaused: desc("delivery_paused", "1 while an operator has paused the cluster's deliveries (fanout pause, or the console): "+
+			"no message is handed out until they resume."),
 		handshaking: desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
 		connsClosed: desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
 		tooLarge:    desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
@@ -245,7 +255,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.handoffLatency.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.fetchedHeld, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
+		c.inFlight, c.buffered, c.bufferedBytes, c.fetchedHeld, c.paused, c.deliveryPaused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.oldestPending, c.oldestPendingAll, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
@@ -283,6 +293,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.fetchedHeld, float64(st.Pinned))
 	gauge(c.tooLarge, float64(st.TooLarge))
 	gauge(c.paused, bool01(st.Paused))
+	gauge(c.deliveryPaused, bool01(s.DeliveryPaused))
 	gauge(c.clients, float64(s.Clients))
 	gauge(c.handshaking, float64(s.Handshaking))
 	for reason, n := range s.ConnectionsClosed {

@@ -101,7 +101,7 @@ func chartLabel(t Row) string {
 	case "C":
 		return fmt.Sprintf("C fanout, %d client(s)", t.K)
 	case "E":
-		return fmt.Sprintf("E spread, %d member(s)", t.Members)
+		return fmt.Sprintf("E spread, %d member(s), %s", t.Members, storeLabel(t.Store))
 	default:
 		return fmt.Sprintf("D share group, %d thr", t.K)
 	}

@@ -37,8 +37,10 @@ type plan struct {
 	IdleConns   int           `json:"idle_clients"`
 	IdleFor     time.Duration `json:"idle_window"`
 	// Spread mode (E): the same topics drained by each number of members,
-	// with SpreadClients client processes each connected to every member.
+	// with SpreadClients client processes each connected to every member,
+	// with the ZooKeeper store (Members) and the Kafka store (KafkaMembers).
 	Members       []int `json:"spread_members"`
+	KafkaMembers  []int `json:"spread_members_kafka"`
 	SpreadClients int   `json:"spread_clients"`
 	// SpreadOnly measures only B (the ceiling) and E, on data of the
 	// plan's sizes (--spread).
@@ -48,13 +50,15 @@ type plan struct {
 func fullPlan() plan {
 	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 2_000_000, 1024: 500_000},
 		Ks: []int{1, 4, 16}, InFlight: 1000, Rates: []int{1000, 10000}, RateFor: 10 * time.Second,
-		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
+		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{1, 2, 3},
+		SpreadClients: 4}
 }
 
 func quickPlan() plan {
 	return plan{Quick: true, Sizes: []int{100, 1024}, Messages: map[int]int{100: 20000, 1024: 20000},
 		Ks: []int{1, 4}, InFlight: 1000, Rates: []int{1000}, RateFor: 3 * time.Second,
-		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
+		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{3},
+		SpreadClients: 4}
 }
 
 // env is where the driver finds the servers, the tools and its own binaries.
@@ -182,18 +186,29 @@ func measure(e *env, p plan, rep *report) error {
 			say("   %-34s %9.0f msg/s %8.1f MB/s", r.label(), r.MsgPerS, r.MBPerS)
 			rep.Throughput = append(rep.Throughput, r)
 		}
+		spreadRows := func() error {
+			for _, store := range []struct {
+				name    string
+				members []int
+			}{{"zookeeper", p.Members}, {"kafka", p.KafkaMembers}} {
+				for _, m := range store.members {
+					sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight, store.name)
+					if err != nil {
+						return err
+					}
+					row(sp)
+				}
+			}
+			return nil
+		}
 		if p.SpreadOnly {
 			b, err := e.saramaRun(topic, n)
 			if err != nil {
 				return err
 			}
 			row(b)
-			for _, m := range p.Members {
-				sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight)
-				if err != nil {
-					return err
-				}
-				row(sp)
+			if err := spreadRows(); err != nil {
+				return err
 			}
 			continue
 		}
@@ -222,12 +237,8 @@ func measure(e *env, p plan, rep *report) error {
 			}
 			row(d)
 		}
-		for _, m := range p.Members {
-			sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight)
-			if err != nil {
-				return err
-			}
-			row(sp)
+		if err := spreadRows(); err != nil {
+			return err
 		}
 	}
 	if p.SpreadOnly {
@@ -504,9 +515,13 @@ func (e *env) startDaemon(id, topic, node string, extra ...string) (*daemon, err
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--id", id, "--topic", topic, "--kafka", e.kafka, "--zookeeper", e.zk,
+	args := []string{"--id", id, "--topic", topic, "--kafka", e.kafka,
 		"--listen", d.addr, "--advertise", d.addr, "--node-id", node, "--initial-offset", "oldest",
-		"--metrics-listen", d.metrics}, extra...)
+		"--metrics-listen", d.metrics}
+	if !slices.Contains(extra, "--offset-store") { // the Kafka store needs no ZooKeeper
+		args = append(args, "--zookeeper", e.zk)
+	}
+	args = append(args, extra...)
 	if !slices.Contains(e.topics, "fanout_"+id+"_"+topic) {
 		e.topics = append(e.topics, "fanout_"+id+"_"+topic) // the daemons' heartbeat topic
 	}
@@ -628,7 +643,7 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 	r.DaemonPeakRSSMB = hwm
 	r.ClientCPUPerM = clientCPU / float64(max(r.Messages, 1)) * 1e6
 	d.stop()
-	r.Committed, err = e.committedAll(id, topic)
+	r.Committed, err = e.committedAll(id, topic, "zookeeper")
 	return r, err
 }
 
