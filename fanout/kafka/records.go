@@ -68,8 +68,10 @@ func extent(key, value []byte) int { return max(cap(key), cap(value)) }
 // the records at or above from, and returns them with the offset to fetch
 // next (at least from). Under read_committed the records of aborted
 // transactions are left out; control records always are. Records below
-// from (a batch is returned whole) are skipped. It returns no batch when
-// the block has no record to deliver.
+// from (a batch is returned whole) are skipped, and so is a record whose
+// offset is not above the last one delivered (a broker's batches that
+// overlap): the offsets delivered rise. It returns no batch when the block
+// has no record to deliver.
 func (r *blockReader) read(block *sarama.FetchResponseBlock, p int32, from int64) (batches []dispatch.Batch, next int64) {
 	next = from
 	sets := block.RecordsSet
@@ -95,7 +97,8 @@ func (r *blockReader) read(block *sarama.FetchResponseBlock, p int32, from int64
 	}
 	txns := r.txns
 	r.legacy = r.legacy[:0]
-	total := 0 // records to deliver
+	total := 0  // records to deliver
+	cur := from // the least offset the next record delivered may have
 	for i, set := range sets {
 		r.keep[i] = false
 		switch {
@@ -130,20 +133,21 @@ func (r *blockReader) read(block *sarama.FetchResponseBlock, p int32, from int64
 			}
 			n := 0
 			for _, rec := range b.Records {
-				if b.FirstOffset+rec.OffsetDelta >= from {
-					n++
+				if o := b.FirstOffset + rec.OffsetDelta; o >= cur {
+					n, cur = n+1, o+1
 				}
 			}
 			r.keep[i], total = n > 0, total+n
 		case set.MsgSet != nil:
 			lo := len(r.legacy)
-			n := r.flatten(set.MsgSet, from)
+			n := r.flatten(set.MsgSet, &cur)
 			if n > 0 {
 				next = max(next, r.legacy[len(r.legacy)-1].offset+1)
 			}
 			r.keep[i], r.spans[i], total = n > 0, [2]int{lo, lo + n}, total+n
 		}
 	}
+	next = max(next, cur) // a record may lie beyond its batch's last offset
 	if total == 0 {
 		return nil, next
 	}
@@ -166,9 +170,10 @@ func controlType(key []byte) sarama.ControlRecordType {
 }
 
 // flatten appends to r.legacy the messages of a legacy message set at or
-// above from, unwrapping compressed ones, with their offsets and times as
-// sarama's consumer computes them. It returns how many it appended.
-func (r *blockReader) flatten(set *sarama.MessageSet, from int64) int {
+// above *cur, each above the one before (*cur follows them), unwrapping
+// compressed ones, with their offsets and times as sarama's consumer
+// computes them. It returns how many it appended.
+func (r *blockReader) flatten(set *sarama.MessageSet, cur *int64) int {
 	n := len(r.legacy)
 	for _, block := range set.Messages {
 		inner := block.Messages()
@@ -192,9 +197,10 @@ func (r *blockReader) flatten(set *sarama.MessageSet, from int64) int {
 					ts = block.Msg.Timestamp
 				}
 			}
-			if offset < from {
+			if offset < *cur {
 				continue
 			}
+			*cur = offset + 1
 			lm := legacyMessage{m: m.Msg, offset: offset, time: ts, buf: buf}
 			if buf == nil && (len(m.Msg.Key) > 0 || len(m.Msg.Value) > 0) {
 				lm.buf = r.resp
@@ -206,9 +212,9 @@ func (r *blockReader) flatten(set *sarama.MessageSet, from int64) int {
 	return len(r.legacy) - n
 }
 
-// batches cuts the total records to deliver of sets (those at or above
-// from of the sets r.keep marks), in order, into dispatch batches of at most
-// r.batchSize messages.
+// batches cuts the total records to deliver of sets (those of the sets
+// r.keep marks at or above from, rising, as read counted them), in order,
+// into dispatch batches of at most r.batchSize messages.
 func (r *blockReader) batches(sets []*sarama.Records, p int32, from int64, total int) []dispatch.Batch {
 	out := make([]dispatch.Batch, 0, (total+r.batchSize-1)/r.batchSize)
 	var chunk chunk
@@ -231,6 +237,7 @@ func (r *blockReader) batches(sets []*sarama.Records, p int32, from int64, total
 		}
 		used = b
 	}
+	cur := from // as in read
 	for i, set := range sets {
 		if !r.keep[i] {
 			continue
@@ -245,6 +252,7 @@ func (r *blockReader) batches(sets []*sarama.Records, p int32, from int64, total
 				m.Buffer = lm.buf
 				use(lm.buf)
 				left--
+				cur = lm.offset + 1
 			}
 			continue
 		}
@@ -252,9 +260,10 @@ func (r *blockReader) batches(sets []*sarama.Records, p int32, from int64, total
 		buf := r.bufferOf(b) // what this batch's records alias
 		for _, rec := range b.Records {
 			offset := b.FirstOffset + rec.OffsetDelta
-			if offset < from {
+			if offset < cur {
 				continue
 			}
+			cur = offset + 1
 			if len(chunk.ptrs) == cap(chunk.ptrs) {
 				flush()
 				start(left)

@@ -169,6 +169,37 @@ func TestBlockReaderLegacyMessages(t *testing.T) {
 	}
 }
 
+// Records whose offsets repeat or go back (batches that overlap, or a
+// broker that sends the same offset twice) are delivered once each, in
+// rising order, as sarama's consumer does: the dispatcher never gets an
+// offset it already has.
+func TestBlockReaderOffsetsRiseOnce(t *testing.T) {
+	t.Parallel()
+	rec := func(delta int64) *sarama.Record {
+		return &sarama.Record{OffsetDelta: delta, Value: []byte(fmt.Sprint("v", delta))}
+	}
+	msg := func(offset int64) *sarama.MessageBlock {
+		return &sarama.MessageBlock{Offset: offset, Msg: &sarama.Message{Value: []byte(fmt.Sprint("m", offset))}}
+	}
+	block := &sarama.FetchResponseBlock{RecordsSet: []*sarama.Records{
+		{RecordBatch: &sarama.RecordBatch{FirstOffset: 0, Records: []*sarama.Record{rec(0), rec(0), rec(2), rec(1)}}},
+		{RecordBatch: &sarama.RecordBatch{FirstOffset: 1, Records: []*sarama.Record{rec(0), rec(1), rec(2)}}},
+		{MsgSet: &sarama.MessageSet{Messages: []*sarama.MessageBlock{msg(5), msg(5), msg(4), msg(6)}}},
+	}}
+	for _, size := range []int{1, 8} {
+		r := newBlockReader(size, false)
+		r.reset()
+		batches, next := r.read(block, 0, 0)
+		r.finish()
+		if got, want := offsetsIn(t, batches, size), []int64{0, 2, 3, 5, 6}; !slices.Equal(got, want) {
+			t.Errorf("batch size %d: offsets %v, want %v", size, got, want)
+		}
+		if next != 7 {
+			t.Errorf("batch size %d: next %d, want 7", size, next)
+		}
+	}
+}
+
 // A block holding only the beginning of a record batch larger than the
 // fetch size delivers nothing: the fetcher asks again with a larger size,
 // and never skips the batch.
