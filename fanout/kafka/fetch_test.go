@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -94,6 +95,39 @@ func TestSourceBrokerFailure(t *testing.T) {
 		if got := rec.startsOf(p); !slices.Equal(got, []int64{0}) {
 			t.Errorf("partition %d: start batches %v, want [0]", p, got)
 		}
+	}
+}
+
+// A broker whose fetches keep failing (one that restarts, or is down) is
+// asked again after a backoff that grows, not in a loop: the gaps between
+// the failed fetches are at least the backoff's delays.
+func TestSourceBrokerFailureBacksOff(t *testing.T) {
+	t.Parallel()
+	const topic, failures = "t", 4
+	cluster := newCluster(t, topic, 1)
+	var mu sync.Mutex
+	var at []time.Time // when each fetch failed
+	cluster.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		at = append(at, time.Now())
+		return nil, errors.New("broker down"), true // closes the connection
+	})
+	src, err := NewSource(newClient(t, cluster), SourceConfig{Topic: topic, Initial: sarama.OffsetOldest, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, src, newRecorder(DefaultBatchSize))
+	testutil.WaitFor(t, testWait, "failed fetches", func() bool { mu.Lock(); defer mu.Unlock(); return len(at) >= failures })
+	mu.Lock()
+	defer mu.Unlock()
+	wait := retryMin
+	for i := 1; i < failures; i++ {
+		if gap := at[i].Sub(at[i-1]); gap < wait {
+			t.Errorf("fetch %d failed %v after the one before, want at least the backoff's %v", i+1, gap, wait)
+		}
+		wait = min(2*wait, retryMax)
 	}
 }
 
