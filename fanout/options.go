@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -78,7 +79,7 @@ type Options struct {
 	MaxOutboxBytes   int           // control frames (Pongs) queued for one client and not read; past it the client is dropped; default 256 KiB
 	MaxInFlight      int           // cap on any client's unacked messages; default 1000
 	MaxBuffered      int           // messages buffered before fetching pauses; default 10000
-	MaxBufferedBytes int           // payload bytes buffered before fetching pauses; default 64 MiB
+	MaxBufferedBytes int           // payload bytes buffered, and fetched bytes held by messages not done, before fetching pauses; default 64 MiB
 	MaxOutstanding   int           // offsets held per partition behind an unacked one before fetching it pauses; default 50000
 	MaxFrameSize     int           // largest frame accepted from clients; default 4 MiB
 	MaxClients       int           // 0 = unlimited
@@ -652,6 +653,13 @@ func (o Options) dispatchConfig(scope dispatch.Scope, store offsets.Store, log *
 		DisconnectWindow: time.Duration(o.Liveness) * o.Heartbeat,
 		KeyOrdering:      o.Ordering == OrderingKey,
 	}
+}
+
+// maxFetchBytes bounds a fetch response of the source: a quarter of
+// --max-buffered-bytes, so that the responses the messages held alias,
+// which count against it, come in several parts of it.
+func (o Options) maxFetchBytes() int32 {
+	return int32(min(o.MaxBufferedBytes/4, math.MaxInt32))
 }
 
 // authorityConfig is the configuration of the offset store derived from

@@ -43,7 +43,7 @@ func (d *Daemon) newPipeline(client sarama.Client, src kafka.SourceConfig, cfg d
 	if err != nil {
 		return nil, err
 	}
-	src.Topic, src.Initial, src.Logger = d.opts.Topic, initial, cfg.Logger
+	src.Topic, src.Initial, src.Logger, src.MaxFetchBytes = d.opts.Topic, initial, cfg.Logger, d.opts.maxFetchBytes()
 	source, err := kafka.NewSource(client, src)
 	if err != nil {
 		return nil, fmt.Errorf("kafka source: %w", err)

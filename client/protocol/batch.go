@@ -32,13 +32,15 @@ func DeliverBatchFrame(ds []*Deliver) *Frame {
 // the Writer's maximum when budget <= 0 or larger) and returns how many
 // deliveries it holds. The bytes are those of WriteFrame(DeliverBatchFrame
 // (ds[:n])) with proto.MarshalOptions{Deterministic: true}; each payload is
-// copied once, straight into the Writer's buffer, as by WriteDeliver.
+// copied once, straight into the Writer's buffer, or referred to by a
+// vector Writer, as by WriteDeliver.
 //
 // It writes nothing and returns 0 with a *FrameTooLargeError when not even
 // ds[0] fits (it may still fit as a Deliver frame, a few bytes smaller),
 // with nil for an empty ds, and with an error for a header key that is not
 // valid UTF-8 among the deliveries it sized. No element of ds may be nil or
-// modified while WriteDeliverBatch runs.
+// modified while WriteDeliverBatch runs, nor, for a vector Writer, its
+// payloads until Flush.
 func (w *Writer) WriteDeliverBatch(ds []*Deliver, budget int) (int, error) {
 	limit := w.max
 	if budget > 0 {
@@ -74,7 +76,7 @@ func (w *Writer) WriteDeliverBatch(ds []*Deliver, budget int) (int, error) {
 		b = w.appendDeliver(b, ds[i])
 	}
 	w.buf = b
-	if _, err := w.w.Write(b); err != nil {
+	if err := w.write(b); err != nil {
 		return 0, fmt.Errorf("write frame: %w", err)
 	}
 	return len(sizes), nil

@@ -31,19 +31,29 @@ func marshalBatch(tb testing.TB, ds []*Deliver) ([]byte, error) {
 // deliveries it took.
 func writeBatch(tb testing.TB, ds []*Deliver, max, budget int) ([]byte, int, error) {
 	tb.Helper()
-	var out bytes.Buffer
-	w := NewWriter(&out, max)
-	n, err := w.WriteDeliverBatch(ds, budget)
-	if err != nil || n == 0 {
-		if w.Buffered() != 0 {
-			tb.Fatalf("WriteDeliverBatch wrote %d of %d with %v but buffered %d bytes", n, len(ds), err, w.Buffered())
+	var out []byte
+	var outN int
+	var outErr error
+	for _, vector := range []bool{false, true} {
+		var n int
+		got, err := writeWith(tb, vector, max, func(w *Writer) error {
+			var err error
+			n, err = w.WriteDeliverBatch(ds, budget)
+			if err == nil && n == 0 && w.Buffered() != 0 {
+				tb.Fatalf("WriteDeliverBatch took none of %d but buffered %d bytes", len(ds), w.Buffered())
+			}
+			return err
+		})
+		if !vector {
+			out, outN, outErr = got, n, err
+			continue
 		}
-		return nil, n, err
+		if n != outN {
+			tb.Fatalf("a vector Writer took %d deliveries, a copying one %d", n, outN)
+		}
+		sameVector(tb, out, outErr, got, err)
 	}
-	if err := w.Flush(); err != nil {
-		tb.Fatal(err)
-	}
-	return out.Bytes(), n, nil
+	return out, outN, outErr
 }
 
 // batchCases are the deliveries of deliverCases that proto.Marshal takes, in

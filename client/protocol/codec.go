@@ -350,7 +350,8 @@ func (r *Reader) Buffered() int { return r.r.Buffered() }
 // underlying writer until the buffer fills or Flush is called, so many frames
 // can share one system call. A Writer is not safe for concurrent use.
 type Writer struct {
-	w     *bufio.Writer
+	w     *bufio.Writer // nil for a vector Writer
+	v     *vector       // a vector Writer's (vector.go)
 	max   int
 	buf   []byte
 	sizes []int // WriteDeliverBatch: the size of each Deliver of the frame
@@ -399,7 +400,7 @@ func (w *Writer) WriteFrame(f *Frame) error {
 		return fmt.Errorf("encode frame: %d bytes encoded, %d sized: frame modified during WriteFrame", len(buf)-HeaderSize, size)
 	}
 	binary.BigEndian.PutUint32(buf, uint32(size))
-	if _, err := w.w.Write(buf); err != nil {
+	if err := w.write(buf); err != nil {
 		return fmt.Errorf("write frame: %w", err)
 	}
 	return nil
@@ -407,11 +408,52 @@ func (w *Writer) WriteFrame(f *Frame) error {
 
 // Flush writes the buffered frames to the underlying writer.
 func (w *Writer) Flush() error {
-	if err := w.w.Flush(); err != nil {
+	var err error
+	if w.v != nil {
+		err = w.v.flush()
+	} else {
+		err = w.w.Flush()
+	}
+	if err != nil {
 		return fmt.Errorf("flush frames: %w", err)
 	}
 	return nil
 }
 
 // Buffered reports how many encoded bytes wait for Flush.
-func (w *Writer) Buffered() int { return w.w.Buffered() }
+func (w *Writer) Buffered() int {
+	if w.v != nil {
+		return w.v.n
+	}
+	return w.w.Buffered()
+}
+
+// write writes bytes of a frame that the Writer copies; errors are sticky.
+func (w *Writer) write(p []byte) error {
+	if w.v != nil {
+		return w.v.copy(p)
+	}
+	_, err := w.w.Write(p)
+	return err
+}
+
+// payload writes a payload of a frame: copied, or referred to by a vector
+// Writer when large enough; errors are sticky (the next write reports
+// them).
+func (w *Writer) payload(p []byte) {
+	if w.v != nil {
+		w.v.ref(p)
+		return
+	}
+	_, _ = w.w.Write(p)
+}
+
+// writeString writes a string of a frame (a header key), copied; errors
+// are sticky.
+func (w *Writer) writeString(s string) {
+	if w.v != nil {
+		_ = w.v.copyString(s)
+		return
+	}
+	_, _ = w.w.WriteString(s)
+}

@@ -111,15 +111,16 @@ func deliverSize(d *Deliver) (int, error) {
 // WriteDeliver encodes the frame Frame{Body: &Frame_Deliver{Deliver: d}} into
 // the buffer, like WriteFrame(DeliverFrame(d)) but without an intermediate
 // buffer: the key, value and header bytes are copied once, straight into the
-// Writer's buffer (or written through when larger than it). The bytes are
-// those of proto.MarshalOptions{Deterministic: true}, unknown fields
-// included.
+// Writer's buffer (or written through when larger than it); a vector Writer
+// (NewVectorWriter) refers to the larger ones instead, until Flush. The
+// bytes are those of proto.MarshalOptions{Deterministic: true}, unknown
+// fields included.
 //
 // It returns a *FrameTooLargeError when the encoded frame would exceed the
 // maximum, and an error when a header key is not valid UTF-8 (which
 // proto.Marshal refuses as well; the daemon repairs keys before it gets
 // here); in both cases it writes nothing. d must not be modified while
-// WriteDeliver runs.
+// WriteDeliver runs, nor, for a vector Writer, its payloads until Flush.
 func (w *Writer) WriteDeliver(d *Deliver) error {
 	dsize, err := deliverSize(d)
 	if err != nil {
@@ -136,17 +137,17 @@ func (w *Writer) WriteDeliver(d *Deliver) error {
 	b = protowire.AppendVarint(b, uint64(dsize))
 	b = w.appendDeliver(b, d)
 	w.buf = b
-	if _, err := w.w.Write(b); err != nil {
+	if err := w.write(b); err != nil {
 		return fmt.Errorf("write frame: %w", err)
 	}
 	return nil
 }
 
 // appendDeliver encodes the fields of d after the bytes pending in b: each
-// payload (key, value, header key and value) is written to the buffer
-// together with the pending bytes before it, and the bytes after the last
-// one are returned, still pending. Errors of the bufio.Writer are sticky:
-// the caller's last Write reports them.
+// payload (key, value, header key and value) is written after the pending
+// bytes before it (copied, or in a vector Writer referenced: payload), and
+// the bytes after the last one are returned, still pending. Write errors
+// are sticky: the caller's last write reports them.
 func (w *Writer) appendDeliver(b []byte, d *Deliver) []byte {
 	b = appendVarintField(b, tagDeliveryID, d.DeliveryId)
 	b = appendVarintField(b, tagPartition, uint64(int64(d.Partition)))
@@ -154,14 +155,14 @@ func (w *Writer) appendDeliver(b []byte, d *Deliver) []byte {
 	if d.Key != nil { // a field with presence: an empty key is written
 		b = protowire.AppendVarint(append(b, tagKey), uint64(len(d.Key)))
 		if len(d.Key) > 0 {
-			_, _ = w.w.Write(b)
-			_, _ = w.w.Write(d.Key)
+			_ = w.write(b)
+			w.payload(d.Key)
 			b = b[:0]
 		}
 	}
 	if b = appendBytesHeader(b, tagValue, len(d.Value)); len(d.Value) > 0 {
-		_, _ = w.w.Write(b)
-		_, _ = w.w.Write(d.Value)
+		_ = w.write(b)
+		w.payload(d.Value)
 		b = b[:0]
 	}
 	for _, h := range d.Headers {
@@ -170,13 +171,13 @@ func (w *Writer) appendDeliver(b []byte, d *Deliver) []byte {
 			continue
 		}
 		if b = appendBytesHeader(b, tagHeaderKey, len(h.Key)); len(h.Key) > 0 {
-			_, _ = w.w.Write(b)
-			_, _ = w.w.WriteString(h.Key)
+			_ = w.write(b)
+			w.writeString(h.Key)
 			b = b[:0]
 		}
 		if b = appendBytesHeader(b, tagHeaderValue, len(h.Value)); len(h.Value) > 0 {
-			_, _ = w.w.Write(b)
-			_, _ = w.w.Write(h.Value)
+			_ = w.write(b)
+			w.payload(h.Value)
 			b = b[:0]
 		}
 		b = append(b, h.unknownFields...)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"strings"
 	"testing"
 
@@ -26,21 +27,80 @@ func marshalDeliver(tb testing.TB, d *Deliver) ([]byte, error) {
 	return append(binary.BigEndian.AppendUint32(nil, uint32(len(b))), b...), nil
 }
 
-// writeDeliver returns the bytes WriteDeliver writes for d.
+// writeDeliver returns the bytes WriteDeliver writes for d, checking that
+// a vector Writer writes the same (sameVector).
 func writeDeliver(tb testing.TB, d *Deliver, max int) ([]byte, error) {
 	tb.Helper()
+	var out []byte
+	var outErr error
+	for _, vector := range []bool{false, true} {
+		got, err := writeWith(tb, vector, max, func(w *Writer) error { return w.WriteDeliver(d) })
+		if !vector {
+			out, outErr = got, err
+			continue
+		}
+		sameVector(tb, out, outErr, got, err)
+	}
+	return out, outErr
+}
+
+// writeWith returns what write writes through a Writer (a vector Writer
+// when vector), flushed: nothing, and the error, when write fails, which it
+// must do without buffering a byte.
+func writeWith(tb testing.TB, vector bool, max int, write func(*Writer) error) ([]byte, error) {
+	tb.Helper()
 	var out bytes.Buffer
+	var pw piecesWriter
 	w := NewWriter(&out, max)
-	if err := w.WriteDeliver(d); err != nil {
+	if vector {
+		w = NewVectorWriter(&pw, max)
+	}
+	if err := write(w); err != nil {
 		if w.Buffered() != 0 {
-			tb.Fatalf("WriteDeliver failed with %v but buffered %d bytes", err, w.Buffered())
+			tb.Fatalf("a write failed with %v but buffered %d bytes (vector %v)", err, w.Buffered(), vector)
 		}
 		return nil, err
 	}
 	if err := w.Flush(); err != nil {
 		tb.Fatal(err)
 	}
-	return out.Bytes(), nil
+	if !vector {
+		return out.Bytes(), nil
+	}
+	if w.Buffered() != 0 || (len(pw.pieces) > 0) != (pw.calls == 1) || pw.calls > 1 {
+		tb.Fatalf("vector Writer: %d calls of WriteBuffers for one Flush, %d bytes left buffered", pw.calls, w.Buffered())
+	}
+	return bytes.Join(pw.pieces, nil), nil
+}
+
+// piecesWriter is a BuffersWriter that records the pieces it is given.
+type piecesWriter struct {
+	pieces [][]byte
+	calls  int
+}
+
+func (p *piecesWriter) Write(b []byte) (int, error) {
+	panic("a vector Writer wrote without WriteBuffers")
+}
+
+func (p *piecesWriter) WriteBuffers(b *net.Buffers) (int64, error) {
+	p.calls++
+	n := 0
+	for _, piece := range *b {
+		p.pieces = append(p.pieces, piece)
+		n += len(piece)
+	}
+	*b = nil
+	return int64(n), nil
+}
+
+// sameVector checks that a vector Writer wrote what the copying one did
+// (got, err against want, wantErr).
+func sameVector(tb testing.TB, want []byte, wantErr error, got []byte, err error) {
+	tb.Helper()
+	if (err == nil) != (wantErr == nil) || !bytes.Equal(got, want) {
+		tb.Fatalf("a vector Writer wrote %x (%v), a copying one %x (%v)", got, err, want, wantErr)
+	}
 }
 
 // withUnknown returns m with raw unknown fields set.

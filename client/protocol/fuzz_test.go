@@ -496,6 +496,7 @@ func FuzzWriteDeliverBatch(f *testing.F) {
 	f.Add([]byte{}, []byte{}, "", uint64(0), uint16(0))
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9}, bytes.Repeat([]byte{'x'}, 300), "a\xffb", uint64(math.MaxUint64), uint16(200))
 	f.Add([]byte{255, 128, 0}, []byte("v"), "k", uint64(127), uint16(40))
+	f.Add([]byte{2, 5, 8}, bytes.Repeat([]byte{'y'}, 3*VectorMin), "trace", uint64(9), uint16(0)) // payloads a vector Writer refers to
 	f.Fuzz(func(t *testing.T, shape, payload []byte, hkey string, id uint64, budget uint16) {
 		var ds []*Deliver
 		for i, c := range shape {

@@ -38,7 +38,7 @@ func serveFlags() []cli.Flag {
 		&cli.IntFlag{Name: "max-outbox-bytes", Value: fanout.DefaultMaxOutboxBytes, Usage: "drop a client with more than this many bytes of control frames (pongs) queued and not read", EnvVars: env("MAX_OUTBOX_BYTES")},
 		&cli.IntFlag{Name: "max-in-flight", Value: fanout.DefaultMaxInFlight, Usage: "most unacked messages per client (a client may ask for fewer)", EnvVars: env("MAX_IN_FLIGHT")},
 		&cli.IntFlag{Name: "max-buffered", Value: fanout.DefaultMaxBuffered, Usage: "messages buffered for clients before fetching pauses", EnvVars: env("MAX_BUFFERED")},
-		&cli.IntFlag{Name: "max-buffered-bytes", Value: fanout.DefaultMaxBufferedBytes, Usage: "payload bytes buffered for clients before fetching pauses", EnvVars: env("MAX_BUFFERED_BYTES")},
+		&cli.IntFlag{Name: "max-buffered-bytes", Value: fanout.DefaultMaxBufferedBytes, Usage: "payload bytes buffered for clients, and fetched bytes the messages not yet acked hold, before fetching pauses", EnvVars: env("MAX_BUFFERED_BYTES")},
 		&cli.IntFlag{Name: "max-outstanding", Value: fanout.DefaultMaxOutstanding, Usage: "offsets a partition may hold behind an unacked message (a poison record) before fetching it pauses, until back at half", EnvVars: env("MAX_OUTSTANDING")},
 		&cli.IntFlag{Name: "max-frame-size", Value: protocol.DefaultMaxFrameSize, Usage: "largest frame accepted from a client, in bytes", EnvVars: env("MAX_FRAME_SIZE")},
 		&cli.IntFlag{Name: "max-clients", Usage: "most connected clients (0: no limit)", EnvVars: env("MAX_CLIENTS")},

@@ -63,6 +63,7 @@ func (s *state) sendDeadLetter(m *Message, lastFailure string) {
 		s.traceMessage(deliverylog.DeadLetter, m, m.failed, lastFailure)
 	}
 	s.deadPending++
+	ownBytes(m) // the producer reads them, and compaction does not see m
 	if s.deadPendingBy == nil {
 		s.deadPendingBy = map[int32]int{}
 	}

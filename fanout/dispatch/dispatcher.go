@@ -16,7 +16,7 @@ import (
 type Config struct {
 	AckTimeout       time.Duration // redeliver when no ack came in this long; default 30s
 	MaxBuffered      int           // messages waiting for a client before fetching pauses; default 10000
-	MaxBufferedBytes int           // payload bytes waiting for a client before fetching pauses; default 64 MiB
+	MaxBufferedBytes int           // payload bytes waiting for a client, and fetched bytes messages held alias (pins.go), before fetching pauses; default 64 MiB
 	MaxOutstanding   int           // offsets the tracker may hold per partition before fetching it pauses (until half); default 50000
 	CommitInterval   time.Duration // how often changed offsets are committed; default 1s
 	DrainTimeout     time.Duration // how long shutdown waits for outstanding acks; default 10s
@@ -491,6 +491,9 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	revokeTimer := time.NewTimer(time.Hour) // the earliest revocation deadline
 	revokeTimer.Stop()
 	var revokeArmed time.Time
+	scanTimer := time.NewTimer(time.Hour) // the next scan of the buffers held (pins.go)
+	scanTimer.Stop()
+	scanArmed := false
 
 	setPaused := func(p bool) {
 		if p != s.paused {
@@ -515,11 +518,23 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 	ctxDone := ctx.Done()
 	batches := d.src.Batches()
 	for {
+		// While the fetched buffers held reach the bound, count them again
+		// (the messages of some may be done), at most every scanEvery.
+		if s.pinned >= d.cfg.MaxBufferedBytes && !scanArmed {
+			if wait := s.lastScan.Add(scanEvery).Sub(now()); wait > 0 {
+				scanTimer.Reset(wait)
+				scanArmed = true
+			} else {
+				s.scanBuffers(d.cfg.MaxBufferedBytes, now())
+			}
+		}
 		// Backpressure: take no batch while the buffer is full; fetch only
 		// while someone can take messages and the buffer has room.
 		// Once paused for a full buffer, fetch again only below half of
 		// it, so that Pause and Resume do not alternate on every batch.
-		room := s.buffered() < d.cfg.MaxBuffered && s.bytes < d.cfg.MaxBufferedBytes
+		// The fetched buffers that messages held alias count too
+		// (pins.go).
+		room := s.buffered() < d.cfg.MaxBuffered && s.bytes < d.cfg.MaxBufferedBytes && s.pinned < d.cfg.MaxBufferedBytes
 		lowWater := s.buffered() <= d.cfg.MaxBuffered/2 && s.bytes <= d.cfg.MaxBufferedBytes/2
 		var batchCh <-chan Batch
 		if room && !s.draining {
@@ -595,6 +610,9 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 			s.expire(now())
 		case <-revokeTimer.C:
 			revokeArmed = time.Time{}
+		case <-scanTimer.C:
+			scanArmed = false
+			s.scanBuffers(d.cfg.MaxBufferedBytes, now())
 		case lost := <-cm.lost:
 			for p, cond := range lost {
 				if o := s.parts[p]; o != nil && o.cond == cond {
@@ -604,6 +622,9 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 			}
 		case <-commitTick.C:
 			cm.offer(d.dirty(s, progress))
+			if s.pinned > 0 {
+				s.scanBuffers(d.cfg.MaxBufferedBytes, now())
+			}
 			if !s.deliveryPaused {
 				d.logStalls(s.checkStalls(now(), d.cfg.StallAfter))
 			}

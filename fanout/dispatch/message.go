@@ -23,6 +23,9 @@ type Message struct {
 	Value     []byte
 	Headers   []Header
 	Timestamp time.Time
+	// Buffer, when not nil, is the fetched memory that Key, Value and the
+	// header values alias; nil: they have memory of their own.
+	Buffer *Buffer
 
 	gen   uint32 // the tracker generation of its partition when received
 	frame int    // Config.FrameSize of the message, computed once when received; 0 when not configured
@@ -70,6 +73,23 @@ type Batch struct {
 	// stored. The source sends none of the partition's messages before, so
 	// that a crash after their delivery cannot move the partition's start.
 	Anchor chan struct{}
+	// Buffers lists every Buffer the messages alias (Message.Buffer), each
+	// once; batches cut from one fetch share them.
+	Buffers []*Buffer
+}
+
+// Buffer is fetched memory that messages alias: a fetch response, or a
+// record batch decompressed from one. The source sets Size, its bytes, and
+// never changes it after sending a batch that lists it; the rest is the
+// dispatcher's (pins.go). While a message it holds aliases a buffer, the
+// whole buffer counts against Config.MaxBufferedBytes.
+type Buffer struct {
+	Size int
+
+	scan  uint64  // the dispatcher's scan that counted it last; 0: never counted
+	live  int     // the payload bytes of the messages that scan found in it
+	to    *Buffer // while compacting it: where its messages' bytes go
+	arena []byte  // while compacting it: the memory of to
 }
 
 // Source is the stream of messages to dispatch, typically every partition of

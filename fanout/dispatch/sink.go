@@ -8,6 +8,22 @@ type Delivery struct {
 	ID      uint64
 	Attempt uint32
 	Msg     *Message
+
+	// The payload of Msg as it was when delivered (Payload).
+	key, value []byte
+	headers    []Header
+	snapped    bool
+}
+
+// Payload returns the key, value and headers of d's message as they were
+// when the dispatcher made d. A sink reads them here, never in Msg, whose
+// fields the dispatcher may point at a copy of the same bytes meanwhile
+// (pins.go). A Delivery made elsewhere (a test's) returns Msg's.
+func (d *Delivery) Payload() (key, value []byte, headers []Header) {
+	if !d.snapped {
+		return d.Msg.Key, d.Msg.Value, d.Msg.Headers
+	}
+	return d.key, d.value, d.headers
 }
 
 // Op is what a client does with deliveries it names.

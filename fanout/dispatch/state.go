@@ -34,8 +34,13 @@ type Stats struct {
 	InFlight    int                         // deliveries waiting for an ack
 	Buffered    int                         // messages waiting for a client
 	BufferBytes int                         // payload bytes of the buffered messages
-	Clients     int                         // clients joined
-	Paused      bool                        // fetching is paused
+	// Pinned is the bytes of the fetched buffers that messages held alias
+	// (Buffer, pins.go), as of the last count; Compacted the bytes of
+	// buffers let go so far by copying what messages used of them.
+	Pinned    int
+	Compacted uint64
+	Clients   int  // clients joined
+	Paused    bool // fetching is paused
 	// DeliveryPaused: an operator paused the deliveries (Config.Pause).
 	DeliveryPaused bool
 	// Outstanding is, per partition, the offsets the tracker holds:
@@ -217,6 +222,14 @@ type state struct {
 	flights   flightTable  // outstanding deliveries by id
 	deadlines deadlineList // outstanding deliveries by deadline
 
+	// The fetched buffers that messages held alias (pins.go): pinned is the
+	// bytes of bufs, those counted since the last scan; scanSeq numbers the
+	// scans.
+	pinned   int
+	bufs     []*Buffer
+	scanSeq  uint64
+	lastScan time.Time
+
 	// parts holds, under AssignedPartitions, the partitions served; nil when
 	// every partition is (WholeTopic: Scope.table). revoking counts those being
 	// revoked, so that the hot path checks one integer (see partitions.go).
@@ -255,6 +268,7 @@ func newState(ackTimeout time.Duration) *state {
 		largest:    -1,
 		keySeed:    maphash.MakeSeed(),
 		now:        time.Now,
+		scanSeq:    1, // a Buffer never counted has scan 0
 	}
 }
 
@@ -302,6 +316,7 @@ func (s *state) addBatch(b Batch, now time.Time) {
 	if len(b.Messages) == 0 {
 		return
 	}
+	s.holdBuffers(b.Buffers)
 	// Every offset the loop receives is at or above from, and every one
 	// received before is below it: one arrival mark for the batch, nothing
 	// per message.
@@ -873,9 +888,10 @@ func (s *state) deliver(c *client, msg *Message, deadline time.Time) {
 		// already taken out of both).
 		c.out = make([]Delivery, 0, min(c.max-c.n, s.buffered()/max(s.ready.len(), 1)+1)+1)
 	}
-	c.out = append(c.out, Delivery{Attempt: attempt, Msg: msg})
+	d := Delivery{Attempt: attempt, Msg: msg, key: msg.Key, value: msg.Value, headers: msg.Headers, snapped: true}
+	c.out = append(c.out, d)
 	for _, o := range s.observers {
-		o.out = append(o.out, Delivery{Attempt: attempt, Msg: msg})
+		o.out = append(o.out, d)
 	}
 	s.stats.Delivered++
 }
@@ -900,6 +916,7 @@ func (s *state) snapshot() Stats {
 	st.InFlight = s.flights.live
 	st.Buffered = s.buffered()
 	st.BufferBytes = s.bytes
+	st.Pinned = s.pinned
 	st.Clients = len(s.clients)
 	st.Paused = s.paused
 	st.DeliveryPaused = s.deliveryPaused

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -67,6 +68,10 @@ type SourceConfig struct {
 	// owns). Stored and RefreshInterval are then unused: Add says where a
 	// partition starts, and the assignment follows the partition count.
 	Manual bool
+	// MaxFetchBytes, when > 0, bounds a fetch response below the client's
+	// Consumer.Fetch.MaxBytes: each response is memory the messages fetched
+	// alias until they are done (see dispatch.Buffer).
+	MaxFetchBytes int32
 }
 
 // ParseInitialOffset turns "newest" or "oldest" into sarama.OffsetNewest or
@@ -85,8 +90,10 @@ func ParseInitialOffset(s string) (int64, error) {
 // dispatch.Source.
 //
 // Each partition is read by one goroutine that sends a Batch with a Start
-// offset before its first messages, then batches of the messages already
-// fetched (at most BatchSize each, never mixing partitions, in offset order).
+// offset before its first messages, then batches of the messages fetched
+// (at most BatchSize each, never mixing partitions, in offset order). The
+// fetching is done by one fetcher per broker for the partitions it leads
+// (fetch.go); the messages alias the fetch responses (records.go).
 //
 // A partition starts at its stored offset. Without one it starts by
 // SourceConfig.Initial only in a group that has stored no offset at all for
@@ -111,21 +118,31 @@ type Source struct {
 	log     *logrus.Entry
 	batches chan dispatch.Batch
 
-	mu      sync.Mutex                         // guards the fields below
-	paused  bool                               // Pause: every partition is paused
-	held    map[int32]bool                     // PausePartition: these are paused whatever Resume says
-	running bool                               // Run has started consuming
-	parts   map[int32]sarama.PartitionConsumer // partitions being consumed; nil value while opening
-	manual  manualParts                        // Manual: the partitions added
+	mu       sync.Mutex           // guards the fields below
+	paused   bool                 // Pause: every partition is paused
+	held     map[int32]bool       // PausePartition: these are paused whatever Resume says
+	running  bool                 // Run has started consuming
+	parts    map[int32]*partition // partitions being consumed
+	manual   manualParts          // Manual: the partitions added
+	fetchers map[int32]*fetcher   // Run's, by the broker they fetch from
+	fetchCtx context.Context      // Run's
+	fetching *actor.Group         // Run's fetcher goroutines
+}
+
+// partition is a partition being consumed.
+type partition struct {
+	id     int32
+	paused atomic.Bool  // fetch none of it: the source is paused, or the partition held
+	hwm    atomic.Int64 // the offset the next record produced will get, as of the last fetch
+	open   bool         // s.mu: its start is checked; it is fetched or about to be
 }
 
 // manualParts are the partitions of a Manual source.
 type manualParts struct {
-	ctx      context.Context // Run's; nil before Run consumes and after it stops
-	consumer sarama.Consumer // Run's
-	group    *actor.Group    // Run's partition goroutines
-	waiting  map[int32]int64 // added before Run consumes: their start offsets
-	running  map[int32]*partRun
+	ctx     context.Context // Run's; nil before Run consumes and after it stops
+	group   *actor.Group    // Run's partition goroutines
+	waiting map[int32]int64 // added before Run consumes: their start offsets
+	running map[int32]*partRun
 }
 
 // partRun is a partition goroutine of a Manual source.
@@ -166,13 +183,14 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		cfg.Logger = logrus.NewEntry(logrus.StandardLogger())
 	}
 	return &Source{
-		client:  client,
-		cfg:     cfg,
-		log:     cfg.Logger.WithField("topic", cfg.Topic),
-		batches: make(chan dispatch.Batch),
-		held:    map[int32]bool{},
-		parts:   map[int32]sarama.PartitionConsumer{},
-		manual:  manualParts{waiting: map[int32]int64{}, running: map[int32]*partRun{}},
+		client:   client,
+		cfg:      cfg,
+		log:      cfg.Logger.WithField("topic", cfg.Topic),
+		batches:  make(chan dispatch.Batch),
+		held:     map[int32]bool{},
+		parts:    map[int32]*partition{},
+		manual:   manualParts{waiting: map[int32]int64{}, running: map[int32]*partRun{}},
+		fetchers: map[int32]*fetcher{},
 	}, nil
 }
 
@@ -199,12 +217,21 @@ func (s *Source) startLocked(p int32, offset int64) {
 	ctx, cancel := context.WithCancel(s.manual.ctx)
 	r := &partRun{cancel: cancel, done: make(chan struct{})}
 	s.manual.running[p] = r
-	s.parts[p] = nil
-	consumer := s.manual.consumer
+	part := s.addPartLocked(p)
 	s.manual.group.Go(s.log.WithField("partition", p), "partition", func() {
 		defer close(r.done)
-		s.runPartition(ctx, consumer, p, offset)
+		s.runPartition(ctx, part, offset)
 	}, nil)
+}
+
+// addPartLocked registers partition p as consumed, paused as Pause and
+// PausePartition say; s.mu held.
+func (s *Source) addPartLocked(p int32) *partition {
+	part := &partition{id: p}
+	part.hwm.Store(-1)
+	part.paused.Store(s.paused || s.held[p])
+	s.parts[p] = part
+	return part
 }
 
 // Remove stops consuming partition p (Manual sources) and returns once its
@@ -236,8 +263,8 @@ func (s *Source) Batches() <-chan dispatch.Batch { return s.batches }
 
 // Pause implements dispatch.Source: it stops fetching from every partition,
 // including partitions started later, until Resume. Messages already fetched
-// (at most sarama's ChannelBufferSize per partition, plus one fetch in
-// flight) may still arrive.
+// (at most two fetch responses per broker: one being handed over, one on
+// its way) may still arrive.
 func (s *Source) Pause() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -245,11 +272,7 @@ func (s *Source) Pause() {
 		return
 	}
 	s.paused = true
-	for _, pc := range s.parts {
-		if pc != nil {
-			pc.Pause()
-		}
-	}
+	s.repauseLocked()
 }
 
 // Resume implements dispatch.Source: it restarts fetching after Pause,
@@ -261,11 +284,7 @@ func (s *Source) Resume() {
 		return
 	}
 	s.paused = false
-	for p, pc := range s.parts {
-		if pc != nil && !s.held[p] {
-			pc.Resume()
-		}
-	}
+	s.repauseLocked()
 }
 
 // PausePartition implements dispatch.Source: it stops fetching partition p
@@ -275,9 +294,7 @@ func (s *Source) PausePartition(p int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.held[p] = true
-	if pc := s.parts[p]; pc != nil {
-		pc.Pause()
-	}
+	s.repauseLocked()
 }
 
 // ResumePartition implements dispatch.Source: it restarts fetching partition
@@ -286,8 +303,18 @@ func (s *Source) ResumePartition(p int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.held, p)
-	if pc := s.parts[p]; pc != nil && !s.paused {
-		pc.Resume()
+	s.repauseLocked()
+}
+
+// repauseLocked sets each partition's paused flag from s.paused and s.held,
+// and wakes the fetchers, which build their next request from them; s.mu
+// held.
+func (s *Source) repauseLocked() {
+	for p, part := range s.parts {
+		part.paused.Store(s.paused || s.held[p])
+	}
+	for _, f := range s.fetchers {
+		f.poke()
 	}
 }
 
@@ -303,23 +330,31 @@ func (s *Source) Partitions() []int32 {
 	return out
 }
 
-// HighWaterMarks returns, per partition with an open partition consumer, the
-// offset the next produced message will get, as of the last fetch.
+// HighWaterMarks returns, per partition being fetched, the offset the next
+// produced message will get, as of the last fetch.
 func (s *Source) HighWaterMarks() map[int32]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[int32]int64, len(s.parts))
-	for p, pc := range s.parts {
-		if pc != nil {
-			out[p] = pc.HighWaterMarkOffset()
+	for p, part := range s.parts {
+		if part.open {
+			out[p] = part.hwm.Load()
 		}
 	}
 	return out
 }
 
+// maxBytes is the most bytes one fetch response may carry.
+func (s *Source) maxBytes() int32 {
+	m := s.client.Config().Consumer.Fetch.MaxBytes
+	if s.cfg.MaxFetchBytes > 0 && (m <= 0 || s.cfg.MaxFetchBytes < m) {
+		m = s.cfg.MaxFetchBytes
+	}
+	return m
+}
+
 // Run consumes the topic until ctx ends, then returns nil once every
-// partition goroutine has stopped, the sarama consumer is closed and Batches
-// is closed.
+// partition goroutine and fetcher has stopped and Batches is closed.
 //
 // It first checks that the topic exists: if it does not, Run returns an error
 // wrapping ErrTopicNotFound; on that or any other error before consumption
@@ -335,37 +370,31 @@ func (s *Source) Run(ctx context.Context) error {
 	s.mu.Unlock()
 
 	parts, err := s.partitions()
-	var consumer sarama.Consumer
-	if err == nil {
-		consumer, err = sarama.NewConsumerFromClient(s.client)
-		if err != nil {
-			err = fmt.Errorf("kafka source: new consumer for topic %q: %w", s.cfg.Topic, err)
-		}
-	}
 	if err != nil {
 		s.mu.Lock()
 		s.running = false // Run may be retried
 		s.mu.Unlock()
 		return err
 	}
-	// openPartition pauses each partition as Pause and PausePartition say.
-
-	var partitions actor.Group
+	var partitions, fetchers actor.Group
+	s.mu.Lock()
+	s.fetchCtx, s.fetching = ctx, &fetchers
+	s.mu.Unlock()
 	if s.cfg.Manual {
-		return s.runManual(ctx, consumer, &partitions)
+		return s.runManual(ctx, &partitions)
 	}
 	started := make(map[int32]bool, len(parts)) // owned by this goroutine
 	start := func(p int32, from int64) {
 		started[p] = true
 		s.mu.Lock()
-		s.parts[p] = nil
+		part := s.addPartLocked(p)
 		s.mu.Unlock()
 		offset, ok := s.cfg.Stored[p]
 		if !ok {
 			offset = from
 		}
 		partitions.Go(s.log.WithField("partition", p), "partition", func() {
-			s.runPartition(ctx, consumer, p, offset)
+			s.runPartition(ctx, part, offset)
 		}, nil)
 	}
 	// --initial-offset applies only to a group that never committed: once
@@ -401,14 +430,14 @@ func (s *Source) Run(ctx context.Context) error {
 		}
 	}
 
-	s.stop(consumer, &partitions)
+	s.stop(&partitions, &fetchers)
 	return nil
 }
 
 // runManual consumes the partitions added until ctx ends (Manual sources).
-func (s *Source) runManual(ctx context.Context, consumer sarama.Consumer, partitions *actor.Group) error {
+func (s *Source) runManual(ctx context.Context, partitions *actor.Group) error {
 	s.mu.Lock()
-	s.manual.ctx, s.manual.consumer, s.manual.group = ctx, consumer, partitions
+	s.manual.ctx, s.manual.group = ctx, partitions
 	for p, offset := range s.manual.waiting {
 		s.startLocked(p, offset)
 	}
@@ -420,19 +449,19 @@ func (s *Source) runManual(ctx context.Context, consumer sarama.Consumer, partit
 	s.manual.ctx = nil
 	clear(s.manual.running)
 	s.mu.Unlock()
-	s.stop(consumer, partitions)
+	s.stop(partitions, s.fetching)
 	return nil
 }
 
-// stop waits for the partition goroutines, closes the consumer and Batches.
-func (s *Source) stop(consumer sarama.Consumer, partitions *actor.Group) {
+// stop waits for the partition goroutines and the fetchers (Run's context
+// has ended), then closes Batches.
+func (s *Source) stop(partitions, fetchers *actor.Group) {
 	partitions.Wait()
+	fetchers.Wait()
 	s.mu.Lock()
 	clear(s.parts)
+	clear(s.fetchers)
 	s.mu.Unlock()
-	if err := consumer.Close(); err != nil {
-		s.log.WithError(err).Warn("closing the kafka consumer")
-	}
 	close(s.batches)
 	s.log.Info("kafka source stopped")
 }
@@ -463,12 +492,13 @@ func TopicPartitions(client sarama.Client, topic string) ([]int32, error) {
 
 // runPartition consumes partition p from offset (a number: its stored
 // offset; or a policy constant, resolved and anchored) until ctx ends.
-func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p int32, offset int64) {
+func (s *Source) runPartition(ctx context.Context, part *partition, offset int64) {
+	p := part.id
 	log := s.log.WithField("partition", p)
 	announce := true // the first start is always announced
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	for {
-		pc, at, reset, err := s.openPartition(ctx, consumer, log, p, offset, s.cfg.Initial)
+		at, reset, err := s.openPartition(ctx, log, part, offset, s.cfg.Initial)
 		if err != nil {
 			return // ctx ended
 		}
@@ -478,23 +508,22 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 				start.Anchor = make(chan struct{})
 			}
 			if !s.send(ctx, start) || !s.anchored(ctx, log, start) {
-				closePartition(pc)
 				return
 			}
 		}
-		next, ok := s.consume(ctx, log, pc, p, at)
+		next, ok := s.consume(ctx, log, part, at)
 		s.mu.Lock()
-		s.parts[p] = nil
+		part.open = false
 		s.mu.Unlock()
 		if !ok {
 			return // ctx ended
 		}
-		// sarama stops a partition consumer by itself only when the offset
-		// went out of range (or retries ran out): reopen where we were;
-		// openPartition resets by policy if that is out of range. Without
-		// progress since the last open, back off first so that a broker that
-		// keeps saying "out of range" does not make us spin.
-		log.WithField("offset", next).Warn("partition consumer stopped, reopening")
+		// The broker answered that the offset is out of range: open again
+		// where we were; openPartition resets by policy if that is out of
+		// range. Without progress since the last open, back off first so
+		// that a broker that keeps saying "out of range" does not make us
+		// spin.
+		log.WithField("offset", next).Warn("partition offset out of range, reopening")
 		if next != at {
 			b.Reset()
 		} else if !backoff.Sleep(ctx, b.Next()) {
@@ -504,15 +533,16 @@ func (s *Source) runPartition(ctx context.Context, consumer sarama.Consumer, p i
 	}
 }
 
-// openPartition opens partition p at offset (a number, or a policy
-// constant resolved to a number here), retrying with backoff until ctx ends.
-// A numeric offset out of range is replaced, and reset is true: below the
-// log start by the oldest offset, beyond the end by policy. Which of the two
-// it is takes a lookup of the log start; a failed lookup is retried, never
-// taken as a reason to apply the policy.
+// openPartition checks partition p's start (offset: a number, or a policy
+// constant resolved to a number here), retrying with backoff until ctx
+// ends. A numeric offset out of range is replaced, and reset is true:
+// below the log start by the oldest offset, beyond the end by policy. Which
+// of the two it is takes a lookup of the log start; a failed lookup is
+// retried, never taken as a reason to apply the policy.
 // It returns the numeric offset consumption starts at.
-func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, log *logrus.Entry,
-	p int32, offset, policy int64) (pc sarama.PartitionConsumer, at int64, reset bool, err error) {
+func (s *Source) openPartition(ctx context.Context, log *logrus.Entry, part *partition,
+	offset, policy int64) (at int64, reset bool, err error) {
+	p := part.id
 	b := backoff.Backoff{Min: retryMin, Max: retryMax}
 	var outOfRange int64 // the first numeric offset found out of range, when reset
 	var resetBy string   // what replaced it: "oldest" or the policy's name
@@ -522,7 +552,7 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			at, err = s.offsetOf(p, offset)
 		}
 		if err == nil {
-			pc, err = consumer.ConsumePartition(s.cfg.Topic, p, at)
+			err = s.checkRange(part, at)
 		}
 		if err == nil {
 			if reset {
@@ -530,12 +560,9 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 					Warn("offset out of range, resetting")
 			}
 			s.mu.Lock()
-			if s.paused || s.held[p] {
-				pc.Pause()
-			}
-			s.parts[p] = pc
+			part.open = true
 			s.mu.Unlock()
-			return pc, at, reset, nil
+			return at, reset, nil
 		}
 		if offset >= 0 && errors.Is(err, sarama.ErrOffsetOutOfRange) {
 			// Below the log start (retention removed those records): go on
@@ -544,11 +571,11 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 			// truncated): the policy decides. Out of range again after a
 			// reset (the log moved meanwhile): back off first.
 			if reset && !backoff.Sleep(ctx, b.Next()) {
-				return nil, 0, false, ctx.Err()
+				return 0, false, ctx.Err()
 			}
 			oldest, ok := s.logStart(ctx, log, p)
 			if !ok {
-				return nil, 0, false, ctx.Err()
+				return 0, false, ctx.Err()
 			}
 			if !reset {
 				outOfRange, reset = at, true
@@ -564,9 +591,28 @@ func (s *Source) openPartition(ctx context.Context, consumer sarama.Consumer, lo
 		log.WithError(err).WithField("offset", offset).WithField("retry_in", wait).
 			Warn("cannot consume partition, retrying")
 		if !backoff.Sleep(ctx, wait) {
-			return nil, 0, false, ctx.Err()
+			return 0, false, ctx.Err()
 		}
 	}
+}
+
+// checkRange checks that offset lies within partition p's log, between its
+// oldest and newest offsets (both included): sarama.ErrOffsetOutOfRange
+// when not. It notes the newest offset as the partition's high watermark.
+func (s *Source) checkRange(part *partition, offset int64) error {
+	newest, err := s.client.GetOffset(s.cfg.Topic, part.id, sarama.OffsetNewest)
+	if err != nil {
+		return err
+	}
+	part.hwm.Store(newest)
+	oldest, err := s.client.GetOffset(s.cfg.Topic, part.id, sarama.OffsetOldest)
+	if err != nil {
+		return err
+	}
+	if offset < oldest || offset > newest {
+		return sarama.ErrOffsetOutOfRange
+	}
+	return nil
 }
 
 // offsetOf resolves policy (sarama.OffsetNewest or OffsetOldest) to an
@@ -626,58 +672,85 @@ func (s *Source) logStart(ctx context.Context, log *logrus.Entry, p int32) (int6
 	return oldest, err == nil
 }
 
-// consume sends batches from pc until ctx ends (ok false; pc is closed) or
-// pc stops by itself (ok true). next is the offset after the last message
-// sent, or at when none was.
-func (s *Source) consume(ctx context.Context, log *logrus.Entry, pc sarama.PartitionConsumer,
-	p int32, at int64) (next int64, ok bool) {
+// consume fetches partition part from at and sends its batches until ctx
+// ends (ok false) or the broker answers that the offset is out of range (ok
+// true). next is where the partition stands: the offset after the records
+// fetched.
+func (s *Source) consume(ctx context.Context, log *logrus.Entry, part *partition, at int64) (next int64, ok bool) {
 	next = at
-	msgs, errs := pc.Messages(), pc.Errors()
 	var lim errLimiter
-	scratch := make([]*sarama.ConsumerMessage, 0, s.cfg.BatchSize)
+	b := backoff.Backoff{Min: retryMin, Max: retryMax}
+	var sub *subscription
+	refresh := false // the leader is looked up anew after a failure
+	defer func() {
+		if sub != nil {
+			close(sub.stop)
+		}
+	}()
 	for {
+		if sub == nil {
+			var err error
+			if sub, err = s.subscribeAt(ctx, log, part, next, &b, refresh); err != nil {
+				return next, false // ctx ended
+			}
+		}
+		var fd fetched
 		select {
 		case <-ctx.Done():
-			closePartition(pc)
 			return next, false
-		case cerr, open := <-errs:
-			if !open {
-				errs = nil
-				continue
-			}
-			if errors.Is(cerr.Err, sarama.ErrOffsetOutOfRange) {
-				log.WithError(cerr.Err).WithField("offset", next).Warn("partition offset out of range")
-				continue
-			}
-			lim.log(log, cerr.Err)
-		case m, open := <-msgs:
-			if !open {
-				if errs != nil {
-					for range errs { // closed right after messages
-					}
-				}
-				return next, true
-			}
-			scratch = append(scratch[:0], m)
-		drain:
-			for len(scratch) < s.cfg.BatchSize {
-				select {
-				case m, open := <-msgs:
-					if !open {
-						break drain // seen closed on the next turn
-					}
-					scratch = append(scratch, m)
-				default:
-					break drain
-				}
-			}
-			batch := dispatch.Batch{Partition: p, Start: -1, Messages: convert(scratch)}
-			clear(scratch) // do not pin sarama messages
+		case fd = <-sub.feed:
+		}
+		for _, batch := range fd.batches {
 			if !s.send(ctx, batch) {
-				closePartition(pc)
 				return next, false
 			}
-			next = batch.Messages[len(batch.Messages)-1].Offset + 1
+		}
+		if len(fd.batches) > 0 {
+			b.Reset()
+		}
+		next = max(next, fd.next)
+		if fd.err == nil {
+			continue
+		}
+		sub, refresh = nil, true // the fetcher dropped it
+		if errors.Is(fd.err, sarama.ErrOffsetOutOfRange) {
+			log.WithError(fd.err).WithField("offset", next).Warn("partition offset out of range")
+			return next, true
+		}
+		lim.log(log, fd.err)
+		if !backoff.Sleep(ctx, b.Next()) {
+			return next, false
+		}
+	}
+}
+
+// subscribeAt subscribes part at offset to the fetcher of its leader,
+// retrying with backoff b until ctx ends. After a failure (refresh) the
+// leader is looked up anew, else in the client's metadata.
+func (s *Source) subscribeAt(ctx context.Context, log *logrus.Entry, part *partition, offset int64,
+	b *backoff.Backoff, refresh bool) (*subscription, error) {
+	for {
+		var err error
+		if refresh {
+			err = s.client.RefreshMetadata(s.cfg.Topic)
+		}
+		var leader *sarama.Broker
+		var epoch int32
+		if err == nil {
+			leader, epoch, err = s.client.LeaderAndEpoch(s.cfg.Topic, part.id)
+		}
+		if err == nil {
+			sub := &subscription{part: part, epoch: epoch, offset: offset,
+				size: s.client.Config().Consumer.Fetch.Default, feed: make(chan fetched, 1), stop: make(chan struct{})}
+			s.subscribe(leader, sub)
+			return sub, nil
+		}
+		refresh = true
+		wait := b.Next()
+		log.WithError(err).WithFields(logrus.Fields{"offset": offset, "retry_in": wait}).
+			Warn("cannot find the partition's leader, retrying")
+		if !backoff.Sleep(ctx, wait) {
+			return nil, ctx.Err()
 		}
 	}
 }
@@ -706,55 +779,6 @@ func (s *Source) send(ctx context.Context, b dispatch.Batch) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// closePartition closes pc and discards what it still holds.
-func closePartition(pc sarama.PartitionConsumer) {
-	pc.AsyncClose()
-	for range pc.Messages() {
-	}
-	for range pc.Errors() {
-	}
-}
-
-// convert turns sarama messages into dispatch messages with three
-// allocations per batch (messages, pointers, headers) rather than per
-// message. Key, Value and header values are shared, not copied. A header key
-// equal to the one at the same index of the previous message reuses its
-// string, so a batch whose messages carry the same header keys allocates
-// those strings once.
-func convert(in []*sarama.ConsumerMessage) []*dispatch.Message {
-	vals := make([]dispatch.Message, len(in))
-	ptrs := make([]*dispatch.Message, len(in))
-	nh := 0
-	for _, m := range in {
-		nh += len(m.Headers)
-	}
-	var hdrs []dispatch.Header
-	if nh > 0 {
-		hdrs = make([]dispatch.Header, 0, nh)
-	}
-	var prev []dispatch.Header // headers of the previous message
-	for i, m := range in {
-		v := &vals[i]
-		v.Partition, v.Offset, v.Key, v.Value, v.Timestamp = m.Partition, m.Offset, m.Key, m.Value, m.Timestamp
-		if len(m.Headers) > 0 {
-			first := len(hdrs)
-			for j, h := range m.Headers {
-				var key string
-				if j < len(prev) && prev[j].Key == string(h.Key) { // no allocation to compare
-					key = prev[j].Key
-				} else {
-					key = string(h.Key)
-				}
-				hdrs = append(hdrs, dispatch.Header{Key: key, Value: h.Value})
-			}
-			v.Headers = hdrs[first:len(hdrs):len(hdrs)]
-			prev = v.Headers
-		}
-		ptrs[i] = v
-	}
-	return ptrs
 }
 
 // policyName names an offset policy for logs.

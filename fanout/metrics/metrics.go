@@ -129,6 +129,7 @@ type Collector struct {
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
+	fetchedHeld                                                  *prometheus.Desc
 	deliveryPaused                                               *prometheus.Desc
 	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
@@ -179,8 +180,10 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		inFlight:      desc("messages_in_flight", "Deliveries waiting for an ack."),
 		buffered:      desc("buffered_messages", "Messages waiting for a client."),
 		bufferedBytes: desc("buffered_bytes", "Payload bytes of the messages waiting for a client."),
-		paused:        desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
-		clients:       desc("clients_connected", "Connected clients."),
+		fetchedHeld: desc("fetched_bytes_held", "Bytes of fetch responses from Kafka that messages not yet acked hold "+
+			"(they count against --max-buffered-bytes)."),
+		paused:  desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
+		clients: desc("clients_connected", "Connected clients."),
 		deliveryPaused: desc("delivery_paused", "1 while an operator has paused the cluster's deliveries (fanout pause, or the console): "+
 			"no message is handed out until they resume."),
 		handshaking: desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
@@ -252,7 +255,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.handoffLatency.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.deliveryPaused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
+		c.inFlight, c.buffered, c.bufferedBytes, c.fetchedHeld, c.paused, c.deliveryPaused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.oldestPending, c.oldestPendingAll, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
@@ -287,6 +290,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.inFlight, float64(st.InFlight))
 	gauge(c.buffered, float64(st.Buffered))
 	gauge(c.bufferedBytes, float64(st.BufferBytes))
+	gauge(c.fetchedHeld, float64(st.Pinned))
 	gauge(c.tooLarge, float64(st.TooLarge))
 	gauge(c.paused, bool01(st.Paused))
 	gauge(c.deliveryPaused, bool01(s.DeliveryPaused))

@@ -26,7 +26,7 @@ func leaderSnapshot() Snapshot {
 		Stats: dispatch.Stats{
 			Consumed: 10, Delivered: 12, Acked: 7, Nacked: 1,
 			Redelivered: [3]uint64{2, 0, 1}, UnknownAcks: 3,
-			InFlight: 2, Buffered: 4, BufferBytes: 400, Clients: 2, Paused: true, TooLarge: 1,
+			InFlight: 2, Buffered: 4, BufferBytes: 400, Pinned: 4096, Clients: 2, Paused: true, TooLarge: 1,
 			Committed:    map[int32]int64{0: 5, 1: 9},
 			Outstanding:  map[int32]int{0: 60001, 1: 2},
 			PendingSince: map[int32]time.Time{0: scrapedAt.Add(-90 * time.Second)},
@@ -86,6 +86,9 @@ fanout_buffered_messages 4
 # HELP fanout_buffered_bytes Payload bytes of the messages waiting for a client.
 # TYPE fanout_buffered_bytes gauge
 fanout_buffered_bytes 400
+# HELP fanout_fetched_bytes_held Bytes of fetch responses from Kafka that messages not yet acked hold (they count against --max-buffered-bytes).
+# TYPE fanout_fetched_bytes_held gauge
+fanout_fetched_bytes_held 4096
 # HELP fanout_messages_too_large Buffered messages larger than any connected client accepts: they wait for one that does.
 # TYPE fanout_messages_too_large gauge
 fanout_messages_too_large 1

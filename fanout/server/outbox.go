@@ -248,6 +248,22 @@ func (w *deadlineWriter) Write(p []byte) (int, error) {
 	return w.nc.Write(p)
 }
 
+// WriteBuffers implements protocol.BuffersWriter: the pieces of a vector
+// Writer go to the socket in one writev, under the same deadline and
+// checks as Write.
+func (w *deadlineWriter) WriteBuffers(b *net.Buffers) (int64, error) {
+	if !w.final && w.c.closing.Load() {
+		return 0, errClosing
+	}
+	if err := w.nc.SetWriteDeadline(w.deadline); err != nil {
+		return 0, err
+	}
+	if !w.final && (w.c.closing.Load() || w.c.obsBehind.Load()) {
+		return 0, errClosing
+	}
+	return b.WriteTo(w.nc)
+}
+
 // Batches of deliveries for clients with CAPABILITY_BATCH. The pump writes
 // everything queued when it wakes; consecutive deliveries share DeliverBatch
 // frames of at most batchBytes (and the client's max_frame_size), so a
@@ -309,12 +325,22 @@ func (l *liveness) silence(now, lastSeen time.Time, heartbeat, window time.Durat
 }
 
 // writer returns the connection's Writer, created at the first write, so
-// that a connection that never says hello holds no write buffer.
+// that a connection that never says hello holds no write buffer. On a TCP
+// connection it is a vector Writer: the values of the messages delivered
+// go from the buffers they were fetched in to the socket, with the frames'
+// other bytes, in one writev per flush. Over TLS, which encrypts every
+// write in records of its own, and on other connections, whose writes of a
+// list of buffers are one write per buffer, the frames are copied into a
+// buffer first.
 func (p *pumpState) writer() *protocol.Writer {
 	if p.w == nil {
 		// Until the Welcome, frames are limited only by the 4-byte length
 		// prefix; then by the client's max_frame_size (writeBatch).
-		p.w = protocol.NewWriter(&p.dw, math.MaxInt)
+		if _, tcp := p.dw.nc.(*net.TCPConn); tcp {
+			p.w = protocol.NewVectorWriter(&p.dw, math.MaxInt)
+		} else {
+			p.w = protocol.NewWriter(&p.dw, math.MaxInt)
+		}
 	}
 	return p.w
 }
@@ -543,12 +569,15 @@ func (p *pumpState) fillOne(d *dispatch.Delivery) *protocol.Deliver {
 	dv := p.msgs[i]
 	dv.DeliveryId, dv.Attempt = d.ID, d.Attempt
 	if m := d.Msg; m != nil {
-		dv.Partition, dv.Offset, dv.Key, dv.Value = m.Partition, m.Offset, m.Key, m.Value
+		// The payload as delivered: the dispatcher may point the
+		// message's fields at a copy meanwhile.
+		key, value, headers := d.Payload()
+		dv.Partition, dv.Offset, dv.Key, dv.Value = m.Partition, m.Offset, key, value
 		dv.TimestampMs = 0
 		if !m.Timestamp.IsZero() {
 			dv.TimestampMs = m.Timestamp.UnixMilli()
 		}
-		dv.Headers = p.fillHeaders(i, m.Headers)
+		dv.Headers = p.fillHeaders(i, headers)
 	} else {
 		dv.Partition, dv.Offset, dv.Key, dv.Value, dv.TimestampMs, dv.Headers = 0, 0, nil, nil, 0, nil
 	}

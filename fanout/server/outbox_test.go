@@ -1,9 +1,10 @@
 package server
 
 import (
-	"time"
-
+	"bytes"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/nanoservice/core-fanout/client/protocol"
 	"github.com/nanoservice/core-fanout/fanout/dispatch"
@@ -72,5 +73,68 @@ func TestLivenessAfterThePumpWasPaused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The pump's writer on a TCP connection refers to the values it delivers
+// rather than copying them (the bytes on the wire are the value's bytes as
+// they are at the flush, one writev through the deadline writer); on any
+// other connection (TLS, a pipe) it copies them as it encodes.
+func TestPumpWriterRefersToValuesOnTCP(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	dialed, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dialed.Close()
+	tcp := <-accepted
+	if tcp == nil {
+		t.Fatal("no connection accepted")
+	}
+	defer tcp.Close()
+	pipeSrv, pipeCli := net.Pipe()
+	defer pipeSrv.Close()
+	defer pipeCli.Close()
+
+	for _, tc := range []struct {
+		name    string
+		srv     net.Conn
+		cli     net.Conn
+		aliased bool
+	}{{"tcp", tcp, dialed, true}, {"pipe", pipeSrv, pipeCli, false}} {
+		p := &pumpState{dw: deadlineWriter{c: &conn{}, nc: tc.srv}}
+		w := p.writer()
+		value := bytes.Repeat([]byte("a"), 4<<10)
+		if err := w.WriteDeliver(&protocol.Deliver{DeliveryId: 1, Value: value}); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		copy(value, "changed after it was encoded")
+		flushed := make(chan error, 1)
+		go func() { flushed <- w.Flush() }() // a pipe's write waits for the read
+		var f protocol.Frame
+		if err := protocol.NewReader(tc.cli, 0).ReadFrame(&f); err != nil {
+			t.Fatalf("%s: read: %v", tc.name, err)
+		}
+		if err := <-flushed; err != nil {
+			t.Fatalf("%s: flush: %v", tc.name, err)
+		}
+		got := f.GetDeliver().GetValue()
+		if aliased := bytes.HasPrefix(got, []byte("changed")); aliased != tc.aliased {
+			t.Errorf("%s: the value sent refers to the message's bytes: %v, want %v", tc.name, aliased, tc.aliased)
+		}
 	}
 }
