@@ -41,6 +41,7 @@ func runClient(args []string) error {
 		return err
 	}
 	cnt := &counter{measureLatency: *latency}
+	cnt.ready()
 	var redelivered, ackErrs atomic.Int64
 	stop := stdinClosed()
 	stopProgress := make(chan struct{})

@@ -14,7 +14,7 @@ import (
 // Row is one throughput measurement.
 type Row struct {
 	Size            int     `json:"size"`
-	Consumer        string  `json:"consumer"`          // "A ConsumerPerformance", "B sarama", "C fanout", "D ShareConsumerPerformance", "E fanout spread"
+	Consumer        string  `json:"consumer"`          // "A ConsumerPerformance", "B sarama", "C fanout", "D ShareConsumerPerformance", "E fanout spread", "P python threads", "P python asyncio"
 	K               int     `json:"k"`                 // fanout clients or share-consumer threads
 	Members         int     `json:"members,omitempty"` // E: spread members
 	Expected        int64   `json:"expected"`
@@ -28,7 +28,7 @@ type Row struct {
 	DaemonCPUPerM   float64 `json:"daemon_cpu_s_per_million,omitempty"`
 	DaemonPeakRSSMB float64 `json:"daemon_peak_rss_mb,omitempty"`
 	DaemonCores     float64 `json:"daemon_cores,omitempty"`              // C: daemon CPU seconds per second during the run
-	ClientCPUPerM   float64 `json:"clients_cpu_s_per_million,omitempty"` // C: all client processes together; B: the consumer process
+	ClientCPUPerM   float64 `json:"clients_cpu_s_per_million,omitempty"` // C, P: all client processes together; B: the consumer process (each from connected to its last message)
 	MachineBusyPct  float64 `json:"machine_busy_pct,omitempty"`          // C: all CPUs of the machine, everybody's load
 	CoverB          float64 `json:"c_over_b,omitempty"`
 	CoverD          float64 `json:"c_over_d,omitempty"`
@@ -46,7 +46,7 @@ func (r *Row) finish() {
 }
 
 func (r Row) label() string {
-	if strings.HasPrefix(r.Consumer, "C") {
+	if strings.HasPrefix(r.Consumer, "C") || strings.HasPrefix(r.Consumer, "P") {
 		return fmt.Sprintf("%s, %d client(s)", r.Consumer, r.K)
 	}
 	if strings.HasPrefix(r.Consumer, "D") {
