@@ -63,6 +63,23 @@ func (m *Message) NackWith(d time.Duration, reason string) error {
 	if d <= 0 && reason == "" {
 		return m.Nack()
 	}
+	return m.nackLater(laterNack{id: m.DeliveryID, delay: d, reason: reason})
+}
+
+// giveBack nacks a message the application never received (Shutdown's),
+// flagged unprocessed: a daemon that knows the flag does not count it as a
+// failed attempt.
+func (m *Message) giveBack() error {
+	return m.nackLater(laterNack{id: m.DeliveryID, reason: shutdownReason, unprocessed: true})
+}
+
+// shutdownReason is the reason of Shutdown's nacks of the messages nobody
+// received.
+const shutdownReason = "client shutting down: not processed"
+
+// nackLater queues n, a nack with a delay, a reason or the unprocessed flag,
+// for the message.
+func (m *Message) nackLater(n laterNack) error {
 	if m.Observed {
 		return nil
 	}
@@ -72,7 +89,7 @@ func (m *Message) NackWith(d time.Duration, reason string) error {
 	if !m.done.CompareAndSwap(false, true) {
 		return ErrAlreadyAcked
 	}
-	err := m.sess.enqueueNack(m.DeliveryID, d, reason)
+	err := m.sess.enqueueNack(n)
 	m.sess.release(1) // as in finish: a retiring session waits for no nacked message
 	return err
 }

@@ -218,15 +218,16 @@ func (n laterNack) same(o laterNack) bool {
 	return n.delay == o.delay && n.reason == o.reason && n.unprocessed == o.unprocessed
 }
 
-// enqueueNack queues a nack with a delay or a reason and wakes the writer.
-func (s *session) enqueueNack(id uint64, delay time.Duration, reason string) error {
+// enqueueNack queues a nack with a delay, a reason or the unprocessed flag
+// and wakes the writer.
+func (s *session) enqueueNack(n laterNack) error {
 	s.mu.Lock()
 	if s.ended != nil {
 		err := s.ended
 		s.mu.Unlock()
 		return err
 	}
-	s.later = append(s.later, laterNack{id: id, delay: delay, reason: reason})
+	s.later = append(s.later, n)
 	s.mu.Unlock()
 	s.signal()
 	return nil

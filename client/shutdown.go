@@ -8,7 +8,7 @@ import (
 // Shutdown stops the client gracefully: it takes no new messages (each
 // session passes no more deliveries on, and the daemon delivers them to
 // other clients), nacks the messages waiting in Messages that nobody has
-// received yet, waits for the messages already received (by Consume's
+// received yet (flagged unprocessed: not a failed attempt), waits for the messages already received (by Consume's
 // handlers, or a loop over Messages) to be acked or nacked, sends those acks
 // and a Goodbye on every session, and closes. Messages is closed when it
 // returns; Shutdown never reconnects.
@@ -32,7 +32,7 @@ func (c *Client) Shutdown(ctx context.Context) error {
 			if !ok {
 				return c.Close() // run has stopped: this only waits for it and frees c.ctx
 			}
-			_ = m.Nack() // nobody took it: another client may
+			_ = m.giveBack() // nobody took it: another client may, and it is not a failed attempt
 		case <-ctx.Done():
 			if err := c.Close(); err != nil {
 				return fmt.Errorf("fanout client: shutdown: %w (closing: %v)", ctx.Err(), err)

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/nanoservice/core-fanout/client/protocol"
 )
 
 // shutdownAsync runs c.Shutdown in the background with a timeout; the
@@ -46,9 +48,18 @@ func TestShutdownLetsHandlersFinish(t *testing.T) {
 	}
 	fc.sync(t) // 2 and 3 wait in Messages
 	shut := shutdownAsync(c, testTimeout)
-	// The waiting messages are nacked; the running one is not.
-	if ids, _ := fc.expectIDs(t, 2, nackIDs); !slices.Equal(ids, []uint64{2, 3}) {
-		t.Fatalf("nacked %v, want [2 3]", ids)
+	// The waiting messages are nacked, flagged unprocessed (nobody received
+	// them: not a failed attempt); the running one is not.
+	unprocessed := true
+	ids, _ := fc.expectIDs(t, 2, func(f *protocol.Frame) []uint64 {
+		if n := f.GetNack(); n != nil {
+			unprocessed = unprocessed && n.GetUnprocessed()
+			return n.GetDeliveryIds()
+		}
+		return nil
+	})
+	if !slices.Equal(ids, []uint64{2, 3}) || !unprocessed {
+		t.Fatalf("nacked %v (unprocessed %v), want [2 3] unprocessed", ids, unprocessed)
 	}
 	fc.deliver(t, 4, "late") // dropped: the daemon delivers it again after the Goodbye
 	fc.sync(t)
