@@ -34,8 +34,10 @@ type plan struct {
 	Rates       []int         `json:"latency_rates"`  // msg/s
 	RateFor     time.Duration `json:"latency_window"` // per rate
 	LatencySize int           `json:"latency_size"`
-	IdleConns   int           `json:"idle_clients"`
+	IdleConns   int           `json:"idle_clients"` // without Scaling: one run of this many
 	IdleFor     time.Duration `json:"idle_window"`
+	// Scaling is what the scaling measurements run (nil: none).
+	Scaling *scalingPlan `json:"scaling,omitempty"`
 	// The Python client (P): for each flavor (threads, asyncio) and number
 	// of client processes, the first PyMessages messages of each topic
 	// (all of them when fewer).
@@ -60,6 +62,9 @@ func fullPlan() plan {
 	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 2_000_000, 1024: 500_000},
 		Ks: []int{1, 4, 16}, InFlight: 1000, Rates: []int{1000, 10000}, RateFor: 10 * time.Second,
 		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1, 4, 16}, PyMessages: 300_000,
+		Scaling: &scalingPlan{Partitions: []int{8, 128, 1024}, PartMessages: 1_000_000, PartSize: 100, PartClients: 4,
+			PartIdle: 10 * time.Second, Idle: []int{100, 1000, 10000}, Busy: []int{100, 1000, 10000}, BusyCredit: 10,
+			BusyMessages: 1_000_000},
 		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
 }
 
@@ -67,6 +72,8 @@ func quickPlan() plan {
 	return plan{Quick: true, Sizes: []int{100, 1024}, Messages: map[int]int{100: 20000, 1024: 20000},
 		Ks: []int{1, 4}, InFlight: 1000, Rates: []int{1000}, RateFor: 3 * time.Second,
 		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1}, PyMessages: 20000,
+		Scaling: &scalingPlan{Partitions: []int{8, 64}, PartMessages: 20000, PartSize: 100, PartClients: 4,
+			PartIdle: 2 * time.Second, Idle: []int{500}, Busy: []int{50}, BusyCredit: 10, BusyMessages: 20000},
 		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
 }
 
@@ -207,12 +214,15 @@ func measure(e *env, p plan, rep *report) error {
 			}
 			rep.Latency = append(rep.Latency, ls...)
 		}
-		idle, err := e.idleRun(p.IdleConns, p.IdleFor)
-		if err != nil {
-			return err
-		}
-		rep.Idle = idle
 	}
+	if p.Scaling != nil {
+		return e.measureScaling(p, rep) // the idle clients too
+	}
+	idle, err := e.idleRun(p.IdleConns, p.IdleFor)
+	if err != nil {
+		return err
+	}
+	rep.Idle = idle
 	return nil
 }
 
@@ -368,11 +378,14 @@ func (e *env) java(timeout time.Duration, class string, args ...string) (string,
 	return out.String(), nil
 }
 
-func (e *env) preload(topic string, n, size int) error {
+func (e *env) preload(topic string, n, size int) error { return e.preloadBatches(topic, n, size, 262144) }
+
+// preloadBatches is preload with the producer's batches of batch bytes.
+func (e *env) preloadBatches(topic string, n, size, batch int) error {
 	say("   preloading with ProducerPerformance")
 	out, err := e.java(10*time.Minute, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
 		"--num-records", strconv.Itoa(n), "--record-size", strconv.Itoa(size), "--throughput", "-1",
-		"--producer-props", "bootstrap.servers="+e.kafka, "acks=1", "linger.ms=5", "batch.size=262144")
+		"--producer-props", "bootstrap.servers="+e.kafka, "acks=1", "linger.ms=5", "batch.size="+strconv.Itoa(batch))
 	if err != nil {
 		return err
 	}
@@ -538,6 +551,11 @@ type daemon struct {
 }
 
 func (e *env) startDaemon(id, topic, node string, extra ...string) (*daemon, error) {
+	return e.startDaemonZK(id, topic, node, e.zk, extra...)
+}
+
+// startDaemonZK is startDaemon with the daemon's ZooKeeper at zk.
+func (e *env) startDaemonZK(id, topic, node, zk string, extra ...string) (*daemon, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -553,7 +571,7 @@ func (e *env) startDaemon(id, topic, node string, extra ...string) (*daemon, err
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--id", id, "--topic", topic, "--kafka", e.kafka, "--zookeeper", e.zk,
+	args := append([]string{"--id", id, "--topic", topic, "--kafka", e.kafka, "--zookeeper", zk,
 		"--listen", d.addr, "--advertise", d.addr, "--node-id", node, "--initial-offset", "oldest",
 		"--metrics-listen", d.metrics}, extra...)
 	if !slices.Contains(e.topics, "fanout_"+id+"_"+topic) {
@@ -875,7 +893,7 @@ func latencyOf(rate int, consumer string, expected int64, r Result) Latency {
 // idleRun connects conns idle clients (one process) to a daemon on an empty
 // topic and reports the daemon's memory and CPU.
 func (e *env) idleRun(conns int, window time.Duration) (*Idle, error) {
-	topic := fmt.Sprintf("idle-%s", e.runID)
+	topic := fmt.Sprintf("idle-%s-%d", e.runID, conns)
 	say("== %d idle clients (one process, raw connections answering pings)", conns)
 	if err := e.createTopic(topic, 8); err != nil {
 		return nil, err
