@@ -11,11 +11,14 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nanoservice/core-fanout/fanout/authority"
 )
 
 // Summary is the outcome of one run, written as summary.json and summary.md.
 type Summary struct {
 	Mode         string         `json:"mode"`
+	Store        string         `json:"offset_store,omitempty"` // the daemons' --offset-store; "" for ZooKeeper
 	Seed         uint64         `json:"seed"`
 	Command      string         `json:"command"`
 	Started      time.Time      `json:"started"`
@@ -35,7 +38,7 @@ type Summary struct {
 }
 
 func summarize(cfg Config, in Input, res *Result, start, end time.Time, drained bool, skipped int) *Summary {
-	s := &Summary{Mode: cfg.Mode, Seed: cfg.Seed, Command: strings.Join(os.Args, " "), Started: start.UTC(),
+	s := &Summary{Mode: cfg.Mode, Store: cfg.Store, Seed: cfg.Seed, Command: strings.Join(os.Args, " "), Started: start.UTC(),
 		Seconds: end.Sub(start).Seconds(), Daemons: cfg.Daemons, Clients: cfg.Clients + 2 + btoi(cfg.Python != ""), Rate: cfg.Rate,
 		FaultsByKind: map[string]int{}, Faults: len(in.Faults), Skipped: skipped, Drained: drained, Result: res}
 	for _, f := range in.Faults {
@@ -87,7 +90,11 @@ func (s *Summary) Markdown() string {
 	if s.Mode != "leader" {
 		recoveryName = "handoff (member faults)"
 	}
-	fmt.Fprintf(&b, "# Chaos run: %s mode, seed %d: %s\n\n", s.Mode, s.Seed, verdict)
+	store := s.Store
+	if k, err := authority.Lookup(s.Store); err == nil {
+		store = k.Title
+	}
+	fmt.Fprintf(&b, "# Chaos run: %s mode, offsets in %s, seed %d: %s\n\n", s.Mode, store, s.Seed, verdict)
 	fmt.Fprintf(&b, "Command: `%s`  \nStarted %s, %.0f s; %d daemons, %d clients, %d msg/s.\n\n",
 		s.Command, s.Started.Format(time.RFC3339), s.Seconds, s.Daemons, s.Clients, s.Rate)
 	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")

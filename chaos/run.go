@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,10 +18,10 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
-	"github.com/nanoservice/core-fanout/fanout/cluster"
+	"github.com/nanoservice/core-fanout/fanout"
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/deliverylog"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
@@ -35,9 +34,13 @@ type Config struct {
 	Self     string // the chaos binary, run as `chaos client` for the clients
 	// Python, when set, is the interpreter of one more acking client on the
 	// Python client (Root/clients/python), running Root/chaos/pyclient.py.
-	Python     string
-	Root       string
-	Mode       string // leader or spread
+	Python string
+	Root   string
+	Mode   string // leader or spread
+	// Store is the daemons' --offset-store: "zookeeper" (the default) or
+	// "kafka", with which the daemons get no ZooKeeper and the ZooKeeper
+	// faults are not drawn.
+	Store      string
 	Seed       uint64
 	Duration   time.Duration // of the fault phase
 	Interval   time.Duration // mean time between fault starts
@@ -54,6 +57,22 @@ type Config struct {
 	PoisonShare float64
 	// NackRedeliver is the delay the nacking client asks for in its nacks.
 	NackRedeliver time.Duration
+}
+
+// Name names the run by its mode and, when not the default, its store:
+// "leader", "spread-kafka".
+func (c Config) Name() string {
+	if k, err := authority.Lookup(c.Store); err == nil && k.Name != authority.Kinds()[0].Name {
+		return c.Mode + "-" + k.Name
+	}
+	return c.Mode
+}
+
+// kafkaStore reports whether the daemons' store is not ZooKeeper (then
+// they get no ZooKeeper, and no ZooKeeper fault is drawn).
+func (c Config) kafkaStore() bool {
+	k, err := authority.Lookup(c.Store)
+	return err == nil && !k.ZooKeeper
 }
 
 // run is the state of one run.
@@ -91,8 +110,8 @@ type run struct {
 // Run runs cfg: the cluster, the clients, the producer, the faults, the drain
 // and the verification. It returns the summary, written to cfg.Out too.
 func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
-	r := &run{cfg: cfg, log: log, id: "chaos-" + cfg.Mode,
-		topic: fmt.Sprintf("chaos-%s-%d", cfg.Mode, cfg.Seed), committed: map[int32]int64{}, members: map[string]string{}}
+	r := &run{cfg: cfg, log: log, id: "chaos-" + cfg.Name(),
+		topic: fmt.Sprintf("chaos-%s-%d", cfg.Name(), cfg.Seed), committed: map[int32]int64{}, members: map[string]string{}}
 	if cfg.MaxAttempts > 0 {
 		r.dlq = r.topic + ".dlq"
 	}
@@ -128,7 +147,11 @@ func Run(ctx context.Context, cfg Config, log *logrus.Entry) (*Summary, error) {
 	if !backoff.Sleep(ctx, 5*time.Second) {
 		return nil, ctx.Err()
 	}
-	plan := Schedule(cfg.Seed, cfg.Duration, cfg.Interval)
+	var without []string
+	if cfg.kafkaStore() {
+		without = []string{FaultZKRestart, FaultCutZooKeeper}
+	}
+	plan := Schedule(cfg.Seed, cfg.Duration, cfg.Interval, without...)
 	log.WithField("faults", len(plan)).Info("fault phase")
 	var faults actor.Group
 	t0 := time.Now()
@@ -260,11 +283,15 @@ func (r *run) setup(ctx context.Context) error {
 		if i == 0 {
 			kafkaAddr = cfg.Services.KafkaAdvertised()
 		}
-		args := []string{"--id", r.id, "--topic", r.topic, "--kafka", kafkaAddr, "--zookeeper", zp.Addr(),
+		store := []string{"--zookeeper", zp.Addr(), "--zookeeper-session-timeout", "6s"}
+		if cfg.kafkaStore() {
+			store = []string{"--offset-store", "kafka", "--kafka-session-timeout", "6s"}
+		}
+		args := append([]string{"--id", r.id, "--topic", r.topic, "--kafka", kafkaAddr,
 			"--listen", listen, "--advertise", cp.Addr(), "--node-id", "d" + strconv.Itoa(i),
 			"--metrics-listen", "", "--ack-timeout", cfg.AckTimeout.String(), "--heartbeat", "1s",
-			"--initial-offset", "oldest", "--commit-interval", "500ms", "--zookeeper-session-timeout", "6s",
-			"--delivery-log", filepath.Join(cfg.Out, "daemons", fmt.Sprintf("d%d%s", i, deliveryLogExt))}
+			"--initial-offset", "oldest", "--commit-interval", "500ms",
+			"--delivery-log", filepath.Join(cfg.Out, "daemons", fmt.Sprintf("d%d%s", i, deliveryLogExt))}, store...)
 		args = append(args, "--assignment", cfg.Mode)
 		if r.dlq != "" {
 			args = append(args, "--max-attempts", strconv.Itoa(cfg.MaxAttempts), "--dead-letter-topic", r.dlq)
@@ -373,19 +400,27 @@ func (r *run) produce(ctx context.Context) {
 	}
 }
 
-// sample reads the committed offsets and the leader record every 250 ms.
+// sample reads the committed offsets, the leader record and, in spread
+// mode, who holds each partition, every 250 ms, from the run's store.
 func (r *run) sample(ctx context.Context) {
-	quiet := logrus.New()
-	quiet.SetOutput(io.Discard)
-	conn, err := zkstore.Connect(ctx, []string{r.cfg.Services.ZooKeeper()}, 10*time.Second, logrus.NewEntry(quiet))
+	opts := fanout.Options{ID: r.id, Topic: r.topic, OffsetStore: r.cfg.Store, Kafka: []string{r.cfg.Services.Kafka()}}
+	if !r.cfg.kafkaStore() {
+		opts.ZooKeeper = []string{r.cfg.Services.ZooKeeper()}
+	}
+	var auth authority.Authority
+	err := backoff.Retry(ctx, backoff.Backoff{Min: 250 * time.Millisecond, Max: 2 * time.Second}, func(ctx context.Context) error {
+		var err error
+		auth, err = fanout.OpenAuthority(ctx, opts, r.kclient)
+		return err
+	}, nil)
 	if err != nil {
-		r.log.WithError(err).Error("sampler: zookeeper")
+		r.log.WithError(err).Error("sampler: the offset store")
 		return
 	}
-	defer conn.Close()
-	store := zkstore.New(conn, "", r.id, r.topic)
+	defer auth.Close()
+	owners, _ := auth.Owners()
 	for backoff.Sleep(ctx, 250*time.Millisecond) {
-		offs, err := store.Load(ctx)
+		offs, err := auth.Offsets().Load(ctx)
 		at := time.Now()
 		if err == nil {
 			r.mu.Lock()
@@ -395,26 +430,21 @@ func (r *run) sample(ctx context.Context) {
 			}
 			r.mu.Unlock()
 		}
-		if r.cfg.Mode == "spread" {
-			owners, _, err := zkstore.ReadOwners(conn, "", r.id, r.topic)
+		if r.cfg.Mode == "spread" && owners != nil {
+			held, err := owners.Read(ctx)
 			at := time.Now()
 			if err == nil {
 				r.mu.Lock()
-				for p, o := range owners {
-					r.owners = append(r.owners, OwnerSample{At: at, Partition: p, Owner: o.Owner})
+				for p, h := range held.Holders {
+					r.owners = append(r.owners, OwnerSample{At: at, Partition: p, Owner: h.Node})
 				}
 				r.mu.Unlock()
 			}
 		}
-		if data, _, err := conn.Get(cluster.FencePath(r.id, r.topic)); err == nil {
-			var rec struct {
-				Node string `json:"node"`
-			}
-			if json.Unmarshal(data, &rec) == nil {
-				r.mu.Lock()
-				r.leader = rec.Node
-				r.mu.Unlock()
-			}
+		if l, err := auth.Leader(ctx); err == nil && l != nil {
+			r.mu.Lock()
+			r.leader = l.Node
+			r.mu.Unlock()
 		}
 	}
 }
@@ -566,7 +596,7 @@ func VerifyDir(dir string) (*Summary, error) {
 	}
 	start := sum.Started
 	end := start.Add(time.Duration(sum.Seconds * float64(time.Second)))
-	cfg := Config{Mode: sum.Mode, Seed: sum.Seed, Daemons: sum.Daemons, Clients: sum.Clients - 2, Rate: sum.Rate}
+	cfg := Config{Mode: sum.Mode, Store: sum.Store, Seed: sum.Seed, Daemons: sum.Daemons, Clients: sum.Clients - 2, Rate: sum.Rate}
 	res := Verify(in, sum.Mode == "leader")
 	out := summarize(cfg, in, res, start, end, sum.Drained, sum.Skipped)
 	out.Command, out.Clients = sum.Command, sum.Clients

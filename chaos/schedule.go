@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -48,12 +49,15 @@ var weights = []struct {
 // random order, then kinds by weight, one start every interval (±30 %),
 // until span is used up. Each fault lasts 1 to 4 s (a process's downtime
 // before its restart, a pause, a cut). The same seed gives the same
-// schedule.
-func Schedule(seed uint64, span, interval time.Duration) []Planned {
+// schedule. Kinds in without are never drawn (the ZooKeeper faults of a
+// run whose daemons use no ZooKeeper).
+func Schedule(seed uint64, span, interval time.Duration, without ...string) []Planned {
 	rng := rand.New(rand.NewPCG(seed, 0x6368616f73))
 	var kinds []string
 	for _, i := range rng.Perm(len(weights)) {
-		kinds = append(kinds, weights[i].kind)
+		if !slices.Contains(without, weights[i].kind) {
+			kinds = append(kinds, weights[i].kind)
+		}
 	}
 	count := map[string]int{}
 	for _, k := range kinds {
@@ -63,6 +67,7 @@ func Schedule(seed uint64, span, interval time.Duration) []Planned {
 	for _, w := range weights {
 		total += w.w
 	}
+	drawn := func(kind string) bool { return !slices.Contains(without, kind) }
 	var out []Planned
 	at := interval / 2
 	for i := 0; at < span; i++ {
@@ -74,7 +79,7 @@ func Schedule(seed uint64, span, interval time.Duration) []Planned {
 				n := rng.IntN(total)
 				for _, w := range weights {
 					if n < w.w {
-						if w.max == 0 || count[w.kind] < w.max {
+						if drawn(w.kind) && (w.max == 0 || count[w.kind] < w.max) {
 							kind = w.kind
 						}
 						break

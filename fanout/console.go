@@ -32,8 +32,13 @@ func (d *Daemon) Status(ctx context.Context) *status.Status {
 			NodeID: d.opts.NodeID, Mode: d.assignment.name, Role: d.nodeRole(snap), Ready: ready, Reason: reason,
 			Serving: snap.Serving, InFlight: snap.Stats.InFlight, Buffered: snap.Stats.Buffered,
 			Paused: snap.Stats.Paused, Clients: snap.Clients, Time: now,
+			DeliveryPaused: snap.DeliveryPaused, ActionsEnabled: d.opts.MetricsToken != "", Actions: d.actionLog.all(),
 		},
 		Rates: d.rates.Status(),
+		Pause: d.pauseInForce(),
+	}
+	for _, w := range metrics.Warnings(snap, now, d.maxCommitFailing()) {
+		st.Node.Warnings = append(st.Node.Warnings, status.Warning{Kind: w.Kind, Message: w.Message, Unready: w.Unready})
 	}
 
 	if el := d.elector.Load(); el != nil {
@@ -51,8 +56,13 @@ func (d *Daemon) Status(ctx context.Context) *status.Status {
 				Mode: cluster.ModeName(m.Mode), OffsetStore: cluster.StoreName(m.Store),
 			}
 			sm.SetReadiness(m.Readiness)
+			sm.Pause = status.PauseOf(m.Pause)
+			if m.LastAction != nil {
+				sm.LastAction = status.ActionOf(*m.LastAction)
+			}
 			if m.NodeID == d.opts.NodeID { // this node's own, as of now
 				sm.SetReadiness(&cluster.Readiness{Ready: ready, Reason: reason})
+				sm.Pause = st.Pause
 			}
 			st.Members = append(st.Members, sm)
 		}
@@ -67,6 +77,7 @@ func (d *Daemon) Status(ctx context.Context) *status.Status {
 	if !snap.Serving {
 		return st
 	}
+	st.MarkServed(snap.Stats.Held, snap.Stats.Stalled, snap.Stats.DeadLetterPendingBy)
 	if disp := d.backend.dispatcher(); disp != nil {
 		clients, _ := disp.Clients(ctx)
 		st.Clients = d.statusClients(clients)
@@ -109,6 +120,7 @@ func (d *Daemon) statusClients(clients []dispatch.ClientStats) []status.Client {
 			sc.Weight = &w
 		}
 		sc.InFlight, sc.MaxInFlight, sc.Acked = c.InFlight, c.MaxInFlight, c.Acked
+		sc.Nacked, sc.TimedOut, sc.DeadLettered, sc.Redelivered, sc.Draining = c.Nacked, c.TimedOut, c.DeadLettered, c.Redelivered, c.Draining
 		sc.AcksPerSecond = d.rates.ClientRate(c.ID)
 		out = append(out, sc)
 	}

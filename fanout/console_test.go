@@ -15,10 +15,10 @@ import (
 
 	"github.com/nanoservice/core-fanout/client"
 	"github.com/nanoservice/core-fanout/client/protocol"
+	"github.com/nanoservice/core-fanout/fanout/authority"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/testutil"
 )
 
@@ -195,11 +195,11 @@ func TestSpreadPartitions(t *testing.T) {
 	read := clusterRead{
 		committed:      map[int32]int64{0: 5, 1: 7},
 		highWatermarks: map[int32]int64{0: 10, 1: 7, 2: 3},
-		owners: map[int32]zkstore.OwnerState{
-			0: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-a"}, Live: true},
-			1: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-b"}, Live: true},
-			2: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-c"}}, // its session is gone
-		},
+		holdings: authority.Holdings{Holders: map[int32]status.Holder{
+			0: {Node: "m-a", Live: true},
+			1: {Node: "m-b", Live: true},
+			2: {Node: "m-c"}, // its session is gone
+		}},
 	}
 	var fail error
 	m.view.Store(newClusterView(func(context.Context) (clusterRead, error) { return read, fail }, 0))

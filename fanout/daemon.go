@@ -60,6 +60,13 @@ type Daemon struct {
 	deadLimit  int
 
 	delivery *deliverylog.Log // --delivery-log, open while Run runs; nil without
+
+	// pause is the switch of the cluster's delivery pause that every
+	// dispatcher of the daemon follows (actions.go); local the pause of a
+	// daemon leading alone; actionLog its last actions.
+	pause     *dispatch.Pause
+	local     localPause
+	actionLog actionLog
 }
 
 // New validates opts and returns a Daemon. Nothing runs until Run.
@@ -84,6 +91,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		listening:  make(chan struct{}),
 		ready:      make(chan struct{}),
 		health:     newKafkaHealth(),
+		pause:      dispatch.NewPause(),
 	}
 	d.mode = a.newMode(d)
 	d.collector = metrics.NewCollector(d.metricsSnapshot)
@@ -227,7 +235,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var watch actor.Group
 	watch.Go(d.log, "topic watch", func() {
 		d.health.watch(watchCtx, d.log, min(topicCheckInterval, d.opts.ConnectBackoffMax), func() error {
-			_, err := kafka.TopicPartitions(client, d.opts.Topic)
+			parts, err := kafka.TopicPartitions(client, d.opts.Topic)
+			if err == nil {
+				d.health.setNewest(d.newestUnwatched(client, parts))
+			}
 			return err
 		})
 	}, nil)
@@ -295,6 +306,7 @@ func (d *Daemon) runCluster(ctx context.Context, client sarama.Client) error {
 		ID: d.opts.ID, Topic: d.opts.Topic, NodeID: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()),
 		Heartbeat: d.opts.ClusterHeartbeat, LeaderTimeout: d.opts.LeaderTimeout, Client: elClient, Logger: d.log,
 		Fencer: auth.Fencer(d.log), Mode: d.assignment.cluster, Weight: d.opts.Weight, Readiness: d.heartbeatReadiness,
+		OnPause: d.onPause,
 	}
 	if d.opts.ClusterSecret != "" {
 		cfg.Secret = []byte(d.opts.ClusterSecret)
@@ -507,6 +519,7 @@ func (d *Daemon) startMetrics() (stop func(), err error) {
 		MaxCommitFailing: d.maxCommitFailing(),
 		Token:            d.opts.MetricsToken,
 		Console:          console.Handler(console.Config{Status: d.Status}),
+		Actions:          console.Actions(d.actions()),
 	}))
 	if err != nil {
 		return nil, err
@@ -550,6 +563,7 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 	d.health.fill(&s)
 	if p := d.backend.serving(); p != nil {
 		s.HighWaterMarks = p.src.HighWaterMarks()
+		d.health.fillNewest(&s)
 		s.Partitions = len(p.src.Partitions())
 		if p.dead != nil {
 			s.DeadLetterTopic, s.DeadLetterFailingSince = p.dead.Topic(), p.dead.FailingSince()
@@ -578,6 +592,11 @@ func (d *Daemon) metricsSnapshot(ctx context.Context) metrics.Snapshot {
 		s.Leader, s.LeaderKnown, s.LeaderID, s.Members = true, true, d.opts.NodeID, 1
 	}
 	d.mode.snapshot(&s)
+	if s.DeliveryPaused = d.pause.On(); s.DeliveryPaused {
+		if p := d.pauseInForce(); p != nil {
+			s.PausedBy = p.By + " at " + p.At.Format(time.RFC3339)
+		}
+	}
 	return s
 }
 

@@ -69,14 +69,22 @@ func soloDaemonOn(t *testing.T, c *kfake.Cluster, store *offsets.MemoryStore, tu
 // waiting up to 30 s) and returns it with Run's result.
 func runDaemon(t *testing.T, opts Options) (*Daemon, <-chan error) {
 	t.Helper()
+	d, _, done := runStoppableDaemon(t, opts)
+	return d, done
+}
+
+// runStoppableDaemon is runDaemon, with stop, which ends Run's context
+// before the test ends.
+func runStoppableDaemon(t *testing.T, opts Options) (d *Daemon, stop context.CancelFunc, done <-chan error) {
+	t.Helper()
 	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done, stopped := make(chan error, 1), make(chan struct{})
+	result, stopped := make(chan error, 1), make(chan struct{})
 	go func() {
-		done <- d.Run(ctx)
+		result <- d.Run(ctx)
 		close(stopped)
 	}()
 	t.Cleanup(func() {
@@ -87,7 +95,7 @@ func runDaemon(t *testing.T, opts Options) (*Daemon, <-chan error) {
 			t.Error("daemon did not stop")
 		}
 	})
-	return d, done
+	return d, cancel, result
 }
 
 // produceTo produces value to partition 0 of jobs.

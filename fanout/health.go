@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
 	"github.com/nanoservice/core-fanout/fanout/kafka"
@@ -40,6 +41,10 @@ type kafkaHealth struct {
 	answered time.Time  // when Kafka last answered; zero before it first did
 	lastErr  string     // the last failure to reach Kafka since it last answered; "" when none
 	missing  bool       // Kafka's last answer: the topic does not exist
+	// newest is, while the daemon's source fetches nothing, the partitions'
+	// high watermarks as the last check read them (newestUnwatched); nil
+	// else.
+	newest map[int32]int64
 }
 
 func newKafkaHealth() *kafkaHealth { return &kafkaHealth{found: make(chan struct{})} }
@@ -53,6 +58,44 @@ func (h *kafkaHealth) fill(s *metrics.Snapshot) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s.TopicMissing, s.KafkaAnswered, s.KafkaError = h.missing, h.answered, h.lastErr
+}
+
+// fillNewest raises the high watermarks of s to those the last check read,
+// where newer, for the partitions the source consumes.
+func (h *kafkaHealth) fillNewest(s *metrics.Snapshot) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for p, hw := range h.newest {
+		if cur, ok := s.HighWaterMarks[p]; ok && hw > cur {
+			s.HighWaterMarks[p] = hw
+		}
+	}
+}
+
+// setNewest records the high watermarks newestUnwatched read.
+func (h *kafkaHealth) setNewest(newest map[int32]int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.newest = newest
+}
+
+// newestUnwatched reads, while the daemon serves and its source fetches
+// nothing for want of a client or because the deliveries are paused (its
+// high watermarks then stand still), the high watermarks of parts: the lag
+// and the warning of messages waiting without a client go on from them
+// (metrics.Warnings). One request per partition, on the topic check, only
+// then; nil otherwise.
+func (d *Daemon) newestUnwatched(client sarama.Client, parts []int32) map[int32]int64 {
+	if d.backend.dispatcher() == nil || d.srv.Clients() > 0 && !d.pause.On() {
+		return nil
+	}
+	out := make(map[int32]int64, len(parts))
+	for _, p := range parts {
+		if hw, err := client.GetOffset(d.opts.Topic, p, sarama.OffsetNewest); err == nil {
+			out[p] = hw
+		}
+	}
+	return out
 }
 
 // connected records that a connection to Kafka was made (it answered), or

@@ -3,6 +3,8 @@ package fanout
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -199,3 +201,110 @@ func TestLeadTermEndsItsAuthorityWhenTheCoordinatorRefuses(t *testing.T) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// Two daemons of spread mode on the Kafka store share a topic of four
+// partitions without ZooKeeper: they elect no leader, the group fanout_svc
+// has both as members (static instance ids: their node ids), each serving
+// the two partitions its assignment gives it; a client given one address
+// receives and acks the messages of all four, whose offsets are committed
+// to the group. The one that stops hands its partitions to the other.
+func TestSpreadDaemonsOnTheKafkaStore(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "jobs"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	hook := &lineHook{}
+	start := func(node string) (*Daemon, context.CancelFunc, <-chan error) {
+		log := logrus.New()
+		log.SetOutput(discard{})
+		log.AddHook(hook)
+		return runStoppableDaemon(t, Options{
+			ID: "svc", Topic: "jobs", Kafka: c.ListenAddrs(), OffsetStore: OffsetStoreKafka, Assignment: AssignmentSpread,
+			NodeID: node, Listen: "127.0.0.1:0", InitialOffset: "oldest", CommitInterval: 50 * time.Millisecond,
+			ClusterHeartbeat: 100 * time.Millisecond, LeaderTimeout: 600 * time.Millisecond,
+			KafkaSessionTimeout: 2 * time.Second, HandoffTimeout: time.Second, Logger: logrus.NewEntry(log).WithField("node", node),
+		})
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("daemons' log:\n%s", hook.all())
+		}
+	}()
+	a, _, _ := start("node-a")
+	b, stopB, doneB := start("node-b")
+	testutil.WaitFor(t, 30*time.Second, "each daemon owning two partitions", func() bool {
+		return len(a.Ownership().Owned) == 2 && len(b.Ownership().Owned) == 2
+	})
+	if a.Ownership().Generation == 0 || a.Ownership().Generation != b.Ownership().Generation {
+		t.Errorf("generations %d and %d: want the group's one", a.Ownership().Generation, b.Ownership().Generation)
+	}
+
+	cl, err := client.Dial(t.Context(), client.Config{Addrs: []string{a.Addr().String()}, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	cfg := kafka.NewConfig("spread-daemon-test")
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	p, err := sarama.NewSyncProducer(c.ListenAddrs(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for part := range int32(4) {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: "jobs", Partition: part, Value: sarama.StringEncoder(fmt.Sprint(part))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[int32]bool{}
+	for len(got) < 4 {
+		select {
+		case m := <-cl.Messages():
+			got[m.Partition] = true
+			if err := m.Ack(); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("received partitions %v of 4 through one address", got)
+		}
+	}
+	store, _ := kafkaGroupStore(t, c, "svc")
+	testutil.WaitFor(t, 10*time.Second, "every acked offset committed to group fanout_svc", func() bool {
+		offs, err := store.Load(context.Background())
+		return err == nil && len(offs) == 4 && offs[0] == 1 && offs[1] == 1 && offs[2] == 1 && offs[3] == 1
+	})
+	d, err := store.Describe(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var instances []string
+	for _, m := range d.Members {
+		instances = append(instances, m.InstanceID)
+		if len(m.Held) != 2 {
+			t.Errorf("member %s holds %v, want two partitions", m.InstanceID, m.Held)
+		}
+	}
+	slices.Sort(instances)
+	if d.Mode() != kafkastore.ModeSpread || !slices.Equal(instances, []string{"node-a", "node-b"}) {
+		t.Errorf("group: mode %q, members %v; want spread, node-a and node-b", d.Mode(), instances)
+	}
+	if el := a.elector.Load(); el == nil || el.Leadership().Leader || el.Leadership().Known {
+		t.Errorf("an elected leader in spread mode on the Kafka store: %+v", el.Leadership())
+	}
+
+	stopB()
+	select {
+	case err := <-doneB:
+		if err != nil {
+			t.Fatalf("b stopped: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("b did not stop")
+	}
+	testutil.WaitFor(t, 30*time.Second, "a owning all four partitions", func() bool { return len(a.Ownership().Owned) == 4 })
+	if logs := strings.ToLower(hook.all()); strings.Contains(logs, "zookeeper=") {
+		t.Errorf("a daemon logged a ZooKeeper connection:\n%s", hook.all())
+	}
+}

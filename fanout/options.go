@@ -115,10 +115,11 @@ type Options struct {
 	// keep failing before it steps down (ZooKeeper out of reach for this
 	// node alone: its heartbeats still flow, so only it can end its term).
 	ZooKeeperSessionTimeout time.Duration
-	// KafkaSessionTimeout is the session timeout of the leader's
-	// membership of the group fanout_<ID> (OffsetStoreKafka); default 10s.
-	// Like ZooKeeperSessionTimeout it bounds how long a leader's offset
-	// commits may keep failing before it steps down.
+	// KafkaSessionTimeout is the session timeout of the memberships of
+	// the group fanout_<ID> (OffsetStoreKafka): the leader's, or in spread
+	// mode every member's; default 10s. Like ZooKeeperSessionTimeout it
+	// bounds how long offset commits may keep failing before the leader
+	// steps down (or a spread member drops its partitions).
 	KafkaSessionTimeout time.Duration
 
 	// ClusterHeartbeat is how often this daemon publishes its heartbeat on
@@ -132,7 +133,8 @@ type Options struct {
 	// partition, the others redirect its clients) or "spread" (the leader
 	// assigns the partitions to the live members, each serves its own).
 	// Every member of a cluster must run the same. Spread needs an offset
-	// store that keeps the partitions' owners (ZooKeeper).
+	// store that keeps the partitions' owners (ZooKeeper, or Kafka's
+	// group; not offsets in memory).
 	Assignment string
 	// Weight is this member's capacity in spread mode: its share of the
 	// partitions is proportional to it; default 1.
@@ -472,7 +474,7 @@ func (o Options) Validate() error {
 				a.name, owners)
 		case store.Name != "" && !store.Owners:
 			bad("--assignment %s: needs --offset-store %s: %s keeps no record of each partition's owner, "+
-				"so it cannot fence each partition on its own (see docs/decisions/0006-kafka-offset-store.md)", a.name, owners, store.Where)
+				"so it cannot fence each partition on its own", a.name, owners, store.Where)
 		}
 	}
 	if o.Weight < 1 || o.Weight > 1000 {

@@ -82,7 +82,7 @@ func TestValidate(t *testing.T) {
 		{"huge weight", func(o *Options) { o.Weight = 5000 }, "--weight"},
 		{"negative handoff timeout", func(o *Options) { o.HandoffTimeout = -time.Second }, "--handoff-timeout"},
 		{"kafka offset store", func(o *Options) { o.OffsetStore = OffsetStoreKafka }, ""},
-		{"spread with the kafka offset store", func(o *Options) { o.Assignment, o.OffsetStore = AssignmentSpread, OffsetStoreKafka }, "needs --offset-store zookeeper"},
+		{"spread with the kafka offset store", func(o *Options) { o.Assignment, o.OffsetStore = AssignmentSpread, OffsetStoreKafka }, ""},
 		{"kafka offset store with the default read acl", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.ReadACL = OffsetStoreKafka, "world" }, ""},
 		{"kafka offset store with a zookeeper identity", func(o *Options) { o.OffsetStore, o.ZooKeeperSecurity.Auth = OffsetStoreKafka, "u:p" }, "not used with --offset-store kafka"},
 		{"unknown offset store", func(o *Options) { o.OffsetStore = "etcd" }, "--offset-store"},

@@ -122,8 +122,10 @@ type OwnershipStatus struct {
 // over each partition the assignment takes away (stop fetching, await its
 // in-flight messages up to the handoff timeout, commit, release); it drops
 // a partition at once when its record no longer is ours (another member
-// took it over because our session expired, or an operator changed it),
-// and every partition when our ZooKeeper session expires. One goroutine
+// took it over because our session expired, or an operator changed it; or
+// the group's generation no longer lets it hold it), and every partition
+// when our membership is lost (the ZooKeeper session expired, or the group's
+// coordinator dropped the member). One goroutine
 // owns all of its state; helpers (an acquirer-and-watcher per partition
 // being reserved or served, a goroutine per handoff) report on events.
 type ownership struct {
@@ -196,6 +198,17 @@ func (o *ownership) run(ctx context.Context, dispDone <-chan struct{}, stop func
 	tick := time.NewTicker(o.opts.ClusterHeartbeat)
 	defer tick.Stop()
 	for {
+		// Before the assignment: a membership lost takes the assignment
+		// with it, and its partitions are dropped, not handed over.
+		if s := o.records.Session(); s != o.session && ctx.Err() == nil {
+			o.log.WithFields(logrus.Fields{"session": sessionHex(o.session), "now": sessionHex(s)}).
+				Warn("membership lost (the ZooKeeper session expired, or the group's coordinator dropped this member): every partition may be taken over now; dropping them all")
+			o.dropAll(ctx, false)
+			o.publish()
+			if s, err := o.join(ctx); err == nil {
+				o.session = s
+			}
+		}
 		o.reconcile(ctx)
 		o.publish()
 		select {
@@ -213,24 +226,17 @@ func (o *ownership) run(ctx context.Context, dispDone <-chan struct{}, stop func
 		case ev := <-o.lost:
 			o.handle(ctx, ev)
 		case <-tick.C:
-			if s := o.records.Session(); s != o.session {
-				o.log.WithFields(logrus.Fields{"session": sessionHex(o.session), "now": sessionHex(s)}).
-					Warn("zookeeper session expired: every partition may be taken over now; dropping them all")
-				o.dropAll(ctx, false)
-				if o.session, err = o.join(ctx); err != nil {
-					continue // ctx ended
-				}
-			}
 		}
 	}
 }
 
 func sessionHex(s int64) string { return fmt.Sprintf("%#x", s) }
 
-// join creates the member znode, retrying until ctx ends.
+// join makes this member one of the members (the member znode, or the
+// group's membership), retrying until ctx ends.
 func (o *ownership) join(ctx context.Context) (int64, error) {
 	var session int64
-	err := retry(ctx, o.log, "join the members in zookeeper", o.opts.ConnectBackoffMax, func(ctx context.Context) error {
+	err := retry(ctx, o.log, "join the members", o.opts.ConnectBackoffMax, func(ctx context.Context) error {
 		var err error
 		session, err = o.records.Join(ctx, func(other int64) {
 			o.log.WithField("session", sessionHex(other)).
@@ -239,7 +245,7 @@ func (o *ownership) join(ctx context.Context) (int64, error) {
 		return err
 	})
 	if err == nil {
-		o.log.WithField("session", sessionHex(session)).Info("joined the members in zookeeper")
+		o.log.WithField("session", sessionHex(session)).Info("joined the members")
 	}
 	return session, err
 }
@@ -418,10 +424,10 @@ func (o *ownership) handOff(ctx context.Context, p int32, op *ownedPart, gen uin
 	loop := ctx
 	o.helpers.Go(log, "hand over partition", func() {
 		o.src.Remove(p)
-		// A bound for the final commit too: a ZooKeeper out of reach must
-		// not keep the handoff forever (the record is released anyway: the
+		// A bound for the final commit too: a store out of reach must not
+		// keep the handoff forever (the partition is released anyway: the
 		// next owner then resumes from an older offset, at-least-once).
-		ctx, cancel := context.WithTimeout(context.Background(), o.opts.HandoffTimeout+o.opts.ZooKeeperSessionTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), o.opts.HandoffTimeout+o.opts.storeSessionTimeout())
 		defer cancel()
 		rev, err := o.disp.Revoke(ctx, p, o.opts.HandoffTimeout)
 		if rerr := o.release(loop, log, p, cond, gen, session); rerr != nil {

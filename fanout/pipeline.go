@@ -59,6 +59,7 @@ func (d *Daemon) newPipeline(client sarama.Client, src kafka.SourceConfig, cfg d
 		cfg.DeadLetter = p.dead
 	}
 	cfg.DeliveryLog = d.delivery
+	cfg.Pause = d.pause
 	if p.disp, err = dispatch.New(cfg, source); err != nil {
 		if p.dead != nil {
 			p.dead.Close()

@@ -21,33 +21,41 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/server"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
-// spreadMode is --assignment spread: the leader the election makes
-// assigns the partitions to the live members, and every member serves the
-// partitions its assignment gives it, each fenced alone by the offset
-// store's ownership records (authority.Owners): in stretches, each a
-// pipeline of dispatch.AssignedPartitions and the ownership loop that
-// reserves, serves, hands over and drops partitions as the assignment and
-// the records say.
+// spreadMode is --assignment spread: every member serves the partitions its
+// assignment gives it, each fenced alone by the offset store's owners
+// (authority.Owners): in stretches, each a pipeline of
+// dispatch.AssignedPartitions and the ownership loop that reserves, serves,
+// hands over and drops partitions as the assignment and the store say. The
+// assignment comes from the leader the election makes (ZooKeeper), or from
+// the store itself (the Kafka group's leader and coordinator: then nobody
+// is elected).
 type spreadMode struct {
 	d *Daemon
 
+	claims    atomic.Pointer[claimsRef]       // the member's claims, while it runs; nil before
 	view      atomic.Pointer[clusterView]     // the console's reading of every partition; nil outside the cluster
 	status    atomic.Pointer[OwnershipStatus] // the ownership loop's status
 	handoffs  atomic.Uint64                   // handoffs done since the daemon started
 	committed atomic.Bool                     // the group has committed offsets, as far as this member knows
 }
 
+// claimsRef holds a member's claims for an atomic pointer.
+type claimsRef struct{ authority.Claims }
+
 func newSpreadMode(d *Daemon) mode { return &spreadMode{d: d} }
 
 // prepare has the election know whether the group ever committed: that
 // decides where a new line of assignments starts the partitions without a
-// committed offset.
+// committed offset. With a store that assigns the partitions itself, the
+// members elect no leader: their heartbeats only say who is alive.
 func (m *spreadMode) prepare(ctx context.Context, cfg *cluster.Config, auth authority.Authority) bool {
 	cfg.Committed = m.committed.Load
+	if owners, ok := auth.Owners(); ok && owners.Assigns() {
+		cfg.Fencer = cluster.WithoutLeader(cfg.Fencer)
+	}
 	err := retry(ctx, m.d.log, "load offsets", m.d.opts.ConnectBackoffMax, func(ctx context.Context) error {
 		stored, err := auth.Offsets().Load(ctx)
 		if len(stored) > 0 {
@@ -69,7 +77,32 @@ func (m *spreadMode) run(ctx context.Context, s serveEnv) error {
 	if !ok { // Validate refuses it: the assignment needs owners
 		return fmt.Errorf("spread mode needs an offset store that keeps the partitions' owners, not %s", s.auth.Kind().Name)
 	}
-	claims := owners.Member(d.opts.NodeID, d.opts.advertised(d.srv.Addr()), s.el)
+	member := authority.Member{Node: d.opts.NodeID, Addr: d.opts.advertised(d.srv.Addr()), Weight: d.opts.Weight,
+		Heartbeat: d.opts.ClusterHeartbeat, Committed: m.committed.Load, Logger: d.log}
+	if owners.Assigns() {
+		// The group's membership waits on the whole group (a JoinGroup
+		// returns once every member joined): a connection of its own.
+		client, err := d.connectKafka(ctx, "fanout-group-"+d.opts.NodeID, func(c *sarama.Config) {
+			c.Net.ReadTimeout = max(c.Net.ReadTimeout, d.opts.KafkaSessionTimeout+10*time.Second)
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+		defer client.Close()
+		member.Client = client
+	}
+	claims := owners.Member(member, s.el)
+	m.claims.Store(&claimsRef{claims})
+	defer m.claims.Store(nil)
+	defer func() {
+		// After every partition's last commit and release: the others
+		// take over at once.
+		leaveCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := claims.Leave(leaveCtx); err != nil {
+			d.log.WithError(err).Warn("leaving the members: the others take this member's partitions over at its session timeout")
+		}
+	}()
 	m.view.Store(newClusterView(func(ctx context.Context) (clusterRead, error) {
 		return readCluster(ctx, s.client, s.auth.Offsets(), owners, d.opts.Topic)
 	}, console.SampleInterval))
@@ -142,15 +175,22 @@ func (m *spreadMode) observeCommit(took time.Duration, err error) {
 	}
 }
 
+// assignment is the assignment in force for this member (its claims'), or
+// nil. It never blocks.
+func (m *spreadMode) assignment() *cluster.Assignment {
+	if c := m.claims.Load(); c != nil {
+		return c.Assignment()
+	}
+	return nil
+}
+
 // leadership is a welcome while the member serves under an assignment in
-// force (its mode is the leader's), else to retry shortly (a member
-// starting, or one whose mode differs from the leader's: it does not
-// serve).
+// force (with an elected leader, its mode is the leader's), else to retry
+// shortly (a member starting, or one whose mode differs from the leader's:
+// it does not serve).
 func (m *spreadMode) leadership() server.Leadership {
-	if m.d.backend.serving() != nil {
-		if el := m.d.elector.Load(); el != nil && el.Assignment() != nil {
-			return server.Leadership{Leader: true}
-		}
+	if m.d.backend.serving() != nil && m.assignment() != nil {
+		return server.Leadership{Leader: true}
 	}
 	return server.Leadership{RetryAfter: m.d.opts.ClusterHeartbeat}
 }
@@ -158,12 +198,10 @@ func (m *spreadMode) leadership() server.Leadership {
 // members lists the advertised addresses of the members that own
 // partitions, sorted, with the assignment's epoch and generation as the
 // list's version; nil and nil without an assignment in force. It reads the
-// elector's snapshot, never blocks.
+// claims' snapshot (the elector's, or the group's plan), never blocks.
 func (m *spreadMode) members() ([]string, *protocol.MembersVersion) {
-	if el := m.d.elector.Load(); el != nil {
-		if a := el.Assignment(); a != nil {
-			return a.Addrs(), &protocol.MembersVersion{Epoch: a.Epoch, Generation: a.Generation}
-		}
+	if a := m.assignment(); a != nil {
+		return a.Addrs(), &protocol.MembersVersion{Epoch: a.Epoch, Generation: a.Generation}
 	}
 	return nil, nil
 }
@@ -210,22 +248,22 @@ func (m *spreadMode) partitions(ctx context.Context, st *status.Status, snap met
 		}
 		st.AddPartition(p, read.highWatermarks[p], committed, "")
 	}
-	var a *cluster.Assignment
-	if el := m.d.elector.Load(); el != nil {
-		a = el.Assignment()
+	a := read.holdings.Assignment // the store's, when it assigns
+	if a == nil {
+		a = m.assignment()
 	}
-	st.AddSpread(a, read.owners)
+	st.AddSpread(a, read.holdings.Holders)
 }
 
 // clusterRead is what spread mode's console shows of the whole topic:
 // several members serve its partitions, each knowing only its own.
 type clusterRead struct {
 	committed, highWatermarks map[int32]int64
-	owners                    map[int32]zkstore.OwnerState // the ownership records
+	holdings                  authority.Holdings // who holds each partition, as the store says
 }
 
 // clusterView reads every partition's committed offset, high watermark
-// and ownership record for the console in spread mode, at most once per
+// and holder for the console in spread mode, at most once per
 // maxAge: the requests of every open console share one read, so that
 // watching the console costs the store and Kafka a few requests per
 // console.SampleInterval whatever the number of browsers.
@@ -272,9 +310,9 @@ func (v *clusterView) get(ctx context.Context) (clusterRead, error) {
 	return r, err
 }
 
-// readCluster reads the committed offsets (store) and ownership records
-// (owners) of topic, and its high watermarks in Kafka (client): the
-// daemon's reading of what fanout status reads.
+// readCluster reads the committed offsets (store) and holders (owners) of
+// topic, and its high watermarks in Kafka (client): the daemon's reading of
+// what fanout status reads.
 func readCluster(ctx context.Context, client sarama.Client, store offsets.Store, owners authority.Owners,
 	topic string) (clusterRead, error) {
 	var r clusterRead
@@ -282,8 +320,8 @@ func readCluster(ctx context.Context, client sarama.Client, store offsets.Store,
 	if r.committed, err = store.Load(ctx); err != nil {
 		return r, fmt.Errorf("committed offsets: %w", err)
 	}
-	if r.owners, err = owners.Read(ctx); err != nil {
-		return r, fmt.Errorf("ownership records: %w", err)
+	if r.holdings, err = owners.Read(ctx); err != nil {
+		return r, fmt.Errorf("the partitions' holders: %w", err)
 	}
 	parts, err := client.Partitions(topic)
 	if err != nil {

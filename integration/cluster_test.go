@@ -145,6 +145,24 @@ func clNewKafkaCluster(t *testing.T, topic string, n int) *clCluster {
 	return c
 }
 
+// storeFlags are the flags of a tool (fanout status, offsets) that name the
+// cluster's store.
+func (c *clCluster) storeFlags() []string {
+	if c.kafkaStore {
+		return []string{"--offset-store", "kafka"}
+	}
+	return []string{"--zookeeper", strings.Join(zkAddrs(c.t), ",")}
+}
+
+// sessionTimeout is the session timeout of a spread member of the
+// cluster's store.
+func (c *clCluster) sessionTimeout() time.Duration {
+	if c.kafkaStore {
+		return skSessionTimeout
+	}
+	return spSessionTimeout
+}
+
 // offsets reads the committed offsets from the cluster's store.
 func (c *clCluster) offsets() map[int32]int64 {
 	c.t.Helper()

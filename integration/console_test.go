@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"image"
 	"image/png"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -241,9 +242,10 @@ func consoleAck(t *testing.T, c *client.Client, acked *atomic.Int64) {
 // checks the page at a phone's width.
 func TestConsoleInChromium(t *testing.T) {
 	const partitions, n = 3, 600 // about 12 s of flow, for the charts
-	topic := uniqueName(t, "console")
+	topic := shortName(t, "orders")
 	createTopic(t, topic, partitions)
 	opts := daemonOptions(t, topic)
+	opts.ID = shortName(t, "billing")
 	opts.NodeID = "console-node-a"
 	opts.MetricsListen = "127.0.0.1:0"
 	opts.MetricsToken = uniqueName(t, "token")
@@ -321,6 +323,13 @@ func TestConsoleInChromium(t *testing.T) {
 	if got := text(byID(t, doc, "leader")); got != "console-node-a" {
 		t.Errorf("leader %q, want console-node-a", got)
 	}
+	if got, sub := text(byID(t, doc, "title")), text(byID(t, doc, "subtitle")); got != topic || sub != "service "+opts.ID+" · node console-node-a" {
+		t.Errorf("title %q, subtitle %q", got, sub)
+	}
+	if got := text(byID(t, doc, "deliveries")); got != "flowing" || hidden(byID(t, doc, "pause-button")) || !hidden(byID(t, doc, "actions-note")) {
+		t.Errorf("deliveries %q, the pause button hidden %v, the note of a daemon without a token shown %v",
+			got, hidden(byID(t, doc, "pause-button")), !hidden(byID(t, doc, "actions-note")))
+	}
 	members := rows(t, doc, "members", "data-node")
 	if len(members) != 1 || text(cell(t, members[0], "node")) != "console-node-a" || !hasClass(members[0], "leader") {
 		t.Errorf("members: %d rows, want console-node-a marked as leader", len(members))
@@ -363,6 +372,14 @@ func TestConsoleInChromium(t *testing.T) {
 		if got, want := text(cell(t, row, "weight")), strconv.Itoa(cmp.Or(weights[i], protocol.DefaultWeight)); got != want {
 			t.Errorf("client %q: weight %q, want %s", name, got, want)
 		}
+		for _, col := range []string{"nacked", "timed-out", "redelivered", "dead-lettered"} {
+			if got := text(cell(t, row, col)); got != "0" {
+				t.Errorf("client %q: %s %q, want 0", name, col, got)
+			}
+		}
+		if b := findAll(cell(t, row, "act"), func(n *html.Node) bool { return n.Data == "button" }); len(b) != 1 || text(b[0]) != "Drain" {
+			t.Errorf("client %q: no drain button", name)
+		}
 	}
 	if acked, total := number(t, text(cell(t, clientRows[0], "acked")))+number(t, text(cell(t, clientRows[1], "acked"))), int64(n); acked < total {
 		t.Errorf("the clients' acks add up to %d, want at least %d", acked, total)
@@ -389,13 +406,20 @@ func TestConsoleInChromium(t *testing.T) {
 		if got := text(cell(t, row, "owner")); got != "console-node-a" {
 			t.Errorf("partition %d: owner %q", p.Partition, got)
 		}
+		if got := text(cell(t, row, "state")); got != "–" {
+			t.Errorf("partition %d: state %q, want –", p.Partition, got)
+		}
 	}
 
 	charts := findAll(doc, func(n *html.Node) bool { return n.Data == "svg" && hasClass(n, "chart") })
 	if len(charts) != 4 {
 		t.Fatalf("%d charts, want 4", len(charts))
 	}
+	scale, _ := attr(charts[0], "data-top")
 	for _, c := range charts {
+		if top, _ := attr(c, "data-top"); top != scale || top == "" {
+			t.Errorf("chart scales %q and %q: they share one", scale, top)
+		}
 		series, _ := attr(c, "data-series")
 		pts, _ := attr(c, "data-points")
 		line := findAll(c, func(n *html.Node) bool { return n.Data == "polyline" })
@@ -452,10 +476,10 @@ check();
 </script>
 </body></html>`
 
-// consoleNarrow loads the console in a frame width pixels wide (Chromium's
-// headless window is at least 500 px wide) through a proxy that serves the
-// measuring page on the console's origin, and returns what overflows, or "".
-func consoleNarrow(t *testing.T, base, token string, width int) string {
+// renderOnConsoleOrigin renders page, a harness that works on the console
+// in a frame, served by a proxy on the console's origin (base) so that it
+// may reach into the frame, for budget of virtual time, and returns its DOM.
+func renderOnConsoleOrigin(t *testing.T, base, page string, budget time.Duration) *html.Node {
 	t.Helper()
 	target, err := url.Parse(base)
 	if err != nil {
@@ -464,13 +488,20 @@ func consoleNarrow(t *testing.T, base, token string, width int) string {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /harness.html", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		fmt.Fprintf(w, consoleHarness, url.QueryEscape(token), width)
+		_, _ = io.WriteString(w, page)
 	})
 	mux.Handle("/", httputil.NewSingleHostReverseProxy(target))
 	proxy := httptest.NewServer(mux)
 	defer proxy.Close()
+	return renderDOM(t, proxy.URL+"/harness.html", budget)
+}
 
-	doc := renderDOM(t, proxy.URL+"/harness.html", 10*time.Second)
+// consoleNarrow loads the console in a frame width pixels wide (Chromium's
+// headless window is at least 500 px wide) through a proxy that serves the
+// measuring page on the console's origin, and returns what overflows, or "".
+func consoleNarrow(t *testing.T, base, token string, width int) string {
+	t.Helper()
+	doc := renderOnConsoleOrigin(t, base, fmt.Sprintf(consoleHarness, url.QueryEscape(token), width), 10*time.Second)
 	var got struct {
 		Viewport    int      `json:"viewport"`
 		ScrollWidth int      `json:"scrollWidth"`
@@ -626,9 +657,10 @@ func attrOf(n *html.Node, key string) string { v, _ := attr(n, key); return v }
 // page lists the client's session with it, and fits a phone's width.
 func TestConsoleSpread(t *testing.T) {
 	const partitions, n = 4, 200
-	topic := uniqueName(t, "console")
+	topic := shortName(t, "orders")
 	createTopic(t, topic, partitions)
 	opts := daemonOptions(t, topic)
+	opts.ID = shortName(t, "billing")
 	opts.Assignment = fanout.AssignmentSpread
 	opts.ZooKeeperSessionTimeout = 4 * time.Second
 	opts.HandoffTimeout = 3 * time.Second
@@ -754,6 +786,20 @@ func TestConsoleSpread(t *testing.T) {
 	if note := byID(t, doc, "follower-note"); !hidden(note) {
 		t.Errorf("a serving spread member shows the note %q", text(note))
 	}
+	// Its daemon has no metrics token: the page says it takes no action and
+	// offers none, and an action is refused.
+	if note := byID(t, doc, "actions-note"); hidden(note) || !strings.Contains(text(note), "--metrics-token-file") ||
+		!hidden(byID(t, doc, "pause-button")) || !hidden(byID(t, doc, "resume-button")) || !hasClass(byID(t, doc, "clients"), "no-actions") {
+		t.Errorf("a daemon without a token: the note %q (hidden %v), buttons offered", text(note), hidden(note))
+	}
+	resp, err := http.Post("http://"+members[0].MetricsAddr().String()+"/api/pause", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("POST /api/pause on a daemon without a token: %d, want 403", resp.StatusCode)
+	}
 	screenshot(t, page, filepath.Join(t.ArtifactDir(), "console-spread.png"), 1280, 1120)
 	if wide := consoleNarrow(t, "http://"+members[0].MetricsAddr().String(), "", 390); wide != "" {
 		t.Errorf("at 390 px: %s", wide)
@@ -871,6 +917,30 @@ func TestConsoleShowsWhyNotReady(t *testing.T) {
 			if text(store) != want[0] || text(r) != want[1] || want[2] != "" && !hasClass(r, want[2]) {
 				t.Errorf("member %d: store %q, ready %q (class %q); want %q", i, text(store), text(r), attrOf(r, "class"), want)
 			}
+		}
+	}
+}
+
+// TestConsoleTitleSaysEachThingOnce: the title is the topic; the service and
+// the node follow when they say something the title has not said.
+func TestConsoleTitleSaysEachThingOnce(t *testing.T) {
+	for _, tc := range []struct {
+		id, topic, node string
+		sub, tab        string
+	}{
+		{"billing", "orders", "node-a", "service billing · node node-a", "orders · node-a — fanout console"},
+		{"jobs", "jobs", "node-a", "node node-a", "jobs · node-a — fanout console"},
+		{"svc", "jobs", "svc", "service svc", "jobs · svc — fanout console"},
+		{"jobs", "jobs", "jobs", "", "jobs — fanout console"},
+	} {
+		st := &status.Status{ID: tc.id, Topic: tc.topic, HeartbeatTopic: "fanout_" + tc.id + "_" + tc.topic,
+			Node: &status.Node{NodeID: tc.node, Role: "leader", Ready: true, Serving: true, Time: time.Now()}, Rates: &status.Rates{IntervalSeconds: 2}}
+		srv := httptest.NewServer(console.Handler(console.Config{Status: func(context.Context) *status.Status { return st }}))
+		doc := renderDOM(t, srv.URL+"/", 3*time.Second)
+		srv.Close()
+		title := findAll(doc, func(n *html.Node) bool { return n.Data == "title" })
+		if got, sub := text(byID(t, doc, "title")), text(byID(t, doc, "subtitle")); got != tc.topic || sub != tc.sub || len(title) != 1 || text(title[0]) != tc.tab {
+			t.Errorf("%+v: title %q, subtitle %q, tab %q", tc, got, sub, text(title[0]))
 		}
 	}
 }

@@ -585,6 +585,16 @@ func TestAckedRangesSpareDuplicatesAfterKillNine(t *testing.T) {
 // sooner than its delay, so that --max-attempts 3 dead-letters it after
 // three attempts in all.
 func TestSpreadProgressMovesWithThePartition(t *testing.T) {
+	testSpreadProgressMovesWithThePartition(t, spNewCluster)
+}
+
+// The same on the Kafka store: the progress rides in the metadata of the
+// handing-over member's final commit.
+func TestSpreadKafkaProgressMovesWithThePartition(t *testing.T) {
+	testSpreadProgressMovesWithThePartition(t, skNewCluster)
+}
+
+func testSpreadProgressMovesWithThePartition(t *testing.T, newCluster func(*testing.T, string, int) *clCluster) {
 	const partitions, n = 2, 5
 	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
 	createTopic(t, topic, partitions)
@@ -601,8 +611,8 @@ func TestSpreadProgressMovesWithThePartition(t *testing.T) {
 	}
 	_ = producer.Close()
 
-	conn := spZK(t)
-	c := spNewCluster(t, topic, 1)
+	c := newCluster(t, topic, 1)
+	conn := spConn(t, c)
 	policy := []string{"--max-attempts", "3", "--dead-letter-topic", dlq}
 	c.nodes[0].args = append(c.nodes[0].args, policy...)
 	c.startAll()
@@ -628,7 +638,7 @@ func TestSpreadProgressMovesWithThePartition(t *testing.T) {
 		acked++
 	}
 	testutil.WaitFor(t, 15*time.Second, "each partition's failure and acked range stored", func() bool {
-		pr := polProgress(t, false, c.id, topic)
+		pr := polProgress(t, c.kafkaStore, c.id, topic)
 		for p := range int32(partitions) {
 			if pr[p].FailuresAt(0) != 1 || !pr[p].AckedAt(n) {
 				return false
@@ -671,7 +681,7 @@ func TestSpreadProgressMovesWithThePartition(t *testing.T) {
 		t.Fatalf("dead letter %q headers %v", r.Value, h)
 	}
 	testutil.WaitFor(t, 15*time.Second, "the moved partition committed past its poison message", func() bool {
-		return zkOffsets(t, c.id, topic)[moved] == n+1
+		return c.offsets()[moved] == n+1
 	})
 	noMessage(t, cl, 2*time.Second)
 }

@@ -297,25 +297,51 @@ func TestPythonClientSpread(t *testing.T) {
 	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return sumOffsets(zkOffsets(t, id, topic)) == n })
 }
 
+// The same on the Kafka store, no ZooKeeper: the members are the group's.
+func TestPythonClientSpreadKafkaStore(t *testing.T) {
+	const partitions, n = 4, 40
+	c := pySpreadOn(t, 2, partitions, true)
+	produceSeq(t, c.topic, "m", n, partitions)
+	var addrs []string
+	for _, nd := range c.nodes {
+		addrs = append(addrs, nd.addr)
+	}
+	pyTest(t, []string{"FANOUT_TEST_DAEMONS=" + addrs[0], "FANOUT_TEST_MEMBERS=" + strings.Join(addrs, ","),
+		fmt.Sprintf("FANOUT_TEST_COUNT=%d", n)},
+		"tests/integration/test_daemon.py::test_spread_one_session_per_member")
+	testutil.WaitFor(t, 30*time.Second, "every offset committed", func() bool { return sumOffsets(c.offsets()) == n })
+}
+
 // pySpread starts members daemons of a new service in spread mode, on a new
 // topic of partitions, and waits until each owns partitions; it returns
 // their addresses, the service's id and the topic.
 func pySpread(t *testing.T, members int, partitions int32) (addrs []string, id, topic string) {
 	t.Helper()
-	topic = uniqueName(t, "topic")
-	id = uniqueName(t, "svc")
-	createTopic(t, topic, partitions)
-	for i := range members {
-		a := procFreeAddr(t)
-		addrs = append(addrs, a)
-		procStart(t, procDaemonArgs(t, id, topic, a, append(spArgs(), "--node-id", fmt.Sprintf("node-%d", i+1))...)...)
+	c := pySpreadOn(t, members, partitions, false)
+	for _, nd := range c.nodes {
+		addrs = append(addrs, nd.addr)
 	}
-	conn := spZK(t)
-	c := &clCluster{id: id, topic: topic}
+	return addrs, c.id, c.topic
+}
+
+// pySpreadOn starts members daemons of a new service in spread mode, with
+// the Kafka store or ZooKeeper, on a new topic of partitions, and waits
+// until each owns partitions.
+func pySpreadOn(t *testing.T, members int, partitions int32, kafkaStore bool) *clCluster {
+	t.Helper()
+	topic := uniqueName(t, "topic")
+	createTopic(t, topic, partitions)
+	newCluster := spNewCluster
+	if kafkaStore {
+		newCluster = skNewCluster
+	}
+	c := newCluster(t, topic, members)
+	c.startAll()
+	conn := spConn(t, c)
 	testutil.WaitFor(t, 120*time.Second, fmt.Sprintf("the %d members own partitions", members), func() bool {
 		return len(spOwners(t, conn, c)) == members
 	})
-	return addrs, id, topic
+	return c
 }
 
 // sumOffsets is the sum of a topic's committed offsets.

@@ -53,10 +53,12 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	out := fs.String("out", "chaos-results", "directory of the results and logs")
 	fanoutBin := fs.String("fanout", "", "the fanout daemon binary (required)")
 	mode := fs.String("assignment", "leader", "leader, spread, or both (one after the other)")
+	store := fs.String("offset-store", "zookeeper", "the daemons' --offset-store: zookeeper, kafka (no ZooKeeper), or both (one after the other)")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seed of the fault schedule")
 	duration := fs.Duration("duration", 10*time.Minute, "length of the fault phase of each mode")
 	interval := fs.Duration("interval", 10*time.Second, "mean time between fault starts")
-	quick := fs.Bool("quick", false, "both modes, 35 s of faults each, one every 3 s (about 2.5 minutes in all)")
+	quick := fs.Bool("quick", false, "35 s of faults per run, one every 3 s: leader mode on ZooKeeper, spread mode on ZooKeeper "+
+		"and on Kafka (with --offset-store both, leader mode on Kafka too); about 1.25 minutes per run")
 	daemons := fs.Int("daemons", 3, "daemon processes")
 	clients := fs.Int("clients", 3, "acking client processes (a silent and a nacking one come on top)")
 	partitions := fs.Int("partitions", 6, "partitions of the topic at the start")
@@ -71,17 +73,40 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	modes := []string{*mode}
+	type pair struct{ mode, store string }
+	var runs []pair
+	modes, stores := []string{*mode}, []string{*store}
 	if *mode == "both" {
 		modes = []string{"leader", "spread"}
 	}
-	if *quick {
-		modes, *duration, *interval = []string{"leader", "spread"}, 35*time.Second, 3*time.Second
+	if *store == "both" {
+		stores = []string{"zookeeper", "kafka"}
 	}
 	for _, m := range modes {
 		if m != "leader" && m != "spread" {
 			return fmt.Errorf("--assignment %q: want leader, spread or both", *mode)
 		}
+	}
+	for _, s := range stores {
+		if s != "zookeeper" && s != "kafka" {
+			return fmt.Errorf("--offset-store %q: want zookeeper, kafka or both", *store)
+		}
+	}
+	for _, m := range modes {
+		for _, s := range stores {
+			runs = append(runs, pair{m, s})
+		}
+	}
+	if *quick {
+		// Spread mode is where the stores differ most (ownership records, or
+		// the group's generations), so it runs on both; leader mode on
+		// Kafka only when asked (its fence is the group's one membership,
+		// which the integration tests cover).
+		runs = []pair{{"leader", "zookeeper"}, {"spread", "zookeeper"}, {"spread", "kafka"}}
+		if *store == "both" {
+			runs = append(runs, pair{"leader", "kafka"})
+		}
+		*duration, *interval = 35*time.Second, 3*time.Second
 	}
 	if *fanoutBin == "" {
 		return errors.New("--fanout is required")
@@ -114,15 +139,16 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 		}
 	}()
 	failed := false
-	for _, m := range modes {
-		cfg := chaos.Config{Services: svc, Out: filepath.Join(absOut, m), Fanout: *fanoutBin, Self: self, Mode: m,
+	for _, rn := range runs {
+		cfg := chaos.Config{Services: svc, Fanout: *fanoutBin, Self: self, Mode: rn.mode, Store: rn.store,
 			Python: *python, Root: absRoot, Seed: *seed, Duration: *duration, Interval: *interval, Daemons: *daemons, Clients: *clients,
 			Partitions: *partitions, Rate: *rate, AckTimeout: *ackTimeout, Drain: 2 * time.Minute,
 			MaxAttempts: *maxAttempts, PoisonShare: *poison, NackRedeliver: *nackRedeliver}
-		log.Infof("===== %s mode: %s of faults, one every %s", m, *duration, *interval)
-		sum, err := chaos.Run(ctx, cfg, log.WithField("mode", m))
+		cfg.Out = filepath.Join(absOut, cfg.Name())
+		log.Infof("===== %s mode, offsets in %s: %s of faults, one every %s", rn.mode, rn.store, *duration, *interval)
+		sum, err := chaos.Run(ctx, cfg, log.WithField("run", cfg.Name()))
 		if err != nil {
-			return fmt.Errorf("%s mode: %w", m, err)
+			return fmt.Errorf("%s: %w", cfg.Name(), err)
 		}
 		fmt.Println(sum.Markdown())
 		if !sum.Passed {

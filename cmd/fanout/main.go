@@ -83,6 +83,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			statusCommand(),
 			offsetsCommand(),
 			healthcheckCommand(),
+			pauseCommand(true),
+			pauseCommand(false),
+			drainClientCommand(),
 			// COMMANDS
 		},
 	}

@@ -68,7 +68,7 @@ func TestMistypedFlagSuggestsTheFlag(t *testing.T) {
 		{[]string{"tail", "--conect", "x"}, "fanout: unknown flag --conect: did you mean --connect? (fanout tail --help lists the flags)\n"},
 		{[]string{"offsets", "show", "--tpic", "x"}, "fanout: unknown flag --tpic: did you mean --topic? (fanout offsets show --help lists the flags)\n"},
 		{[]string{"--xyzzy", "1"}, "fanout: unknown flag --xyzzy (fanout --help lists the flags)\n"},
-		{[]string{"dve"}, "fanout: unknown command \"dve\": did you mean dev? (commands: serve, produce, dev, tail, status, offsets, healthcheck, help)\n"},
+		{[]string{"dve"}, "fanout: unknown command \"dve\": did you mean dev? (commands: serve, produce, dev, tail, status, offsets, healthcheck, pause, resume, drain-client, help)\n"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(context.Background(), append([]string{"fanout"}, tt.args...), &stdout, &stderr); code != 2 {

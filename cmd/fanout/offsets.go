@@ -386,8 +386,8 @@ func checkStopped(ctx context.Context, client sarama.Client, group *kafkastore.S
 		return err
 	}
 	if len(d.Members) > 0 {
-		return fmt.Errorf("the group %s has a member (%s, client %s at %s): a leader runs, or stopped without leaving less than its session timeout ago; stop it, or wait, and try again",
-			group.Group(), d.Members[0].MemberID, d.Members[0].ClientID, d.Members[0].Host)
+		return fmt.Errorf("the group %s has members (%s; client %s at %s): a daemon runs, or stopped without leaving less than its session timeout ago; stop every daemon, or wait, and try again",
+			group.Group(), d.Nodes(), d.Members[0].ClientID, d.Members[0].Host)
 	}
 	return nil
 }

@@ -98,8 +98,8 @@ func offsetsResetAction(c *cli.Context) error {
 	if err := t.checkStopped(ctx, c.Duration("window")); err != nil {
 		if running := (*clusterRunning)(nil); errors.As(err, &running) && running.spread() {
 			return fmt.Errorf("%w; nothing written. The cluster runs in spread mode, where each member's commits are fenced "+
-				"by its own partitions' ownership records, not by the leader record: --fence-leader cannot stop them, so stop "+
-				"every member and reset then", err)
+				"by its own partitions (their ownership records, or the group's generations), not by the leader record: "+
+				"--fence-leader cannot stop them, so stop every member and reset then", err)
 		}
 		if !c.Bool("fence-leader") {
 			return fmt.Errorf("%w; nothing written. --fence-leader resets a running cluster: it takes the leader record over, "+

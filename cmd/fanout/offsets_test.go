@@ -114,7 +114,7 @@ func TestCopyOffsetsRefuses(t *testing.T) {
 		t.Errorf("the refused copy wrote %v", got)
 	}
 	err = checkStopped(t.Context(), client, group, "fanout_svc_jobs", time.Minute, time.Now())
-	if err == nil || !strings.Contains(err.Error(), "has a member") {
+	if err == nil || !strings.Contains(err.Error(), "has members (leader;") {
 		t.Errorf("checkStopped with a leader in the group: %v, want an error naming it", err)
 	}
 	if err := group.Leave(t.Context(), m); err != nil {
@@ -259,7 +259,7 @@ func TestOffsetsResetKafkaStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, out := reset("--to", "newest", "--yes"); code != 1 || !strings.Contains(out, "has a member") || !strings.Contains(out, "--fence-leader") {
+	if code, out := reset("--to", "newest", "--yes"); code != 1 || !strings.Contains(out, "has members (node-b;") || !strings.Contains(out, "--fence-leader") {
 		t.Errorf("while a leader holds the group: exit %d, want 1, naming it and --fence-leader", code)
 	}
 	if got := committed(); !maps.Equal(got, map[int32]int64{0: 3, 1: 0}) {

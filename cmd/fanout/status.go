@@ -20,7 +20,6 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/kafka"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Defaults of the status command.
@@ -128,10 +127,10 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 	if err != nil {
 		return nil, fmt.Errorf("committed offsets: %w", err)
 	}
-	var owners map[int32]zkstore.OwnerState // spread mode's ownership records, where the store keeps them
+	var held authority.Holdings // who holds each partition in spread mode, where the store keeps it
 	if o, ok := auth.Owners(); ok {
-		if owners, err = o.Read(ctx); err != nil {
-			return nil, fmt.Errorf("ownership records: %w", err)
+		if held, err = o.Read(ctx); err != nil {
+			return nil, fmt.Errorf("the partitions' holders: %w", err)
 		}
 	}
 	parts, err := client.Partitions(opts.Topic)
@@ -158,12 +157,17 @@ func readStatus(ctx context.Context, opts fanout.Options, window time.Duration, 
 		return nil, err
 	}
 	st.Members, st.Unauthenticated = log.members, log.ignored
+	st.Pause = status.LatestPause(st.Members)
 	for _, m := range st.Members {
 		if st.Leader != nil && m.NodeID == st.Leader.Node {
 			st.Mode = m.Mode
 		}
 	}
-	st.AddSpread(log.assignment(st.Leader), owners)
+	a := held.Assignment // the store's, when it assigns
+	if a == nil {
+		a = log.assignment(st.Leader) // else the elected leader's
+	}
+	st.AddSpread(a, held.Holders)
 	return st, nil
 }
 
@@ -298,6 +302,9 @@ func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 		fmt.Fprintf(tw, "leader\tnone\n")
 	}
 	fmt.Fprintf(tw, "lag\t%d\n", st.TotalLag)
+	if p := st.Pause; p != nil {
+		fmt.Fprintf(tw, "delivery\t%s\n", pauseText(p, now))
+	}
 	if st.Unauthenticated > 0 {
 		fmt.Fprintf(tw, "warning\t%d heartbeat records without a valid MAC ignored: someone writes unauthenticated records\n", st.Unauthenticated)
 	}
@@ -318,6 +325,21 @@ func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write status: %w", err)
+	}
+
+	if slices.ContainsFunc(st.Members, func(m status.Member) bool { return m.LastAction != nil }) {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "MEMBER\tLAST ACTION\tBY\tWHEN")
+		for _, m := range st.Members {
+			if a := m.LastAction; a != nil {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\n", m.NodeID, strings.TrimSpace(a.Kind+" "+a.Target), a.By,
+					max(now.Sub(a.At).Round(time.Second), 0))
+			}
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("write status: %w", err)
+		}
 	}
 
 	if a := st.Assignment; a != nil {
@@ -363,6 +385,16 @@ func writeStatus(w io.Writer, st *status.Status, now time.Time) error {
 		return fmt.Errorf("write status: %w", err)
 	}
 	return nil
+}
+
+// pauseText says whether the cluster's deliveries are paused, who asked
+// and when (relative to now).
+func pauseText(p *status.Pause, now time.Time) string {
+	word := "flowing, resumed"
+	if p.Paused {
+		word = "paused"
+	}
+	return fmt.Sprintf("%s by %s %s ago (asked of %s, version %d)", word, p.By, max(now.Sub(p.At).Round(time.Second), 0), p.Node, p.Version)
 }
 
 // readyText is a member's readiness as its heartbeat says: yes, no and

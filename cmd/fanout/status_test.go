@@ -15,7 +15,6 @@ import (
 	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/fanout/status"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 func TestWriteStatus(t *testing.T) {
@@ -61,6 +60,36 @@ node-c  10.0.0.3:4987  follower  3      unknown  2s ago          unknown
 PARTITION  COMMITTED  HIGH WATERMARK  LAG
 0          1200       1250            50
 1          none       7               none
+`,
+		},
+		{
+			name: "paused, a member drained a client",
+			st: status.Status{
+				ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "leader",
+				Leader: &status.Leader{Node: "node-b", Addr: "10.0.0.2:4987", Epoch: 3},
+				Members: []status.Member{
+					{NodeID: "node-a", Addr: "10.0.0.1:4987", Role: "follower", Epoch: 3, LastSeen: now.Add(-time.Second),
+						LastAction: &status.Action{Kind: "pause", By: "alice from 10.9.9.9:5000", At: now.Add(-90 * time.Second), Node: "node-a"}},
+					{NodeID: "node-b", Addr: "10.0.0.2:4987", Role: "leader", Epoch: 3, LastSeen: now.Add(-time.Second),
+						LastAction: &status.Action{Kind: "drain-client", Target: "w1", By: "bob from 10.9.9.8:6000", At: now.Add(-10 * time.Second), Node: "node-b"}},
+				},
+				Pause: &status.Pause{Paused: true, Version: 4, Node: "node-a", By: "alice from 10.9.9.9:5000", At: now.Add(-90 * time.Second)},
+			},
+			want: `cluster   fanout_svc_t (id svc, topic t)
+mode      leader
+leader    node-b (epoch 3, 10.0.0.2:4987)
+lag       0
+delivery  paused by alice from 10.9.9.9:5000 1m30s ago (asked of node-a, version 4)
+
+MEMBER  ADDR           ROLE      EPOCH  STORE    LAST HEARTBEAT  READY
+node-a  10.0.0.1:4987  follower  3      unknown  1s ago          unknown
+node-b  10.0.0.2:4987  leader    3      unknown  1s ago          unknown
+
+MEMBER  LAST ACTION      BY                        WHEN
+node-a  pause            alice from 10.9.9.9:5000  1m30s ago
+node-b  drain-client w1  bob from 10.9.9.8:6000    10s ago
+
+PARTITION  COMMITTED  HIGH WATERMARK  LAG
 `,
 		},
 		{
@@ -130,13 +159,13 @@ func TestSpreadStatus(t *testing.T) {
 		{NodeID: "node-a", Addr: "h:1", Partitions: []int32{0, 1, 2}},
 		{NodeID: "node-b", Addr: "h:2", Partitions: []int32{3, 4, 5}},
 	}}
-	owners := map[int32]zkstore.OwnerState{
-		0: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-a"}, Live: true},
-		1: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-a"}, Live: true},
-		2: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-b"}, Live: true}, // handing over to node-a
-		3: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-b"}, Live: true},
-		4: {OwnerRecord: zkstore.OwnerRecord{Owner: ""}},       // released
-		5: {OwnerRecord: zkstore.OwnerRecord{Owner: "node-c"}}, // crashed
+	owners := map[int32]status.Holder{
+		0: {Node: "node-a", Live: true},
+		1: {Node: "node-a", Live: true},
+		2: {Node: "node-b", Live: true}, // handing over to node-a
+		3: {Node: "node-b", Live: true},
+		4: {Node: ""},       // released
+		5: {Node: "node-c"}, // crashed
 	}
 	st := status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
 		Leader: &status.Leader{Node: "node-b", Addr: "h:2", Epoch: 4}}

@@ -4,9 +4,9 @@
 // Kind, looked up by its name in one place (Lookup), and opened in one
 // place (Open) into an Authority: what the daemon and the tools (status,
 // offsets) need of it, whichever it is. Where a store has something the
-// other lacks (the partitions' ownership records of spread mode), the
-// Authority says so (Owners) rather than its callers asking which store it
-// is.
+// other lacks, the Authority says so (Owners) rather than its callers asking which store it
+// is; spread mode's partitions are kept by both, as ownership records in
+// ZooKeeper and as the group's assignment in Kafka (Owners).
 package authority
 
 import (
@@ -44,8 +44,9 @@ type Kind struct {
 	// ZooKeeper is whether the store keeps its records in ZooKeeper: the
 	// --zookeeper servers and their security apply to it alone.
 	ZooKeeper bool
-	// Owners is whether the store keeps a record of each partition's owner
-	// (Authority.Owners), which spread mode needs.
+	// Owners is whether the store keeps who owns each partition
+	// (Authority.Owners), which spread mode needs: ownership records in
+	// ZooKeeper, the group's assignment in Kafka.
 	Owners bool
 
 	open  func(ctx context.Context, kind Kind, cfg Config) (Authority, error)
@@ -64,7 +65,7 @@ func (k Kind) Label(id string) string {
 // kinds are the stores, the default first.
 var kinds = []Kind{
 	{Name: ZooKeeper, Title: "ZooKeeper", Where: "ZooKeeper", ZooKeeper: true, Owners: true, open: openZooKeeper},
-	{Name: Kafka, Title: "Kafka", Where: "Kafka (the group fanout_<id>)", open: openKafka,
+	{Name: Kafka, Title: "Kafka", Where: "Kafka (the group fanout_<id>)", Owners: true, open: openKafka,
 		label: func(id string) string { return Kafka + " (group " + kafkastore.GroupName(id) + ")" }},
 }
 
@@ -151,8 +152,8 @@ type Authority interface {
 	// Leader reads the leader record as the tools show it; nil when nobody
 	// leads (none recorded, or a record never won).
 	Leader(ctx context.Context) (*status.Leader, error)
-	// Owners returns the partitions' ownership records of spread mode, or
-	// false when the store keeps none.
+	// Owners returns where the store keeps spread mode's partitions, or
+	// false when it keeps none.
 	Owners() (Owners, bool)
 	// Take takes the leader record over for an operator tool, as a winning
 	// claim would, at the epoch after seen (the epoch the tool read, 0 for
@@ -179,23 +180,61 @@ type Taken interface {
 	Release()
 }
 
-// Owners is where a store keeps the partitions' owners for spread mode:
-// which member owns each partition, how one takes a partition and gives it
-// back, and the condition that fences the partition's commits while it is
-// owned. The ZooKeeper store keeps them as ownership records (a
-// compare-and-set of the record, whose version is the condition), following
-// the assignment the elected leader publishes.
+// Owners is where a store keeps spread mode's partitions: who holds each,
+// how a member takes one and gives it back, and the condition that fences
+// the partition's commits while it holds it. The ZooKeeper store keeps
+// ownership records (a compare-and-set of a partition's record, whose
+// version is the condition), following the assignment the elected leader
+// publishes in its heartbeats. The Kafka store assigns the partitions
+// itself: the members are the group fanout_<id>'s, its leader plans each
+// generation (cluster.PlanGroup), its coordinator hands every member its
+// partitions and fences its commits by generation (a kafkastore.Claim is
+// the condition); no leader is elected.
 type Owners interface {
-	// Member returns the claims of member node (advertised at addr), whose
-	// assignment the election publishes (elected).
-	Member(node, addr string, elected Assignments) Claims
-	// Read returns every partition's ownership record.
-	Read(ctx context.Context) (map[int32]zkstore.OwnerState, error)
+	// Assigns reports whether the store assigns the partitions itself
+	// (the Kafka group): then spread members elect no leader, and their
+	// heartbeats only say who is alive.
+	Assigns() bool
+	// Member returns the claims of member m. elected is where its
+	// assignment comes from when the store does not assign (the election:
+	// the elected leader's heartbeats).
+	Member(m Member, elected Assignments) Claims
+	// Read returns who holds each partition and, when the store assigns,
+	// its assignment.
+	Read(ctx context.Context) (Holdings, error)
+}
+
+// Member is one spread member, as its claims need it.
+type Member struct {
+	Node   string // its node id
+	Addr   string // its advertised client address
+	Weight int    // its share (--weight)
+	// Client is the member's own Kafka connection, for a store whose
+	// membership requests wait on the whole group (the Kafka group's
+	// JoinGroup); the caller owns it. Unused by ZooKeeper.
+	Client sarama.Client
+	// Heartbeat is how often the membership heartbeats (the Kafka group;
+	// ZooKeeper's session keeps itself).
+	Heartbeat time.Duration
+	// Committed reports whether the group ever committed offsets, as far
+	// as this member knows: a store that assigns decides with it where a
+	// new line of assignments starts the partitions without an offset.
+	Committed func() bool
+	Logger    *logrus.Entry
+}
+
+// Holdings is what a store says of spread mode's partitions, for status:
+// who holds each (status.Holder), and the store's assignment when it
+// assigns (nil: the elected leader's, from its heartbeats).
+type Holdings struct {
+	Holders    map[int32]status.Holder
+	Assignment *cluster.Assignment
 }
 
 // Assignments is where a spread member learns its partitions: the
 // assignment in force (nil when none), and a signal when it may have
-// changed (*cluster.Elector: the leader's heartbeats).
+// changed (*cluster.Elector: the leader's heartbeats; the Kafka group: each
+// generation's plan).
 type Assignments interface {
 	Assignment() *cluster.Assignment
 	AssignmentChanged() <-chan struct{}
@@ -204,9 +243,9 @@ type Assignments interface {
 // Claims are one spread member's hold on its partitions: where its
 // assignment comes from, how it joins the members, reserves a partition
 // (once its previous owner released it), gives it back and learns that it
-// lost it, and the committed offset and progress of a partition it takes.
-// A reserve returns the condition that fences the partition's commits (an
-// offsets.Condition of the store's kind).
+// lost it, the committed offset and progress of a partition it takes, and
+// how it leaves. A reserve returns the condition that fences the
+// partition's commits (an offsets.Condition of the store's kind).
 type Claims interface {
 	Assignments
 	// Session identifies the member's current membership; 0 when it has
@@ -229,6 +268,10 @@ type Claims interface {
 	LoadPartition(ctx context.Context, p int32) (int64, bool, error)
 	// LoadPartitionProgress reads the progress stored above it.
 	LoadPartitionProgress(ctx context.Context, p int32) (offsets.Progress, error)
+	// Leave ends the membership after the member's last commits and
+	// releases, so that the others take over at once: the Kafka group's
+	// member leaves it; ZooKeeper's member znode goes with the session.
+	Leave(ctx context.Context) error
 }
 
 // Holder is who holds a partition a member waits for.

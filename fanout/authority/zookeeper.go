@@ -121,14 +121,27 @@ func (t *zkTaken) Release() {}
 // zkOwners are the ownership records of the ZooKeeper store.
 type zkOwners struct{ z *zooKeeper }
 
-func (o zkOwners) Member(node, addr string, elected Assignments) Claims {
-	return &zkClaims{Assignments: elected, owners: zkstore.NewOwners(o.z.conn, o.z.chroot, o.z.id, o.z.topic, node, addr, o.z.acl),
+// Assigns is false: the elected leader assigns, ZooKeeper records who
+// holds each partition.
+func (zkOwners) Assigns() bool { return false }
+
+func (o zkOwners) Member(m Member, elected Assignments) Claims {
+	return &zkClaims{Assignments: elected, owners: zkstore.NewOwners(o.z.conn, o.z.chroot, o.z.id, o.z.topic, m.Node, m.Addr, o.z.acl),
 		Store: o.z.store}
 }
 
-func (o zkOwners) Read(context.Context) (map[int32]zkstore.OwnerState, error) {
+// Read reads every partition's ownership record: its owner, live while the
+// owner's member znode is of the session the record names.
+func (o zkOwners) Read(context.Context) (Holdings, error) {
 	owners, _, err := zkstore.ReadOwners(o.z.conn, o.z.chroot, o.z.id, o.z.topic)
-	return owners, err
+	if err != nil {
+		return Holdings{}, err
+	}
+	h := Holdings{Holders: make(map[int32]status.Holder, len(owners))}
+	for p, st := range owners {
+		h.Holders[p] = status.Holder{Node: st.Owner, Live: st.Live}
+	}
+	return h, nil
 }
 
 // zkClaims are a member's claims on the ZooKeeper store: the ownership
@@ -171,6 +184,9 @@ func (c *zkClaims) Release(p int32, cond offsets.Condition, gen uint64) error {
 	}
 	return nil
 }
+
+// Leave does nothing: the member znode goes when the session closes.
+func (c *zkClaims) Leave(context.Context) error { return nil }
 
 func (c *zkClaims) Watch(ctx context.Context, cond offsets.Condition) error {
 	v, ok := cond.(zkstore.Version)

@@ -374,6 +374,149 @@ func (x *PartitionOwner) GetPartitions() []int32 {
 	return nil
 }
 
+// OperatorAction is an operator's action, asked of a member through its
+// metrics listener (the console, or fanout pause, resume and drain-client).
+type OperatorAction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`                   // "pause", "resume" or "drain-client"
+	Target        string                 `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`               // drain-client: the client's name or session
+	By            string                 `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`                       // who asked: the name the request gave, and its remote address
+	AtMs          int64                  `protobuf:"varint,4,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`      // when, on the member's clock (Unix milliseconds)
+	NodeId        string                 `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"` // the member asked
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperatorAction) Reset() {
+	*x = OperatorAction{}
+	mi := &file_cluster_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperatorAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperatorAction) ProtoMessage() {}
+
+func (x *OperatorAction) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperatorAction.ProtoReflect.Descriptor instead.
+func (*OperatorAction) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *OperatorAction) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *OperatorAction) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *OperatorAction) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *OperatorAction) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+func (x *OperatorAction) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// DeliveryPause says whether the cluster's deliveries are paused: the last
+// pause or resume asked of any member, as the sender knows it. Every member
+// takes the one of the highest version (then node id) it reads and carries
+// it on, so that all agree, and a member that becomes leader stays as the
+// cluster is.
+type DeliveryPause struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"` // one more than the version the member asked knew
+	Paused        bool                   `protobuf:"varint,2,opt,name=paused,proto3" json:"paused,omitempty"`
+	Action        *OperatorAction        `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"` // the pause or resume, who asked it and where
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliveryPause) Reset() {
+	*x = DeliveryPause{}
+	mi := &file_cluster_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliveryPause) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliveryPause) ProtoMessage() {}
+
+func (x *DeliveryPause) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliveryPause.ProtoReflect.Descriptor instead.
+func (*DeliveryPause) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeliveryPause) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *DeliveryPause) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *DeliveryPause) GetAction() *OperatorAction {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
 // Heartbeat is one member's periodic announcement.
 type Heartbeat struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -397,16 +540,18 @@ type Heartbeat struct {
 	// reached, by reading or by asking for the log's end, when it made the
 	// record: the record was made after every record below seen was appended.
 	// It orders the instances of one node id and dates a replay (see vote).
-	Seen          int64       `protobuf:"varint,13,opt,name=seen,proto3" json:"seen,omitempty"`
-	OffsetStore   OffsetStore `protobuf:"varint,14,opt,name=offset_store,json=offsetStore,proto3,enum=fanout.cluster.v1.OffsetStore" json:"offset_store,omitempty"` // where the member keeps offsets and its leader record
-	Readiness     *Readiness  `protobuf:"bytes,15,opt,name=readiness,proto3" json:"readiness,omitempty"`                                                            // as of its last check; unset: a member from before members said
+	Seen          int64           `protobuf:"varint,13,opt,name=seen,proto3" json:"seen,omitempty"`
+	OffsetStore   OffsetStore     `protobuf:"varint,14,opt,name=offset_store,json=offsetStore,proto3,enum=fanout.cluster.v1.OffsetStore" json:"offset_store,omitempty"` // where the member keeps offsets and its leader record
+	Readiness     *Readiness      `protobuf:"bytes,15,opt,name=readiness,proto3" json:"readiness,omitempty"`                                                            // as of its last check; unset: a member from before members said
+	Pause         *DeliveryPause  `protobuf:"bytes,20,opt,name=pause,proto3" json:"pause,omitempty"`                                                                    // the cluster's delivery pause as the member knows it; unset: never paused
+	LastAction    *OperatorAction `protobuf:"bytes,21,opt,name=last_action,json=lastAction,proto3" json:"last_action,omitempty"`                                        // the last action asked of this member (informational); unset: none
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_cluster_proto_msgTypes[3]
+	mi := &file_cluster_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +563,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[3]
+	mi := &file_cluster_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +576,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{3}
+	return file_cluster_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Heartbeat) GetNodeId() string {
@@ -539,6 +684,20 @@ func (x *Heartbeat) GetReadiness() *Readiness {
 	return nil
 }
 
+func (x *Heartbeat) GetPause() *DeliveryPause {
+	if x != nil {
+		return x.Pause
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetLastAction() *OperatorAction {
+	if x != nil {
+		return x.LastAction
+	}
+	return nil
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
@@ -562,7 +721,17 @@ const file_cluster_proto_rawDesc = "" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\x05R\n" +
-	"partitions\"\xa2\x04\n" +
+	"partitions\"z\n" +
+	"\x0eOperatorAction\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12\x0e\n" +
+	"\x02by\x18\x03 \x01(\tR\x02by\x12\x13\n" +
+	"\x05at_ms\x18\x04 \x01(\x03R\x04atMs\x12\x17\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"|\n" +
+	"\rDeliveryPause\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
+	"\x06paused\x18\x02 \x01(\bR\x06paused\x129\n" +
+	"\x06action\x18\x03 \x01(\v2!.fanout.cluster.v1.OperatorActionR\x06action\"\x9e\x05\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x14\n" +
@@ -583,7 +752,10 @@ const file_cluster_proto_rawDesc = "" +
 	"\x03seq\x18\f \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04seen\x18\r \x01(\x03R\x04seen\x12A\n" +
 	"\foffset_store\x18\x0e \x01(\x0e2\x1e.fanout.cluster.v1.OffsetStoreR\voffsetStore\x12:\n" +
-	"\treadiness\x18\x0f \x01(\v2\x1c.fanout.cluster.v1.ReadinessR\treadiness*T\n" +
+	"\treadiness\x18\x0f \x01(\v2\x1c.fanout.cluster.v1.ReadinessR\treadiness\x126\n" +
+	"\x05pause\x18\x14 \x01(\v2 .fanout.cluster.v1.DeliveryPauseR\x05pause\x12B\n" +
+	"\vlast_action\x18\x15 \x01(\v2!.fanout.cluster.v1.OperatorActionR\n" +
+	"lastAction*T\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rROLE_FOLLOWER\x10\x01\x12\x12\n" +
@@ -611,7 +783,7 @@ func file_cluster_proto_rawDescGZIP() []byte {
 }
 
 var file_cluster_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_cluster_proto_goTypes = []any{
 	(Role)(0),                   // 0: fanout.cluster.v1.Role
 	(Mode)(0),                   // 1: fanout.cluster.v1.Mode
@@ -619,20 +791,25 @@ var file_cluster_proto_goTypes = []any{
 	(*Readiness)(nil),           // 3: fanout.cluster.v1.Readiness
 	(*PartitionAssignment)(nil), // 4: fanout.cluster.v1.PartitionAssignment
 	(*PartitionOwner)(nil),      // 5: fanout.cluster.v1.PartitionOwner
-	(*Heartbeat)(nil),           // 6: fanout.cluster.v1.Heartbeat
+	(*OperatorAction)(nil),      // 6: fanout.cluster.v1.OperatorAction
+	(*DeliveryPause)(nil),       // 7: fanout.cluster.v1.DeliveryPause
+	(*Heartbeat)(nil),           // 8: fanout.cluster.v1.Heartbeat
 }
 var file_cluster_proto_depIdxs = []int32{
 	5, // 0: fanout.cluster.v1.PartitionAssignment.owners:type_name -> fanout.cluster.v1.PartitionOwner
-	0, // 1: fanout.cluster.v1.Heartbeat.role:type_name -> fanout.cluster.v1.Role
-	1, // 2: fanout.cluster.v1.Heartbeat.mode:type_name -> fanout.cluster.v1.Mode
-	4, // 3: fanout.cluster.v1.Heartbeat.assignment:type_name -> fanout.cluster.v1.PartitionAssignment
-	2, // 4: fanout.cluster.v1.Heartbeat.offset_store:type_name -> fanout.cluster.v1.OffsetStore
-	3, // 5: fanout.cluster.v1.Heartbeat.readiness:type_name -> fanout.cluster.v1.Readiness
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6, // 1: fanout.cluster.v1.DeliveryPause.action:type_name -> fanout.cluster.v1.OperatorAction
+	0, // 2: fanout.cluster.v1.Heartbeat.role:type_name -> fanout.cluster.v1.Role
+	1, // 3: fanout.cluster.v1.Heartbeat.mode:type_name -> fanout.cluster.v1.Mode
+	4, // 4: fanout.cluster.v1.Heartbeat.assignment:type_name -> fanout.cluster.v1.PartitionAssignment
+	2, // 5: fanout.cluster.v1.Heartbeat.offset_store:type_name -> fanout.cluster.v1.OffsetStore
+	3, // 6: fanout.cluster.v1.Heartbeat.readiness:type_name -> fanout.cluster.v1.Readiness
+	7, // 7: fanout.cluster.v1.Heartbeat.pause:type_name -> fanout.cluster.v1.DeliveryPause
+	6, // 8: fanout.cluster.v1.Heartbeat.last_action:type_name -> fanout.cluster.v1.OperatorAction
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -646,7 +823,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -88,6 +88,12 @@ type Config struct {
 	// status shows it. It is called by the election loop once per
 	// heartbeat: it must not block.
 	Readiness func() (ready bool, reason string)
+
+	// OnPause, when set, is told every change of the cluster's delivery
+	// pause this member takes (SetPaused, or read from a member's
+	// heartbeat), before the snapshot shows it. It is called by the
+	// election loop: it must not block.
+	OnPause func(Pause)
 }
 
 // withDefaults returns c with zero values replaced by defaults.
@@ -140,6 +146,10 @@ type Member struct {
 	Weight    int         // its capacity in spread mode
 	Store     OffsetStore // its --offset-store (OFFSET_STORE_UNSPECIFIED for a member that does not say)
 	Readiness *Readiness  // what its /readyz answered as of its last heartbeat; nil when it does not say
+	Pause     Pause       // the cluster's delivery pause as its last heartbeat says (zero: none)
+	// LastAction is the last operator action asked of it, as its last
+	// heartbeat says; nil: none.
+	LastAction *Action
 }
 
 // Leadership is this member's view of who leads the cluster.
@@ -159,6 +169,7 @@ type snapshot struct {
 	members    []Member
 	assignment *Assignment // in force for this member; nil when none
 	published  *Assignment // the assignment this node publishes as leader
+	pause      Pause       // the cluster's delivery pause
 }
 
 // Elector takes part in the election of one fanout cluster. Create it with
@@ -175,12 +186,17 @@ type Elector struct {
 
 	terms    chan *Term // capacity 1; the loop replaces an unread, ended term
 	resign   chan chan error
+	pauses   chan pauseReq // SetPaused's requests
 	done     chan struct{} // closed when Run returns
 	running  atomic.Bool
 	snap     atomic.Pointer[snapshot]
 	failover atomic.Uint64
 	unauth   atomic.Uint64 // heartbeat records ignored for want of a valid MAC
 	routines actor.Group   // goroutines of Run
+
+	// lastAction is the last operator action asked of this member
+	// (NoteAction), for its heartbeats; nil before the first.
+	lastAction atomic.Pointer[Action]
 
 	changed chan struct{} // capacity 1: the assignment in force changed
 }
@@ -208,6 +224,7 @@ func newElector(cfg Config, f fencer) *Elector {
 		terms:    make(chan *Term, 1),
 		changed:  make(chan struct{}, 1),
 		resign:   make(chan chan error),
+		pauses:   make(chan pauseReq),
 		done:     make(chan struct{}),
 	}
 	e.repair = "fix the record"

@@ -43,7 +43,7 @@ func (f *kafkaFencer) offsetStore() OffsetStore { return OffsetStore_OFFSET_STOR
 
 // repair implements Fencer.
 func (f *kafkaFencer) repair() string {
-	return "remove the members that are not fanout leaders from the group"
+	return "remove the members that are not fanout leaders from the group, or run every member with the same --assignment"
 }
 
 // read implements fencer: a heartbeat of the membership this node holds, if
@@ -76,7 +76,7 @@ func (f *kafkaFencer) describe(ctx context.Context) (record, error) {
 	f.ok.Store(true)
 	h, held, err := d.Holder()
 	switch {
-	case errors.Is(err, kafkastore.ErrForeignMember):
+	case errors.Is(err, kafkastore.ErrForeignMember), errors.Is(err, kafkastore.ErrOtherMode):
 		return record{Corrupt: true}, fmt.Errorf("cluster: group %s: %w", f.store.Group(), err)
 	case err != nil:
 		return record{}, fmt.Errorf("cluster: group %s: %w", f.store.Group(), err)
@@ -144,3 +144,30 @@ func (f *kafkaFencer) session() int64 { return f.lost.Load() + 1 }
 
 // connected implements fencer.
 func (f *kafkaFencer) connected() bool { return f.ok.Load() }
+
+// WithoutLeader returns a Fencer that records no leader, for a mode whose
+// members elect none: spread mode on the Kafka store, whose group
+// coordinator tracks the members and whose group leader plans the
+// assignment. Its members still heartbeat (who is alive, ready, in which
+// mode and store, for fanout status and the console), saying f's store, but
+// nobody claims: the record is always missing.
+func WithoutLeader(f Fencer) Fencer { return unled{store: f.offsetStore(), label: f.name()} }
+
+// unled is WithoutLeader's fencer.
+type unled struct {
+	store OffsetStore
+	label string
+}
+
+func (u unled) read(context.Context) (record, <-chan zk.Event, error) {
+	return record{Missing: true}, nil, nil
+}
+func (u unled) fence(context.Context, uint64, string, string) (record, offsets.Fence, uint64, error) {
+	return record{}, offsets.Fence{}, 0, fmt.Errorf("cluster: %s records no leader: %w", u.label, errVoid)
+}
+func (u unled) release(context.Context, record) {}
+func (u unled) session() int64                  { return 1 }
+func (u unled) connected() bool                 { return false }
+func (u unled) name() string                    { return u.label + " (no leader: its group assigns)" }
+func (u unled) offsetStore() OffsetStore        { return u.store }
+func (u unled) repair() string                  { return "nothing to repair: no leader is recorded" }

@@ -42,11 +42,14 @@ type loop struct {
 	fencing        uint64                   // epoch whose CAS runs; 0 when none
 	fencedAt       time.Time                // when the last CAS ended: claims read before it are spent
 	claim          uint64                   // epoch this node claims; 0 when none
+	pause          Pause                    // the cluster's delivery pause in force (pause.go)
 	left           bool                     // Resign was called: no more heartbeats
 	sent           struct {                 // the last published heartbeat's state
 		epoch, claim uint64
 		role         Role
-		generation   uint64 // of the assignment it carried
+		generation   uint64  // of the assignment it carried
+		pause        uint64  // the version of the pause it carried
+		action       *Action // the last action it carried
 	}
 	seenRec     record // the fence record last logged
 	seenKnown   bool
@@ -137,6 +140,8 @@ func (l *loop) run(ctx context.Context) {
 			l.update(e.cfg.Now(), false) // says at once that it no longer leads
 		case done := <-e.resign:
 			l.doResign(done)
+		case r := <-e.pauses:
+			l.askPause(r, e.cfg.Now())
 		}
 	}
 }
@@ -241,6 +246,10 @@ func (l *loop) observe(hb *Heartbeat, offset int64, now time.Time) {
 	case observed:
 		if a := hb.GetAssignment(); a != nil {
 			l.e.sharing.accept(l, hb, a)
+		}
+		if p, ok := PauseOf(hb); ok && hb.GetNodeId() != l.e.cfg.NodeID && l.setPause(p) {
+			l.e.log.WithFields(logrus.Fields{"from_node": hb.GetNodeId(), "paused": p.Paused, "version": p.Version,
+				"asked_of": p.Action.NodeID, "by": p.Action.By}).Info("the cluster's deliveries are " + pausedWord(p.Paused))
 		}
 		l.checkStore(hb)
 	case stale:
@@ -351,9 +360,11 @@ func (l *loop) update(now time.Time, tick bool) {
 	l.checkMode(now)
 	if !l.left {
 		hb := l.heartbeat(now)
-		gen := hb.GetAssignment().GetGeneration()
-		if tick || hb.Epoch != l.sent.epoch || hb.Role != l.sent.role || hb.ClaimEpoch != l.sent.claim || gen != l.sent.generation {
+		gen, action := hb.GetAssignment().GetGeneration(), l.e.lastAction.Load()
+		if tick || hb.Epoch != l.sent.epoch || hb.Role != l.sent.role || hb.ClaimEpoch != l.sent.claim || gen != l.sent.generation ||
+			l.pause.Version != l.sent.pause || action != l.sent.action {
 			l.sent.epoch, l.sent.role, l.sent.claim, l.sent.generation = hb.Epoch, hb.Role, hb.ClaimEpoch, gen
+			l.sent.pause, l.sent.action = l.pause.Version, action
 			l.stamp(hb)
 			l.pub.send(pubReq{hb: hb})
 		}
@@ -380,6 +391,10 @@ func (l *loop) heartbeat(now time.Time) *Heartbeat {
 		hb.Readiness = &Readiness{Ready: ready, Reason: reason}
 	}
 	l.e.sharing.stamp(l, hb)
+	hb.Pause = l.pause.wire()
+	if a := l.e.lastAction.Load(); a != nil {
+		hb.LastAction = a.wire()
+	}
 	return hb
 }
 
@@ -499,10 +514,17 @@ func (l *loop) publishSnapshot(now time.Time) {
 			Mode: l.v.members[rec.Node].mode}
 	}
 	for _, m := range l.v.view(now) {
-		s.members = append(s.members, Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen,
-			Mode: m.mode, Weight: m.weight, Store: m.store, Readiness: m.readiness})
+		mm := Member{NodeID: m.id, Addr: m.addr, Role: m.role, Epoch: m.epoch, LastSeen: m.lastSeen,
+			Mode: m.mode, Weight: m.weight, Store: m.store, Readiness: m.readiness}
+		hb := &Heartbeat{Pause: m.pause, LastAction: m.action}
+		mm.Pause, _ = PauseOf(hb)
+		if a, ok := LastActionOf(hb); ok {
+			mm.LastAction = &a
+		}
+		s.members = append(s.members, mm)
 	}
 	s.assignment = l.e.sharing.inForce(l, now)
+	s.pause = l.pause
 	if l.term != nil {
 		s.published = l.spread.published
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/sirupsen/logrus"
 
+	"github.com/nanoservice/core-fanout/fanout/kafkastore"
 	"github.com/nanoservice/core-fanout/internal/actor"
 	"github.com/nanoservice/core-fanout/internal/backoff"
 )
@@ -218,38 +219,14 @@ func (a *Assignment) String() string {
 		}
 		b.WriteString(o.NodeID)
 		b.WriteByte(':')
-		b.WriteString(ranges(o.Partitions))
+		b.WriteString(PartitionRanges(o.Partitions))
 	}
 	return b.String()
 }
 
 // PartitionRanges writes ascending partitions compactly: "0-3,6"; "-"
 // for none.
-func PartitionRanges(ps []int32) string { return ranges(ps) }
-
-// ranges is PartitionRanges.
-func ranges(ps []int32) string {
-	if len(ps) == 0 {
-		return "-"
-	}
-	var b strings.Builder
-	for i := 0; i < len(ps); {
-		j := i
-		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		if j > i {
-			fmt.Fprintf(&b, "%d-%d", ps[i], ps[j])
-		} else {
-			fmt.Fprintf(&b, "%d", ps[i])
-		}
-		i = j + 1
-	}
-	return b.String()
-}
+func PartitionRanges(ps []int32) string { return kafkastore.Ranges(ps) }
 
 // proto returns a's wire form.
 func (a *Assignment) proto() *PartitionAssignment {

@@ -173,6 +173,10 @@ type member struct {
 	weight    int         // its capacity in spread mode, at least 1
 	store     OffsetStore // its --offset-store; unspecified when it does not say
 	readiness *Readiness  // its last heartbeat's; nil when it does not say
+	// What its last heartbeat says of the cluster's pause and of its last
+	// action; nil when it says nothing.
+	pause  *DeliveryPause
+	action *OperatorAction
 }
 
 // verdict is what observe made of a heartbeat, for the loop to log.
@@ -298,6 +302,7 @@ func (v *vote) observe(hb *Heartbeat, offset int64, at time.Time) verdict {
 	m.addr, m.role, m.epoch, m.claim = hb.GetAddr(), hb.GetRole(), hb.GetEpoch(), hb.GetClaimEpoch()
 	m.mode, m.weight = hb.GetMode(), max(1, int(hb.GetWeight()))
 	m.store, m.readiness = hb.GetOffsetStore(), hb.GetReadiness()
+	m.pause, m.action = hb.GetPause(), hb.GetLastAction()
 	if m.mode == Mode_MODE_UNSPECIFIED {
 		m.mode = Mode_MODE_LEADER
 	}

@@ -63,6 +63,10 @@ func (s *state) sendDeadLetter(m *Message, lastFailure string) {
 		s.traceMessage(deliverylog.DeadLetter, m, m.failed, lastFailure)
 	}
 	s.deadPending++
+	if s.deadPendingBy == nil {
+		s.deadPendingBy = map[int32]int{}
+	}
+	s.deadPendingBy[m.Partition]++
 	s.deadLetter.Send(DeadLetterRecord{
 		Msg:         m,
 		Attempts:    m.failed,
@@ -126,6 +130,9 @@ func (s *state) deadLettered(ms []*Message) {
 			s.traceMessage(deliverylog.DeadLettered, m, m.failed, "")
 		}
 		s.deadPending--
+		if s.deadPendingBy[m.Partition]--; s.deadPendingBy[m.Partition] <= 0 {
+			delete(s.deadPendingBy, m.Partition)
+		}
 		s.bytes -= m.Size()
 		s.stats.DeadLettered++
 		s.countAttempts(m.failed)

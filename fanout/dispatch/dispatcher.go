@@ -79,6 +79,10 @@ type Config struct {
 	// order, one at a time (keys.go).
 	KeyOrdering bool
 
+	// Pause, when set, pauses the deliveries while it is on (control.go);
+	// the dispatcher starts as it stands. Nil: never paused.
+	Pause *Pause
+
 	// DeliveryLog, when set, gets an event per delivery, per outcome of one
 	// (and whether a failure counted toward MaxAttempts), per client joining
 	// and leaving, and per partition assigned, revoked, lost or restarted
@@ -144,6 +148,7 @@ const (
 	reqAssign
 	reqRevoke
 	reqDrop
+	reqDrain
 )
 
 // request is a call from another goroutine, handled by Run in order.
@@ -154,6 +159,7 @@ type request struct {
 	op     Op      // reqSettle
 	ranges []Range // reqSettle
 	name   string
+	why    string // reqDrain: the Goodbye's reason
 	max    int
 	sink   ClientSink
 	reason LeaveReason
@@ -364,6 +370,17 @@ func (d *Dispatcher) Clients(ctx context.Context) ([]ClientStats, bool) {
 	return call(ctx, d, request{kind: reqClients, list: reply}, reply)
 }
 
+// DrainClient drains the client whose session id is id or, when id is 0,
+// every client named name (see control.go): each gets Goodbye(reason) and
+// no more deliveries, and leaves once it holds nothing, or after
+// Config.DrainTimeout; observers leave at once. It returns the sessions
+// drained as they stood (none: no such client), or false once Run has
+// returned or ctx ends first.
+func (d *Dispatcher) DrainClient(ctx context.Context, id uint64, name, reason string) ([]ClientStats, bool) {
+	reply := make(chan []ClientStats, 1)
+	return call(ctx, d, request{kind: reqDrain, id: id, name: name, why: reason, list: reply}, reply)
+}
+
 // call queues r and waits for its answer on reply (capacity 1), or returns
 // false once Run has returned or ctx ends first.
 func call[T any](ctx context.Context, d *Dispatcher, r request, reply <-chan T) (T, bool) {
@@ -487,6 +504,13 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 		}
 	}
 
+	var pauseCh <-chan struct{}
+	if d.cfg.Pause != nil {
+		var on bool
+		on, pauseCh = d.cfg.Pause.watch()
+		d.setDeliveryPaused(s, on)
+	}
+
 	var drainTimer <-chan time.Time
 	ctxDone := ctx.Done()
 	batches := d.src.Batches()
@@ -501,9 +525,12 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 		if room && !s.draining {
 			batchCh = batches
 		}
-		setPaused(s.draining || len(s.clients) == 0 || !room || (s.paused && !lowWater))
+		setPaused(s.draining || s.deliveryPaused || len(s.clients) == 0 || !room || (s.paused && !lowWater))
 		if len(s.held) > 0 {
 			d.releaseHeld(s)
+		}
+		if len(s.drains) > 0 {
+			d.endDrains(s, now())
 		}
 
 		if dl, ok := s.nextDeadline(); !ok {
@@ -559,6 +586,10 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 			s.deadLettered(ms)
 		case r := <-d.reqs:
 			d.handle(s, cm, r, now())
+		case <-pauseCh:
+			var on bool
+			on, pauseCh = d.cfg.Pause.watch()
+			d.setDeliveryPaused(s, on)
 		case <-ackTimer.C:
 			armed = time.Time{}
 			s.expire(now())
@@ -573,7 +604,9 @@ func (d *Dispatcher) Run(ctx context.Context) (err error) {
 			}
 		case <-commitTick.C:
 			cm.offer(d.dirty(s, progress))
-			d.logStalls(s.checkStalls(now(), d.cfg.StallAfter))
+			if !s.deliveryPaused {
+				d.logStalls(s.checkStalls(now(), d.cfg.StallAfter))
+			}
 			for _, m := range s.expireTooLarge(now()) {
 				d.log.WithFields(logrus.Fields{"partition": m.Partition, "offset": m.Offset, "frame_size": m.frame,
 					"largest_client_limit": s.largestSize(), "waited_over": time.Duration(d.cfg.MaxAttempts) * d.cfg.AckTimeout}).
@@ -695,6 +728,8 @@ func (d *Dispatcher) handle(s *state, cm *committer, r request, now time.Time) {
 		r.reply <- st
 	case reqClients:
 		r.list <- s.clientStats()
+	case reqDrain:
+		r.list <- d.drainClients(s, r.id, r.name, r.why, now)
 	case reqAssign:
 		if err := cm.assign(r.part, r.cond, r.stored); err != nil {
 			d.log.WithError(err).Error("Assign: ignored")

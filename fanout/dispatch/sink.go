@@ -113,7 +113,7 @@ const (
 	LeaveDead                          // no sign of life within the liveness window
 	LeaveSlow                          // the client did not read in time
 	LeaveProtocol                      // the client broke the protocol
-	LeaveShutdown                      // the daemon closed the connection at shutdown
+	LeaveShutdown                      // the daemon closed the connection: it stops serving, shuts down, or drained the client
 )
 
 var leaveReasonNames = [...]string{"goodbye", "disconnect", "dead", "slow", "protocol error", "shutdown"}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"hash/maphash"
+	"maps"
 	"slices"
 	"time"
 
@@ -35,6 +36,8 @@ type Stats struct {
 	BufferBytes int                         // payload bytes of the buffered messages
 	Clients     int                         // clients joined
 	Paused      bool                        // fetching is paused
+	// DeliveryPaused: an operator paused the deliveries (Config.Pause).
+	DeliveryPaused bool
 	// Outstanding is, per partition, the offsets the tracker holds:
 	// received and not yet behind the committable offset.
 	Outstanding map[int32]int
@@ -61,6 +64,9 @@ type Stats struct {
 	DeadLetterPending int    // messages handed to the dead-letter producer, not yet stored
 	KeyWaiting        int    // key ordering: messages waiting for the previous message of their key
 	Observers         int    // observers joined
+	// DeadLetterPendingBy is DeadLetterPending per partition (those with
+	// some only).
+	DeadLetterPendingBy map[int32]int
 	// TooLargeDeadLettered counts the messages handed to the dead-letter
 	// producer because they fitted no joined client for MaxAttempts ack
 	// timeouts (FailureTooLarge).
@@ -99,6 +105,13 @@ type ClientStats struct {
 	Acked       uint64 // its deliveries acked since it joined
 	Weight      int    // its share (WeightedSink; protocol.DefaultWeight when it gives none); 0 for an observer
 	Observer    bool   // it observes (Observe): copies of every delivery, no acks, no credit
+	// Outcomes of its deliveries since it joined, besides Acked: nacked,
+	// not acked within the ack timeout, queued again for another delivery
+	// (after a nack, a timeout, or as it left holding them), and failed for
+	// the last time (the message went to the dead-letter topic).
+	Nacked, TimedOut, Redelivered, DeadLettered uint64
+	// Draining: it is being drained (DrainClient).
+	Draining bool
 }
 
 // AttemptBuckets are the upper bounds of Stats.Attempts' buckets.
@@ -121,9 +134,22 @@ type client struct {
 	gone    bool       // left; dropped lazily from state.ready
 	out     []Delivery // deliveries of the current dispatch round
 	touched bool       // in state.touched this round
+
+	// Outcomes of its deliveries, counted where the dispatcher handles
+	// them (ClientStats).
+	nacked, timedOut, deadLettered, redelivered uint64
+
+	draining bool      // drained (DrainClient): no more deliveries
+	drainBy  time.Time // when its drain ends, whatever it holds
 }
 
-func (c *client) hasRoom() bool { return !c.gone && c.n < c.max }
+func (c *client) hasRoom() bool { return !c.gone && !c.draining && c.n < c.max }
+
+// stats returns c's ClientStats.
+func (c *client) stats() ClientStats {
+	return ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked, Weight: int(c.weight),
+		Nacked: c.nacked, TimedOut: c.timedOut, DeadLettered: c.deadLettered, Redelivered: c.redelivered, Draining: c.draining}
+}
 
 // fits reports whether c accepts m's frame size.
 func (c *client) fits(m *Message) bool { return c.maxSize == 0 || m.frame <= c.maxSize }
@@ -160,6 +186,7 @@ type state struct {
 	delays           delayHeap            // redeliveries waiting out a delay
 	deadLetter       DeadLetter           // where dead letters go; nil without maxAttempts
 	deadPending      int                  // messages handed to deadLetter, not yet stored
+	deadPendingBy    map[int32]int        // deadPending per partition, those with some only
 	keys             map[uint64]keyGate   // key ordering: the gate of each key with a message out; nil: unordered
 	keySeed          maphash.Seed         // of the keys' hashes
 	keyWaiting       int                  // messages waiting in the gates' chains
@@ -196,10 +223,14 @@ type state struct {
 	parts    map[int32]*owned
 	revoking int
 
-	draining bool      // no more deliveries
-	paused   bool      // the source is paused
-	touched  []*client // clients given deliveries in the current round
-	stats    Stats
+	draining bool // no more deliveries
+	paused   bool // the source is paused
+	// deliveryPaused: an operator paused the deliveries (Config.Pause,
+	// control.go); drains holds the clients being drained.
+	deliveryPaused bool
+	drains         []*client
+	touched        []*client // clients given deliveries in the current round
+	stats          Stats
 
 	// held holds the partitions whose fetching is paused because the
 	// tracker holds more than Config.MaxOutstanding of their offsets.
@@ -395,7 +426,7 @@ func (s *state) leave(id uint64, reason LeaveReason, now time.Time) {
 	// gracefully, and its deliveries unanswered were not processed (a
 	// retiring session of the Go and Python clients holds what reached it
 	// after it gave one back). Nor did one whose connection the daemon
-	// closed (it stops serving, or shuts down). Their deliveries do not
+	// closed (it stops serving, shuts down, or drained the client). Their deliveries do not
 	// count as failed attempts.
 	var how NackInfo
 	if reason == LeaveGoodbye || reason == LeaveShutdown {
@@ -497,6 +528,7 @@ func (s *state) settleFlight(op Op, f *flight, how NackInfo, now time.Time) uint
 		s.deadlines.remove(f)
 		c := f.client
 		s.stats.Nacked++
+		c.nacked++
 		s.requeue(f, RedeliverNack, now, how)
 		s.makeReady(c)
 	case OpTouch:
@@ -521,6 +553,7 @@ func (s *state) expire(now time.Time) {
 	for f := s.deadlines.peek(); f != nil && !f.deadline.After(now); f = s.deadlines.peek() {
 		s.deadlines.remove(f)
 		c := f.client
+		c.timedOut++
 		s.requeue(f, RedeliverTimeout, now, NackInfo{})
 		s.makeReady(c)
 	}
@@ -603,10 +636,12 @@ func (s *state) requeue(f *flight, reason int, now time.Time, how NackInfo) {
 	}
 	s.bytes += m.Size()
 	if s.maxAttempts > 0 && m.failed >= s.maxAttempts {
+		c.deadLettered++
 		s.toDeadLetter(m)
 		return
 	}
 	s.stats.Redelivered[reason]++
+	c.redelivered++
 	delay := how.Delay
 	if delay <= 0 && s.retryMin > 0 && counted {
 		delay = backoff.Delay(s.retryMin, s.retryMax, int(m.failed), true)
@@ -687,7 +722,7 @@ func (s *state) nextReady() *client {
 // each client's turn first offers it large's first message. In key order a
 // fresh message whose key has a message out waits behind it (keys.go).
 func (s *state) dispatch(now time.Time) {
-	if s.draining {
+	if s.draining || s.deliveryPaused {
 		return
 	}
 	deadline := now.Add(s.ackTimeout)
@@ -867,8 +902,12 @@ func (s *state) snapshot() Stats {
 	st.BufferBytes = s.bytes
 	st.Clients = len(s.clients)
 	st.Paused = s.paused
+	st.DeliveryPaused = s.deliveryPaused
 	st.Delayed = len(s.delays)
 	st.DeadLetterPending = s.deadPending
+	if len(s.deadPendingBy) > 0 {
+		st.DeadLetterPendingBy = maps.Clone(s.deadPendingBy)
+	}
 	st.KeyWaiting = s.keyWaiting
 	st.Observers = len(s.observers)
 	st.Outstanding = s.tracker.OutstandingAll()
@@ -892,8 +931,7 @@ func (s *state) snapshot() Stats {
 func (s *state) clientStats() []ClientStats {
 	out := make([]ClientStats, 0, len(s.clients)+len(s.observers))
 	for _, c := range s.clients {
-		out = append(out, ClientStats{ID: c.id, Name: c.name, InFlight: c.n, MaxInFlight: c.max, Acked: c.acked,
-			Weight: int(c.weight)})
+		out = append(out, c.stats())
 	}
 	for _, o := range s.observers {
 		out = append(out, ClientStats{ID: o.id, Name: o.name, Observer: true})

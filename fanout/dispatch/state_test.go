@@ -677,7 +677,8 @@ func TestNoLimitsNoWaiting(t *testing.T) {
 }
 
 // Per-client counters: only the client's own acks of outstanding deliveries
-// count; nacks, unknown ids and another client's ids do not; a client that
+// count as acks (its nacks count as nacks); unknown ids and another client's
+// ids count for nobody; a client that
 // leaves is gone from the snapshot; weights and observers are reported.
 func TestClientStats(t *testing.T) {
 	t.Parallel()
@@ -693,7 +694,7 @@ func TestClientStats(t *testing.T) {
 	slices.SortFunc(got, func(a, b ClientStats) int { return cmp.Compare(a.ID, b.ID) })
 	want := []ClientStats{
 		{ID: 1, Name: "c1", InFlight: 1, MaxInFlight: 4, Acked: 2, Weight: 100},
-		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100},
+		{ID: 2, Name: "c2", InFlight: 1, MaxInFlight: 3, Acked: 1, Weight: 100, Nacked: 1, Redelivered: 1},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("clientStats() = %+v, want %+v", got, want)

@@ -71,6 +71,8 @@ func (s *Store) Join(ctx context.Context, l Leader) (Member, error) {
 				continue
 			}
 			fallthrough
+		case sarama.ErrInconsistentGroupProtocol:
+			return Member{}, s.otherMode(ctx, "join", jr.Err, ModeLeader)
 		default:
 			return Member{}, s.joinError("join", jr.Err)
 		}
@@ -146,7 +148,7 @@ func (s *Store) Heartbeat(ctx context.Context, m Member) error {
 	if err != nil {
 		return err
 	}
-	instance := InstanceID
+	instance := m.instance()
 	resp, err := coord.Heartbeat(&sarama.HeartbeatRequest{Version: 4, GroupId: m.Group, GenerationId: m.Generation,
 		MemberId: m.MemberID, GroupInstanceId: &instance})
 	if err != nil {
@@ -188,9 +190,82 @@ func (s *Store) Leave(ctx context.Context, m Member) error {
 
 // Description is a group's state and members, as DescribeGroups shows them.
 type Description struct {
+	Group        string
 	State        string // Empty, PreparingRebalance, CompletingRebalance, Stable, Dead; "" for no group
 	ProtocolType string
+	Protocol     string        // the members' protocol: a leader's, spread mode's, another consumer's; "" while none
 	Members      []GroupMember // by member id
+}
+
+// The assignment modes as the group's protocol tells them (Description.Mode).
+const (
+	ModeLeader = "leader"
+	ModeSpread = "spread"
+)
+
+// Mode is the fanout assignment mode of the group's members, as their
+// protocol says: ModeLeader, ModeSpread, or "" (no member, or not fanout's).
+func (d Description) Mode() string {
+	switch d.Protocol {
+	case protocolName:
+		return ModeLeader
+	case spreadProtocol:
+		return ModeSpread
+	}
+	return ""
+}
+
+// Plan returns the newest plan the group's spread members carry, and the
+// member whose plan it is (nil when none carries one: no member, the group
+// rebalancing, or not spread mode).
+func (d Description) Plan() *Plan {
+	var newest *Plan
+	for _, m := range d.Members {
+		if m.Plan != nil && (newest == nil || m.Plan.Generation > newest.Generation) {
+			newest = m.Plan
+		}
+	}
+	return newest
+}
+
+// Nodes names the group's members for messages: a leader's node id, a
+// spread member's instance id (its node id), or the member id.
+func (d Description) Nodes() string {
+	var names []string
+	for _, m := range d.Members {
+		switch {
+		case m.Leader != nil && m.Leader.Node != "" && d.Mode() == ModeLeader:
+			names = append(names, m.Leader.Node)
+		case m.InstanceID != "":
+			names = append(names, m.InstanceID)
+		default:
+			names = append(names, m.MemberID)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// ErrOtherMode: the group's members run the other --assignment than this
+// member; the coordinator keeps the two from sharing the group.
+var ErrOtherMode = errors.New("kafkastore: the group is used by fanout members of the other --assignment")
+
+// otherMode describes a join refused with kerr (INCONSISTENT_GROUP_PROTOCOL)
+// by this member of mode mine: the group's members run the other mode
+// (ErrOtherMode, naming both), or are not fanout's.
+func (s *Store) otherMode(ctx context.Context, what string, kerr sarama.KError, mine string) error {
+	if d, err := s.Describe(ctx); err == nil {
+		if theirs := d.Mode(); theirs != "" && theirs != mine {
+			return d.otherModeError(s.group, mine)
+		}
+	}
+	return s.joinError(what, kerr)
+}
+
+// otherModeError is ErrOtherMode for a member of mode mine in group.
+func (d Description) otherModeError(group, mine string) error {
+	return fmt.Errorf("kafkastore: group %s: its members (%s) run --assignment %s, this member --assignment %s: "+
+		"run every member of a cluster with the same --assignment (stop the others first to change it): %w",
+		group, d.Nodes(), d.Mode(), mine, ErrOtherMode)
 }
 
 // GroupMember is one member of a Description.
@@ -204,6 +279,12 @@ type GroupMember struct {
 	// a fanout leader's (LeaderErr says why).
 	Leader    *Leader
 	LeaderErr error
+	// Held and Plan are a spread member's: the partitions its assignment
+	// lets it hold and the plan it carries (nil while the group rebalances,
+	// or when it does not decode: PlanErr says why).
+	Held    []int32
+	Plan    *Plan
+	PlanErr error
 }
 
 // Describe returns the group's state and members.
@@ -230,13 +311,20 @@ func (s *Store) Describe(ctx context.Context) (Description, error) {
 	default:
 		return Description{}, s.groupError("describe", g.Err)
 	}
-	d := Description{State: g.State, ProtocolType: g.ProtocolType}
+	d := Description{Group: s.group, State: g.State, ProtocolType: g.ProtocolType, Protocol: g.Protocol}
 	for id, m := range g.Members {
 		gm := GroupMember{MemberID: id, ClientID: m.ClientId, Host: m.ClientHost}
 		if m.GroupInstanceId != nil {
 			gm.InstanceID = *m.GroupInstanceId
 		}
-		if len(m.MemberMetadata) > 0 {
+		switch {
+		case d.Mode() == ModeSpread:
+			a, err := m.GetMemberAssignment()
+			if err == nil {
+				gm.Held, gm.Plan, err = decodeAssignment(s.topic, a)
+			}
+			gm.PlanErr = err
+		case len(m.MemberMetadata) > 0:
 			gm.Leader, gm.LeaderErr = decodeLeader(m)
 		}
 		d.Members = append(d.Members, gm)
@@ -269,6 +357,9 @@ var ErrForeignMember = errors.New("kafkastore: the group has a member that is no
 // leader's; and without ErrForeignMember while the coordinator shows no
 // metadata (a rebalance is under way).
 func (d Description) Holder() (m GroupMember, ok bool, err error) {
+	if d.Mode() == ModeSpread && len(d.Members) > 0 {
+		return GroupMember{}, false, d.otherModeError(d.Group, ModeLeader)
+	}
 	for _, gm := range d.Members {
 		if gm.InstanceID != InstanceID {
 			return GroupMember{}, false, fmt.Errorf("member %s (instance %q, client %s at %s): %w",

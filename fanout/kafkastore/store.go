@@ -107,6 +107,17 @@ type Member struct {
 	MemberID   string
 	Epoch      uint64
 	Node       string
+	// Instance is the membership's static group.instance.id: InstanceID
+	// when empty (a leader's); a spread member's node id.
+	Instance string
+}
+
+// instance returns m's group.instance.id.
+func (m Member) instance() string {
+	if m.Instance == "" {
+		return InstanceID
+	}
+	return m.Instance
 }
 
 // String describes the membership for logs and errors.
@@ -136,11 +147,13 @@ type Committed struct {
 	Metadata string
 }
 
-// CommitInfo is the metadata of a leader's commit: the term's epoch and
-// node id (cut to 128 bytes).
+// CommitInfo is the metadata of a commit: a leader's term's epoch and node
+// id (cut to 128 bytes), or a spread member's node id and the group's
+// generation it committed in (epoch 0).
 type CommitInfo struct {
-	Epoch uint64 `json:"epoch"`
-	Node  string `json:"node"`
+	Epoch      uint64 `json:"epoch"`
+	Node       string `json:"node"`
+	Generation int32  `json:"generation,omitempty"`
 	// Progress is the partition's progress above the offset
 	// (offsets.Progress.Encode); empty when there is none.
 	Progress string `json:"progress,omitempty"`
@@ -156,11 +169,9 @@ func commitMetadata(cond offsets.Condition, progress, delays string) string {
 	var b []byte
 	switch c := cond.(type) {
 	case Member:
-		node := c.Node
-		if len(node) > maxNode {
-			node = strings.ToValidUTF8(node[:maxNode], "")
-		}
-		b, _ = json.Marshal(CommitInfo{Epoch: c.Epoch, Node: node, Progress: progress, Delays: delays})
+		b, _ = json.Marshal(CommitInfo{Epoch: c.Epoch, Node: cutNode(c.Node), Progress: progress, Delays: delays})
+	case claimed:
+		b, _ = json.Marshal(CommitInfo{Node: cutNode(c.Node), Generation: c.Generation, Progress: progress, Delays: delays})
 	case Empty:
 		b, _ = json.Marshal(struct {
 			Note string `json:"note"`
@@ -172,10 +183,18 @@ func commitMetadata(cond offsets.Condition, progress, delays string) string {
 	return string(b)
 }
 
+// cutNode cuts a node id to maxNode bytes for a commit's metadata.
+func cutNode(node string) string {
+	if len(node) > maxNode {
+		return strings.ToValidUTF8(node[:maxNode], "")
+	}
+	return node
+}
+
 // ParseCommitInfo parses the metadata of a committed offset; ok is false
-// when it is not a leader's commit.
+// when it is neither a leader's commit nor a spread member's.
 func ParseCommitInfo(metadata string) (info CommitInfo, ok bool) {
-	if err := json.Unmarshal([]byte(metadata), &info); err != nil || info.Epoch == 0 {
+	if err := json.Unmarshal([]byte(metadata), &info); err != nil || (info.Epoch == 0 && info.Generation == 0) {
 		return CommitInfo{}, false
 	}
 	return info, true
@@ -326,8 +345,15 @@ func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs ma
 		return err
 	}
 	req := sarama.NewOffsetCommitRequest(s.client.Config(), s.group)
-	if m, ok := cond.(Member); ok {
-		instance := InstanceID
+	var m Member
+	switch c := cond.(type) {
+	case Member:
+		m = c
+	case claimed:
+		m = c.Member
+	}
+	if m.MemberID != "" {
+		instance := m.instance()
 		req.ConsumerGroupGeneration, req.ConsumerID, req.GroupInstanceId = m.Generation, m.MemberID, &instance
 	}
 	meta := commitMetadata(cond, "", "")
@@ -361,6 +387,11 @@ func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs ma
 	if first == sarama.ErrNoError {
 		return nil
 	}
+	if _, spread := cond.(claimed); spread && (first == sarama.ErrIllegalGeneration || first == sarama.ErrRebalanceInProgress) {
+		// The group moved to a generation this member has not synced yet:
+		// its partitions may stay its own, and are committed again then.
+		return fmt.Errorf("kafkastore: commit under %v: the group is rebalancing: %w", cond, first)
+	}
 	if fencedError(first) {
 		if _, empty := cond.(Empty); empty {
 			return fmt.Errorf("kafkastore: commit to group %s refused: the group has members (a leader holds it): %w: %w",
@@ -371,25 +402,34 @@ func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs ma
 	return s.groupError(fmt.Sprintf("commit offsets of %s partitions %s", s.topic, strings.Join(failed, ",")), first)
 }
 
-// condition returns the one condition of fence for parts, of a kind this
-// store checks, for this store's group.
+// condition returns the one membership a commit of parts under fence is
+// made under, of a kind this store checks, for this store's group: the
+// fence's one condition (a leader's Member, or Empty), or the membership of
+// the spread member whose Claims the fence's conditions are (claimed).
 func (s *Store) condition(fence offsets.Fence, parts []int32) (offsets.Condition, error) {
 	conds, err := fence.Conditions(parts)
 	if err != nil {
 		return nil, err
 	}
-	if len(conds) != 1 {
-		return nil, fmt.Errorf("fence %v: a commit to a Kafka group is made under one membership: %w", fence, offsets.ErrFenced)
+	if len(conds) == 0 {
+		return nil, fmt.Errorf("fence %v: no condition: %w", fence, offsets.ErrFenced)
 	}
 	switch c := conds[0].(type) {
+	case Claim:
+		if c.s != nil && c.s.store.group == s.group {
+			return c.s.resolve(conds)
+		}
 	case Member:
-		if c.Group == s.group {
+		if len(conds) == 1 && c.Group == s.group {
 			return c, nil
 		}
 	case Empty:
-		if c.Group == s.group {
+		if len(conds) == 1 && c.Group == s.group {
 			return c, nil
 		}
+	}
+	if len(conds) != 1 {
+		return nil, fmt.Errorf("fence %v: a commit to a Kafka group is made under one membership: %w", fence, offsets.ErrFenced)
 	}
 	return nil, fmt.Errorf("fence condition %v (%T) is not a membership of group %s: %w", conds[0], conds[0], s.group, offsets.ErrFenced)
 }
@@ -433,3 +473,36 @@ func fencedError(kerr sarama.KError) bool {
 }
 
 var _ offsets.ProgressStore = (*Store)(nil)
+
+// LoadPartition returns partition p's committed offset (false: none).
+func (s *Store) LoadPartition(ctx context.Context, p int32) (int64, bool, error) {
+	committed, err := s.Committed(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	c, ok := committed[p]
+	return c.Offset, ok, nil
+}
+
+// LoadPartitionProgress returns the progress stored above partition p's
+// committed offset (the zero Progress, base -1, when there is none);
+// progress that does not decode is reported in an error wrapping
+// offsets.ErrBadProgress.
+func (s *Store) LoadPartitionProgress(ctx context.Context, p int32) (offsets.Progress, error) {
+	committed, err := s.Committed(ctx)
+	if err != nil {
+		return offsets.Progress{}, err
+	}
+	c, ok := committed[p]
+	if !ok {
+		return offsets.Progress{Base: -1}, nil
+	}
+	pr, err := progressOf(c)
+	if err != nil {
+		return offsets.Progress{Base: -1}, fmt.Errorf("kafkastore: group %s, %s/%d: %w", s.group, s.topic, p, err)
+	}
+	if pr.Base != c.Offset || pr.IsZero() {
+		return offsets.Progress{Base: -1}, nil
+	}
+	return pr, nil
+}

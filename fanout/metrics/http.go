@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,7 +34,7 @@ const KafkaGrace = 30 * time.Second
 func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, string) {
 	var failing []string
 	for _, c := range conditions {
-		if why := c(s, now, maxCommitFailing); why != "" {
+		if why := c.check(s, now, maxCommitFailing); why != "" {
 			failing = append(failing, why)
 		}
 	}
@@ -47,16 +48,137 @@ func Ready(s Snapshot, now time.Time, maxCommitFailing time.Duration) (bool, str
 // hold in s at now, or "" while it does.
 type condition func(s Snapshot, now time.Time, maxCommitFailing time.Duration) string
 
+// A check is a condition with the kind of Warning its failure is.
+type check struct {
+	kind  string
+	check condition
+}
+
 // conditions are the readiness conditions, in the order their reasons are
 // given. A new reason to be unready is one more entry.
-var conditions = []condition{
-	topicExists,
-	kafkaAnswers,
-	roleHolds,
-	partitionsConsumed,
-	commitsSucceed,
-	deadLettersRefused,
-	deadLettersProduced,
+var conditions = []check{
+	{"topic-missing", topicExists},
+	{"kafka-silent", kafkaAnswers},
+	{"role", roleHolds},
+	{"partitions-not-consumed", partitionsConsumed},
+	{"commits-failing", commitsSucceed},
+	{"dead-letters-refused", deadLettersRefused},
+	{"dead-letters-failing", deadLettersProduced},
+}
+
+// advisories are what an operator should look at that does not make the
+// daemon unready: the first signs of a readiness condition, or trouble that
+// a ready daemon can have.
+var advisories = []check{
+	{"delivery-paused", deliveryPaused},
+	{"commits-failing", commitsFailingBriefly},
+	{"dead-letters-failing", deadLettersFailingBriefly},
+	{"partitions-held", partitionsHeld},
+	{"partitions-stalled", partitionsStalled},
+	{"no-clients", noClientsWhileMessagesWait},
+}
+
+// Warning is something an operator should look at: a readiness condition
+// that fails (Unready), or an advisory.
+type Warning struct {
+	Kind    string // what it is about: "topic-missing", "partitions-held", ...
+	Message string // what is wrong, for people
+	Unready bool   // the daemon is unready for it (Ready says why)
+}
+
+// Warnings returns, in s at now, every readiness condition that fails (the
+// reasons Ready gives), then every advisory that holds.
+func Warnings(s Snapshot, now time.Time, maxCommitFailing time.Duration) []Warning {
+	var out []Warning
+	for _, c := range conditions {
+		if why := c.check(s, now, maxCommitFailing); why != "" {
+			out = append(out, Warning{Kind: c.kind, Message: why, Unready: true})
+		}
+	}
+	for _, c := range advisories {
+		if why := c.check(s, now, maxCommitFailing); why != "" {
+			out = append(out, Warning{Kind: c.kind, Message: why})
+		}
+	}
+	return out
+}
+
+// deliveryPaused: an operator paused the deliveries.
+func deliveryPaused(s Snapshot, _ time.Time, _ time.Duration) string {
+	if !s.DeliveryPaused {
+		return ""
+	}
+	why := "deliveries paused"
+	if s.PausedBy != "" {
+		why += " by " + s.PausedBy
+	}
+	return why + ": no message is handed out until they resume"
+}
+
+// commitsFailingBriefly: a serving daemon's offset commits fail, not yet
+// for longer than maxCommitFailing (then commitsSucceed says it).
+func commitsFailingBriefly(s Snapshot, now time.Time, maxCommitFailing time.Duration) string {
+	if since := s.Stats.CommitFailingSince; s.Serving && !since.IsZero() && now.Sub(since) <= maxCommitFailing {
+		return fmt.Sprintf("offset commits failing for %s (%d failures so far)", now.Sub(since).Round(time.Millisecond), s.Stats.CommitFailures)
+	}
+	return ""
+}
+
+// deadLettersFailingBriefly: producing to the dead-letter topic fails, not
+// yet for longer than maxCommitFailing (then deadLettersProduced says it).
+func deadLettersFailingBriefly(s Snapshot, now time.Time, maxCommitFailing time.Duration) string {
+	if dl := s.DeadLetterFailingSince; s.Serving && !dl.IsZero() && now.Sub(dl) <= maxCommitFailing {
+		return fmt.Sprintf("producing to dead-letter topic %s failing for %s (%d messages waiting)",
+			s.DeadLetterTopic, now.Sub(dl).Round(time.Millisecond), s.Stats.DeadLetterPending)
+	}
+	return ""
+}
+
+// partitionsHeld: partitions whose fetching is paused behind an unacked
+// message (--max-outstanding).
+func partitionsHeld(s Snapshot, _ time.Time, _ time.Duration) string {
+	if !s.Serving || len(s.Stats.Held) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("partitions %s held: more than --max-outstanding offsets behind an unacked message, fetching them is paused until it is acked",
+		partitionList(s.Stats.Held))
+}
+
+// partitionsStalled: partitions whose committed offset has not moved for
+// the stall time while they hold unacked messages.
+func partitionsStalled(s Snapshot, _ time.Time, _ time.Duration) string {
+	if !s.Serving || len(s.Stats.Stalled) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("partitions %s stalled: their committed offset has not moved for 3 ack timeouts while they hold unacked messages (the log says where each one's oldest is)",
+		partitionList(s.Stats.Stalled))
+}
+
+// noClientsWhileMessagesWait: a serving daemon has no client while
+// messages wait, fetched or not.
+func noClientsWhileMessagesWait(s Snapshot, _ time.Time, _ time.Duration) string {
+	if !s.Serving || s.Stats.Clients > 0 {
+		return ""
+	}
+	var lag int64
+	for p, hw := range s.HighWaterMarks {
+		if off, ok := s.Stats.Committed[p]; ok {
+			lag += Lag(hw, off)
+		}
+	}
+	if lag == 0 && s.Stats.Buffered == 0 {
+		return ""
+	}
+	return fmt.Sprintf("no clients connected while messages wait (lag %d, %d fetched)", lag, s.Stats.Buffered)
+}
+
+// partitionList writes partitions as "0, 3".
+func partitionList(ps []int32) string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(out, ", ")
 }
 
 // topicExists: Kafka's last answer to the daemon's check of its topic did
@@ -94,7 +216,7 @@ func roleHolds(s Snapshot, _ time.Time, _ time.Duration) string {
 		case !s.Serving:
 			return "not serving yet"
 		case s.Generation == 0:
-			return "no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"
+			return "no assignment in force (none received yet, cut off, or the cluster runs another --assignment)"
 		case !slices.Equal(s.Assigned, s.Owned):
 			return fmt.Sprintf("owns partitions %v of %v assigned (generation %d)", s.Owned, s.Assigned, s.Generation)
 		}
@@ -206,6 +328,10 @@ type HandlerConfig struct {
 	// under /api/ (the status document, with client names and addresses)
 	// behind Token like /metrics.
 	Console http.Handler
+	// Actions, when set, serves the operators' actions: POST requests
+	// under /api/, behind Token, and refused (403) when there is no Token:
+	// nobody may act on a daemon without a secret.
+	Actions http.Handler
 }
 
 // Handler serves
@@ -215,6 +341,7 @@ type HandlerConfig struct {
 //	/healthz  200 "ok" while the process runs
 //	/readyz   200 with the role, or 503 with the reason (see Ready)
 //	/api/     cfg.Console, behind cfg.Token like /metrics
+//	POST /api/...  cfg.Actions, behind cfg.Token; refused without one
 //	/         cfg.Console (the page and its assets), open
 func Handler(cfg HandlerConfig) http.Handler {
 	if cfg.Now == nil {
@@ -248,7 +375,25 @@ func Handler(cfg HandlerConfig) http.Handler {
 		mux.Handle("GET /api/", requireBearer(cfg.Token, cfg.Console))
 		mux.Handle("GET /", cfg.Console)
 	}
+	if cfg.Actions != nil {
+		mux.Handle("POST /api/", requireToken(cfg.Token, cfg.Actions))
+	}
 	return mux
+}
+
+// ErrNoToken is what an action is answered when the daemon has no metrics
+// token: it takes no action from anybody.
+const ErrNoToken = "actions need the metrics token, and this daemon has none: start it with --metrics-token-file (or FANOUT_METRICS_TOKEN) to act on it"
+
+// requireToken is requireBearer that refuses every request (403) when
+// there is no token.
+func requireToken(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, ErrNoToken, http.StatusForbidden)
+		})
+	}
+	return requireBearer(token, h)
 }
 
 // requireBearer answers 401 to requests without "Authorization: Bearer

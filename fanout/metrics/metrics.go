@@ -27,7 +27,8 @@ type Snapshot struct {
 	Serving bool
 	Stats   dispatch.Stats
 	// HighWaterMarks is, per partition, the offset the next produced
-	// message gets (the source's view as of its last fetch).
+	// message gets (the source's view as of its last fetch; while it
+	// fetches nothing, the topic check's, when newer).
 	HighWaterMarks map[int32]int64
 	// Clients is the number of connected, welcomed clients.
 	Clients int
@@ -93,6 +94,12 @@ type Snapshot struct {
 	// Assigned, Owned and HandingOff are the partitions the assignment
 	// gives this member, those it serves, and those it is handing over.
 	Assigned, Owned, HandingOff []int32
+
+	// DeliveryPaused: an operator paused the cluster's deliveries, as this
+	// daemon knows (it hands nothing out while it serves); PausedBy says
+	// who asked, where and when.
+	DeliveryPaused bool
+	PausedBy       string
 }
 
 // ObserverBehind is the reason, among Snapshot.ConnectionsClosed, of an
@@ -122,6 +129,7 @@ type Collector struct {
 
 	consumed, delivered, acked, nacked, redelivered, unknownAcks *prometheus.Desc
 	inFlight, buffered, bufferedBytes, paused, clients           *prometheus.Desc
+	deliveryPaused                                               *prometheus.Desc
 	handshaking, connsClosed, tooLarge                           *prometheus.Desc
 	lag, committed, highWater                                    *prometheus.Desc
 	oldestPending, oldestPendingAll                              *prometheus.Desc
@@ -173,12 +181,14 @@ func NewCollector(snapshot func(context.Context) Snapshot) *Collector {
 		bufferedBytes: desc("buffered_bytes", "Payload bytes of the messages waiting for a client."),
 		paused:        desc("fetching_paused", "1 while fetching from Kafka is paused (backpressure or no clients)."),
 		clients:       desc("clients_connected", "Connected clients."),
-		handshaking:   desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
-		connsClosed:   desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
-		tooLarge:      desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
-		lag:           desc("consumer_lag", "High watermark minus committed offset.", "partition"),
-		committed:     desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
-		highWater:     desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
+		deliveryPaused: desc("delivery_paused", "1 while an operator has paused the cluster's deliveries (fanout pause, or the console): "+
+			"no message is handed out until they resume."),
+		handshaking: desc("client_handshakes_waiting", "Client connections that have not sent their Hello yet."),
+		connsClosed: desc("client_connections_closed_total", "Client connections closed since the daemon started, by reason.", "reason"),
+		tooLarge:    desc("messages_too_large", "Buffered messages larger than any connected client accepts: they wait for one that does."),
+		lag:         desc("consumer_lag", "High watermark minus committed offset.", "partition"),
+		committed:   desc("committed_offset", "Next offset to consume as committed to the store.", "partition"),
+		highWater:   desc("high_watermark", "Offset the next message produced to the partition gets.", "partition"),
 		oldestPending: desc("partition_oldest_pending_age_seconds",
 			"Age of the partition's oldest message received from Kafka and not yet acked (in flight, buffered, delayed or going to the dead-letter topic), since it arrived; 0 when none is.", "partition"),
 		oldestPendingAll: desc("oldest_pending_age_seconds",
@@ -242,7 +252,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.handoffLatency.Describe(ch)
 	for _, d := range []*prometheus.Desc{
 		c.consumed, c.delivered, c.acked, c.nacked, c.redelivered, c.unknownAcks,
-		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
+		c.inFlight, c.buffered, c.bufferedBytes, c.paused, c.deliveryPaused, c.clients, c.handshaking, c.connsClosed, c.tooLarge,
 		c.lag, c.committed, c.highWater, c.oldestPending, c.oldestPendingAll, c.outstanding, c.held, c.stalled, c.leader, c.epoch, c.failovers, c.members,
 		c.owned, c.assigned, c.handingOff, c.generation, c.unauthHeartbeats, c.clientsByIdentity,
 		c.deadLettered, c.deadLetterPending, c.deadLetterFailing, c.delayed, c.keyWaiting, c.observers,
@@ -279,6 +289,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.bufferedBytes, float64(st.BufferBytes))
 	gauge(c.tooLarge, float64(st.TooLarge))
 	gauge(c.paused, bool01(st.Paused))
+	gauge(c.deliveryPaused, bool01(s.DeliveryPaused))
 	gauge(c.clients, float64(s.Clients))
 	gauge(c.handshaking, float64(s.Handshaking))
 	for reason, n := range s.ConnectionsClosed {

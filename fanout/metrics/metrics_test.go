@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +50,7 @@ func TestCollectorReportsSnapshot(t *testing.T) {
 	snap := leaderSnapshot()
 	snap.DeadLetterFailingSince = time.Unix(1700000000, 500000000)
 	snap.DeadLetterRefused, snap.DeadLetterValuesOmitted, snap.Stats.TooLargeDeadLettered = 2, 3, 4
+	snap.DeliveryPaused = true
 	c := NewCollector(func(context.Context) Snapshot { return snap })
 	c.now = func() time.Time { return scrapedAt }
 	c.ObserveCommit(3*time.Millisecond, nil)
@@ -90,6 +92,9 @@ fanout_messages_too_large 1
 # HELP fanout_fetching_paused 1 while fetching from Kafka is paused (backpressure or no clients).
 # TYPE fanout_fetching_paused gauge
 fanout_fetching_paused 1
+# HELP fanout_delivery_paused 1 while an operator has paused the cluster's deliveries (fanout pause, or the console): no message is handed out until they resume.
+# TYPE fanout_delivery_paused gauge
+fanout_delivery_paused 1
 # HELP fanout_clients_connected Connected clients.
 # TYPE fanout_clients_connected gauge
 fanout_clients_connected 2
@@ -417,5 +422,64 @@ fanout_oldest_pending_age_seconds 0
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(follower), names...); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Warnings are the failing readiness conditions, unready, then the
+// advisories: what an operator should look at on a ready daemon.
+func TestWarnings(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	kinds := func(ws []Warning) []string {
+		var out []string
+		for _, w := range ws {
+			k := w.Kind
+			if w.Unready {
+				k += "!"
+			}
+			out = append(out, k)
+		}
+		return out
+	}
+	flowing := with(leaderSnapshot(), func(s *Snapshot) { s.Stats.Held, s.Stats.Stalled = nil, nil })
+	tests := []struct {
+		name string
+		snap Snapshot
+		want []string
+		text string // in the first warning
+	}{
+		{"a ready leader, nothing wrong", flowing, nil, ""},
+		{"held and stalled partitions", leaderSnapshot(), []string{"partitions-held", "partitions-stalled"},
+			"partitions 0 held: more than --max-outstanding offsets behind an unacked message"},
+		{"paused", with(flowing, func(s *Snapshot) { s.DeliveryPaused, s.PausedBy = true, "ops from 10.0.0.1:5 at 2026-01-02T03:00:00Z" }),
+			[]string{"delivery-paused"}, "deliveries paused by ops from 10.0.0.1:5 at 2026-01-02T03:00:00Z"},
+		{"no clients while messages wait", with(flowing, func(s *Snapshot) { s.Stats.Clients = 0 }),
+			[]string{"no-clients"}, "no clients connected while messages wait (lag 3, 4 fetched)"},
+		{"no clients, nothing waits", with(flowing, func(s *Snapshot) {
+			s.Stats.Clients, s.Stats.Buffered, s.HighWaterMarks = 0, 0, map[int32]int64{0: 5, 1: 9}
+		}), nil, ""},
+		{"commits failing briefly", with(flowing, func(s *Snapshot) { s.Stats.CommitFailingSince, s.Stats.CommitFailures = now.Add(-2*time.Second), 3 }),
+			[]string{"commits-failing"}, "offset commits failing for 2s (3 failures so far)"},
+		{"commits failing too long", with(flowing, func(s *Snapshot) { s.Stats.CommitFailingSince = now.Add(-11 * time.Second) }),
+			[]string{"commits-failing!"}, "offset commits failing for 11s"},
+		{"dead letters failing briefly", with(flowing, func(s *Snapshot) { s.DeadLetterFailingSince = now.Add(-time.Second) }),
+			[]string{"dead-letters-failing"}, "producing to dead-letter topic orders.dlq failing for 1s (1 messages waiting)"},
+		{"topic missing", with(flowing, func(s *Snapshot) { s.Topic, s.TopicMissing = "jobs", true }),
+			[]string{"topic-missing!"}, "topic jobs not found in Kafka"},
+		{"a follower", Snapshot{Clustered: true, LeaderKnown: true, LeaderID: "b"}, nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ws := Warnings(tt.snap, now, 10*time.Second)
+			if got := kinds(ws); !slices.Equal(got, tt.want) {
+				t.Fatalf("warnings %q, want %q (%+v)", got, tt.want, ws)
+			}
+			if len(ws) > 0 && ws[0].Message != tt.text && !strings.HasPrefix(ws[0].Message, tt.text) {
+				t.Errorf("first warning %q, want %q", ws[0].Message, tt.text)
+			}
+			ready, _ := Ready(tt.snap, now, 10*time.Second)
+			if unready := slices.ContainsFunc(ws, func(w Warning) bool { return w.Unready }); unready == ready {
+				t.Errorf("ready %v with unready warnings %v", ready, unready)
+			}
+		})
 	}
 }

@@ -98,7 +98,7 @@ func TestReadySpread(t *testing.T) {
 		{"commits failing", failing, false, "member: offset commits failing for 11s"},
 		{"dead letters refused", refused, false, "member: dead letters failing: orders.dlq refuses 1 " +
 			"(kafka server: Client sent an invalid record); they hold their partitions' offsets"},
-		{"no assignment", noAssignment, false, "member: no assignment in force (no spread leader yet, cut off, or the leader runs another --assignment)"},
+		{"no assignment", noAssignment, false, "member: no assignment in force (none received yet, cut off, or the cluster runs another --assignment)"},
 		{"not serving", Snapshot{Spread: true, Clustered: true}, false, "member: not serving yet"},
 		{"topic missing", Snapshot{Spread: true, Topic: "jobs", TopicMissing: true, KafkaAnswered: now}, false,
 			"member: topic jobs not found in Kafka"},

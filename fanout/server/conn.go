@@ -38,12 +38,13 @@ const (
 	closeEvicted                           // no Hello yet, and the longest waiting when too many waited
 	closeObserverBehind                    // an observer's queued copies passed MaxObserverBytes
 	closeRevoked                           // its token or certificate is no longer accepted (Server.Reauthorize)
+	closeDrained                           // the dispatcher drained the client (an operator's action)
 	numCloseReasons
 )
 
 // CloseReasons names the reasons a connection closes, as indexes of
 // Stats.Closed, for logs and metrics.
-var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted", "observer behind", "revoked"}
+var CloseReasons = [numCloseReasons]string{"goodbye", "disconnect", "dead", "slow consumer", "protocol error", "rejected", "redirected", "shutdown", "internal error", "handshake evicted", "observer behind", "revoked", "drained"}
 
 // String names the reason for logs.
 func (r closeReason) String() string { return CloseReasons[r] }
@@ -59,7 +60,7 @@ func (r closeReason) leave() dispatch.LeaveReason {
 		return dispatch.LeaveSlow
 	case closeProtocol, closeRejected:
 		return dispatch.LeaveProtocol
-	case closeRedirected, closeShutdown:
+	case closeRedirected, closeShutdown, closeDrained:
 		return dispatch.LeaveShutdown
 	}
 	return dispatch.LeaveDisconnect
@@ -105,6 +106,7 @@ type conn struct {
 	lastSeen   atomic.Int64  // unix nanoseconds of the last frame read
 	closing    atomic.Bool   // set first thing when the connection starts closing
 	obsBehind  atomic.Bool   // an observer's copies passed MaxObserverBytes: the pump closes
+	drained    atomic.Bool   // the backend drained the client (Disconnect): the pump closes
 	closed     chan struct{} // closed when close has done its work
 	readerDone chan struct{} // closed when the reader returns
 	signal     chan struct{} // capacity 1: the outbox became non-empty, or closing

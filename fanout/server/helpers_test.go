@@ -144,7 +144,9 @@ func (b *fakeBackend) observerSink(t testing.TB, id uint64) dispatch.ClientSink 
 	return b.sinks[id]
 }
 
-// testConfig is a Config for tests; opts adjust it.
+// testConfig is a Config for tests; opts adjust it. Its heartbeat is an
+// hour, so that no ping comes between the frames a test reads on a slow
+// machine; the tests of pings and liveness set their own.
 func testConfig(opts ...func(*Config)) Config {
 	logger, _ := logtest.NewNullLogger()
 	cfg := Config{
@@ -153,7 +155,7 @@ func testConfig(opts ...func(*Config)) Config {
 		Topic:        "orders",
 		MaxInFlight:  100,
 		AckTimeout:   30 * time.Second,
-		Heartbeat:    5 * time.Second,
+		Heartbeat:    time.Hour,
 		MaxFrameSize: 1 << 20,
 		Logger:       logrus.NewEntry(logger),
 	}

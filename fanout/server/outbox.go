@@ -130,6 +130,19 @@ func (c *conn) Send(ds []dispatch.Delivery) {
 // still arrive; the dispatcher sends nothing after it.
 func (c *conn) Goodbye(reason string) { c.queue(protocol.GoodbyeFrame(reason)) }
 
+var _ dispatch.DisconnectSink = (*conn)(nil)
+
+// Disconnect has the pump close the connection once it has written what
+// was queued before (the dispatcher drained the client: it said Goodbye,
+// and the client holds nothing or kept it too long). Like Send it runs on
+// the dispatcher's goroutine, which must not call close (it calls back into
+// the backend): the pump closes.
+func (c *conn) Disconnect(string) {
+	if !c.drained.Swap(true) {
+		c.wake()
+	}
+}
+
 // queue queues a control frame for the pump.
 func (c *conn) queue(f *protocol.Frame) {
 	c.enqueue(outItem{frame: f}, outItemSize+frameOverhead+proto.Size(f))
@@ -389,6 +402,10 @@ func (c *conn) pumpLoop(p *pumpState) bool {
 			return errors.As(err, &tooLarge)
 		}
 		p.since = time.Time{}
+		if c.drained.Load() {
+			c.close(closeDrained, errors.New("drained: the client's session ends"), nil)
+			return true
+		}
 		if welcomed && tick == nil {
 			ticker = time.NewTicker(cfg.Heartbeat)
 			tick = ticker.C

@@ -113,3 +113,37 @@ func TestObserverBehindDropped(t *testing.T) {
 		t.Fatalf("close logs %v", logs)
 	}
 }
+
+// A client the dispatcher drains reads the Goodbye and the deliveries
+// queued before the Disconnect, then the connection closes; the backend is
+// told it left as if the daemon closed it (its deliveries unprocessed).
+func TestDisconnectAfterGoodbye(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	c := dial(t, s)
+	w := c.hello(nil)
+	sink := s.b.sink(t, w.GetSessionId())
+	ds, ok := sink.(dispatch.DisconnectSink)
+	if !ok {
+		t.Fatal("the server's sink is not a dispatch.DisconnectSink")
+	}
+	sink.Send([]dispatch.Delivery{{ID: 7, Attempt: 1, Msg: testMessage(0, 1, 8)}})
+	sink.Goodbye("drained by ops")
+	ds.Disconnect("drained")
+	if f := c.expect(); f.GetDeliver().GetDeliveryId() != 7 {
+		t.Fatalf("got %v, want delivery 7", f)
+	}
+	if f := c.expect(); f.GetGoodbye().GetReason() != "drained by ops" {
+		t.Fatalf("got %v, want the Goodbye", f)
+	}
+	c.expectClosed()
+	if leave := s.b.waitCall(t, "leave", w.GetSessionId()); leave.reason != dispatch.LeaveShutdown {
+		t.Fatalf("leave reason %v, want shutdown (the daemon closed it)", leave.reason)
+	}
+	if n := s.Stats().Closed[closeDrained]; n != 1 {
+		t.Fatalf("closed as drained: %d, want 1", n)
+	}
+	if logs := s.closeLogs(w.GetSessionId()); len(logs) != 1 || logs[0].Data["reason"] != "drained" {
+		t.Fatalf("close logs %v", logs)
+	}
+}

@@ -81,7 +81,7 @@ func TestWelcome(t *testing.T) {
 		ProtocolVersion:   1,
 		MaxInFlight:       10,
 		AckTimeoutMs:      30000,
-		HeartbeatMs:       5000,
+		HeartbeatMs:       uint32(time.Hour / time.Millisecond),
 		LivenessIntervals: 2,
 		MaxFrameSize:      1 << 20,
 		Topic:             "orders",

@@ -15,7 +15,6 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
 	"github.com/nanoservice/core-fanout/fanout/metrics"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // Status describes a fanout cluster. Node, Clients and Rates are a
@@ -44,6 +43,10 @@ type Status struct {
 	// Unauthenticated counts the heartbeat records of the window ignored
 	// for want of a valid MAC (fanout status with --cluster-secret-file).
 	Unauthenticated int `json:"unauthenticated_heartbeats,omitempty"`
+	// Pause is the cluster's delivery pause: the last pause or resume an
+	// operator asked of any member, as the members' heartbeats (or the
+	// daemon's election) say; nil when none was asked.
+	Pause *Pause `json:"pause,omitempty"`
 
 	Node    *Node    `json:"node,omitempty"`    // the daemon that answered
 	Clients []Client `json:"clients,omitempty"` // its connected clients, by name
@@ -73,6 +76,11 @@ type Member struct {
 	// Ready is nil when its heartbeats do not say.
 	Ready  *bool  `json:"ready,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// Pause is the cluster's delivery pause as its heartbeat says; nil
+	// when it says none (none was asked, or a member older than pauses).
+	Pause *Pause `json:"pause,omitempty"`
+	// LastAction is the last operator action asked of it; nil: none.
+	LastAction *Action `json:"last_action,omitempty"`
 }
 
 // MemberOf is the Member a heartbeat describes, heard at lastSeen.
@@ -80,7 +88,68 @@ func MemberOf(hb *cluster.Heartbeat, lastSeen time.Time) Member {
 	m := Member{NodeID: hb.GetNodeId(), Addr: hb.GetAddr(), Role: RoleName(hb.GetRole()), Epoch: hb.GetEpoch(),
 		LastSeen: lastSeen, Mode: cluster.ModeName(hb.GetMode()), OffsetStore: cluster.StoreName(hb.GetOffsetStore())}
 	m.SetReadiness(hb.GetReadiness())
+	if p, ok := cluster.PauseOf(hb); ok {
+		m.Pause = PauseOf(p)
+	}
+	if a, ok := cluster.LastActionOf(hb); ok {
+		m.LastAction = ActionOf(a)
+	}
 	return m
+}
+
+// Pause is the cluster's delivery pause: the last pause or resume an
+// operator asked of a member.
+type Pause struct {
+	Paused  bool      `json:"paused"`
+	Version uint64    `json:"version"` // grows with every pause and resume
+	Node    string    `json:"node"`    // the member asked
+	By      string    `json:"by"`      // who asked: the name the request gave, and its address
+	At      time.Time `json:"at"`
+}
+
+// PauseOf is the Pause of p; nil when none was asked (version 0).
+func PauseOf(p cluster.Pause) *Pause {
+	if p.Version == 0 {
+		return nil
+	}
+	return &Pause{Paused: p.Paused, Version: p.Version, Node: p.Action.NodeID, By: p.Action.By, At: p.Action.At}
+}
+
+// LatestPause returns the pause of the highest version the members say
+// (of two of one version, the one asked of the higher node id: the one the
+// members take), or nil when none says one.
+func LatestPause(members []Member) *Pause {
+	var out *Pause
+	for _, m := range members {
+		if p := m.Pause; p != nil && (out == nil || p.Version > out.Version || p.Version == out.Version && p.Node > out.Node) {
+			out = p
+		}
+	}
+	return out
+}
+
+// Action is an operator's action asked of a daemon (the console, or fanout
+// pause, resume and drain-client).
+type Action struct {
+	Kind   string    `json:"kind"`             // "pause", "resume" or "drain-client"
+	Target string    `json:"target,omitempty"` // drain-client: the client's name or session
+	By     string    `json:"by"`               // who asked: the name the request gave, and its address
+	At     time.Time `json:"at"`
+	Node   string    `json:"node,omitempty"`   // the member asked
+	Result string    `json:"result,omitempty"` // what came of it (the daemon's own record)
+}
+
+// ActionOf is the Action of a.
+func ActionOf(a cluster.Action) *Action {
+	return &Action{Kind: a.Kind, Target: a.Target, By: a.By, At: a.At, Node: a.NodeID}
+}
+
+// Warning is something an operator should look at (metrics.Warnings): a
+// readiness condition that fails, or an advisory.
+type Warning struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+	Unready bool   `json:"unready,omitempty"` // the node is not ready for it
 }
 
 // SetReadiness sets Ready and Reason from r (nil: not said).
@@ -101,6 +170,13 @@ type Partition struct {
 	HighWatermark int64  `json:"high_watermark"`
 	Lag           *int64 `json:"lag"`
 	Owner         string `json:"owner,omitempty"` // node id of the member that serves it, when known
+	// Of the partitions the daemon serves: fetching it is paused behind an
+	// unacked message (Held), its committed offset has not moved for the
+	// stall time (Stalled), messages of it wait to be stored in the
+	// dead-letter topic (DeadLettersPending).
+	Held               bool `json:"held,omitempty"`
+	Stalled            bool `json:"stalled,omitempty"`
+	DeadLettersPending int  `json:"dead_letters_pending,omitempty"`
 }
 
 // Assignment is the assignment the spread leader last published.
@@ -145,6 +221,16 @@ type Node struct {
 	// Partial says why the document shows only this node's partitions
 	// (spread mode: the others' could not be read); "" when complete.
 	Partial string `json:"partial,omitempty"`
+	// DeliveryPaused: the cluster's deliveries are paused as this node
+	// knows (while it serves, it hands nothing out).
+	DeliveryPaused bool `json:"delivery_paused"`
+	// ActionsEnabled: the node takes actions (it has a metrics token).
+	ActionsEnabled bool `json:"actions_enabled"`
+	// Actions are the last actions asked of this node, oldest first.
+	Actions []Action `json:"actions,omitempty"`
+	// Warnings are what its operator should look at: the readiness
+	// conditions that fail, then the advisories.
+	Warnings []Warning `json:"warnings,omitempty"`
 }
 
 // The roles of a client.
@@ -169,6 +255,14 @@ type Client struct {
 	Acked         uint64    `json:"acked"`           // since it joined
 	AcksPerSecond float64   `json:"acks_per_second"` // over the last sample interval
 	ConnectedAt   time.Time `json:"connected_at"`
+	// Since it joined, its deliveries: nacked, not acked in time, queued
+	// again for another delivery (after a nack, a timeout, or as it left
+	// holding them), and failed for the last time (dead-lettered).
+	Nacked       uint64 `json:"nacked"`
+	TimedOut     uint64 `json:"timed_out"`
+	DeadLettered uint64 `json:"dead_lettered"`
+	Redelivered  uint64 `json:"redelivered"`
+	Draining     bool   `json:"draining,omitempty"` // an operator drained it: it leaves once it holds nothing
 }
 
 // Rates are the daemon's message rates, one point per sample interval,
@@ -200,15 +294,35 @@ func (s *Status) AddPartition(p int32, highWatermark int64, committed *int64, ow
 	s.Partitions = append(s.Partitions, ps)
 }
 
+// Holder is who holds a partition in spread mode, as the offset store
+// says (authority.Owners): the member Node, live while it may serve the
+// partition (its ZooKeeper session is the one its ownership record names,
+// or the group's generation lets it hold it). Node is "" once the
+// partition was released and nobody took it yet.
+type Holder struct {
+	Node string
+	Live bool
+}
+
+// MarkServed marks, among the partitions added so far, those held and
+// stalled, and the dead letters pending of each: a serving daemon's view.
+func (s *Status) MarkServed(held, stalled []int32, deadLettersPending map[int32]int) {
+	for i, p := range s.Partitions {
+		s.Partitions[i].Held = slices.Contains(held, p.Partition)
+		s.Partitions[i].Stalled = slices.Contains(stalled, p.Partition)
+		s.Partitions[i].DeadLettersPending = deadLettersPending[p.Partition]
+	}
+}
+
 // AddSpread adds what spread mode says of the partitions added so far: each
-// one's owner, the live owner its ownership record names (owners, from
-// zkstore.ReadOwners); and, when a is not nil, the mode, the assignment with
-// each member's owned partitions and lag, and the handoffs in progress.
-func (s *Status) AddSpread(a *cluster.Assignment, owners map[int32]zkstore.OwnerState) {
+// one's owner, the live member that holds it (holders, from the offset
+// store); and, when a is not nil, the mode, the assignment with each
+// member's owned partitions and lag, and the handoffs in progress.
+func (s *Status) AddSpread(a *cluster.Assignment, holders map[int32]Holder) {
 	lag := map[int32]int64{}
 	for i, p := range s.Partitions {
-		if o := owners[p.Partition]; o.Live {
-			s.Partitions[i].Owner = o.Owner
+		if o := holders[p.Partition]; o.Live {
+			s.Partitions[i].Owner = o.Node
 		}
 		if p.Lag != nil {
 			lag[p.Partition] = *p.Lag
@@ -227,20 +341,20 @@ func (s *Status) AddSpread(a *cluster.Assignment, owners map[int32]zkstore.Owner
 		}
 		for _, p := range o.Partitions {
 			m.Lag += lag[p]
-			rec, ok := owners[p]
+			h, ok := holders[p]
 			switch {
-			case ok && rec.Live && rec.Owner == o.NodeID:
+			case ok && h.Live && h.Node == o.NodeID:
 				m.Owned = append(m.Owned, p)
 			case !ok:
 				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "never reserved: waiting for " + o.NodeID})
-			case rec.Owner == "":
+			case h.Node == "":
 				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, To: o.NodeID, State: "released: waiting for " + o.NodeID})
-			case rec.Live:
-				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
-					State: "held by " + rec.Owner + ": handing over"})
+			case h.Live:
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: h.Node, To: o.NodeID,
+					State: "held by " + h.Node + ": handing over"})
 			default:
-				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: rec.Owner, To: o.NodeID,
-					State: rec.Owner + "'s session is gone: waiting for " + o.NodeID})
+				s.Handoffs = append(s.Handoffs, Handoff{Partition: p, From: h.Node, To: o.NodeID,
+					State: h.Node + "'s session is gone: waiting for " + o.NodeID})
 			}
 		}
 		s.Assignment.Members = append(s.Assignment.Members, m)

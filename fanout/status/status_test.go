@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nanoservice/core-fanout/fanout/cluster"
-	"github.com/nanoservice/core-fanout/fanout/zkstore"
 )
 
 // The fields fanout status has always printed keep their names; what is
@@ -37,29 +36,40 @@ func TestEncodeClusterView(t *testing.T) {
 	}
 }
 
-// A daemon's document: node, clients (weight only when announced) and rates.
+// A daemon's document: node (with its pause, actions and warnings), clients
+// (weight only when announced) and rates, the partitions it serves marked.
 func TestEncodeDaemonView(t *testing.T) {
 	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	w := uint32(5)
 	st := Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t",
 		Node: &Node{NodeID: "a", Mode: "leader", Role: "leader", Ready: true, Reason: "leader: serving", Serving: true,
-			InFlight: 3, Buffered: 1, Clients: 2, Time: at},
+			InFlight: 3, Buffered: 1, Clients: 2, Time: at, DeliveryPaused: true, ActionsEnabled: true,
+			Actions:  []Action{{Kind: "pause", By: "ops from 127.0.0.1:9", At: at, Node: "a", Result: "version 1"}},
+			Warnings: []Warning{{Kind: "partitions-held", Message: "partitions 0 held"}}},
 		Clients: []Client{
 			{ID: 1, Name: "w1", Addr: "127.0.0.1:5000", Role: ClientRoleWorker, InFlight: 2, MaxInFlight: 10,
-				Acked: 7, AcksPerSecond: 3.5, ConnectedAt: at},
+				Acked: 7, AcksPerSecond: 3.5, ConnectedAt: at, Nacked: 1, TimedOut: 2, DeadLettered: 3, Redelivered: 4, Draining: true},
 			{ID: 2, Name: "canary", Addr: "127.0.0.1:5001", Role: ClientRoleWorker, Weight: &w, ConnectedAt: at},
 		},
 		Rates: &Rates{IntervalSeconds: 2, Points: []RatePoint{{Time: at, Consumed: 1, Delivered: 2, Acked: 3, Redelivered: 0.5}}},
+		Pause: &Pause{Paused: true, Version: 1, Node: "a", By: "ops from 127.0.0.1:9", At: at},
 	}
 	st.AddPartition(0, 10, ptr(4), "a")
+	st.MarkServed([]int32{0}, nil, map[int32]int{0: 2})
 	want := `{"id":"svc","topic":"t","heartbeat_topic":"fanout_svc_t","leader":null,"members":null,` +
-		`"partitions":[{"partition":0,"committed":4,"high_watermark":10,"lag":6,"owner":"a"}],"total_lag":6,` +
+		`"partitions":[{"partition":0,"committed":4,"high_watermark":10,"lag":6,"owner":"a","held":true,"dead_letters_pending":2}],"total_lag":6,` +
+		`"pause":{"paused":true,"version":1,"node":"a","by":"ops from 127.0.0.1:9","at":"2026-03-04T05:06:07Z"},` +
 		`"node":{"node_id":"a","mode":"leader","role":"leader","ready":true,"reason":"leader: serving","serving":true,` +
-		`"in_flight":3,"buffered":1,"paused":false,"clients":2,"time":"2026-03-04T05:06:07Z"},` +
+		`"in_flight":3,"buffered":1,"paused":false,"clients":2,"time":"2026-03-04T05:06:07Z",` +
+		`"delivery_paused":true,"actions_enabled":true,` +
+		`"actions":[{"kind":"pause","by":"ops from 127.0.0.1:9","at":"2026-03-04T05:06:07Z","node":"a","result":"version 1"}],` +
+		`"warnings":[{"kind":"partitions-held","message":"partitions 0 held"}]},` +
 		`"clients":[{"id":1,"name":"w1","addr":"127.0.0.1:5000","role":"worker","in_flight":2,"max_in_flight":10,` +
-		`"acked":7,"acks_per_second":3.5,"connected_at":"2026-03-04T05:06:07Z"},` +
+		`"acked":7,"acks_per_second":3.5,"connected_at":"2026-03-04T05:06:07Z",` +
+		`"nacked":1,"timed_out":2,"dead_lettered":3,"redelivered":4,"draining":true},` +
 		`{"id":2,"name":"canary","addr":"127.0.0.1:5001","role":"worker","weight":5,"in_flight":0,"max_in_flight":0,` +
-		`"acked":0,"acks_per_second":0,"connected_at":"2026-03-04T05:06:07Z"}],` +
+		`"acked":0,"acks_per_second":0,"connected_at":"2026-03-04T05:06:07Z",` +
+		`"nacked":0,"timed_out":0,"dead_lettered":0,"redelivered":0}],` +
 		`"rates":{"interval_seconds":2,"points":[{"time":"2026-03-04T05:06:07Z","consumed":1,"delivered":2,` +
 		`"acked":3,"redelivered":0.5}]}}`
 	if got := compact(t, &st); got != want {
@@ -105,14 +115,12 @@ func TestAddSpread(t *testing.T) {
 		{NodeID: "m-b", Addr: "h:2", Partitions: []int32{3, 4}},
 		{NodeID: "m-c", Addr: "h:3"}, // owns nothing: listed, with empty lists
 	}}
-	live := func(owner string) zkstore.OwnerState {
-		return zkstore.OwnerState{OwnerRecord: zkstore.OwnerRecord{Owner: owner}, Live: true}
-	}
-	owners := map[int32]zkstore.OwnerState{
+	live := func(owner string) Holder { return Holder{Node: owner, Live: true} }
+	owners := map[int32]Holder{
 		0: live("m-a"),
-		1: live("m-b"),                                      // handing over to m-a
-		2: {OwnerRecord: zkstore.OwnerRecord{Owner: "m-x"}}, // its session is gone
-		3: {OwnerRecord: zkstore.OwnerRecord{Owner: ""}},    // released
+		1: live("m-b"),   // handing over to m-a
+		2: {Node: "m-x"}, // its session is gone
+		3: {Node: ""},    // released
 		// 4: never reserved
 	}
 	var st Status
@@ -171,3 +179,35 @@ func compact(t *testing.T, st *Status) string {
 }
 
 func ptr(v int64) *int64 { return &v }
+
+// A member's heartbeat says the cluster's pause as it knows it and its last
+// action; the pause of the cluster is the latest any member says, as the
+// members take it (the highest version, then node id).
+func TestMembersPausesAndActions(t *testing.T) {
+	at := time.UnixMilli(1_770_000_000_000).UTC()
+	hb := &cluster.Heartbeat{NodeId: "b", Pause: &cluster.DeliveryPause{Version: 4, Paused: true,
+		Action: &cluster.OperatorAction{Kind: "pause", By: "ops", AtMs: at.UnixMilli(), NodeId: "a"}},
+		LastAction: &cluster.OperatorAction{Kind: "drain-client", Target: "w1", By: "ops", AtMs: at.UnixMilli(), NodeId: "b"}}
+	m := MemberOf(hb, at)
+	if p := m.Pause; p == nil || !p.Paused || p.Version != 4 || p.Node != "a" || p.By != "ops" || !p.At.Equal(at) {
+		t.Errorf("member's pause %+v", m.Pause)
+	}
+	if a := m.LastAction; a == nil || a.Kind != "drain-client" || a.Target != "w1" || a.Node != "b" || !a.At.Equal(at) {
+		t.Errorf("member's last action %+v", m.LastAction)
+	}
+	if m := MemberOf(&cluster.Heartbeat{NodeId: "c"}, at); m.Pause != nil || m.LastAction != nil {
+		t.Errorf("a heartbeat that says nothing: pause %+v, action %+v", m.Pause, m.LastAction)
+	}
+	members := []Member{
+		{NodeID: "a", Pause: &Pause{Version: 3, Node: "z"}},
+		{NodeID: "b", Pause: &Pause{Version: 4, Node: "a", Paused: true}},
+		{NodeID: "c", Pause: &Pause{Version: 4, Node: "c"}},
+		{NodeID: "d"},
+	}
+	if p := LatestPause(members); p == nil || p.Version != 4 || p.Node != "c" {
+		t.Errorf("LatestPause = %+v, want version 4 asked of c", p)
+	}
+	if p := LatestPause(members[3:]); p != nil {
+		t.Errorf("LatestPause of members that say none = %+v", p)
+	}
+}

@@ -102,7 +102,7 @@ func chartLabel(t Row) string {
 	case "C":
 		return fmt.Sprintf("C fanout, %d client(s)", t.K)
 	case "E":
-		return fmt.Sprintf("E spread, %d member(s)", t.Members)
+		return fmt.Sprintf("E spread, %d member(s), %s", t.Members, storeLabel(t.Store))
 	case "P":
 		return fmt.Sprintf("P %s, %d client(s)", strings.TrimPrefix(t.Consumer, "P python "), t.K)
 	default:

@@ -45,8 +45,10 @@ type plan struct {
 	PyKs       []int    `json:"python_consumers"`
 	PyMessages int      `json:"python_messages"`
 	// Spread mode (E): the same topics drained by each number of members,
-	// with SpreadClients client processes each connected to every member.
+	// with SpreadClients client processes each connected to every member,
+	// with the ZooKeeper store (Members) and the Kafka store (KafkaMembers).
 	Members       []int `json:"spread_members"`
+	KafkaMembers  []int `json:"spread_members_kafka"`
 	SpreadClients int   `json:"spread_clients"`
 	// SpreadOnly measures only B (the ceiling) and E, on data of the
 	// plan's sizes (--spread).
@@ -65,7 +67,8 @@ func fullPlan() plan {
 		Scaling: &scalingPlan{Partitions: []int{8, 128, 1024}, PartMessages: 1_000_000, PartSize: 100, PartClients: 4,
 			PartIdle: 10 * time.Second, Idle: []int{100, 1000, 10000}, Busy: []int{100, 1000, 10000}, BusyCredit: 10,
 			BusyMessages: 1_000_000},
-		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
+		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{1, 2, 3},
+		SpreadClients: 4}
 }
 
 func quickPlan() plan {
@@ -74,7 +77,8 @@ func quickPlan() plan {
 		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1}, PyMessages: 20000,
 		Scaling: &scalingPlan{Partitions: []int{8, 64}, PartMessages: 20000, PartSize: 100, PartClients: 4,
 			PartIdle: 2 * time.Second, Idle: []int{500}, Busy: []int{50}, BusyCredit: 10, BusyMessages: 20000},
-		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, SpreadClients: 4}
+		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{3},
+		SpreadClients: 4}
 }
 
 // env is where the driver finds the servers, the tools and its own binaries.
@@ -298,12 +302,17 @@ func (e *env) measureSize(p plan, rep *report, size int) error {
 		}
 	}
 	if !p.ClientsOnly {
-		for _, m := range p.Members {
-			sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight)
-			if err != nil {
-				return err
+		for _, store := range []struct {
+			name    string
+			members []int
+		}{{"zookeeper", p.Members}, {"kafka", p.KafkaMembers}} {
+			for _, m := range store.members {
+				sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight, store.name)
+				if err != nil {
+					return err
+				}
+				row(sp)
 			}
-			row(sp)
 		}
 	}
 	return nil
@@ -378,7 +387,9 @@ func (e *env) java(timeout time.Duration, class string, args ...string) (string,
 	return out.String(), nil
 }
 
-func (e *env) preload(topic string, n, size int) error { return e.preloadBatches(topic, n, size, 262144) }
+func (e *env) preload(topic string, n, size int) error {
+	return e.preloadBatches(topic, n, size, 262144)
+}
 
 // preloadBatches is preload with the producer's batches of batch bytes.
 func (e *env) preloadBatches(topic string, n, size, batch int) error {
@@ -571,9 +582,13 @@ func (e *env) startDaemonZK(id, topic, node, zk string, extra ...string) (*daemo
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--id", id, "--topic", topic, "--kafka", e.kafka, "--zookeeper", zk,
+	args := []string{"--id", id, "--topic", topic, "--kafka", e.kafka,
 		"--listen", d.addr, "--advertise", d.addr, "--node-id", node, "--initial-offset", "oldest",
-		"--metrics-listen", d.metrics}, extra...)
+		"--metrics-listen", d.metrics}
+	if !slices.Contains(extra, "--offset-store") { // the Kafka store needs no ZooKeeper
+		args = append(args, "--zookeeper", zk)
+	}
+	args = append(args, extra...)
 	if !slices.Contains(e.topics, "fanout_"+id+"_"+topic) {
 		e.topics = append(e.topics, "fanout_"+id+"_"+topic) // the daemons' heartbeat topic
 	}
@@ -736,7 +751,7 @@ func (e *env) clientsRun(topic string, n, k int, profile bool, kind clientKind) 
 	r.ClientCPUPerM = clientCPU / float64(max(cpuMessages, 1)) * 1e6
 	d.stop()
 	if kind.all {
-		r.Committed, err = e.committedAll(id, topic)
+		r.Committed, err = e.committedAll(id, topic, "zookeeper")
 	}
 	return r, err
 }

@@ -14,9 +14,10 @@ import (
 // Row is one throughput measurement.
 type Row struct {
 	Size            int     `json:"size"`
-	Consumer        string  `json:"consumer"`          // "A ConsumerPerformance", "B sarama", "C fanout", "D ShareConsumerPerformance", "E fanout spread", "P python threads", "P python asyncio"
-	K               int     `json:"k"`                 // fanout clients or share-consumer threads
-	Members         int     `json:"members,omitempty"` // E: spread members
+	Consumer        string  `json:"consumer"`               // "A ConsumerPerformance", "B sarama", "C fanout", "D ShareConsumerPerformance", "E fanout spread", "P python threads", "P python asyncio"
+	K               int     `json:"k"`                      // fanout clients or share-consumer threads
+	Members         int     `json:"members,omitempty"`      // E: spread members
+	Store           string  `json:"offset_store,omitempty"` // E: the members' --offset-store; "" for ZooKeeper
 	Expected        int64   `json:"expected"`
 	Messages        int64   `json:"messages"`
 	Redelivered     int64   `json:"redelivered,omitempty"`
@@ -53,7 +54,7 @@ func (r Row) label() string {
 		return fmt.Sprintf("%s, %d thread(s)", r.Consumer, r.K)
 	}
 	if strings.HasPrefix(r.Consumer, "E") {
-		return fmt.Sprintf("%s, %d member(s)", r.Consumer, r.Members)
+		return fmt.Sprintf("%s, %d member(s), %s", r.Consumer, r.Members, storeLabel(r.Store))
 	}
 	return r.Consumer
 }
@@ -93,6 +94,14 @@ type report struct {
 	Idle        *Idle     `json:"idle"`
 	Scaling     *Scaling  `json:"scaling,omitempty"`
 	Targets     []Target  `json:"targets"`
+}
+
+// storeLabel names an offset store for the report: "ZooKeeper", "Kafka".
+func storeLabel(store string) string {
+	if store == "" || store == "zookeeper" {
+		return "ZooKeeper"
+	}
+	return strings.ToUpper(store[:1]) + store[1:]
 }
 
 // spreadRows returns the rows of the spread runs (E).
@@ -238,15 +247,17 @@ func (r *report) markdown() string {
 	if spread := r.spreadRows(); len(spread) > 0 {
 		p("## Spread mode")
 		p("")
-		p("E: the same topic drained by M daemons with `--assignment spread` (each serving the partitions the leader")
-		p("assigns it: 8 partitions over M members), with %d client processes each connected to every member (the Go", r.Plan.SpreadClients)
-		p("client keeps a session per member; credit %d, split over them). Per member: its CPU seconds per 10^6 messages it acked, and those", r.Plan.InFlight)
-		p("messages. On this machine the cores are shared by every member, the broker and the clients, so the total")
-		p("rate cannot grow with M; what scales is the work of each member: its share of the messages falls as 1/M")
-		p("while its CPU per message stays flat.")
+		p("E: the same topic drained by M daemons with `--assignment spread` (each serving the partitions its")
+		p("assignment gives it: 8 partitions over M members), with %d client processes each connected to every member (the Go", r.Plan.SpreadClients)
+		p("client keeps a session per member; credit %d, split over them), with each offset store: ZooKeeper (the", r.Plan.InFlight)
+		p("elected leader assigns, ownership records fence each partition) and Kafka (the members of the group")
+		p("fanout_<id>: its leader plans, its generations fence the commits; no ZooKeeper). Per member: its CPU seconds")
+		p("per 10^6 messages it acked, and those messages. On this machine the cores are shared by every member, the")
+		p("broker and the clients, so the total rate cannot grow with M; what scales is the work of each member: its")
+		p("share of the messages falls as 1/M while its CPU per message stays flat.")
 		p("")
-		p("| size | members | messages | msg/s | daemons' cores | CPU s / 10^6 msg, all members | per member: CPU s / 10^6 msg | per member: messages | machine busy %% |")
-		p("|---|--:|--:|--:|--:|--:|---|---|--:|")
+		p("| size | store | members | messages | msg/s | daemons' cores | CPU s / 10^6 msg, all members | per member: CPU s / 10^6 msg | per member: messages | machine busy %% |")
+		p("|---|---|--:|--:|--:|--:|--:|---|---|--:|")
 		for _, t := range spread {
 			var cpu, msgs []string
 			for i := range t.MemberCPUPerM {
@@ -257,8 +268,8 @@ func (r *report) markdown() string {
 				}
 				msgs = append(msgs, fmt.Sprint(t.MemberMessages[i]))
 			}
-			p("| %s | %d | %d | %.0f | %.2f | %.1f | %s | %s | %.0f |", sizeLabel(t.Size), t.Members, t.Messages, t.MsgPerS,
-				t.DaemonCores, t.DaemonCPUPerM, strings.Join(cpu, ", "), strings.Join(msgs, ", "), t.MachineBusyPct)
+			p("| %s | %s | %d | %d | %.0f | %.2f | %.1f | %s | %s | %.0f |", sizeLabel(t.Size), storeLabel(t.Store), t.Members, t.Messages,
+				t.MsgPerS, t.DaemonCores, t.DaemonCPUPerM, strings.Join(cpu, ", "), strings.Join(msgs, ", "), t.MachineBusyPct)
 		}
 		p("")
 	}

@@ -199,7 +199,7 @@ func (e *env) partitionsRun(parts, n, size, k, inFlight int, idleFor time.Durati
 	r.IdleCPUPercent = (cpu2 - cpu1) / idleFor.Seconds() * 100
 	r.IdleCommits, r.IdleZKBytes = commits2-commits1, zk2-zk1
 	d.stop()
-	r.Committed, err = e.committedAll(id, topic)
+	r.Committed, err = e.committedAll(id, topic, "zookeeper")
 	say("   %d partitions: %.0f msg/s, daemon %.2f s CPU / 10^6 msg, peak RSS %.0f MB, %.0f commits, %d ZooKeeper bytes; idle: %.1f%% CPU, %.0f commits, %d ZooKeeper bytes",
 		parts, r.MsgPerS, r.DaemonCPUPerM, r.PeakRSSMB, r.Commits, r.ZKBytes, r.IdleCPUPercent, r.IdleCommits, r.IdleZKBytes)
 	return r, err

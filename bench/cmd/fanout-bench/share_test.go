@@ -38,19 +38,27 @@ func TestShareSteady(t *testing.T) {
 	}
 }
 
-// The spread runs get their own table, one line per member count, with
-// each member's CPU per message; a spread run that missed a commit fails.
+// The spread runs get their own table, one line per store and member
+// count, with each member's CPU per message; a spread run that missed a
+// commit fails.
 func TestSpreadReport(t *testing.T) {
 	r := &report{Plan: quickPlan(), Throughput: []Row{
 		{Size: 100, Consumer: "E fanout spread", K: 4, Members: 2, Expected: 10, Messages: 10, Committed: 10,
 			Seconds: 1, MsgPerS: 10, DaemonCPUPerM: 20, MemberCPUPerM: []float64{19.5, 20.5}, MemberMessages: []int64{6, 4}},
+		{Size: 100, Consumer: "E fanout spread", K: 4, Members: 2, Store: "kafka", Expected: 10, Messages: 10, Committed: 10,
+			Seconds: 2, MsgPerS: 5, DaemonCPUPerM: 30, MemberCPUPerM: []float64{29.5, 30.5}, MemberMessages: []int64{5, 5}},
 		{Size: 100, Consumer: "E fanout spread", K: 4, Members: 3, Expected: 10, Messages: 10, Committed: 9},
 	}}
 	md := r.markdown()
-	if !strings.Contains(md, "| 100 B | 2 | 10 | 10 | 0.00 | 20.0 | 19.5, 20.5 | 6, 4 | 0 |") {
-		t.Errorf("markdown lacks the spread line:\n%s", md)
+	for _, want := range []string{
+		"| 100 B | ZooKeeper | 2 | 10 | 10 | 0.00 | 20.0 | 19.5, 20.5 | 6, 4 | 0 |",
+		"| 100 B | Kafka | 2 | 10 | 5 | 0.00 | 30.0 | 29.5, 30.5 | 5, 5 | 0 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks the spread line %s:\n%s", want, md)
+		}
 	}
-	if f := r.failures(); len(f) != 1 || !strings.Contains(f[0], "3 member(s): committed offsets sum to 9") {
+	if f := r.failures(); len(f) != 1 || !strings.Contains(f[0], "3 member(s), ZooKeeper: committed offsets sum to 9") {
 		t.Errorf("failures = %q", f)
 	}
 }

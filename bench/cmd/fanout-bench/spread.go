@@ -12,17 +12,23 @@ import (
 )
 
 // spreadRun is (E): the same preloaded topic drained by m daemons in spread
-// mode, each serving the partitions the leader assigns it, and k client
+// mode with the offset store store, each serving the partitions its
+// assignment gives it, and k client
 // processes given every member's address (the Go client keeps a session
 // with each, its credit split over them). The
 // rate counts acked messages from the first ack to the last; each member's
 // CPU is divided by the messages it acked (its fanout_messages_acked_total),
 // so that the per-message cost of each member shows whether it stays flat
 // while each handles 1/m of the messages.
-func (e *env) spreadRun(topic string, n, m, k, inFlight int) (Row, error) {
+func (e *env) spreadRun(topic string, n, m, k, inFlight int, store string) (Row, error) {
 	r := Row{Consumer: "E fanout spread", K: k, Members: m}
 	id := fmt.Sprintf("%s-spread%d", topic, m)
-	say("   E: %d spread member(s) + %d client processes", m, k)
+	args := []string{"--assignment", "spread"}
+	if store != "zookeeper" {
+		r.Store, id = store, id+"-"+store
+		args = append(args, "--offset-store", store)
+	}
+	say("   E: %d spread member(s) + %d client processes, offsets in %s", m, k, storeLabel(store))
 	var ds []*daemon
 	defer func() {
 		for _, d := range ds {
@@ -30,7 +36,7 @@ func (e *env) spreadRun(topic string, n, m, k, inFlight int) (Row, error) {
 		}
 	}()
 	for i := range m {
-		d, err := e.startDaemon(id, topic, fmt.Sprintf("bench-%d", i+1), "--assignment", "spread")
+		d, err := e.startDaemon(id, topic, fmt.Sprintf("bench-%d", i+1), args...)
 		if err != nil {
 			return r, err
 		}
@@ -104,7 +110,7 @@ func (e *env) spreadRun(topic string, n, m, k, inFlight int) (Row, error) {
 		}
 	}
 	if err != nil {
-		return r, fmt.Errorf("%w\n(daemon logs: %s-spread%d-bench-*.log)", err, topic, m)
+		return r, fmt.Errorf("%w\n(daemon logs: %s-bench-*.log)", err, id)
 	}
 	r.Seconds = float64(last-first) / 1e9
 	r.DaemonCPUPerM = daemonCPU / float64(max(r.Messages, 1)) * 1e6
@@ -113,7 +119,7 @@ func (e *env) spreadRun(topic string, n, m, k, inFlight int) (Row, error) {
 		d.stop()
 	}
 	ds = nil
-	r.Committed, err = e.committedAll(id, topic)
+	r.Committed, err = e.committedAll(id, topic, store)
 	return r, err
 }
 

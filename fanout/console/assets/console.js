@@ -1,4 +1,6 @@
-// The fanout console: reads api/status every few seconds and renders it.
+// The fanout console: reads api/status every few seconds and renders it,
+// and posts an operator's actions (pause, resume, drain a client) to
+// api/pause, api/resume and api/drain-client with the same token.
 // Every value from the document goes into the page as text (textContent,
 // attributes), never as markup: client names come from the network.
 'use strict';
@@ -118,9 +120,25 @@
     schedule(st.rates && st.rates.interval_seconds);
   }
 
+  // renderTitle names the topic, then the service and the node when they
+  // say something the topic does not: nothing is said twice.
+  function renderTitle(st, node) {
+    const said = [st.topic];
+    const sub = [];
+    for (const [label, v] of [['service', st.id], ['node', node.node_id]]) {
+      if (v && !said.includes(v)) {
+        sub.push(label + ' ' + v);
+        said.push(v);
+      }
+    }
+    setText('title', st.topic || '?');
+    setText('subtitle', sub.join(' · '));
+    document.title = [st.topic, node.node_id].filter((v, i, a) => v && a.indexOf(v) === i).join(' · ') + ' — fanout console';
+  }
+
   function render(st) {
     const node = st.node || {};
-    setText('title', st.topic + ' · ' + st.id + ' · ' + (node.node_id || '?'));
+    renderTitle(st, node);
     const role = $('node-role');
     role.textContent = node.role || 'unknown';
     role.className = 'badge ' + (node.role || '');
@@ -144,6 +162,11 @@
     notReady.hidden = !!node.ready;
     notReady.textContent = node.ready ? '' : 'Not ready: ' + (node.reason || 'no reason given') + '.';
 
+    const deliveries = $('deliveries');
+    deliveries.textContent = node.delivery_paused ? 'paused' : 'flowing';
+    deliveries.className = node.delivery_paused ? 'bad' : 'ok';
+    renderWarnings(node.warnings || []);
+
     const note = $('follower-note');
     note.hidden = false;
     // The reason of a node not ready is above already.
@@ -160,11 +183,103 @@
         (st.leader ? ' (' + st.leader.node + (st.leader.addr ? ', clients at ' + st.leader.addr : '') + ').' : '.');
     }
 
+    renderActions(st, node);
     renderCharts(st.rates);
     renderMembers(st);
     renderSpread(st);
     renderPartitions(st.partitions || []);
-    renderClients(st.clients || [], node.time);
+    renderClients(st.clients || [], node.time, !!node.actions_enabled);
+  }
+
+  // renderWarnings lists what the operator should look at; the reasons the
+  // node is not ready are in the line above it already, and a pause is
+  // said where it can be undone (renderActions).
+  function renderWarnings(warnings) {
+    const list = $('warnings');
+    const shown = warnings.filter((w) => !w.unready && w.kind !== 'delivery-paused');
+    list.replaceChildren(...shown.map((w) => el('li', { 'data-warning': w.kind }, w.message + '.')));
+    list.hidden = shown.length === 0;
+  }
+
+  // ago is how long before the document's time t was, short.
+  function ago(t, now) { return now ? fmtAge(t, now) + ' ago' : new Date(t).toLocaleTimeString(); }
+
+  // renderActions shows whether deliveries flow, who paused or resumed them
+  // last, the buttons (only with a metrics token: without one the daemon
+  // takes no action) and the node's last actions.
+  function renderActions(st, node) {
+    const p = st.pause;
+    const paused = !!node.delivery_paused;
+    let state = paused ? 'Deliveries are paused' : 'Deliveries flow';
+    if (p && p.paused === paused) {
+      state += (paused ? ' by ' : '; resumed by ') + p.by + ' on ' + p.node + ', ' + ago(p.at, node.time);
+    }
+    setText('delivery-state', state + '.');
+    $('delivery-state').className = 'delivery-state ' + (paused ? 'bad' : 'ok');
+    const enabled = !!node.actions_enabled;
+    $('pause-button').hidden = !enabled || paused;
+    $('resume-button').hidden = !enabled || !paused;
+    const note = $('actions-note');
+    note.hidden = enabled;
+    note.textContent = enabled ? '' : 'Actions need the metrics token, and this daemon has none: ' +
+      'start it with --metrics-token-file to pause, resume or drain a client from here.';
+    const recent = (node.actions || []).slice(-5).reverse();
+    $('recent-actions').replaceChildren(...recent.map((a) => el('li', { 'data-action': a.kind },
+      new Date(a.at).toLocaleTimeString() + ' ' + a.kind + (a.target ? ' ' + a.target : '') + ' by ' + a.by +
+      (a.result ? ': ' + a.result : ''))));
+    $('recent-actions').hidden = recent.length === 0;
+  }
+
+  function showResult(text, failed) {
+    const r = $('action-result');
+    r.textContent = text;
+    r.className = failed ? 'error' : 'done';
+    r.hidden = false;
+  }
+
+  // act posts an action with the token and shows what came of it.
+  async function act(path, body, doing, done) {
+    const buttons = document.querySelectorAll('#actions button, #clients button');
+    for (const b of buttons) b.disabled = true;
+    showResult(doing + '…', false);
+    const headers = { 'Content-Type': 'application/json', Accept: 'application/json' };
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = 'Bearer ' + token;
+    try {
+      let res;
+      try {
+        res = await fetch('api/' + path, { method: 'POST', headers, body: JSON.stringify(body), cache: 'no-store' });
+      } catch (err) {
+        showResult('Cannot reach the daemon: ' + err.message, true);
+        return;
+      }
+      const text = await res.text();
+      if (res.status === 401) {
+        if (token) sessionStorage.removeItem(TOKEN_KEY);
+        askToken('The daemon refused that token.');
+        return;
+      }
+      if (!res.ok) {
+        showResult(text.trim() || res.status + ' ' + res.statusText, true);
+        return;
+      }
+      let answer = {};
+      try {
+        answer = JSON.parse(text);
+      } catch (err) {
+        // the action was taken; the next document shows it
+      }
+      showResult(done(answer), false);
+    } finally {
+      for (const b of buttons) b.disabled = false;
+    }
+    load();
+  }
+
+  function pauseDone(a) {
+    const p = a.pause || {};
+    return p.paused ? 'Deliveries paused (version ' + p.version + '): every member stops handing messages out.' :
+      'Deliveries resumed (version ' + p.version + ').';
   }
 
   // row makes a table row; each cell is [label, text, class] and carries its
@@ -242,19 +357,35 @@
     ], { 'data-handoff': h.partition })), 'None in progress: every partition is served by the member assigned it.');
   }
 
-  function renderPartitions(parts) {
-    fillBody('partitions', parts.map((p) => row([
-      ['Partition', p.partition, 'num partition'],
-      ['Owner', p.owner || '–', 'owner'],
-      ['Committed', p.committed === null ? 'none' : fmtNum(p.committed), 'num committed'],
-      ['High watermark', fmtNum(p.high_watermark), 'num high-watermark'],
-      ['Lag', p.lag === null ? '–' : fmtNum(p.lag), 'num lag' + (p.lag > 0 ? ' behind' : '')],
-    ], { 'data-partition': p.partition })), 'No partitions served by this node.');
+  // partitionState says what holds a partition back: held, stalled, dead
+  // letters pending.
+  function partitionState(p) {
+    const s = [];
+    if (p.held) s.push('held');
+    if (p.stalled) s.push('stalled');
+    if (p.dead_letters_pending) s.push(fmtNum(p.dead_letters_pending) + ' dead letters pending');
+    return s;
   }
 
-  function renderClients(clients, now) {
+  function renderPartitions(parts) {
+    fillBody('partitions', parts.map((p) => {
+      const state = partitionState(p);
+      return row([
+        ['Partition', p.partition, 'num partition'],
+        ['Owner', p.owner || '–', 'owner'],
+        ['Committed', p.committed === null ? 'none' : fmtNum(p.committed), 'num committed'],
+        ['High watermark', fmtNum(p.high_watermark), 'num high-watermark'],
+        ['Lag', p.lag === null ? '–' : fmtNum(p.lag), 'num lag' + (p.lag > 0 ? ' behind' : '')],
+        ['State', state.length ? state.join(', ') : '–', 'state' + (state.length ? ' behind' : '')],
+      ], { 'data-partition': p.partition });
+    }), 'No partitions served by this node.');
+  }
+
+  function renderClients(clients, now, actions) {
     const weights = clients.some((c) => c.weight !== undefined && c.weight !== null);
     $('clients').classList.toggle('no-weight', !weights);
+    $('clients').classList.toggle('no-actions', !actions);
+    const worker = (c, v) => (c.role === 'observer' ? '–' : fmtNum(v || 0));
     fillBody('clients', clients.map((c) => row([
       ['Name', (c.name || '(no name)') + (c.identity ? ' · ' + c.identity : ''), 'name'],
       ['Address', c.addr || '–', 'addr'],
@@ -262,9 +393,14 @@
       ['Weight', c.weight === undefined || c.weight === null ? '–' : c.weight, 'num weight'],
       ['In flight', c.role === 'observer' ? '–' : fmtNum(c.in_flight) + ' / ' + fmtNum(c.max_in_flight), 'num in-flight'],
       ['Acked', fmtNum(c.acked), 'num acked'],
+      ['Nacked', worker(c, c.nacked), 'num nacked'],
+      ['Timed out', worker(c, c.timed_out), 'num timed-out'],
+      ['Redelivered', worker(c, c.redelivered), 'num redelivered'],
+      ['Dead-lettered', worker(c, c.dead_lettered), 'num dead-lettered'],
       ['Acks/s', fmtRate(c.acks_per_second), 'num acks-per-second'],
       ['Connected', now ? fmtAge(c.connected_at, now) : c.connected_at, 'num'],
-    ], { 'data-client': c.id })), 'No clients connected.');
+      ['', c.draining ? 'draining…' : el('button', { type: 'button', class: 'drain', 'data-drain': c.id, 'data-name': c.name || '' }, 'Drain'), 'act'],
+    ], { 'data-client': c.id, class: c.draining ? 'draining' : null })), 'No clients connected.');
   }
 
   // niceMax rounds v up to 1, 2 or 5 times a power of ten (at least 1).
@@ -296,11 +432,15 @@
     const last = points.length ? Date.parse(points[points.length - 1].time) : 0;
     const span = points.length ? (last - Date.parse(points[0].time)) / 1000 : 0;
     const windowS = Math.max(MIN_WINDOW_S, span);
+    // One scale for every chart, so that their heights compare.
+    let peak = 0;
+    for (const [key] of SERIES) for (const p of points) peak = Math.max(peak, p[key] || 0);
+    const top = niceMax(peak);
+    setText('rate-scale', 'per second, on one scale up to ' + fmtNum(top));
     for (const [key] of SERIES) {
       const fig = box.querySelector('figure[data-series="' + key + '"]');
       const plot = fig.querySelector('svg');
       const values = points.map((p) => p[key] || 0);
-      const top = niceMax(Math.max(0, ...values));
       const xy = points.map((p, i) => {
         const x = CHART_W - ((last - Date.parse(p.time)) / 1000 / windowS) * CHART_W;
         const y = CHART_H - (values[i] / top) * CHART_H;
@@ -311,6 +451,7 @@
       plot.querySelector('.area').setAttribute('points', area.join(' '));
       plot.setAttribute('data-points', String(points.length));
       plot.setAttribute('data-max', String(Math.max(0, ...values)));
+      plot.setAttribute('data-top', String(top));
       fig.querySelector('.value').textContent = values.length ? fmtRate(values[values.length - 1]) + '/s' : '–';
       fig.querySelector('.ymax').textContent = fmtNum(top);
       fig.querySelector('.from').textContent = '−' + fmtSeconds(windowS);
@@ -324,6 +465,18 @@
     sessionStorage.setItem(TOKEN_KEY, v);
     $('token').value = '';
     load();
+  });
+
+  $('pause-button').addEventListener('click', () =>
+    act('pause', {}, 'Pausing the deliveries', pauseDone));
+  $('resume-button').addEventListener('click', () =>
+    act('resume', {}, 'Resuming the deliveries', pauseDone));
+  $('clients').addEventListener('click', (ev) => {
+    const b = ev.target.closest('button.drain');
+    if (!b) return;
+    const name = b.getAttribute('data-name') || 'session ' + b.getAttribute('data-drain');
+    act('drain-client', { id: Number(b.getAttribute('data-drain')) }, 'Draining ' + name, () =>
+      'Draining ' + name + ': it gets no more deliveries; what it holds goes to the other clients unless it acks it.');
   });
 
   tokenFromFragment();
