@@ -192,6 +192,9 @@ func runDriver(args []string) error {
 	for _, t := range rep.Targets {
 		say("   %s", t.line())
 	}
+	for _, g := range rep.unmeasured(rep.Targets) {
+		say("   %-64s not measured in this run", g)
+	}
 	say("done in %s: %s/results.md, results.json, throughput.png", time.Since(t0).Round(time.Second), e.out)
 	if fails := rep.failures(); len(fails) > 0 {
 		return fmt.Errorf("not every message was delivered:\n  %s", strings.Join(fails, "\n  "))

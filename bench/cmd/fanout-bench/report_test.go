@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -56,6 +57,9 @@ func TestTargets(t *testing.T) {
 			t.Errorf("%s: %q, want %q", g.Name, g.result(), w)
 		}
 	}
+	if missing := r.unmeasured(got); len(missing) != 0 {
+		t.Errorf("a full run's goals not measured: %q", missing)
+	}
 	r.Targets = got
 	md := r.markdown()
 	if !strings.Contains(md, "| msg/s >= 2 x a share group's (C/D), 1 KiB, K=4 | 700 msg/s (D 500) | 1.40 | not met: 0.60 under the limit 2.00 (30% short) |") {
@@ -63,16 +67,37 @@ func TestTargets(t *testing.T) {
 	}
 }
 
-// A quick run (no K = 16, no 10k msg/s, 500 idle clients) reports only the
-// targets it measured.
+// A quick run (no B, no 10k msg/s, 500 idle clients, topics of 8 and 64
+// partitions) reports the targets it measured (the partitions' with the
+// largest topic it drained) and names the others as not measured.
 func TestTargetsOfAQuickRun(t *testing.T) {
 	r := &report{
 		Throughput: []Row{{Size: 100, Consumer: "C fanout", K: 1, MsgPerS: 500, DaemonCPUPerM: 1}},
 		Latency:    []Latency{{Rate: 1000, Consumer: "C fanout", P99: 1}},
 		Idle:       &Idle{Clients: 500, PeakRSSMB: 30},
+		Scaling:    &Scaling{Partitions: []PartitionsRun{{Partitions: 8, DaemonCPUPerM: 1}, {Partitions: 64, DaemonCPUPerM: 1.1}}},
 	}
+	got := r.targets()
+	if len(got) != 1 || got[0].Name != "daemon CPU / 10^6 msg, 64 partitions <= 1.2 x 8 partitions'" || got[0].result() != "met" {
+		t.Fatalf("targets of a quick run: %+v", got)
+	}
+	missing := r.unmeasured(got)
+	if len(missing) != len(goals)-1 || slices.Contains(missing, goals[4]) {
+		t.Fatalf("not measured: %q", missing)
+	}
+	r.Targets = got
+	md := r.markdown()
+	for _, g := range missing {
+		if !strings.Contains(md, "| "+g+" | not measured in this run | | |") {
+			t.Errorf("the report does not say %q was not measured:\n%s", g, md)
+		}
+	}
+	r.Scaling = nil
 	if got := r.targets(); len(got) != 0 {
 		t.Fatalf("targets without their references: %+v", got)
+	}
+	if missing := r.unmeasured(nil); !slices.Equal(missing, goals) {
+		t.Fatalf("not measured: %q, want every goal", missing)
 	}
 }
 
