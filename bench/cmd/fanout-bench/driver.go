@@ -122,7 +122,7 @@ func runDriver(args []string) error {
 	fs.StringVar(&e.pyclient, "pyclient", "bench/pyclient.py", "the Python client's bench worker")
 	fs.StringVar(&e.out, "out", "bench-results", "output directory")
 	fs.BoolVar(&e.perf, "perf", false, "record perf profiles of the daemon and of one client during C at each K, largest size")
-	messages := fs.Int("messages", 0, "messages per size instead of the plan's (for a profile of a quick run)")
+	messages := fs.Int("messages", 0, "messages per size, and per scaling topic, instead of the plan's (for a profile of a quick run)")
 	_ = fs.Parse(args)
 	p := fullPlan()
 	if *quick {
@@ -131,6 +131,9 @@ func runDriver(args []string) error {
 	if *messages > 0 {
 		for size := range p.Messages {
 			p.Messages[size] = *messages
+		}
+		if p.Scaling != nil {
+			p.Scaling.PartMessages, p.Scaling.BusyMessages = *messages, *messages
 		}
 	}
 	p.SpreadOnly, p.ClientsOnly, p.ScalingOnly = *spreadOnly, *clientsOnly, *scalingOnly
