@@ -293,6 +293,36 @@ func TestSpreadDaemonsOnTheKafkaStore(t *testing.T) {
 	if el := a.elector.Load(); el == nil || el.Leadership().Leader || el.Leadership().Known {
 		t.Errorf("an elected leader in spread mode on the Kafka store: %+v", el.Leadership())
 	}
+	// The console's document, from either member: the mode and the store,
+	// the group's assignment (each member with the partitions it holds),
+	// and every partition with its offset and its holder.
+	for _, dm := range []*Daemon{a, b} {
+		st := dm.Status(t.Context())
+		if st.Mode != AssignmentSpread || st.OffsetStore != OffsetStoreKafka || st.Assignment == nil || st.Assignment.Epoch != 0 ||
+			st.Assignment.Generation != uint64(a.Ownership().Generation) {
+			t.Errorf("%s's console: mode %q, store %q, assignment %+v; want spread, kafka, the group's generation %d",
+				st.Node.NodeID, st.Mode, st.OffsetStore, st.Assignment, a.Ownership().Generation)
+			continue
+		}
+		owners := map[int32]string{}
+		for _, m := range st.Assignment.Members {
+			if len(m.Partitions) != 2 || !slices.Equal(m.Partitions, m.Owned) {
+				t.Errorf("%s's console: member %s assigned %v, owns %v; want the same two", st.Node.NodeID, m.NodeID, m.Partitions, m.Owned)
+			}
+			for _, p := range m.Owned {
+				owners[p] = m.NodeID
+			}
+		}
+		if len(st.Partitions) != 4 {
+			t.Errorf("%s's console shows partitions %+v, want all four", st.Node.NodeID, st.Partitions)
+		}
+		for _, p := range st.Partitions {
+			if p.Owner == "" || p.Owner != owners[p.Partition] || p.Committed == nil || *p.Committed != 1 {
+				t.Errorf("%s's console: partition %d owner %q (the assignment says %q), committed %v; want its holder and 1",
+					st.Node.NodeID, p.Partition, p.Owner, owners[p.Partition], p.Committed)
+			}
+		}
+	}
 
 	stopB()
 	select {

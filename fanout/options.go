@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/go-zookeeper/zk"
@@ -412,6 +413,16 @@ func (o Options) Validate() error {
 	}
 	if o.NodeID == cluster.ToolNode {
 		bad("--node-id %q is reserved: fanout offsets reset records it in the leader record it takes", o.NodeID)
+	}
+	// Both go into JSON (the Kafka group's member metadata and plans, the
+	// status), which would turn invalid bytes into others: a member would
+	// not find itself in its own group's plan, a client would get an
+	// address that is none.
+	if !utf8.ValidString(o.NodeID) {
+		bad("--node-id %q is not valid UTF-8", o.NodeID)
+	}
+	if !utf8.ValidString(o.Advertise) {
+		bad("--advertise %q is not valid UTF-8", o.Advertise)
 	}
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		bad("--listen %q: %v", o.Listen, err)

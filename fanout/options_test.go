@@ -25,6 +25,8 @@ func TestValidate(t *testing.T) {
 		{"zookeeper chroot on the last server", func(o *Options) { o.ZooKeeper = []string{"zk1:2181", "zk2:2181/fanout"} }, ""},
 		{"zookeeper chroot elsewhere", func(o *Options) { o.ZooKeeper = []string{"zk1:2181/x", "zk2:2181"} }, "--zookeeper"},
 		{"the offsets tool's node id", func(o *Options) { o.NodeID = "fanout-offsets-tool" }, "--node-id"},
+		{"node id not UTF-8", func(o *Options) { o.NodeID = "node-\xff" }, "--node-id"},
+		{"advertise not UTF-8", func(o *Options) { o.Advertise = "h\xff:4987" }, "--advertise"},
 		{"bad listen", func(o *Options) { o.Listen = "4987" }, "--listen"},
 		{"bad advertise", func(o *Options) { o.Advertise = ":4987" }, "--advertise"},
 		{"negative ack timeout", func(o *Options) { o.AckTimeout = -time.Second }, "--ack-timeout"},

@@ -10,8 +10,11 @@ package integration
 // and those of what only this store has. Helpers here are prefixed sk.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os/exec"
 	"slices"
 	"strings"
@@ -208,7 +211,8 @@ func TestSpreadKafkaPartitionIncrease(t *testing.T) { testSpreadPartitionIncreas
 
 // 7. A member killed and restarted within the session timeout takes its
 // place back (its static instance id): no rebalance, nothing moves, and it
-// serves its partitions again from their committed offsets.
+// serves its partitions again from their committed offsets: fanout tail
+// given another member's address prints every partition's messages.
 func TestSpreadKafkaRestartMovesNothing(t *testing.T) {
 	const partitions = 6
 	topic := uniqueName(t, "topic")
@@ -232,14 +236,42 @@ func TestSpreadKafkaRestartMovesNothing(t *testing.T) {
 	if after := skOwners(t, c); !equalOwners(after, before) {
 		t.Errorf("owners %v after the restart, %v before: something moved", after, before)
 	}
-	produceSeq(t, topic, "m", partitions, partitions)
-	raw := spRawConsume(t, victim, nil)
-	testutil.WaitFor(t, 30*time.Second, "the restarted member to deliver its partitions' messages", func() bool {
-		parts := map[int32]bool{}
-		for _, d := range raw.all() {
-			parts[d.part] = true
+	// fanout tail given another member's address prints the messages of
+	// every partition: it connects to every member from there, and the
+	// restarted member serves its partitions again.
+	const n = 4 * partitions
+	produceSeq(t, topic, "m", n, partitions)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	tail := exec.CommandContext(ctx, procBinary(t), "tail", "--connect", c.nodes[0].addr, "--count", fmt.Sprint(n), "--json", "--timeout", "60s")
+	var stdout, stderr bytes.Buffer
+	tail.Stdout, tail.Stderr = &stdout, &stderr
+	if err := tail.Run(); err != nil {
+		t.Fatalf("fanout tail --connect %s: %v\nstderr:\n%s", c.nodes[0].addr, err, stderr.String())
+	}
+	seen, parts := map[string]bool{}, map[int32]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		var r struct {
+			Partition int32  `json:"partition"`
+			Value     string `json:"value"`
 		}
-		return len(parts) == len(before[victim.id])
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("fanout tail printed %q: %v", line, err)
+		}
+		seen[r.Value], parts[r.Partition] = true, true
+	}
+	if len(seen) != n || len(parts) != partitions {
+		t.Errorf("fanout tail given %s printed %d distinct messages of partitions %v, want %d of all %d",
+			c.nodes[0].addr, len(seen), slices.Sorted(maps.Keys(parts)), n, partitions)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the tailed messages committed on every partition", func() bool {
+		offs := c.offsets()
+		for p := range int32(partitions) {
+			if offs[p] != n/partitions {
+				return false
+			}
+		}
+		return true
 	})
 }
 

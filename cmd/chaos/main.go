@@ -57,8 +57,8 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()%1_000_000), "seed of the fault schedule")
 	duration := fs.Duration("duration", 10*time.Minute, "length of the fault phase of each mode")
 	interval := fs.Duration("interval", 10*time.Second, "mean time between fault starts")
-	quick := fs.Bool("quick", false, "35 s of faults per run, one every 3 s: leader mode on ZooKeeper, spread mode on ZooKeeper "+
-		"and on Kafka (with --offset-store both, leader mode on Kafka too); about 1.25 minutes per run")
+	quick := fs.Bool("quick", false, "35 s of faults per run, one every 3 s: both modes on both offset stores (leader and spread "+
+		"mode on ZooKeeper, then on Kafka); about 1.25 minutes per run")
 	daemons := fs.Int("daemons", 3, "daemon processes")
 	clients := fs.Int("clients", 3, "acking client processes (a silent and a nacking one come on top)")
 	partitions := fs.Int("partitions", 6, "partitions of the topic at the start")
@@ -98,14 +98,10 @@ func run(ctx context.Context, args []string, log *logrus.Entry) error {
 		}
 	}
 	if *quick {
-		// Spread mode is where the stores differ most (ownership records, or
-		// the group's generations), so it runs on both; leader mode on
-		// Kafka only when asked (its fence is the group's one membership,
-		// which the integration tests cover).
-		runs = []pair{{"leader", "zookeeper"}, {"spread", "zookeeper"}, {"spread", "kafka"}}
-		if *store == "both" {
-			runs = append(runs, pair{"leader", "kafka"})
-		}
+		// Every mode on every store: each pair fences and hands over
+		// differently (the leader record or the group's one membership,
+		// ownership records or the group's generations).
+		runs = []pair{{"leader", "zookeeper"}, {"spread", "zookeeper"}, {"spread", "kafka"}, {"leader", "kafka"}}
 		*duration, *interval = 35*time.Second, 3*time.Second
 	}
 	if *fanoutBin == "" {

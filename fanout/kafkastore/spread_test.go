@@ -67,9 +67,14 @@ func quiet() *logrus.Entry {
 
 func newMember(t *testing.T, c *kfake.Cluster, node string) *spMember {
 	t.Helper()
+	return newWeightedMember(t, c, node, 1)
+}
+
+func newWeightedMember(t *testing.T, c *kfake.Cluster, node string, weight int) *spMember {
+	t.Helper()
 	store := kafkastore.New(newClient(t, c), "svc", "jobs", spSession)
 	m := &spMember{node: node, store: store, client: newClient(t, c)}
-	m.sp = store.Spread(kafkastore.SpreadConfig{Node: node, Addr: node + ":4987", Client: m.client,
+	m.sp = store.Spread(kafkastore.SpreadConfig{Node: node, Addr: node + ":4987", Weight: weight, Client: m.client,
 		Heartbeat: spHeartbeat, Planner: cluster.PlanGroup, Logger: quiet()})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -246,6 +251,34 @@ func TestSpreadMembersShareAndMoveCooperatively(t *testing.T) {
 	got, _ := b.store.Load(tctx(t))
 	if got[mv] != 51 || got[staying[0]] != 61 {
 		t.Errorf("offsets %v: want %d at 51 and %d at 61", got, mv, staying[0])
+	}
+}
+
+// Each member's weight goes to the group's leader in its join: a member of
+// weight 2 holds twice the share of one of weight 1, whichever of them
+// plans, and the plan every member receives carries both addresses.
+func TestSpreadWeightIsTheShare(t *testing.T) {
+	t.Parallel()
+	c := spreadKafka(t, 6)
+	a, b := newWeightedMember(t, c, "node-a", 1), newWeightedMember(t, c, "node-b", 2)
+	a.join(t)
+	b.join(t)
+	testutil.WaitFor(t, 20*time.Second, "a plan of both members, each holding its targets", func() bool {
+		pa, pb := a.sp.Plan(), b.sp.Plan()
+		return pa != nil && pb != nil && pa.Generation == pb.Generation && len(pa.Owners) == 2 &&
+			len(a.held())+len(b.held()) == 6 && slices.Equal(a.held(), a.target()) && slices.Equal(b.held(), b.target())
+	})
+	if len(a.held()) != 2 || len(b.held()) != 4 {
+		t.Errorf("node-a (weight 1) holds %v, node-b (weight 2) %v: want 2 and 4 of 6", a.held(), b.held())
+	}
+	for _, m := range []*spMember{a, b} {
+		var addrs []string
+		for _, o := range m.sp.Plan().Owners {
+			addrs = append(addrs, o.Addr)
+		}
+		if !slices.Equal(addrs, []string{"node-a:4987", "node-b:4987"}) {
+			t.Errorf("%s's plan lists addresses %v, want both members'", m.node, addrs)
+		}
 	}
 }
 
