@@ -149,6 +149,44 @@ func TestBatchesOneBatchPerFrame(t *testing.T) {
 
 // sameBuffer reports whether the batch's values lie in one buffer, in
 // order: each a few bytes (the next delivery's fields) after the previous.
+// Delivery frames that arrived together, read with one system call, make
+// one Batch, settled with one frame and one range.
+func TestBatchesFramesArrivedTogether(t *testing.T) {
+	t.Parallel()
+	d := startFake(t)
+	c, fc := connectBatch(t, d, Config{Batches: true, MaxInFlight: 100}, batchWelcome())
+	var sent []*protocol.Deliver
+	for _, frame := range []struct{ first, n uint64 }{{1000, 5}, {1005, 3}, {1008, 4}} {
+		var ds []*protocol.Deliver
+		for id := frame.first; id < frame.first+frame.n; id++ {
+			ds = append(ds, &protocol.Deliver{DeliveryId: id, Offset: int64(id), Value: []byte(fmt.Sprint("v", id)), Attempt: 1})
+		}
+		if _, err := fc.w.WriteDeliverBatch(ds, 0); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, ds...)
+	}
+	fc.send(t, protocol.PingFrame(9)) // one flush: every frame in one write
+	b := receiveBatch(t, c)
+	if len(b.Messages) != len(sent) {
+		t.Fatalf("a batch of %d messages; the %d of the three frames written together want one", len(b.Messages), len(sent))
+	}
+	for i, m := range b.Messages {
+		if m.DeliveryID != sent[i].DeliveryId || string(m.Value) != string(sent[i].Value) {
+			t.Fatalf("message %d = %+v, sent %v", i, m, sent[i])
+		}
+	}
+	if err := b.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	var f *protocol.Frame
+	for f = fc.next(t); f.GetPong() != nil; f = fc.next(t) {
+	}
+	if f.GetAck() == nil || !slices.Equal(f.GetAck().GetRanges(), []uint64{1000, uint64(len(sent))}) {
+		t.Fatalf("frame %v, want one Ack of the range [1000 %d]", f, len(sent))
+	}
+}
+
 func sameBuffer(b *Batch) bool {
 	addr := func(v []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(v))) }
 	for i := 1; i < len(b.Messages); i++ {

@@ -94,9 +94,9 @@ type Config struct {
 	// Consume); nil logs nothing. A *slog.Logger is any handler's: the
 	// application's own logger, whatever it writes to.
 	Logger *slog.Logger
-	// Batches makes deliveries arrive on Batches, the messages of each
-	// frame the daemon sent together as one Batch, instead of one by one on
-	// Messages (which then only closes when the client stops).
+	// Batches makes deliveries arrive on Batches, the messages of the
+	// frames read together as one Batch, instead of one by one on Messages
+	// (which then only closes when the client stops).
 	Batches bool
 }
 
@@ -377,7 +377,7 @@ func (c *Client) handshake(l *link, addr string, credit int) (_ *session, redire
 	if err := w.Flush(); err != nil {
 		return nil, "", fmt.Errorf("hello to %s: %w", addr, err)
 	}
-	r := protocol.NewReader(nc, c.cfg.MaxFrameSize)
+	r := protocol.NewSlabReader(nc, c.cfg.MaxFrameSize)
 	var f protocol.Frame
 	for {
 		if err := r.ReadFrame(&f); err != nil {

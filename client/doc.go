@@ -59,12 +59,14 @@
 // The client announces CAPABILITY_BATCH: a daemon that takes it up sends
 // deliveries many to a frame (DeliverBatch, what is ready at that moment),
 // and reads ids named by ranges, which the client sends for runs of
-// consecutive ids. The client decodes a frame without an allocation per
-// message: Key, Value and header values are slices of a buffer allocated for
-// that frame alone and never reused. With Config.Batches the messages of
-// each frame arrive together as a Batch on Batches, and Batch.Ack (or Nack,
-// NackWith, or Touch) settles the whole batch in one call, one range on the
-// wire:
+// consecutive ids. The client reads the connection in chunks of up to 1 MiB,
+// as much as has arrived with each system call, and decodes the frames where
+// they lie, without an allocation per message: Key, Value and header values
+// are slices of that memory, which is never written again while anything
+// references it (the client reuses it once the garbage collector finds it
+// unreferenced). With Config.Batches the messages of the frames read
+// together arrive as one Batch on Batches, and Batch.Ack (or Nack, NackWith,
+// or Touch) settles the whole batch in one call, one frame on the wire:
 //
 //	c, err := client.Dial(ctx, client.Config{Addrs: addrs, MaxInFlight: 1000, Batches: true})
 //	...

@@ -143,16 +143,19 @@ func (m *Message) usable() error {
 	return m.sess.state()
 }
 
-// Batch is the messages of one delivery frame, in the order the daemon sent
-// them, for a client with Config.Batches. Each message can be acked, nacked
-// and touched on its own, or the whole batch at once: Ack, Nack and Touch of
-// a Batch cost one lock and, as the daemon gave the batch consecutive
-// delivery ids, one range on the wire.
+// Batch is the messages of the delivery frames the client read together
+// (one frame, or those that one read of the connection brought), in the
+// order the daemon sent them, for a client with Config.Batches. Each
+// message can be acked, nacked and touched on its own, or the whole batch
+// at once: Ack, Nack and Touch of a Batch cost one lock and one frame on the
+// wire, whose ids are few ranges (the daemon gives the deliveries of a frame
+// consecutive ids).
 //
-// The messages' Key, Value and header values are slices of one buffer that
-// holds the frame's bytes, allocated for that frame alone and never reused:
-// they stay valid as long as they are referenced (and keep the whole buffer
-// alive meanwhile: copy what you keep long after the batch is settled).
+// The messages' Key, Value and header values are slices of the memory the
+// frames were read into, up to 1 MiB shared with the frames read before and
+// after, which is never written again while anything references it: they
+// stay valid as long as they are referenced (and keep that memory alive
+// meanwhile: copy what you keep long after the batch is settled).
 type Batch struct {
 	Messages []*Message
 	sess     *session

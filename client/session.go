@@ -296,7 +296,16 @@ func (s *session) readLoop(ctx context.Context) error {
 			continue // Goodbye sent: drain until the daemon closes
 		}
 		if deliveries {
-			s.deliver(ctx, &b)
+			batch := s.newBatch(&b, nil)
+			// Delivery frames that arrived with this one go in the same
+			// Batch: one hand-over and, settled together, one write.
+			for s.r.DeliveriesBuffered() {
+				if _, err := s.r.ReadBatch(&f, &b); err != nil {
+					return fmt.Errorf("read from %s: %w", s.addr, err)
+				}
+				batch = s.newBatch(&b, batch)
+			}
+			s.deliver(ctx, batch)
 			continue
 		}
 		switch b := f.Body.(type) {
@@ -327,13 +336,13 @@ func (s *session) readLoop(ctx context.Context) error {
 	}
 }
 
-// deliver hands the deliveries of one frame to Messages, or to Batches as
-// one Batch. The channel holds the in-flight limit, so this blocks only if
-// the daemon overruns it, the session ends, or other sessions' messages
-// fill it. A retiring session passes no delivery on: it gives them back
-// (giveBack).
-func (s *session) deliver(ctx context.Context, pb *protocol.Batch) {
-	n := len(pb.Deliveries)
+// deliver hands the messages of b, the deliveries of one or more frames,
+// to Messages, or to Batches as one Batch. The channel holds the in-flight
+// limit, so this blocks only if the daemon overruns it, the session ends,
+// or other sessions' messages fill it. A retiring session passes no
+// delivery on: it gives them back (giveBack).
+func (s *session) deliver(ctx context.Context, b *Batch) {
+	n := len(b.Messages)
 	if n == 0 {
 		return
 	}
@@ -342,19 +351,18 @@ func (s *session) deliver(ctx context.Context, pb *protocol.Batch) {
 	// writer waits for them to be acked.
 	s.held.Add(int64(n))
 	if s.draining.Load() {
-		s.giveBack(pb.Deliveries)
+		s.giveBack(b.Messages)
 		return
 	}
-	b := s.newBatch(pb)
 	if s.c.batches != nil {
 		if !handOver(ctx, s, s.c.batches, b) {
-			s.giveBack(pb.Deliveries) // the session retires
+			s.giveBack(b.Messages) // the session retires
 		}
 		return
 	}
 	for i, m := range b.Messages {
 		if !handOver(ctx, s, s.c.msgs, m) {
-			s.giveBack(pb.Deliveries[i:]) // the session retires
+			s.giveBack(b.Messages[i:]) // the session retires
 			return
 		}
 	}
@@ -381,13 +389,17 @@ func handOver[T any](ctx context.Context, s *session, ch chan<- T, v T) bool {
 	return true
 }
 
-// newBatch turns the deliveries of one frame into Messages: one allocation
-// for the messages, one for the pointers and one for all their headers.
-// Key, Value and header values are the frame's bytes, not copied.
-func (s *session) newBatch(pb *protocol.Batch) *Batch {
+// newBatch turns the deliveries of one frame into Messages, appended to
+// the Batch into (a new Batch when nil): one allocation for the messages,
+// one for all their headers. Key, Value and header values are the frame's
+// bytes, not copied.
+func (s *session) newBatch(pb *protocol.Batch, into *Batch) *Batch {
 	n := len(pb.Deliveries)
 	ms := make([]Message, n)
-	b := &Batch{Messages: make([]*Message, n), sess: s}
+	b := into
+	if b == nil {
+		b = &Batch{Messages: make([]*Message, 0, n), sess: s}
+	}
 	observed := s.welcome.GetObserver()
 	nh := 0
 	for i := range pb.Deliveries {
@@ -410,7 +422,7 @@ func (s *session) newBatch(pb *protocol.Batch) *Batch {
 			}
 			m.Headers = hs[first:len(hs):len(hs)]
 		}
-		b.Messages[i] = m
+		b.Messages = append(b.Messages, m)
 	}
 	return b
 }
@@ -437,12 +449,12 @@ type record struct {
 // the session ends; it is dropped then, as before, and comes again after
 // the Goodbye. An observer's copy needs nothing; a session that ended
 // cannot nack (the daemon redelivers what it had in flight anyway).
-func (s *session) giveBack(ds []protocol.Delivery) {
+func (s *session) giveBack(ms []*Message) {
 	if !s.welcome.GetObserver() {
 		s.mu.Lock()
 		nacked := false
-		for i := range ds {
-			r := record{ds[i].Partition, ds[i].Offset}
+		for _, m := range ms {
+			r := record{m.Partition, m.Offset}
 			if s.ended != nil || s.givenBack[r] {
 				continue
 			}
@@ -450,7 +462,7 @@ func (s *session) giveBack(ds []protocol.Delivery) {
 				s.givenBack = map[record]bool{}
 			}
 			s.givenBack[r] = true
-			s.later = append(s.later, laterNack{id: ds[i].ID, reason: retiringReason, unprocessed: true})
+			s.later = append(s.later, laterNack{id: m.DeliveryID, reason: retiringReason, unprocessed: true})
 			nacked = true
 		}
 		s.mu.Unlock()
@@ -458,7 +470,7 @@ func (s *session) giveBack(ds []protocol.Delivery) {
 			s.signal()
 		}
 	}
-	s.release(len(ds)) // after the nacks are queued: they are sent before the Goodbye
+	s.release(len(ms)) // after the nacks are queued: they are sent before the Goodbye
 }
 
 // writeLoop is the only writer of the socket. Each time it wakes it takes

@@ -395,3 +395,60 @@ func TestZKStoreDelays(t *testing.T) {
 		t.Fatalf("LoadProgress after a commit of offsets alone = %+v, %v; want none", got, err)
 	}
 }
+
+// A commit of 1,024 partitions whose progress and delays are near as large
+// as they may be (over 2 KB each, 2 MB in all: more than a ZooKeeper
+// request may carry, jute.maxbuffer's 1 MB by default) goes through, in
+// several multis each under the fence, and a fenced one writes nothing.
+func TestZKStoreCommitOfManyPartitions(t *testing.T) {
+	conn := zkConnect(t)
+	chroot := zkChroot(t, conn)
+	ctx := context.Background()
+	s := zkstore.New(conn, chroot, "a", "t")
+	fence := zkFence(t, conn, chroot)
+	const parts = 1024
+	offs := map[int32]int64{}
+	prog := map[int32]offsets.Progress{}
+	for p := range int32(parts) {
+		base := int64(1_000_000_000) * int64(p+1)
+		pr := offsets.Progress{Base: base}
+		for i := range int64(400) {
+			pr.Acked = append(pr.Acked, offsets.Range{First: base + 1 + 3*i, Last: base + 2 + 3*i})
+		}
+		for i := range int64(offsets.MaxProgressDelays) {
+			pr.Delayed = append(pr.Delayed, offsets.Delay{Offset: base + 3*i, NotBefore: 4_000_000_000_000 + i})
+		}
+		if n := len(pr.Encode()) + len(pr.EncodeDelays()); n < 2048 {
+			t.Fatalf("progress and delays of %d bytes: not near their bounds", n)
+		}
+		offs[p], prog[p] = base, pr
+	}
+	if err := s.CommitProgress(ctx, fence, offs, prog); err != nil {
+		t.Fatalf("CommitProgress of %d partitions: %v", parts, err)
+	}
+	fresh := zkstore.New(zkConnect(t), chroot, "a", "t")
+	if got := mustLoad(t, fresh); !equalOffsets(got, offs) {
+		t.Fatalf("Load: %d partitions, want %d", len(got), parts)
+	}
+	got, err := fresh.LoadProgress(ctx)
+	if err != nil || len(got) != parts {
+		t.Fatalf("LoadProgress: %d partitions, %v", len(got), err)
+	}
+	for p, pr := range prog {
+		if got[p].Encode() != pr.Encode() || got[p].EncodeDelays() != pr.EncodeDelays() {
+			t.Fatalf("partition %d: progress read back differs", p)
+		}
+	}
+	// Under a stale fence, nothing is written, whatever the number of multis.
+	stale := offsets.TopicFence(zkstore.Version{Path: chroot + "/leader", Version: 7})
+	moved := map[int32]int64{}
+	for p, o := range offs {
+		moved[p] = o + 1
+	}
+	if err := fresh.Commit(ctx, stale, moved); !errors.Is(err, offsets.ErrFenced) {
+		t.Fatalf("Commit under a stale fence: %v", err)
+	}
+	if got := mustLoad(t, zkstore.New(conn, chroot, "a", "t")); !equalOffsets(got, offs) {
+		t.Fatal("a fenced commit wrote offsets")
+	}
+}

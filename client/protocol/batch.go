@@ -108,11 +108,13 @@ type HeaderField struct {
 }
 
 // Batch holds the deliveries of one Deliver or DeliverBatch frame read by
-// ReadBatch. Buf is a buffer allocated for that frame alone and never
-// written again, so Key, Value and header values stay valid as long as
-// they are referenced; Deliveries (and their Headers slices) are reused by
-// the next ReadBatch into the same Batch. Header keys are strings of their
-// own, shared with the previous delivery's when equal.
+// ReadBatch. Buf holds the frame's bytes and is never written again while
+// referenced, so Key, Value and header values stay valid as long as they
+// are referenced: a buffer allocated for that frame alone, or (a slab
+// Reader's) a part of a slab, whose other parts hold other frames;
+// Deliveries (and their Headers slices) are reused by the next ReadBatch
+// into the same Batch. Header keys are strings of their own, shared with
+// the previous delivery's when equal.
 type Batch struct {
 	Deliveries []Delivery
 	Buf        []byte
@@ -136,6 +138,7 @@ const ownedAhead = 1 << 20
 // Unlike ReadFrame, ReadBatch allocates a delivery frame's buffer (Buf)
 // at its declared size up to 1 MiB before the bytes arrive (the size is
 // checked against the maximum first); it grows larger ones as bytes arrive.
+// A slab Reader allocates none for a frame that fits in a slab.
 func (r *Reader) ReadBatch(f *Frame, b *Batch) (bool, error) {
 	size, err := r.readHeader()
 	if err != nil {
@@ -144,13 +147,13 @@ func (r *Reader) ReadBatch(f *Frame, b *Batch) (bool, error) {
 	if size == 0 {
 		return false, r.decode(nil, f)
 	}
-	tag, err := r.r.Peek(1)
+	tag, err := r.peek()
 	if err != nil {
 		return false, unexpected(err)
 	}
 	var body []byte
-	if tag[0] == tagFrameDeliver || tag[0] == tagFrameDeliverBatch {
-		if body, err = readOwned(r.r, int(size)); err != nil {
+	if tag == tagFrameDeliver || tag == tagFrameDeliverBatch {
+		if body, err = r.readOwned(int(size)); err != nil {
 			return false, unexpected(err)
 		}
 		if decodeDeliveries(body, b) {
@@ -170,6 +173,18 @@ func (r *Reader) ReadBatch(f *Frame, b *Batch) (bool, error) {
 	return true, nil
 }
 
+// DeliveriesBuffered reports whether the next frame is a Deliver or
+// DeliverBatch frame within the size limit whose bytes have all been read
+// from the connection already: ReadBatch returns it without waiting. (Only
+// a slab Reader says so; another reports false.)
+func (r *Reader) DeliveriesBuffered() bool {
+	if r.sl == nil {
+		return false
+	}
+	body := r.sl.bufferedFrame()
+	return len(body) > 0 && len(body) <= r.max && (body[0] == tagFrameDeliver || body[0] == tagFrameDeliverBatch)
+}
+
 // unexpected turns the end of the stream inside a frame into
 // io.ErrUnexpectedEOF.
 func unexpected(err error) error {
@@ -181,8 +196,13 @@ func unexpected(err error) error {
 
 // readOwned reads the next n bytes into a new buffer: allocated at once up
 // to ownedAhead, growing as bytes arrive beyond.
-func readOwned(r io.Reader, n int) ([]byte, error) {
-	b := make([]byte, 0, min(n, ownedAhead))
+func readOwned(r io.Reader, n int) ([]byte, error) { return readOwnedAfter(r, n, nil) }
+
+// readOwnedAfter is readOwned for n bytes of which have (at most n) were
+// read already: they are copied to the new buffer's start.
+func readOwnedAfter(r io.Reader, n int, have []byte) ([]byte, error) {
+	b := make([]byte, 0, max(min(n, ownedAhead), len(have)))
+	b = append(b, have...)
 	for len(b) < n {
 		want := min(n, len(b)+max(ownedAhead, len(b)))
 		if cap(b) < want {

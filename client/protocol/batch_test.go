@@ -382,6 +382,12 @@ func TestReadBatchRaw(t *testing.T) {
 
 func TestReadBatchLimitsAndErrors(t *testing.T) {
 	t.Parallel()
+	for _, rd := range readers {
+		t.Run(rd.name, func(t *testing.T) { testReadBatchLimitsAndErrors(t, rd.make) })
+	}
+}
+
+func testReadBatchLimitsAndErrors(t *testing.T, NewReader func(io.Reader, int) *Reader) {
 	ds := []*Deliver{{DeliveryId: 1, Value: bytes.Repeat([]byte{'v'}, 1000)}}
 	stream, _, _ := writeBatch(t, ds, 0, 0)
 	size := len(stream) - HeaderSize
@@ -415,11 +421,11 @@ func TestReadBatchLimitsAndErrors(t *testing.T) {
 	if ok, err := r.ReadBatch(&f, &b); !ok || err != nil || len(b.Deliveries[0].Value) != 1000 {
 		t.Fatalf("one byte at a time: %v, %v", ok, err)
 	}
-	// A large frame grows as it arrives.
-	big := []*Deliver{{Value: make([]byte, ownedAhead+1000)}}
+	// A large frame (larger than a slab too) grows as it arrives.
+	big := []*Deliver{{Value: make([]byte, max(ownedAhead, slabSize)+1000)}}
 	stream, _, _ = writeBatch(t, big, math.MaxUint32, 0)
 	r = NewReader(bytes.NewReader(stream), math.MaxUint32)
-	if ok, err := r.ReadBatch(&f, &b); !ok || err != nil || len(b.Deliveries[0].Value) != ownedAhead+1000 {
+	if ok, err := r.ReadBatch(&f, &b); !ok || err != nil || len(b.Deliveries[0].Value) != max(ownedAhead, slabSize)+1000 {
 		t.Fatalf("large frame: %v, %v", ok, err)
 	}
 }

@@ -141,32 +141,34 @@ func BenchmarkWriteDeliverBatch(b *testing.B) {
 // BenchmarkReadBatch measures ReadBatch, the Go client's decoding of a
 // DeliverBatch: one buffer per frame, no allocation per message.
 func BenchmarkReadBatch(b *testing.B) {
-	for _, bs := range batchSizes {
-		b.Run(fmt.Sprintf("n=%d/value=%d", bs.n, bs.size), func(b *testing.B) {
-			ds := benchBatch(bs.n, bs.size)
-			var stream bytes.Buffer
-			w := NewWriter(&stream, 0)
-			if _, err := w.WriteDeliverBatch(ds, 0); err != nil {
-				b.Fatal(err)
-			}
-			if err := w.Flush(); err != nil {
-				b.Fatal(err)
-			}
-			src := bytes.NewReader(stream.Bytes())
-			r := NewReader(src, 0)
-			var f Frame
-			var batch Batch
-			b.SetBytes(int64(stream.Len()))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				src.Reset(stream.Bytes())
-				if ok, err := r.ReadBatch(&f, &batch); !ok || err != nil {
-					b.Fatal(ok, err)
+	for _, rd := range readers {
+		for _, bs := range batchSizes {
+			b.Run(fmt.Sprintf("reader=%s/n=%d/value=%d", rd.name, bs.n, bs.size), func(b *testing.B) {
+				ds := benchBatch(bs.n, bs.size)
+				var stream bytes.Buffer
+				w := NewWriter(&stream, 0)
+				if _, err := w.WriteDeliverBatch(ds, 0); err != nil {
+					b.Fatal(err)
 				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ds)), "ns/msg")
-		})
+				if err := w.Flush(); err != nil {
+					b.Fatal(err)
+				}
+				src := bytes.NewReader(stream.Bytes())
+				r := rd.make(src, 0)
+				var f Frame
+				var batch Batch
+				b.SetBytes(int64(stream.Len()))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					src.Reset(stream.Bytes())
+					if ok, err := r.ReadBatch(&f, &batch); !ok || err != nil {
+						b.Fatal(ok, err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(ds)), "ns/msg")
+			})
+		}
 	}
 }
 

@@ -78,12 +78,14 @@ const growStep = 64 << 10
 const keepBuffer = 64 << 10
 
 // Reader reads length-prefixed frames. It reuses one buffer for the frame
-// bytes; decoded messages never alias it. A Reader is not safe for
+// bytes (a slab Reader, NewSlabReader, reads into slabs); messages decoded
+// by ReadFrame never alias it. A Reader is not safe for
 // concurrent use. After any error other than one wrapping ErrBadFrame or a
 // *TooManyIDsError the stream is out of step and the Reader must not be used
 // again.
 type Reader struct {
-	r       *bufio.Reader
+	r       *bufio.Reader // nil for a slab Reader
+	sl      *slabs        // a slab Reader's (NewSlabReader)
 	max     int
 	maxIDs  int // 0: no limit
 	hdr     [HeaderSize]byte
@@ -137,7 +139,13 @@ func (r *Reader) ReadFrame(f *Frame) error {
 // readHeader reads a frame's length prefix and checks it: against the
 // maximum, and for the stream's first frame, against HTTP's first bytes.
 func (r *Reader) readHeader() (uint32, error) {
-	if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
+	if r.sl != nil {
+		hdr, err := r.sl.take(HeaderSize)
+		if err != nil {
+			return 0, err
+		}
+		copy(r.hdr[:], hdr)
+	} else if _, err := io.ReadFull(r.r, r.hdr[:]); err != nil {
 		return 0, err
 	}
 	if !r.started {
@@ -320,6 +328,12 @@ func (r *Reader) checkIDs(f *Frame) error {
 // actually received, so a peer that declares a large frame and then sends
 // little cannot make the Reader allocate the whole declared size.
 func (r *Reader) readBody(n int) ([]byte, error) {
+	if r.sl != nil && n <= slabSize {
+		return r.sl.take(n) // decoded messages never alias it: nothing keeps the slab
+	}
+	if r.sl != nil {
+		return r.sl.takeLarge(n)
+	}
 	if n <= cap(r.buf) {
 		_, err := io.ReadFull(r.r, r.buf[:n])
 		return r.buf[:n], err
@@ -342,9 +356,38 @@ func (r *Reader) readBody(n int) ([]byte, error) {
 	return b, nil
 }
 
+// readOwned reads the next n bytes into memory that nothing else will write
+// (ReadBatch's deliveries alias it): a new buffer, or a slab's bytes.
+func (r *Reader) readOwned(n int) ([]byte, error) {
+	switch {
+	case r.sl == nil:
+		return readOwned(r.r, n)
+	case n <= slabSize:
+		return r.sl.take(n)
+	}
+	return r.sl.takeLarge(n)
+}
+
+// peek returns the next byte without consuming it.
+func (r *Reader) peek() (byte, error) {
+	if r.sl != nil {
+		return r.sl.peek()
+	}
+	b, err := r.r.Peek(1)
+	if err != nil {
+		return 0, err
+	}
+	return b[0], nil
+}
+
 // Buffered reports how many bytes are read from the connection but not yet
 // decoded.
-func (r *Reader) Buffered() int { return r.r.Buffered() }
+func (r *Reader) Buffered() int {
+	if r.sl != nil {
+		return r.sl.buffered()
+	}
+	return r.r.Buffered()
+}
 
 // Writer writes length-prefixed frames into a buffer. Nothing reaches the
 // underlying writer until the buffer fills or Flush is called, so many frames

@@ -60,6 +60,12 @@ func sampleFrames() []struct {
 	}
 }
 
+// readers are the Reader constructors: the tests of reading run with each.
+var readers = []struct {
+	name string
+	make func(io.Reader, int) *Reader
+}{{"bufio", NewReader}, {"slab", NewSlabReader}}
+
 // encodeFrames encodes frames with one Writer and a single Flush.
 func encodeFrames(tb testing.TB, frames ...*Frame) []byte {
 	tb.Helper()
@@ -186,41 +192,47 @@ func TestReadErrors(t *testing.T) {
 	readErr := errors.New("connection reset")
 	tests := []struct {
 		name    string
-		input   io.Reader
+		input   func() io.Reader
 		max     int
 		frames  int // good frames before the error
 		wantErr func(error) bool
 	}{
-		{"empty stream is a clean EOF", bytes.NewReader(nil), 0, 0, isErr(io.EOF)},
-		{"EOF between frames", bytes.NewReader(append(ping, ping...)), 0, 2, isErr(io.EOF)},
-		{"EOF mid-header", bytes.NewReader(append(ping, 0, 0)), 0, 1, isErr(io.ErrUnexpectedEOF)},
-		{"EOF after header", bytes.NewReader(ping[:HeaderSize]), 0, 0, isErr(io.ErrUnexpectedEOF)},
-		{"EOF mid-body", bytes.NewReader(ping[:len(ping)-1]), 0, 0, isErr(io.ErrUnexpectedEOF)},
-		{"EOF mid-body of a large frame", bytes.NewReader(rawFrame(1<<20, make([]byte, 3*growStep))), 2 << 20, 0, isErr(io.ErrUnexpectedEOF)},
-		{"read error mid-body", io.MultiReader(bytes.NewReader(ping[:5]), iotest.ErrReader(readErr)), 0, 0, isErr(readErr)},
-		{"declared length above max", bytes.NewReader(rawFrame(1025, nil)), 1024, 0, isTooLarge(1025, 1024)},
-		{"declared length 4 GiB-1", bytes.NewReader(rawFrame(1<<32-1, nil)), 0, 0, isTooLarge(1<<32-1, DefaultMaxFrameSize)},
-		{"declared length at max is read", bytes.NewReader(rawFrame(uint32(len(pingBody)), pingBody)), len(pingBody), 1, isErr(io.EOF)},
-		{"zero length", bytes.NewReader(rawFrame(0, nil)), 0, 0, isBadFrame},
-		{"no body: unknown field only", bytes.NewReader(rawFrame(2, []byte{0x60, 0x01})), 0, 0, isBadFrame},
-		{"garbage", bytes.NewReader(rawFrame(4, []byte{0xff, 0xff, 0xff, 0xff})), 0, 0, isBadFrame},
-		{"truncated inner message", bytes.NewReader(rawFrame(2, []byte{0x42, 0x05})), 0, 0, isBadFrame},
-		{"invalid UTF-8 string", bytes.NewReader(rawFrame(5, []byte{0x5a, 0x03, 0x0a, 0x01, 0xff})), 0, 0, isBadFrame},
-		{"bad frame then good frame", bytes.NewReader(append(rawFrame(1, []byte{0xff}), ping...)), 0, 0, isBadFrame},
+		{"empty stream is a clean EOF", func() io.Reader { return bytes.NewReader(nil) }, 0, 0, isErr(io.EOF)},
+		{"EOF between frames", func() io.Reader { return bytes.NewReader(append(ping, ping...)) }, 0, 2, isErr(io.EOF)},
+		{"EOF mid-header", func() io.Reader { return bytes.NewReader(append(ping, 0, 0)) }, 0, 1, isErr(io.ErrUnexpectedEOF)},
+		{"EOF after header", func() io.Reader { return bytes.NewReader(ping[:HeaderSize]) }, 0, 0, isErr(io.ErrUnexpectedEOF)},
+		{"EOF mid-body", func() io.Reader { return bytes.NewReader(ping[:len(ping)-1]) }, 0, 0, isErr(io.ErrUnexpectedEOF)},
+		{"EOF mid-body of a large frame", func() io.Reader { return bytes.NewReader(rawFrame(1<<20, make([]byte, 3*growStep))) }, 2 << 20, 0, isErr(io.ErrUnexpectedEOF)},
+		{"EOF mid-body of a frame larger than a slab", func() io.Reader {
+			return bytes.NewReader(rawFrame(slabSize+10, make([]byte, slabSize+5)))
+		}, 2 << 20, 0, isErr(io.ErrUnexpectedEOF)},
+		{"read error mid-header", func() io.Reader { return io.MultiReader(bytes.NewReader(ping[:2]), iotest.ErrReader(readErr)) }, 0, 0, isErr(readErr)},
+		{"read error mid-body", func() io.Reader { return io.MultiReader(bytes.NewReader(ping[:5]), iotest.ErrReader(readErr)) }, 0, 0, isErr(readErr)},
+		{"declared length above max", func() io.Reader { return bytes.NewReader(rawFrame(1025, nil)) }, 1024, 0, isTooLarge(1025, 1024)},
+		{"declared length 4 GiB-1", func() io.Reader { return bytes.NewReader(rawFrame(1<<32-1, nil)) }, 0, 0, isTooLarge(1<<32-1, DefaultMaxFrameSize)},
+		{"declared length at max is read", func() io.Reader { return bytes.NewReader(rawFrame(uint32(len(pingBody)), pingBody)) }, len(pingBody), 1, isErr(io.EOF)},
+		{"zero length", func() io.Reader { return bytes.NewReader(rawFrame(0, nil)) }, 0, 0, isBadFrame},
+		{"no body: unknown field only", func() io.Reader { return bytes.NewReader(rawFrame(2, []byte{0x60, 0x01})) }, 0, 0, isBadFrame},
+		{"garbage", func() io.Reader { return bytes.NewReader(rawFrame(4, []byte{0xff, 0xff, 0xff, 0xff})) }, 0, 0, isBadFrame},
+		{"truncated inner message", func() io.Reader { return bytes.NewReader(rawFrame(2, []byte{0x42, 0x05})) }, 0, 0, isBadFrame},
+		{"invalid UTF-8 string", func() io.Reader { return bytes.NewReader(rawFrame(5, []byte{0x5a, 0x03, 0x0a, 0x01, 0xff})) }, 0, 0, isBadFrame},
+		{"bad frame then good frame", func() io.Reader { return bytes.NewReader(append(rawFrame(1, []byte{0xff}), ping...)) }, 0, 0, isBadFrame},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			r := NewReader(tc.input, tc.max)
-			var f Frame
-			for i := range tc.frames {
-				if err := r.ReadFrame(&f); err != nil {
-					t.Fatalf("frame %d: %v", i, err)
+		for _, rd := range readers {
+			t.Run(rd.name+"/"+tc.name, func(t *testing.T) {
+				r := rd.make(tc.input(), tc.max)
+				var f Frame
+				for i := range tc.frames {
+					if err := r.ReadFrame(&f); err != nil {
+						t.Fatalf("frame %d: %v", i, err)
+					}
 				}
-			}
-			if err := r.ReadFrame(&f); !tc.wantErr(err) {
-				t.Fatalf("ReadFrame error %#v is not the one expected", err)
-			}
-		})
+				if err := r.ReadFrame(&f); !tc.wantErr(err) {
+					t.Fatalf("ReadFrame error %#v is not the one expected", err)
+				}
+			})
+		}
 	}
 }
 
@@ -242,35 +254,45 @@ func TestReadHTTP(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, batch := range []bool{false, true} {
-				r := NewReader(strings.NewReader(tc.stream), 1<<32-1) // a limit that takes the length
-				var f Frame
-				var err error
-				if batch {
-					_, err = r.ReadBatch(&f, new(Batch))
-				} else {
-					err = r.ReadFrame(&f)
-				}
-				var he *HTTPError
-				if !errors.As(err, &he) || he.Start != tc.start || he.Response() != tc.response {
-					t.Fatalf("batch %v: error %#v, want an HTTPError starting %q", batch, err, tc.start)
-				}
-				if want := "this is an HTTP server (the metrics and console port?), not a fanout client port"; tc.response && err.Error() != want {
-					t.Errorf("error %q, want %q", err, want)
-				}
-				if !tc.response && !strings.Contains(err.Error(), "an HTTP request ("+strings.TrimSpace(tc.start)+")") {
-					t.Errorf("error %q does not name the request", err)
+				for _, rd := range readers {
+					testReadHTTP(t, rd.make(strings.NewReader(tc.stream), 1<<32-1), batch, tc.start, tc.response) // a limit that takes the length
 				}
 			}
 		})
 	}
 	// The same bytes after a first frame are a length like any other.
-	r := NewReader(bytes.NewReader(append(ping, "HTTP/1.1 200 OK\r\n"...)), 0)
-	var f Frame
-	if err := r.ReadFrame(&f); err != nil {
-		t.Fatal(err)
+	for _, rd := range readers {
+		r := rd.make(bytes.NewReader(append(ping, "HTTP/1.1 200 OK\r\n"...)), 0)
+		var f Frame
+		if err := r.ReadFrame(&f); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ReadFrame(&f); !isTooLarge(uint64(binary.BigEndian.Uint32([]byte("HTTP"))), DefaultMaxFrameSize)(err) {
+			t.Fatalf("%s: second frame: %#v, want a frame too large", rd.name, err)
+		}
 	}
-	if err := r.ReadFrame(&f); !isTooLarge(uint64(binary.BigEndian.Uint32([]byte("HTTP"))), DefaultMaxFrameSize)(err) {
-		t.Fatalf("second frame: %#v, want a frame too large", err)
+}
+
+// testReadHTTP reads the first frame of an HTTP stream from r with
+// ReadBatch (batch) or ReadFrame and checks the HTTPError.
+func testReadHTTP(t *testing.T, r *Reader, batch bool, start string, response bool) {
+	t.Helper()
+	var f Frame
+	var err error
+	if batch {
+		_, err = r.ReadBatch(&f, new(Batch))
+	} else {
+		err = r.ReadFrame(&f)
+	}
+	var he *HTTPError
+	if !errors.As(err, &he) || he.Start != start || he.Response() != response {
+		t.Fatalf("batch %v: error %#v, want an HTTPError starting %q", batch, err, start)
+	}
+	if want := "this is an HTTP server (the metrics and console port?), not a fanout client port"; response && err.Error() != want {
+		t.Errorf("error %q, want %q", err, want)
+	}
+	if !response && !strings.Contains(err.Error(), "an HTTP request ("+strings.TrimSpace(start)+")") {
+		t.Errorf("error %q does not name the request", err)
 	}
 }
 

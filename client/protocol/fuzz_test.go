@@ -353,8 +353,13 @@ func FuzzSplitFrames(f *testing.F) {
 		}{
 			{"one byte", iotest.OneByteReader(bytes.NewReader(stream))},
 			{fmt.Sprintf("chunks of %d", chunk), &splitReader{data: stream, size: chunk}},
+			{"slab, one byte", iotest.OneByteReader(bytes.NewReader(stream))},
+			{fmt.Sprintf("slab, chunks of %d", chunk), &splitReader{data: stream, size: chunk}},
 		} {
 			r := NewReader(src.r, fuzzMax)
+			if strings.HasPrefix(src.name, "slab") {
+				r = NewSlabReader(src.r, fuzzMax)
+			}
 			for i, want := range sent {
 				var got Frame
 				if err := r.ReadFrame(&got); err != nil {
@@ -447,44 +452,51 @@ func FuzzReadBatch(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r := NewReader(bytes.NewReader(data), fuzzMax)
-		rest := data
-		var b Batch
-		for first := true; ; first = false {
-			var got Frame
-			ok, err := r.ReadBatch(&got, &b)
-			want, size, wantErr := referenceFrame(rest, first)
-			if wantErr != nil {
-				if ok || !sameError(err, wantErr) {
-					t.Fatalf("ReadBatch: %v, %v; reference says %v", ok, err, wantErr)
-				}
-				if errors.Is(err, ErrBadFrame) {
-					rest = rest[HeaderSize+size:]
-					continue
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("ReadBatch: %v, reference decoded %v", err, want)
-			}
-			body := rest[HeaderSize : HeaderSize+size]
-			rest = rest[HeaderSize+size:]
-			isDeliveries := want.GetDeliver() != nil || want.GetDeliverBatch() != nil
-			if ok != isDeliveries {
-				t.Fatalf("ReadBatch says deliveries %v for %v", ok, want)
-			}
-			if ok {
-				checkDeliveries(t, &b, want)
-				if b.Buf != nil && !bytes.Equal(b.Buf, body) {
-					t.Fatalf("Buf holds other bytes than the frame's")
-				}
-				continue
-			}
-			if !proto.Equal(&got, want) {
-				t.Fatalf("ReadBatch = %v, reference decoded %v", &got, want)
-			}
+		for _, rd := range readers {
+			fuzzReadBatch(t, rd.make(bytes.NewReader(data), fuzzMax), data)
 		}
 	})
+}
+
+// fuzzReadBatch reads data with r's ReadBatch and compares every frame
+// with the reference parse.
+func fuzzReadBatch(t *testing.T, r *Reader, data []byte) {
+	rest := data
+	var b Batch
+	for first := true; ; first = false {
+		var got Frame
+		ok, err := r.ReadBatch(&got, &b)
+		want, size, wantErr := referenceFrame(rest, first)
+		if wantErr != nil {
+			if ok || !sameError(err, wantErr) {
+				t.Fatalf("ReadBatch: %v, %v; reference says %v", ok, err, wantErr)
+			}
+			if errors.Is(err, ErrBadFrame) {
+				rest = rest[HeaderSize+size:]
+				continue
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("ReadBatch: %v, reference decoded %v", err, want)
+		}
+		body := rest[HeaderSize : HeaderSize+size]
+		rest = rest[HeaderSize+size:]
+		isDeliveries := want.GetDeliver() != nil || want.GetDeliverBatch() != nil
+		if ok != isDeliveries {
+			t.Fatalf("ReadBatch says deliveries %v for %v", ok, want)
+		}
+		if ok {
+			checkDeliveries(t, &b, want)
+			if b.Buf != nil && !bytes.Equal(b.Buf, body) {
+				t.Fatalf("Buf holds other bytes than the frame's")
+			}
+			continue
+		}
+		if !proto.Equal(&got, want) {
+			t.Fatalf("ReadBatch = %v, reference decoded %v", &got, want)
+		}
+	}
 }
 
 // FuzzWriteDeliverBatch builds a batch from fuzzed deliveries and a budget:

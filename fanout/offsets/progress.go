@@ -246,7 +246,11 @@ type ProgressStore interface {
 	// beside the rest; other errors return no map.
 	LoadProgress(ctx context.Context) (map[int32]Progress, error)
 	// CommitProgress is Commit that also stores, with each partition p of
-	// offsets, progress[p] (whose Base is offsets[p]; absent: none), all
-	// in the one atomic write under fence.
+	// offsets, progress[p] (whose Base is offsets[p]; absent: none), in
+	// the same atomic write under fence as p's offset. A commit too large
+	// for one write of the store (ZooKeeper's request limit, reached by
+	// hundreds of partitions with progress) may take several, each under
+	// the fence: when one fails, the partitions of those before it are
+	// written.
 	CommitProgress(ctx context.Context, fence Fence, offsets map[int32]int64, progress map[int32]Progress) error
 }

@@ -379,7 +379,7 @@ func parseOffset(data []byte) (int64, error) {
 // is not interrupted (it is atomic either way). The progress recorded above
 // the partitions' former offsets is emptied in the same multi.
 func (s *Store) Commit(ctx context.Context, fence offsets.Fence, offs map[int32]int64) error {
-	return s.CommitProgress(ctx, fence, offs, nil)
+	return s.commitFenced(ctx, fence, offs, nil, false)
 }
 
 // LoadProgress implements offsets.ProgressStore: the progress and delays
@@ -430,7 +430,19 @@ func (s *Store) LoadProgress(ctx context.Context) (map[int32]offsets.Progress, e
 // each partition's progress (Encode) to its progress znode and its delays
 // (EncodeDelays) to its delays znode, in the same multi. An empty text
 // writes nothing, or empties a znode that holds some.
+//
+// A commit larger than one request may carry (maxMultiBytes: hundreds of
+// partitions with progress) goes in several multis, in partition order,
+// each checking the fence's conditions of its partitions: a partition's
+// offset, progress and delays are always written together, and when one
+// multi fails, the partitions of those before it are written.
 func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs map[int32]int64, progress map[int32]offsets.Progress) error {
+	return s.commitFenced(ctx, fence, offs, progress, true)
+}
+
+// commitFenced is Commit (split false: one multi whatever its size) and
+// CommitProgress (split true).
+func (s *Store) commitFenced(ctx context.Context, fence offsets.Fence, offs map[int32]int64, progress map[int32]offsets.Progress, split bool) error {
 	if fence.IsZero() {
 		return fmt.Errorf("zkstore: commit to %s without a fence: %w", s.dir, offsets.ErrFenced)
 	}
@@ -441,11 +453,16 @@ func (s *Store) CommitProgress(ctx context.Context, fence offsets.Fence, offs ma
 	if err != nil {
 		return err
 	}
-	checks, err := versions(fence, parts)
-	if err != nil {
+	if _, err := versions(fence, parts); err != nil {
 		return fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
 	}
-	return s.commit(checkOps(checks), func(i int) string { return "fence " + checks[i].String() }, parts, offs, progress)
+	return s.commit(func(chunk []int32) ([]any, func(int) string, error) {
+		checks, err := versions(fence, chunk)
+		if err != nil {
+			return nil, nil, fmt.Errorf("zkstore: commit to %s: %w", s.dir, err)
+		}
+		return checkOps(checks), func(i int) string { return "fence " + checks[i].String() }, nil
+	}, split, parts, offs, progress)
 }
 
 // Take is a znode that a commit takes over in its own multi: a
@@ -480,7 +497,9 @@ func (s *Store) CommitTaking(ctx context.Context, takes []Take, offs map[int32]i
 	if err != nil {
 		return err
 	}
-	return s.commit(takeOps(takes), func(i int) string { return "take of " + takes[i].String() }, parts, offs, nil)
+	return s.commit(func([]int32) ([]any, func(int) string, error) {
+		return takeOps(takes), func(i int) string { return "take of " + takes[i].String() }, nil
+	}, false, parts, offs, nil)
 }
 
 // partitions checks ctx and offs and returns the partitions of offs in
@@ -500,11 +519,27 @@ func (s *Store) partitions(ctx context.Context, offs map[int32]int64) ([]int32, 
 	return parts, nil
 }
 
-// commit runs the multi of a commit: the ops of pre (the fence: version
-// checks, or takes), then the partitions' writes, offsets, progress and
-// delays (empty ones empty a znode that holds some). A failed op of pre is
-// offsets.ErrFenced, described by describe(its index).
-func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs map[int32]int64,
+// maxMultiBytes bounds the request of one multi of a commit: ZooKeeper
+// refuses a request larger than its jute.maxbuffer (1 MB by default), and
+// the client one larger than its buffer (1.5 MB), closing the session.
+const maxMultiBytes = 512 << 10
+
+// opOverhead is what one op of a multi takes beyond its path and data, at
+// most: its header, version or flags, and a Create's ACL.
+const opOverhead = 128
+
+// preFunc returns the ops that go first in the multi of the partitions of
+// chunk (the fence: version checks, or takes) and describes the one at an
+// index.
+type preFunc func(chunk []int32) (ops []any, describe func(int) string, err error)
+
+// commit writes the partitions' offsets, progress and delays (empty ones
+// empty a znode that holds some) in multis of at most maxMultiBytes, each
+// made of the ops of pre for its partitions and their writes; with split
+// false, in one multi whatever its size (CommitTaking: takes and offsets
+// all at once). A failed op of pre is offsets.ErrFenced, described by the
+// describe pre returned.
+func (s *Store) commit(pre preFunc, split bool, parts []int32, offs map[int32]int64,
 	progress map[int32]offsets.Progress) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
@@ -522,11 +557,50 @@ func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs
 			texts[p] = progressTexts{progress: pr.Encode(), delays: pr.EncodeDelays()}
 		}
 	}
+	for len(parts) > 0 {
+		chunk := parts
+		if split {
+			chunk = s.chunk(parts, offs, texts)
+		}
+		if err := s.commitChunk(pre, chunk, offs, texts); err != nil {
+			return err
+		}
+		parts = parts[len(chunk):]
+	}
+	return nil
+}
+
+// chunk returns the longest prefix of parts (at least one) whose writes
+// take at most maxMultiBytes, with room for the fence's checks (one per
+// partition at most). s.commitMu must be held.
+func (s *Store) chunk(parts []int32, offs map[int32]int64, texts map[int32]progressTexts) []int32 {
+	size := 0
+	for i, p := range parts {
+		n := 0
+		for _, op := range s.writeOps(p, offsetData(offs[p]), texts[p]) {
+			n += len(op.znode) + len(op.data) + opOverhead
+		}
+		n += len(s.dir) + opOverhead // a condition of a per-partition fence
+		if size += n; size > maxMultiBytes && i > 0 {
+			return parts[:i]
+		}
+	}
+	return parts
+}
+
+// commitChunk runs the multi of the partitions of chunk, retrying once when
+// a partition's znode appeared or vanished behind the Store's back.
+// s.commitMu must be held.
+func (s *Store) commitChunk(pre preFunc, chunk []int32, offs map[int32]int64, texts map[int32]progressTexts) error {
+	preOps, describe, err := pre(chunk)
+	if err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
-		ops := s.commitOps(pre, parts, offs, texts)
+		ops := s.commitOps(preOps, chunk, offs, texts)
 		resps, err := s.conn.Multi(ops...)
 		if err == nil {
-			for _, p := range parts {
+			for _, p := range chunk {
 				s.known[p] = true
 				written(s.progress, p, texts[p].progress)
 				written(s.delays, p, texts[p].delays)
@@ -534,16 +608,16 @@ func (s *Store) commit(pre []any, describe func(int) string, parts []int32, offs
 			return nil
 		}
 		failed, opErr := failedOp(resps, err)
-		if failed >= 0 && failed < len(pre) && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
+		if failed >= 0 && failed < len(preOps) && (errors.Is(opErr, zk.ErrBadVersion) || errors.Is(opErr, zk.ErrNoNode)) {
 			return fmt.Errorf("zkstore: commit to %s: %s: %w: %w", s.dir, describe(failed), offsets.ErrFenced, opErr)
 		}
 		raced := errors.Is(opErr, zk.ErrNodeExists) || errors.Is(opErr, zk.ErrNoNode)
 		if attempt > 0 || !raced {
-			return fmt.Errorf("zkstore: commit %d partitions to %s: %w", len(parts), s.dir, noAuthHint(err))
+			return fmt.Errorf("zkstore: commit %d partitions to %s: %w", len(chunk), s.dir, noAuthHint(err))
 		}
 		// A partition znode appeared (or vanished) behind our back: learn
 		// which exist and retry once.
-		if err := s.refreshKnown(parts); err != nil {
+		if err := s.refreshKnown(chunk); err != nil {
 			return err
 		}
 	}
@@ -607,25 +681,42 @@ func written(states map[int32]progState, p int32, text string) {
 func (s *Store) commitOps(pre []any, parts []int32, offs map[int32]int64, texts map[int32]progressTexts) []any {
 	ops := make([]any, 0, len(pre)+3*len(parts))
 	ops = append(ops, pre...)
-	write := func(znode string, data []byte, exists bool) {
-		if exists {
-			ops = append(ops, &zk.SetDataRequest{Path: znode, Data: data, Version: -1})
-		} else {
-			ops = append(ops, &zk.CreateRequest{Path: znode, Data: data, Acl: s.acl.For(znode)})
-		}
-	}
 	for _, p := range parts {
-		write(s.partitionPath(p), []byte(strconv.FormatInt(offs[p], 10)), s.known[p])
-		side := func(znode, text string, st progState) {
-			if text != "" || st == progFull {
-				write(znode, []byte(text), st == progFull || st == progEmpty)
+		for _, w := range s.writeOps(p, offsetData(offs[p]), texts[p]) {
+			if w.exists {
+				ops = append(ops, &zk.SetDataRequest{Path: w.znode, Data: w.data, Version: -1})
+			} else {
+				ops = append(ops, &zk.CreateRequest{Path: w.znode, Data: w.data, Acl: s.acl.For(w.znode)})
 			}
 		}
-		side(s.progressPath(p), texts[p].progress, s.progress[p])
-		side(s.delaysPath(p), texts[p].delays, s.delays[p])
 	}
 	return ops
 }
+
+// write is one znode a commit writes: created, or set when it exists.
+type write struct {
+	znode  string
+	data   []byte
+	exists bool
+}
+
+// writeOps returns the znodes a commit writes for partition p: its offset
+// (data) and, when it has progress or delays (texts) or its progress or
+// delays znode may hold some, those. s.commitMu must be held.
+func (s *Store) writeOps(p int32, data []byte, texts progressTexts) []write {
+	out := []write{{s.partitionPath(p), data, s.known[p]}}
+	side := func(znode, text string, st progState) {
+		if text != "" || st == progFull {
+			out = append(out, write{znode, []byte(text), st == progFull || st == progEmpty})
+		}
+	}
+	side(s.progressPath(p), texts.progress, s.progress[p])
+	side(s.delaysPath(p), texts.delays, s.delays[p])
+	return out
+}
+
+// offsetData is what a partition's znode holds: its offset in decimal.
+func offsetData(o int64) []byte { return []byte(strconv.FormatInt(o, 10)) }
 
 // failedOp returns the index and error of the op that failed a multi: the
 // first op with an error, else the multi's own error at index -1.

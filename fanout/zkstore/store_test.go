@@ -263,3 +263,50 @@ func TestCommitOpsWithDelays(t *testing.T) {
 		t.Fatalf("DelaysPath = %q", DelaysPath("/r", "i", "t"))
 	}
 }
+
+// A commit's partitions go in multis of at most maxMultiBytes each (their
+// paths, data and per-op overhead, with a check per partition), in order,
+// as few as fit; one partition too large for any goes alone.
+func TestChunk(t *testing.T) {
+	s := New(nil, "/r", "i", "t")
+	var parts []int32
+	offs := map[int32]int64{}
+	texts := map[int32]progressTexts{}
+	for p := range int32(1024) {
+		parts = append(parts, p)
+		offs[p] = 1 << 40
+		texts[p] = progressTexts{progress: string(make([]byte, 2000)), delays: string(make([]byte, 900))}
+	}
+	texts[7] = progressTexts{progress: string(make([]byte, 2*maxMultiBytes))}
+	var chunks [][]int32
+	for rest := parts; len(rest) > 0; {
+		c := s.chunk(rest, offs, texts)
+		chunks = append(chunks, c)
+		rest = rest[len(c):]
+	}
+	if got := slices.Concat(chunks...); !slices.Equal(got, parts) {
+		t.Fatalf("the chunks hold %d partitions, not the %d in order", len(got), len(parts))
+	}
+	for i, c := range chunks {
+		size := 0
+		for _, p := range c {
+			for _, w := range s.writeOps(p, offsetData(offs[p]), texts[p]) {
+				size += len(w.znode) + len(w.data) + opOverhead
+			}
+			size += len(s.dir) + opOverhead
+		}
+		switch {
+		case slices.Contains(c, 7):
+			if len(c) != 1 {
+				t.Errorf("chunk %d holds partition 7, larger than a multi, and %d others", i, len(c)-1)
+			}
+		case size > maxMultiBytes:
+			t.Errorf("chunk %d of %d partitions: %d bytes, more than %d", i, len(c), size, maxMultiBytes)
+		case i < len(chunks)-1 && !slices.Contains(chunks[i+1], 7) && size+3500 < maxMultiBytes:
+			t.Errorf("chunk %d of %d bytes: the next partition would have fit", i, size)
+		}
+	}
+	if len(chunks) < 5 {
+		t.Fatalf("%d chunks for about 3 MB", len(chunks))
+	}
+}

@@ -22,6 +22,7 @@ var barColors = map[byte]color.RGBA{
 	'C': {0xdd, 0x84, 0x52, 0xff},
 	'D': {0x55, 0xa8, 0x68, 0xff},
 	'E': {0xc4, 0x4e, 0x52, 0xff},
+	'P': {0x81, 0x72, 0xb3, 0xff},
 }
 
 // drawChart draws one horizontal bar per throughput row, a panel per record
@@ -102,6 +103,8 @@ func chartLabel(t Row) string {
 		return fmt.Sprintf("C fanout, %d client(s)", t.K)
 	case "E":
 		return fmt.Sprintf("E spread, %d member(s), %s", t.Members, storeLabel(t.Store))
+	case "P":
+		return fmt.Sprintf("P %s, %d client(s)", strings.TrimPrefix(t.Consumer, "P python "), t.K)
 	default:
 		return fmt.Sprintf("D share group, %d thr", t.K)
 	}

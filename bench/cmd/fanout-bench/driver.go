@@ -34,8 +34,16 @@ type plan struct {
 	Rates       []int         `json:"latency_rates"`  // msg/s
 	RateFor     time.Duration `json:"latency_window"` // per rate
 	LatencySize int           `json:"latency_size"`
-	IdleConns   int           `json:"idle_clients"`
+	IdleConns   int           `json:"idle_clients"` // without Scaling: one run of this many
 	IdleFor     time.Duration `json:"idle_window"`
+	// Scaling is what the scaling measurements run (nil: none).
+	Scaling *scalingPlan `json:"scaling,omitempty"`
+	// The Python client (P): for each flavor (threads, asyncio) and number
+	// of client processes, the first PyMessages messages of each topic
+	// (all of them when fewer).
+	PyFlavors  []string `json:"python_flavors"`
+	PyKs       []int    `json:"python_consumers"`
+	PyMessages int      `json:"python_messages"`
 	// Spread mode (E): the same topics drained by each number of members,
 	// with SpreadClients client processes each connected to every member,
 	// with the ZooKeeper store (Members) and the Kafka store (KafkaMembers).
@@ -45,11 +53,20 @@ type plan struct {
 	// SpreadOnly measures only B (the ceiling) and E, on data of the
 	// plan's sizes (--spread).
 	SpreadOnly bool `json:"spread_only,omitempty"`
+	// ClientsOnly measures only B and the clients (C and the Python
+	// client), on data of the plan's sizes (--clients).
+	ClientsOnly bool `json:"clients_only,omitempty"`
+	// ScalingOnly measures only how the daemon's costs grow (--scaling).
+	ScalingOnly bool `json:"scaling_only,omitempty"`
 }
 
 func fullPlan() plan {
 	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 2_000_000, 1024: 500_000},
 		Ks: []int{1, 4, 16}, InFlight: 1000, Rates: []int{1000, 10000}, RateFor: 10 * time.Second,
+		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1, 4, 16}, PyMessages: 300_000,
+		Scaling: &scalingPlan{Partitions: []int{8, 128, 1024}, PartMessages: 1_000_000, PartSize: 100, PartClients: 4,
+			PartIdle: 10 * time.Second, Idle: []int{100, 1000, 10000}, Busy: []int{100, 1000, 10000}, BusyCredit: 10,
+			BusyMessages: 1_000_000},
 		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{1, 2, 3},
 		SpreadClients: 4}
 }
@@ -57,6 +74,9 @@ func fullPlan() plan {
 func quickPlan() plan {
 	return plan{Quick: true, Sizes: []int{100, 1024}, Messages: map[int]int{100: 20000, 1024: 20000},
 		Ks: []int{1, 4}, InFlight: 1000, Rates: []int{1000}, RateFor: 3 * time.Second,
+		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1}, PyMessages: 20000,
+		Scaling: &scalingPlan{Partitions: []int{8, 64}, PartMessages: 20000, PartSize: 100, PartClients: 4,
+			PartIdle: 2 * time.Second, Idle: []int{500}, Busy: []int{50}, BusyCredit: 10, BusyMessages: 20000},
 		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{3},
 		SpreadClients: 4}
 }
@@ -67,9 +87,11 @@ type env struct {
 	libs      string // Kafka jars
 	fanout    string // the daemon binary
 	self      string // this binary, for worker processes
+	python    string // the Python interpreter of the Python client's runs ("": none)
+	pyclient  string // bench/pyclient.py
 	out       string // bench-results
 	runID     string
-	perf      bool // profile the daemon with perf during C with 4 clients on the largest size
+	perf      bool // profile the daemon and a client with perf during C on the largest size
 	admin     sarama.ClusterAdmin
 	client    sarama.Client
 	topics    []string // created by this run (and the daemons' fanout_<id>_<topic>), deleted at the end
@@ -88,14 +110,19 @@ func runDriver(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	quick := fs.Bool("quick", false, "small data; asserts only that every message arrived")
 	spreadOnly := fs.Bool("spread", false, "measure only the plain sarama consumer (B) and spread mode (E)")
+	clientsOnly := fs.Bool("clients", false, "measure only the plain sarama consumer (B) and the clients (C, the Python client)")
+	scalingOnly := fs.Bool("scaling", false, "measure only how the daemon's costs grow with partitions and clients")
 	var e env
 	fs.StringVar(&e.kafka, "kafka", "127.0.0.1:9092", "Kafka bootstrap broker")
 	fs.StringVar(&e.zk, "zookeeper", "127.0.0.1:2181", "ZooKeeper")
 	fs.StringVar(&e.libs, "libs", ".cache/kafka-4.4.0/libs", "Kafka jars (for the perf tools)")
 	fs.StringVar(&e.fanout, "fanout", "", "the fanout daemon binary")
+	fs.StringVar(&e.python, "python", "", "the Python interpreter for the Python client's runs (with its protobuf)")
+	pythonPath := fs.String("python-path", "clients/python/src", "where the Python client's package is (PYTHONPATH)")
+	fs.StringVar(&e.pyclient, "pyclient", "bench/pyclient.py", "the Python client's bench worker")
 	fs.StringVar(&e.out, "out", "bench-results", "output directory")
-	fs.BoolVar(&e.perf, "perf", false, "record a perf profile of the daemon during C with 4 clients, largest size")
-	messages := fs.Int("messages", 0, "messages per size instead of the plan's (for a profile of a quick run)")
+	fs.BoolVar(&e.perf, "perf", false, "record perf profiles of the daemon and of one client during C at each K, largest size")
+	messages := fs.Int("messages", 0, "messages per size, and per scaling topic, instead of the plan's (for a profile of a quick run)")
 	_ = fs.Parse(args)
 	p := fullPlan()
 	if *quick {
@@ -105,14 +132,27 @@ func runDriver(args []string) error {
 		for size := range p.Messages {
 			p.Messages[size] = *messages
 		}
+		if p.Scaling != nil {
+			p.Scaling.PartMessages, p.Scaling.BusyMessages = *messages, *messages
+		}
 	}
-	p.SpreadOnly = *spreadOnly
+	p.SpreadOnly, p.ClientsOnly, p.ScalingOnly = *spreadOnly, *clientsOnly, *scalingOnly
+	if btoi(*spreadOnly)+btoi(*clientsOnly)+btoi(*scalingOnly) > 1 {
+		return errors.New("--spread, --clients and --scaling: at most one")
+	}
 	var err error
 	if e.self, err = os.Executable(); err != nil {
 		return err
 	}
 	if e.fanout == "" {
 		return errors.New("--fanout: required")
+	}
+	if e.python != "" {
+		abs, err := filepath.Abs(*pythonPath)
+		if err != nil {
+			return err
+		}
+		os.Setenv("PYTHONPATH", abs) // the Python workers' package
 	}
 	if err := os.MkdirAll(filepath.Join(e.out, "logs"), 0o755); err != nil {
 		return err
@@ -155,6 +195,9 @@ func runDriver(args []string) error {
 	for _, t := range rep.Targets {
 		say("   %s", t.line())
 	}
+	for _, g := range rep.unmeasured(rep.Targets) {
+		say("   %-64s not measured in this run", g)
+	}
 	say("done in %s: %s/results.md, results.json, throughput.png", time.Since(t0).Round(time.Second), e.out)
 	if fails := rep.failures(); len(fails) > 0 {
 		return fmt.Errorf("not every message was delivered:\n  %s", strings.Join(fails, "\n  "))
@@ -163,93 +206,27 @@ func runDriver(args []string) error {
 }
 
 func measure(e *env, p plan, rep *report) error {
-	for _, size := range p.Sizes {
-		n := p.Messages[size]
-		topic := fmt.Sprintf("bench-%s-%d", e.runID, size)
-		say("== %s: %d messages of %d B on 8 partitions", topic, n, size)
-		if err := e.createTopic(topic); err != nil {
-			return err
-		}
-		if err := e.preload(topic, n, size); err != nil {
-			return err
-		}
-		total, err := e.highWater(topic)
-		if err != nil {
-			return err
-		}
-		if total != int64(n) {
-			return fmt.Errorf("%s holds %d messages after preloading %d", topic, total, n)
-		}
-		row := func(r Row) {
-			r.Size, r.Expected = size, int64(n)
-			r.finish()
-			say("   %-34s %9.0f msg/s %8.1f MB/s", r.label(), r.MsgPerS, r.MBPerS)
-			rep.Throughput = append(rep.Throughput, r)
-		}
-		spreadRows := func() error {
-			for _, store := range []struct {
-				name    string
-				members []int
-			}{{"zookeeper", p.Members}, {"kafka", p.KafkaMembers}} {
-				for _, m := range store.members {
-					sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight, store.name)
-					if err != nil {
-						return err
-					}
-					row(sp)
-				}
-			}
-			return nil
-		}
-		if p.SpreadOnly {
-			b, err := e.saramaRun(topic, n)
-			if err != nil {
+	if !p.ScalingOnly {
+		for _, size := range p.Sizes {
+			if err := e.measureSize(p, rep, size); err != nil {
 				return err
 			}
-			row(b)
-			if err := spreadRows(); err != nil {
-				return err
-			}
-			continue
-		}
-		a, err := e.consumerPerf(topic, n)
-		if err != nil {
-			return err
-		}
-		row(a)
-		b, err := e.saramaRun(topic, n)
-		if err != nil {
-			return err
-		}
-		row(b)
-		for _, k := range p.Ks {
-			profile := e.perf && k == 4 && size == p.Sizes[len(p.Sizes)-1]
-			c, err := e.fanoutRun(topic, n, k, p.InFlight, profile)
-			if err != nil {
-				return err
-			}
-			row(c)
-		}
-		for _, k := range p.Ks {
-			d, err := e.sharePerf(topic, n, k)
-			if err != nil {
-				return err
-			}
-			row(d)
-		}
-		if err := spreadRows(); err != nil {
-			return err
 		}
 	}
-	if p.SpreadOnly {
+	if p.SpreadOnly || p.ClientsOnly {
 		return nil
 	}
-	for _, rate := range p.Rates {
-		ls, err := e.latencyRun(rate, p.RateFor, p.LatencySize)
-		if err != nil {
-			return err
+	if !p.ScalingOnly {
+		for _, rate := range p.Rates {
+			ls, err := e.latencyRun(rate, p.RateFor, p.LatencySize)
+			if err != nil {
+				return err
+			}
+			rep.Latency = append(rep.Latency, ls...)
 		}
-		rep.Latency = append(rep.Latency, ls...)
+	}
+	if p.Scaling != nil {
+		return e.measureScaling(p, rep) // the idle clients too
 	}
 	idle, err := e.idleRun(p.IdleConns, p.IdleFor)
 	if err != nil {
@@ -259,10 +236,98 @@ func measure(e *env, p plan, rep *report) error {
 	return nil
 }
 
+// measureSize runs the throughput measurements of one record size on a
+// topic of 8 partitions preloaded for them: those of the plan's scope.
+func (e *env) measureSize(p plan, rep *report, size int) error {
+	n := p.Messages[size]
+	topic := fmt.Sprintf("bench-%s-%d", e.runID, size)
+	say("== %s: %d messages of %d B on 8 partitions", topic, n, size)
+	if err := e.createTopic(topic, 8); err != nil {
+		return err
+	}
+	if err := e.preload(topic, n, size); err != nil {
+		return err
+	}
+	total, err := e.highWater(topic)
+	if err != nil {
+		return err
+	}
+	if total != int64(n) {
+		return fmt.Errorf("%s holds %d messages after preloading %d", topic, total, n)
+	}
+	row := func(r Row) {
+		r.Size = size
+		if r.Expected == 0 {
+			r.Expected = int64(n)
+		}
+		r.finish()
+		say("   %-34s %9.0f msg/s %8.1f MB/s", r.label(), r.MsgPerS, r.MBPerS)
+		rep.Throughput = append(rep.Throughput, r)
+	}
+	all := !p.SpreadOnly && !p.ClientsOnly
+	if all {
+		a, err := e.consumerPerf(topic, n)
+		if err != nil {
+			return err
+		}
+		row(a)
+	}
+	b, err := e.saramaRun(topic, n)
+	if err != nil {
+		return err
+	}
+	row(b)
+	if !p.SpreadOnly {
+		for _, k := range p.Ks {
+			profile := e.perf && size == p.Sizes[len(p.Sizes)-1]
+			c, err := e.fanoutRun(topic, n, k, p.InFlight, profile)
+			if err != nil {
+				return err
+			}
+			row(c)
+		}
+	}
+	if !p.SpreadOnly {
+		for _, flavor := range p.PyFlavors {
+			for _, k := range p.PyKs {
+				py, err := e.pythonRun(topic, min(n, p.PyMessages), k, p.InFlight, flavor)
+				if err != nil {
+					return err
+				}
+				row(py)
+			}
+		}
+	}
+	if all {
+		for _, k := range p.Ks {
+			d, err := e.sharePerf(topic, n, k)
+			if err != nil {
+				return err
+			}
+			row(d)
+		}
+	}
+	if !p.ClientsOnly {
+		for _, store := range []struct {
+			name    string
+			members []int
+		}{{"zookeeper", p.Members}, {"kafka", p.KafkaMembers}} {
+			for _, m := range store.members {
+				sp, err := e.spreadRun(topic, n, m, p.SpreadClients, p.InFlight, store.name)
+				if err != nil {
+					return err
+				}
+				row(sp)
+			}
+		}
+	}
+	return nil
+}
+
 // ---------------------------------------------------------------------------------------------------- Kafka
 
-func (e *env) createTopic(topic string) error {
-	err := e.admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 8, ReplicationFactor: 1}, false)
+func (e *env) createTopic(topic string, partitions int) error {
+	err := e.admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: int32(partitions), ReplicationFactor: 1}, false)
 	if err != nil {
 		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
@@ -270,7 +335,7 @@ func (e *env) createTopic(topic string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_ = e.client.RefreshMetadata(topic)
-		if parts, err := e.client.Partitions(topic); err == nil && len(parts) == 8 {
+		if parts, err := e.client.Partitions(topic); err == nil && len(parts) == partitions {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -329,10 +394,15 @@ func (e *env) java(timeout time.Duration, class string, args ...string) (string,
 }
 
 func (e *env) preload(topic string, n, size int) error {
+	return e.preloadBatches(topic, n, size, 262144)
+}
+
+// preloadBatches is preload with the producer's batches of batch bytes.
+func (e *env) preloadBatches(topic string, n, size, batch int) error {
 	say("   preloading with ProducerPerformance")
 	out, err := e.java(10*time.Minute, "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
 		"--num-records", strconv.Itoa(n), "--record-size", strconv.Itoa(size), "--throughput", "-1",
-		"--producer-props", "bootstrap.servers="+e.kafka, "acks=1", "linger.ms=5", "batch.size=262144")
+		"--producer-props", "bootstrap.servers="+e.kafka, "acks=1", "linger.ms=5", "batch.size="+strconv.Itoa(batch))
 	if err != nil {
 		return err
 	}
@@ -483,9 +553,7 @@ func (e *env) saramaRun(topic string, n int) (Row, error) {
 		return r, err
 	}
 	r.Messages, r.Seconds = res.Messages, float64(res.LastNS-res.FirstNS)/1e9
-	if st := w.cmd.ProcessState; st != nil {
-		r.ClientCPUPerM = (st.UserTime() + st.SystemTime()).Seconds() / float64(max(r.Messages, 1)) * 1e6
-	}
+	r.ClientCPUPerM = (res.CPU - res.ReadyCPU) / float64(max(res.CPUMessages, 1)) * 1e6
 	return r, nil
 }
 
@@ -500,6 +568,11 @@ type daemon struct {
 }
 
 func (e *env) startDaemon(id, topic, node string, extra ...string) (*daemon, error) {
+	return e.startDaemonZK(id, topic, node, e.zk, extra...)
+}
+
+// startDaemonZK is startDaemon with the daemon's ZooKeeper at zk.
+func (e *env) startDaemonZK(id, topic, node, zk string, extra ...string) (*daemon, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -519,7 +592,7 @@ func (e *env) startDaemon(id, topic, node string, extra ...string) (*daemon, err
 		"--listen", d.addr, "--advertise", d.addr, "--node-id", node, "--initial-offset", "oldest",
 		"--metrics-listen", d.metrics}
 	if !slices.Contains(extra, "--offset-store") { // the Kafka store needs no ZooKeeper
-		args = append(args, "--zookeeper", e.zk)
+		args = append(args, "--zookeeper", zk)
 	}
 	args = append(args, extra...)
 	if !slices.Contains(e.topics, "fanout_"+id+"_"+topic) {
@@ -571,14 +644,49 @@ func (d *daemon) stop() {
 	}
 }
 
-// fanoutRun is (C): the daemon and k client processes that ack every message.
-// The rate counts acked messages from the first ack to the last (of any client).
-// After the daemon's shutdown commit, every partition's committed offset in
-// ZooKeeper must be its high-water mark: every message was acked.
+// fanoutRun is (C): the daemon and k client processes (the Go client) that
+// ack every message. The rate counts acked messages from the first ack to
+// the last (of any client). After the daemon's shutdown commit, every
+// partition's committed offset in ZooKeeper must be its high-water mark:
+// every message was acked.
 func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, error) {
-	r := Row{Consumer: "C fanout", K: k}
-	id := fmt.Sprintf("%s-k%d", topic, k)
-	say("   C: fanout daemon + %d client processes", k)
+	return e.clientsRun(topic, n, k, profile, clientKind{consumer: "C fanout", id: "k", all: true,
+		argv: func(addr string) (string, []string) {
+			return e.self, []string{"client", "--addr", addr, "--max-in-flight", strconv.Itoa(inFlight)}
+		}})
+}
+
+// pythonRun is (P): the daemon and k processes of the Python client, of
+// flavor threads or asyncio, each acking every message, until count
+// messages are acked (the Python client is slower: the run takes the first
+// count messages of the topic, not necessarily all).
+func (e *env) pythonRun(topic string, count, k, inFlight int, flavor string) (Row, error) {
+	if e.python == "" {
+		return Row{}, errors.New("the Python client's runs need --python and --python-path")
+	}
+	return e.clientsRun(topic, count, k, false, clientKind{consumer: "P python " + flavor, id: "py-" + flavor + "-k",
+		argv: func(addr string) (string, []string) {
+			return e.python, []string{e.pyclient, "--addr", addr, "--flavor", flavor, "--max-in-flight", strconv.Itoa(inFlight)}
+		}})
+}
+
+// clientKind is what clientsRun starts: the row's consumer, the daemon id's
+// suffix (before K), the command of one client process and whether the
+// clients drain the topic (all: every committed offset is checked).
+type clientKind struct {
+	consumer, id string
+	argv         func(addr string) (cmd string, args []string)
+	all          bool
+}
+
+// clientsRun runs a daemon and k client processes of kind until n messages
+// are acked, and measures the daemon's and the clients' CPU per message.
+// The clients' CPU counts from each one's connection to its last sample
+// (Result.CPU), over the messages it had acked then.
+func (e *env) clientsRun(topic string, n, k int, profile bool, kind clientKind) (Row, error) {
+	r := Row{Consumer: kind.consumer, K: k, Expected: int64(n)}
+	id := fmt.Sprintf("%s-%s%d", topic, kind.id, k)
+	say("   %s: fanout daemon + %d client processes", kind.consumer, k)
 	d, err := e.startDaemon(id, topic, "bench")
 	if err != nil {
 		return r, err
@@ -589,7 +697,7 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 		return r, err
 	}
 	if profile {
-		stopPerf, err := e.perfRecord(d)
+		stopPerf, err := e.perfRecord(d.pid(), d.id)
 		if err != nil {
 			return r, err
 		}
@@ -597,29 +705,32 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 	}
 	var ws []*worker
 	for i := range k {
-		w, err := startWorker(fmt.Sprintf("client %d", i), e.self, "client", "--addr", d.addr,
-			"--max-in-flight", strconv.Itoa(inFlight))
+		cmd, args := kind.argv(d.addr)
+		w, err := startWorker(fmt.Sprintf("client %d", i), cmd, args...)
 		if err != nil {
 			return r, err
 		}
 		ws = append(ws, w)
+		if profile && i == 0 {
+			stopPerf, err := e.perfRecord(w.cmd.Process.Pid, d.id+"-client")
+			if err != nil {
+				return r, err
+			}
+			defer stopPerf()
+		}
 	}
 	busy0, total0 := machineCPU()
 	t0 := time.Now()
-	stop := showProgress(fmt.Sprintf("C fanout K=%d", k), int64(n), ws)
+	stop := showProgress(fmt.Sprintf("%s K=%d", kind.consumer, k), int64(n), ws)
 	err = waitSum(ws, int64(n), 5*time.Minute)
 	stop()
 	cpu1, _ := cpuSeconds(d.pid())
 	busy1, total1 := machineCPU()
 	r.MachineBusyPct = float64(busy1-busy0) / float64(max(total1-total0, 1)) * 100
 	r.DaemonCores = (cpu1 - cpu0) / time.Since(t0).Seconds()
-	var clientCPU float64
-	for _, w := range ws {
-		c, _ := cpuSeconds(w.cmd.Process.Pid)
-		clientCPU += c
-	}
 	_, hwm, _ := memMB(d.pid())
-	var first, last int64
+	var first, last, cpuMessages int64
+	var clientCPU float64
 	for _, w := range ws {
 		res, ferr := w.finish(30 * time.Second)
 		if ferr != nil {
@@ -628,6 +739,8 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 		}
 		r.Messages += res.Messages
 		r.Redelivered += res.Redelivered
+		clientCPU += res.CPU - res.ReadyCPU
+		cpuMessages += res.CPUMessages
 		if res.Messages > 0 {
 			if first == 0 || res.FirstNS < first {
 				first = res.FirstNS
@@ -641,19 +754,21 @@ func (e *env) fanoutRun(topic string, n, k, inFlight int, profile bool) (Row, er
 	r.Seconds = float64(last-first) / 1e9
 	r.DaemonCPUPerM = (cpu1 - cpu0) / float64(max(r.Messages, 1)) * 1e6
 	r.DaemonPeakRSSMB = hwm
-	r.ClientCPUPerM = clientCPU / float64(max(r.Messages, 1)) * 1e6
+	r.ClientCPUPerM = clientCPU / float64(max(cpuMessages, 1)) * 1e6
 	d.stop()
-	r.Committed, err = e.committedAll(id, topic, "zookeeper")
+	if kind.all {
+		r.Committed, err = e.committedAll(id, topic, "zookeeper")
+	}
 	return r, err
 }
 
-// perfRecord samples the daemon's stacks with perf until the returned stop
-// is called; the profile goes to <out>/perf-<id>.data (read it with
+// perfRecord samples the stacks of process pid with perf until the returned
+// stop is called; the profile goes to <out>/perf-<name>.data (read it with
 // perf report -i ... --no-children).
-func (e *env) perfRecord(d *daemon) (stop func(), err error) {
-	out := filepath.Join(e.out, "perf-"+d.id+".data")
-	cmd := exec.Command("perf", "record", "-F", "499", "-g", "-p", strconv.Itoa(d.pid()), "-o", out)
-	logf, err := os.Create(filepath.Join(e.out, "logs", "perf-"+d.id+".log"))
+func (e *env) perfRecord(pid int, name string) (stop func(), err error) {
+	out := filepath.Join(e.out, "perf-"+name+".data")
+	cmd := exec.Command("perf", "record", "-F", "499", "-g", "-p", strconv.Itoa(pid), "-o", out)
+	logf, err := os.Create(filepath.Join(e.out, "logs", "perf-"+name+".log"))
 	if err != nil {
 		return nil, err
 	}
@@ -663,7 +778,7 @@ func (e *env) perfRecord(d *daemon) (stop func(), err error) {
 		return nil, fmt.Errorf("perf: %w", err)
 	}
 	track(cmd)
-	say("   recording a perf profile of the daemon to %s", out)
+	say("   recording a perf profile of %s to %s", name, out)
 	time.Sleep(500 * time.Millisecond)
 	return func() {
 		_ = cmd.Process.Signal(os.Interrupt)
@@ -706,7 +821,7 @@ func (e *env) latencyRun(rate int, window time.Duration, size int) ([]Latency, e
 	topic := fmt.Sprintf("lat-%s-%d", e.runID, rate)
 	n := int(float64(rate) * window.Seconds())
 	say("== latency at %d msg/s for %s (%d messages of %d B): fanout (1 client) and plain sarama", rate, window, n, size)
-	if err := e.createTopic(topic); err != nil {
+	if err := e.createTopic(topic, 8); err != nil {
 		return nil, err
 	}
 	d, err := e.startDaemon(topic, topic, "bench")
@@ -799,9 +914,9 @@ func latencyOf(rate int, consumer string, expected int64, r Result) Latency {
 // idleRun connects conns idle clients (one process) to a daemon on an empty
 // topic and reports the daemon's memory and CPU.
 func (e *env) idleRun(conns int, window time.Duration) (*Idle, error) {
-	topic := fmt.Sprintf("idle-%s", e.runID)
+	topic := fmt.Sprintf("idle-%s-%d", e.runID, conns)
 	say("== %d idle clients (one process, raw connections answering pings)", conns)
-	if err := e.createTopic(topic); err != nil {
+	if err := e.createTopic(topic, 8); err != nil {
 		return nil, err
 	}
 	d, err := e.startDaemon(topic, topic, "bench")
@@ -916,3 +1031,10 @@ func hostInfo() string {
 }
 
 func jsonDecode(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

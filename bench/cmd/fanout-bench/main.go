@@ -7,6 +7,7 @@
 //	client   one fanout client (the Go client library) that acks every message
 //	sarama   a plain sarama consumer of every partition (the ceiling for fanout)
 //	idle     many idle connections to a daemon that only answer pings
+//	busy     many raw connections to a daemon, each acking every delivery
 //	targets  the performance targets in results.json files, side by side
 //	         (fanout-bench targets BEFORE.json AFTER.json)
 //
@@ -29,6 +30,7 @@ func main() {
 		"client":  runClient,
 		"sarama":  runSarama,
 		"idle":    runIdle,
+		"busy":    runBusy,
 		"targets": runTargets,
 	}
 	cmd, ok := cmds[os.Args[1]]
@@ -42,6 +44,6 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: fanout-bench run|client|sarama|idle|targets [flags]   (see bin/bench)")
+	fmt.Fprintln(os.Stderr, "usage: fanout-bench run|client|sarama|idle|busy|targets [flags]   (see bin/bench)")
 	os.Exit(2)
 }

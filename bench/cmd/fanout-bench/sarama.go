@@ -36,6 +36,7 @@ func runSarama(args []string) error {
 		return fmt.Errorf("partitions of %s: %w", *topic, err)
 	}
 	cnt := &counter{measureLatency: *latency}
+	cnt.ready() // connected, the partitions known: what follows is consuming
 	enough := make(chan struct{})
 	var once sync.Once
 	stop := make(chan struct{})

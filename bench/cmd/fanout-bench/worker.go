@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -22,6 +23,25 @@ type Result struct {
 	LatencyUS   []int64 `json:"latency_us,omitempty"`
 	Connected   int     `json:"connected,omitempty"` // idle: sessions welcomed
 	Errors      int64   `json:"errors,omitempty"`
+	// The process's CPU seconds (user and system) once it was ready to
+	// receive (connected: start-up excluded), and at a sample taken with
+	// the count at CPUMessages (every cpuSampleEvery messages and at the
+	// last): CPU - ReadyCPU over CPUMessages is its CPU per message.
+	ReadyCPU    float64 `json:"ready_cpu_s,omitempty"`
+	CPU         float64 `json:"cpu_s,omitempty"`
+	CPUMessages int64   `json:"cpu_messages,omitempty"`
+}
+
+// cpuSampleEvery is how often (in messages) a worker samples its CPU.
+const cpuSampleEvery = 256
+
+// processCPU returns the CPU seconds (user and system) of this process.
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // counter counts messages for progress lines and the result.
@@ -29,8 +49,36 @@ type counter struct {
 	n, bytes       atomic.Int64
 	first, last    atomic.Int64
 	measureLatency bool
-	mu             sync.Mutex // guards latency
+	mu             sync.Mutex // guards latency and the fields below
 	latency        []int64    // µs from produce to receipt
+	readyCPU       float64    // the process's CPU when ready (ready)
+	cpu            float64    // the process's CPU at the last sample ...
+	cpuN           int64      // ... when n was this
+}
+
+// ready records the process's CPU before the first message.
+func (c *counter) ready() {
+	c.mu.Lock()
+	c.readyCPU = processCPU()
+	c.mu.Unlock()
+}
+
+// sample records the process's CPU with the count n when the count went
+// past a multiple of cpuSampleEvery from before.
+func (c *counter) sample(before, n int64) {
+	if before/cpuSampleEvery == n/cpuSampleEvery {
+		return
+	}
+	c.sampleNow(n)
+}
+
+func (c *counter) sampleNow(n int64) {
+	cpu := processCPU()
+	c.mu.Lock()
+	if n > c.cpuN {
+		c.cpu, c.cpuN = cpu, n
+	}
+	c.mu.Unlock()
 }
 
 // add records one message of value v handled at now.
@@ -39,7 +87,8 @@ func (c *counter) add(v []byte, now time.Time) {
 	c.first.CompareAndSwap(0, ns)
 	for old := c.last.Load(); ns > old && !c.last.CompareAndSwap(old, ns); old = c.last.Load() {
 	}
-	c.n.Add(1)
+	n := c.n.Add(1)
+	c.sample(n-1, n)
 	c.bytes.Add(int64(len(v)))
 	if c.measureLatency {
 		if at, ok := producedAt(v); ok {
@@ -66,14 +115,24 @@ func (c *counter) addBatch(values [][]byte, now time.Time) {
 	ns := now.UnixNano()
 	c.first.CompareAndSwap(0, ns)
 	c.last.Store(ns)
-	c.n.Add(int64(len(values)))
+	n := c.n.Add(int64(len(values)))
+	c.sample(n-int64(len(values)), n)
 	c.bytes.Add(bytes)
 }
 
+// result returns the counts and the CPU samples (one now when none was
+// taken: fewer than cpuSampleEvery messages).
 func (c *counter) result() Result {
 	c.mu.Lock()
+	none := c.cpuN == 0
+	c.mu.Unlock()
+	if none {
+		c.sampleNow(c.n.Load())
+	}
+	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Result{Messages: c.n.Load(), Bytes: c.bytes.Load(), FirstNS: c.first.Load(), LastNS: c.last.Load(), LatencyUS: c.latency}
+	return Result{Messages: c.n.Load(), Bytes: c.bytes.Load(), FirstNS: c.first.Load(), LastNS: c.last.Load(), LatencyUS: c.latency,
+		ReadyCPU: c.readyCPU, CPU: c.cpu, CPUMessages: c.cpuN}
 }
 
 // reportProgress writes "progress N" to standard error every interval until
