@@ -233,33 +233,36 @@ type deadlineWriter struct {
 }
 
 func (w *deadlineWriter) Write(p []byte) (int, error) {
+	if err := w.arm(); err != nil {
+		return 0, err
+	}
+	return w.nc.Write(p)
+}
+
+// arm sets the batch's write deadline, or fails once the connection is
+// closing (except for the final frame).
+func (w *deadlineWriter) arm() error {
 	if !w.final && w.c.closing.Load() {
-		return 0, errClosing
+		return errClosing
 	}
 	if err := w.nc.SetWriteDeadline(w.deadline); err != nil {
-		return 0, err
+		return err
 	}
 	// close sets closing before it resets the deadline, and an observer
 	// falling behind sets obsBehind; checking again after ours was set
 	// means neither can be missed.
 	if !w.final && (w.c.closing.Load() || w.c.obsBehind.Load()) {
-		return 0, errClosing
+		return errClosing
 	}
-	return w.nc.Write(p)
+	return nil
 }
 
 // WriteBuffers implements protocol.BuffersWriter: the pieces of a vector
 // Writer go to the socket in one writev, under the same deadline and
 // checks as Write.
 func (w *deadlineWriter) WriteBuffers(b *net.Buffers) (int64, error) {
-	if !w.final && w.c.closing.Load() {
-		return 0, errClosing
-	}
-	if err := w.nc.SetWriteDeadline(w.deadline); err != nil {
+	if err := w.arm(); err != nil {
 		return 0, err
-	}
-	if !w.final && (w.c.closing.Load() || w.c.obsBehind.Load()) {
-		return 0, errClosing
 	}
 	return b.WriteTo(w.nc)
 }
