@@ -127,6 +127,8 @@ type Source struct {
 	fetchers map[int32]*fetcher   // Run's, by the broker they fetch from
 	fetchCtx context.Context      // Run's
 	fetching *actor.Group         // Run's fetcher goroutines
+
+	offsets *offsetLookups // the partitions' offset lookups, together
 }
 
 // partition is a partition being consumed.
@@ -191,6 +193,7 @@ func NewSource(client sarama.Client, cfg SourceConfig) (*Source, error) {
 		parts:    map[int32]*partition{},
 		manual:   manualParts{waiting: map[int32]int64{}, running: map[int32]*partRun{}},
 		fetchers: map[int32]*fetcher{},
+		offsets:  &offsetLookups{client: client, topic: cfg.Topic},
 	}, nil
 }
 
@@ -549,10 +552,10 @@ func (s *Source) openPartition(ctx context.Context, log *logrus.Entry, part *par
 	for {
 		at, err = offset, nil
 		if offset < 0 {
-			at, err = s.offsetOf(p, offset)
+			at, err = s.offsetOf(ctx, p, offset)
 		}
 		if err == nil {
-			err = s.checkRange(part, at)
+			err = s.checkRange(ctx, part, at)
 		}
 		if err == nil {
 			if reset {
@@ -599,13 +602,13 @@ func (s *Source) openPartition(ctx context.Context, log *logrus.Entry, part *par
 // checkRange checks that offset lies within partition p's log, between its
 // oldest and newest offsets (both included): sarama.ErrOffsetOutOfRange
 // when not. It notes the newest offset as the partition's high watermark.
-func (s *Source) checkRange(part *partition, offset int64) error {
-	newest, err := s.client.GetOffset(s.cfg.Topic, part.id, sarama.OffsetNewest)
+func (s *Source) checkRange(ctx context.Context, part *partition, offset int64) error {
+	newest, err := s.offsets.get(ctx, part.id, sarama.OffsetNewest, false)
 	if err != nil {
 		return err
 	}
 	part.hwm.Store(newest)
-	oldest, err := s.client.GetOffset(s.cfg.Topic, part.id, sarama.OffsetOldest)
+	oldest, err := s.offsets.get(ctx, part.id, sarama.OffsetOldest, false)
 	if err != nil {
 		return err
 	}
@@ -619,11 +622,9 @@ func (s *Source) checkRange(part *partition, offset int64) error {
 // offset of partition p. Under read_committed, newest is the last stable
 // offset, not the high watermark: the records of a transaction still open
 // lie between the two, and are delivered once it commits.
-func (s *Source) offsetOf(p int32, policy int64) (int64, error) {
-	if policy != sarama.OffsetNewest || s.client.Config().Consumer.IsolationLevel != sarama.ReadCommitted {
-		return s.client.GetOffset(s.cfg.Topic, p, policy)
-	}
-	return LastStableOffset(s.client, s.cfg.Topic, p)
+func (s *Source) offsetOf(ctx context.Context, p int32, policy int64) (int64, error) {
+	committed := policy == sarama.OffsetNewest && s.client.Config().Consumer.IsolationLevel == sarama.ReadCommitted
+	return s.offsets.get(ctx, p, policy, committed)
 }
 
 // LastStableOffset returns the last stable offset of partition p of topic:
@@ -631,30 +632,8 @@ func (s *Source) offsetOf(p int32, policy int64) (int64, error) {
 // transaction still open (sarama's GetOffset gives the high watermark,
 // beyond them: a start there would skip them once they commit).
 func LastStableOffset(client sarama.Client, topic string, p int32) (int64, error) {
-	broker, err := client.Leader(topic, p)
-	if err != nil {
-		return -1, fmt.Errorf("leader of partition %d: %w", p, err)
-	}
-	req := sarama.NewOffsetRequest(client.Config().Version)
-	req.IsolationLevel = sarama.ReadCommitted
-	req.AddBlock(topic, p, sarama.OffsetNewest, 1)
-	resp, err := broker.GetAvailableOffsets(req)
-	if err != nil {
-		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, err)
-	}
-	block := resp.GetBlock(topic, p)
-	switch {
-	case block == nil:
-		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
-	case !errors.Is(block.Err, sarama.ErrNoError):
-		return -1, fmt.Errorf("last stable offset of partition %d: %w", p, block.Err)
-	case req.Version == 0:
-		if len(block.Offsets) != 1 {
-			return -1, fmt.Errorf("last stable offset of partition %d: %w", p, sarama.ErrIncompleteResponse)
-		}
-		return block.Offsets[0], nil
-	}
-	return block.Offset, nil
+	l := &offsetLookups{client: client, topic: topic}
+	return l.get(context.Background(), p, sarama.OffsetNewest, true)
 }
 
 // logStart returns the oldest offset of partition p, retrying a failed
@@ -663,7 +642,7 @@ func (s *Source) logStart(ctx context.Context, log *logrus.Entry, p int32) (int6
 	var oldest int64
 	err := backoff.Retry(ctx, backoff.Backoff{Min: retryMin, Max: retryMax}, func(context.Context) error {
 		var err error
-		oldest, err = s.client.GetOffset(s.cfg.Topic, p, sarama.OffsetOldest)
+		oldest, err = s.offsets.get(ctx, p, sarama.OffsetOldest, false)
 		return err
 	}, func(attempt int, err error, wait time.Duration) {
 		log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait}).

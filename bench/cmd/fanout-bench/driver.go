@@ -91,7 +91,7 @@ type env struct {
 	pyclient  string // bench/pyclient.py
 	out       string // bench-results
 	runID     string
-	perf      bool // profile the daemon and a client with perf during C on the largest size
+	perf      bool // profile the daemon and a client with perf during C on the largest size, and the daemon during each partitions run
 	admin     sarama.ClusterAdmin
 	client    sarama.Client
 	topics    []string // created by this run (and the daemons' fanout_<id>_<topic>), deleted at the end
@@ -121,7 +121,7 @@ func runDriver(args []string) error {
 	pythonPath := fs.String("python-path", "clients/python/src", "where the Python client's package is (PYTHONPATH)")
 	fs.StringVar(&e.pyclient, "pyclient", "bench/pyclient.py", "the Python client's bench worker")
 	fs.StringVar(&e.out, "out", "bench-results", "output directory")
-	fs.BoolVar(&e.perf, "perf", false, "record perf profiles of the daemon and of one client during C at each K, largest size")
+	fs.BoolVar(&e.perf, "perf", false, "record perf profiles of the daemon and of one client during C at each K, largest size, and of the daemon during each partitions run")
 	messages := fs.Int("messages", 0, "messages per size, and per scaling topic, instead of the plan's (for a profile of a quick run)")
 	_ = fs.Parse(args)
 	p := fullPlan()
@@ -791,6 +791,12 @@ func (e *env) perfRecord(pid int, name string) (stop func(), err error) {
 // waitSum waits until the workers' progress adds up to n, or one exits, or
 // the timeout passes.
 func waitSum(ws []*worker, n int64, timeout time.Duration) error {
+	return waitSumEach(ws, n, timeout, nil)
+}
+
+// waitSumEach is waitSum calling each (when not nil) with the sum at every
+// look, about every 20 ms.
+func waitSumEach(ws []*worker, n int64, timeout time.Duration, each func(sum int64)) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		var sum int64
@@ -801,6 +807,9 @@ func waitSum(ws []*worker, n int64, timeout time.Duration) error {
 				return fmt.Errorf("%s exited early: %v; its stderr:\n%s", w.name, w.err, w.stderr.String())
 			default:
 			}
+		}
+		if each != nil {
+			each(sum)
 		}
 		if sum >= n {
 			return nil

@@ -19,14 +19,21 @@ import (
 // PartitionsRun is the daemon draining a topic of Partitions partitions
 // with the Go client processes of the plan, then idle for IdleSeconds.
 type PartitionsRun struct {
-	Partitions     int     `json:"partitions"`
-	Size           int     `json:"size"`
-	Messages       int64   `json:"messages"`
-	Expected       int64   `json:"expected"`
-	Committed      int64   `json:"committed"`
-	Seconds        float64 `json:"seconds"`
-	MsgPerS        float64 `json:"msg_per_s"`
-	DaemonCPUPerM  float64 `json:"daemon_cpu_s_per_million"`
+	Partitions    int     `json:"partitions"`
+	Size          int     `json:"size"`
+	Messages      int64   `json:"messages"`
+	Expected      int64   `json:"expected"`
+	Committed     int64   `json:"committed"`
+	Seconds       float64 `json:"seconds"`
+	MsgPerS       float64 `json:"msg_per_s"`
+	DaemonCPUPerM float64 `json:"daemon_cpu_s_per_million"` // over the whole drain, the partitions' start included
+	// SteadyCPUPerM is the daemon's CPU per message between 20% and 80% of
+	// the acks: every partition started, none finished.
+	SteadyCPUPerM float64 `json:"daemon_cpu_s_per_million_steady,omitempty"`
+	// FixedCPU is what the drain cost beyond SteadyCPUPerM for each
+	// message: the partitions' start (offset lookups, first fetches and
+	// commits) and the drain's tail, an estimate.
+	FixedCPU       float64 `json:"daemon_fixed_cpu_s,omitempty"`
 	PeakRSSMB      float64 `json:"daemon_peak_rss_mb"`
 	Commits        float64 `json:"commits"`          // offset commits during the drain (fanout_commit_duration_seconds_count)
 	ZKBytes        int64   `json:"zk_bytes"`         // to and from ZooKeeper during the drain
@@ -142,6 +149,12 @@ func (e *env) partitionsRun(parts, n, size, k, inFlight int, idleFor time.Durati
 		return r, err
 	}
 	defer d.stop()
+	stopPerf := func() {}
+	if e.perf { // the whole drain, from before the clients start
+		if stopPerf, err = e.perfRecord(d.pid(), fmt.Sprintf("daemon-partitions-%d", parts)); err != nil {
+			return r, err
+		}
+	}
 	cpu0, err := cpuSeconds(d.pid())
 	if err != nil {
 		return r, err
@@ -157,8 +170,22 @@ func (e *env) partitionsRun(parts, n, size, k, inFlight int, idleFor time.Durati
 		ws = append(ws, w)
 	}
 	stop := showProgress(fmt.Sprintf("%d partitions", parts), int64(n), ws)
-	err = waitSum(ws, int64(n), 5*time.Minute)
+	type mark struct {
+		at   int64   // acks it waits for
+		sum  int64   // acks when it was taken
+		cpus float64 // the daemon's CPU seconds then
+	}
+	marks := []mark{{at: int64(n) / 5}, {at: int64(n) * 4 / 5}}
+	next := 0
+	err = waitSumEach(ws, int64(n), 5*time.Minute, func(sum int64) {
+		for next < len(marks) && sum >= marks[next].at {
+			marks[next].sum = sum
+			marks[next].cpus, _ = cpuSeconds(d.pid())
+			next++
+		}
+	})
 	stop()
+	stopPerf()
 	cpu1, _ := cpuSeconds(d.pid())
 	commits1, _ := scrapeCounter(d.metrics, "fanout_commit_duration_seconds_count")
 	zk1 := zk.bytes()
@@ -194,14 +221,18 @@ func (e *env) partitionsRun(parts, n, size, k, inFlight int, idleFor time.Durati
 		r.MsgPerS = float64(r.Messages) / r.Seconds
 	}
 	r.DaemonCPUPerM = (cpu1 - cpu0) / float64(max(r.Messages, 1)) * 1e6
+	if a, b := marks[0], marks[1]; next == len(marks) && b.sum > a.sum && b.cpus > a.cpus {
+		r.SteadyCPUPerM = (b.cpus - a.cpus) / float64(b.sum-a.sum) * 1e6
+		r.FixedCPU = max(0, (cpu1-cpu0)-r.SteadyCPUPerM*float64(r.Messages)/1e6)
+	}
 	r.Commits, r.ZKBytes = commits1-commits0, zk1-zk0
 	r.IdleSeconds = idleFor.Seconds()
 	r.IdleCPUPercent = (cpu2 - cpu1) / idleFor.Seconds() * 100
 	r.IdleCommits, r.IdleZKBytes = commits2-commits1, zk2-zk1
 	d.stop()
 	r.Committed, err = e.committedAll(id, topic, "zookeeper")
-	say("   %d partitions: %.0f msg/s, daemon %.2f s CPU / 10^6 msg, peak RSS %.0f MB, %.0f commits, %d ZooKeeper bytes; idle: %.1f%% CPU, %.0f commits, %d ZooKeeper bytes",
-		parts, r.MsgPerS, r.DaemonCPUPerM, r.PeakRSSMB, r.Commits, r.ZKBytes, r.IdleCPUPercent, r.IdleCommits, r.IdleZKBytes)
+	say("   %d partitions: %.0f msg/s, daemon %.2f s CPU / 10^6 msg (steady %.2f s, fixed %.2f s), peak RSS %.0f MB, %.0f commits, %d ZooKeeper bytes; idle: %.1f%% CPU, %.0f commits, %d ZooKeeper bytes",
+		parts, r.MsgPerS, r.DaemonCPUPerM, r.SteadyCPUPerM, r.FixedCPU, r.PeakRSSMB, r.Commits, r.ZKBytes, r.IdleCPUPercent, r.IdleCommits, r.IdleZKBytes)
 	return r, err
 }
 
