@@ -64,7 +64,7 @@ func fullPlan() plan {
 	return plan{Sizes: []int{100, 1024}, Messages: map[int]int{100: 2_000_000, 1024: 500_000},
 		Ks: []int{1, 4, 16}, InFlight: 1000, Rates: []int{1000, 10000}, RateFor: 10 * time.Second,
 		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1, 4, 16}, PyMessages: 300_000,
-		Scaling: &scalingPlan{Partitions: []int{8, 128, 1024}, PartMessages: 1_000_000, PartSize: 100, PartClients: 4,
+		Scaling: &scalingPlan{Partitions: []int{8, 128, 1024}, PartMessages: 4_000_000, PartSize: 100, PartClients: 4,
 			PartIdle: 10 * time.Second, Idle: []int{100, 1000, 10000}, Busy: []int{100, 1000, 10000}, BusyCredit: 10,
 			BusyMessages: 1_000_000},
 		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{1, 2, 3},
