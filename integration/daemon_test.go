@@ -32,18 +32,35 @@ type testDaemon struct {
 	err    error
 }
 
-// testLogger returns a logger that writes to the test log.
+// testLogger returns a logger that writes to the test log until the test
+// ends, and drops what comes after: a ZooKeeper connection's event logger
+// may report its closing after the cleanup that closed it, and a test's log
+// may not be written once it has ended.
 func testLogger(t testing.TB) *logrus.Entry {
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.ended = true
+		w.mu.Unlock()
+	})
 	l := logrus.New()
-	l.SetOutput(testWriter{t})
+	l.SetOutput(w)
 	l.SetLevel(logrus.InfoLevel)
 	return logrus.NewEntry(l)
 }
 
-type testWriter struct{ t testing.TB }
+type testWriter struct {
+	t     testing.TB
+	mu    sync.Mutex // held across t.Logf, so that none is under way once ended is set
+	ended bool
+}
 
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.ended {
+		w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	}
 	return len(p), nil
 }
 
