@@ -590,6 +590,9 @@ func (s *Source) openPartition(ctx context.Context, log *logrus.Entry, part *par
 			}
 			continue // no backoff: the next attempt is a different one
 		}
+		if ctx.Err() != nil { // stopping: a lookup gave up waiting
+			return 0, false, ctx.Err()
+		}
 		wait := b.Next()
 		log.WithError(err).WithField("offset", offset).WithField("retry_in", wait).
 			Warn("cannot consume partition, retrying")
