@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -501,8 +502,7 @@ func (o *ownership) shutdown(stop func(), dispDone <-chan struct{}) {
 	if o.onStop != nil {
 		o.onStop() // the leader reassigns at once: the next owners wait for our releases
 	}
-	var held []*ownedPart
-	var heldParts []int32
+	held := map[int32]*ownedPart{} // what was served, with the condition it was reserved under
 	for p, op := range o.parts {
 		switch op.state {
 		case acquiring:
@@ -511,20 +511,20 @@ func (o *ownership) shutdown(stop func(), dispDone <-chan struct{}) {
 		case serving:
 			op.cancel()
 			o.src.Remove(p)
-			held, heldParts = append(held, op), append(heldParts, p)
+			held[p] = op
 		}
 	}
-	slices.Sort(heldParts)
+	heldParts := slices.Sorted(maps.Keys(held))
 	o.log.WithField("partitions", heldParts).Info("stopping: handing every partition over")
 	o.publish()
 	stop() // the dispatcher drains: goodbye, in-flight awaited, final commit
 	o.waitFor(dispDone)
 	gen := o.generation()
-	for i, op := range held {
-		if err := o.records.Release(heldParts[i], op.cond, gen); err != nil {
-			o.log.WithError(err).WithField("partition", heldParts[i]).Warn("release at shutdown")
+	for _, p := range heldParts {
+		if err := o.records.Release(p, held[p].cond, gen); err != nil {
+			o.log.WithError(err).WithField("partition", p).Warn("release at shutdown")
 		}
-		delete(o.parts, heldParts[i])
+		delete(o.parts, p)
 	}
 	o.finish()
 }

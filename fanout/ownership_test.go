@@ -173,7 +173,7 @@ func (m *fakeMember) Release(p int32, cond offsets.Condition, gen uint64) error 
 	m.zk.mu.Lock()
 	defer m.zk.mu.Unlock()
 	r := m.zk.records[p]
-	if r == nil || r.version != v.Version {
+	if r == nil || v.Path != recordPath(p) || r.version != v.Version {
 		return authority.ErrNotOwner
 	}
 	r.owner, r.session = "", 0
@@ -528,8 +528,11 @@ func TestOwnershipShutdownReleasesAfterTheDrain(t *testing.T) {
 	t.Parallel()
 	zk, assign := newFakeZK(), newFakeAssign()
 	a := startMember(t, zk, assign, "node-a", fakeLoader{})
-	assign.set(1, 2, map[string][]int32{"node-a": {0, 1}})
-	testutil.WaitFor(t, 5*time.Second, "node-a to serve 0 and 1", func() bool { return len(a.owned()) == 2 })
+	// Many partitions, so that each one's release naming another's
+	// condition cannot pass by the luck of the map's order.
+	parts := []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+	assign.set(1, 2, map[string][]int32{"node-a": parts})
+	testutil.WaitFor(t, 5*time.Second, "node-a to serve every partition", func() bool { return len(a.owned()) == len(parts) })
 	a.cancel()
 	select {
 	case <-a.done:
@@ -539,7 +542,7 @@ func TestOwnershipShutdownReleasesAfterTheDrain(t *testing.T) {
 	if !a.stopping.Load() || !a.stopped.Load() {
 		t.Fatalf("onStop called %v, the dispatcher stopped %v: want both", a.stopping.Load(), a.stopped.Load())
 	}
-	for _, p := range []int32{0, 1} {
+	for _, p := range parts {
 		if r := zk.record(p); r.owner != "" {
 			t.Errorf("record of %d after shutdown: %+v, want released", p, r)
 		}

@@ -172,6 +172,9 @@ func (m *spreadMode) stretch(ctx context.Context, s serveEnv, claims authority.C
 		}
 		return err
 	}
+	if err != nil {
+		d.log.WithError(err).Warn("stopped, not cleanly: messages acked since the last commit are delivered again by the partitions' next owners")
+	}
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nanoservice/core-fanout/fanout/offsets"
 	"github.com/nanoservice/core-fanout/internal/actor"
+	"github.com/nanoservice/core-fanout/internal/backoff"
 )
 
 // committer writes offsets to the store off the dispatcher's goroutine, so a
@@ -366,20 +367,32 @@ func (c *committer) takeLost() map[int32]offsets.Condition {
 }
 
 // flush stops the loop and commits everything pending plus m (with its
-// progress prog), synchronously. Partitions of AssignedPartitions found
-// fenced are only logged.
+// progress prog), synchronously. A commit that fails is tried again, with
+// backoff, until it succeeds, the store refuses it (ErrFenced) or ctx ends:
+// a store out of reach for a moment, or a Kafka group rebalancing as the
+// members stop one after another, must not cost the final commit.
+// Partitions of AssignedPartitions found fenced are only logged.
 func (c *committer) flush(ctx context.Context, m map[int32]int64, prog map[int32]offsets.Progress) error {
 	c.stop()
 	c.offer(m, prog)
-	all, fence, anchors := c.take()
-	if all == nil {
-		return nil
-	}
-	done, err := c.commit(ctx, all, fence, anchors)
-	release(anchors, done)
-	if err != nil {
-		c.resolveFinals(err)
-		return fmt.Errorf("commit %v: %w", all, err)
+	b := backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second, Jitter: true}
+	for attempt := 1; ; attempt++ {
+		all, fence, anchors := c.take()
+		if all == nil {
+			break
+		}
+		done, err := c.commit(ctx, all, fence, anchors)
+		release(anchors, done)
+		if err == nil {
+			continue // what the scope refused was dropped; nothing else is pending
+		}
+		wait := b.Next()
+		if errors.Is(err, offsets.ErrFenced) || ctx.Err() != nil || !backoff.Sleep(ctx, wait) {
+			c.resolveFinals(err)
+			return fmt.Errorf("commit %v (attempt %d): %w", all, attempt, err)
+		}
+		c.log.WithError(err).WithFields(logrus.Fields{"attempt": attempt, "retry_in": wait.Round(time.Millisecond)}).
+			Warn("final offset commit failed; retrying")
 	}
 	c.resolveFinals(errors.New("dispatch: stopped before the final commit"))
 	return nil

@@ -92,6 +92,7 @@ type recStore struct {
 	offsets map[int32]int64
 	commits int
 	err     error
+	failing int // the next commits that fail with a transient error
 }
 
 func (r *recStore) Load(context.Context) (map[int32]int64, error) { return nil, nil }
@@ -103,6 +104,10 @@ func (r *recStore) Commit(_ context.Context, fence offsets.Fence, m map[int32]in
 	}
 	if r.err != nil {
 		return r.err
+	}
+	if r.failing > 0 {
+		r.failing--
+		return errors.New("recStore: the group is rebalancing")
 	}
 	if r.offsets == nil {
 		r.offsets = map[int32]int64{}
@@ -338,6 +343,64 @@ func testRunDrainsCommitsAndReturns(t *testing.T) {
 	}
 	if got := h.store.get(); got[2] != 3 {
 		t.Fatalf("final commit %v, want partition 2 at 3", got)
+	}
+}
+
+// A final commit that fails for a moment (a store out of reach, a Kafka
+// group rebalancing as its members stop one after another) is tried again:
+// what was acked is committed, not delivered again by the next owner.
+func TestRunFinalCommitRetriesATransientFailure(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunFinalCommitRetriesATransientFailure)
+}
+
+func testRunFinalCommitRetriesATransientFailure(t *testing.T) {
+	h := start(t, Config{DrainTimeout: 5 * time.Second, CommitInterval: time.Hour})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 2, Start: 0}
+	h.src.ch <- batch(2, 0, 3)
+	for range 3 {
+		h.d.Ack(1, []uint64{k.next(t).ID})
+	}
+	testutil.WaitFor(t, 5*time.Second, "acks", func() bool { return h.stats(t).Acked == 3 })
+	h.store.mu.Lock()
+	h.store.failing = 3
+	h.store.mu.Unlock()
+	h.cancel()
+	if err := <-h.done; err != nil {
+		t.Fatalf("Run: %v, want the final commit retried until it succeeds", err)
+	}
+	if got := h.store.get(); got[2] != 3 {
+		t.Fatalf("final commit %v, want partition 2 at 3", got)
+	}
+}
+
+// A final commit the store refuses (fenced) is not tried again.
+func TestRunFinalCommitFencedIsNotRetried(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, testRunFinalCommitFencedIsNotRetried)
+}
+
+func testRunFinalCommitFencedIsNotRetried(t *testing.T) {
+	h := start(t, Config{DrainTimeout: 5 * time.Second, CommitInterval: time.Hour})
+	k := newChanSink()
+	h.d.Join(1, "a", 10, k)
+	h.src.ch <- Batch{Partition: 2, Start: 0}
+	h.src.ch <- batch(2, 0, 1)
+	h.d.Ack(1, []uint64{k.next(t).ID})
+	testutil.WaitFor(t, 5*time.Second, "acks", func() bool { return h.stats(t).Acked == 1 })
+	h.store.mu.Lock()
+	h.store.err = fmt.Errorf("recStore: another leader: %w", offsets.ErrFenced)
+	h.store.mu.Unlock()
+	h.cancel()
+	if err := <-h.done; !errors.Is(err, offsets.ErrFenced) {
+		t.Fatalf("Run: %v, want the fenced final commit's error", err)
+	}
+	h.store.mu.Lock()
+	defer h.store.mu.Unlock()
+	if h.store.commits != 0 {
+		t.Fatalf("%d commits written by a fenced dispatcher", h.store.commits)
 	}
 }
 
