@@ -178,6 +178,12 @@ type Options struct {
 	// Ordering is "none" (the default) or "key": a key's messages go out one
 	// at a time, in offset order.
 	Ordering string
+	// DeliveriesPerTurn is how many messages, at most, a client takes in its
+	// round-robin turn (up to its credit); default 1. More carries several
+	// messages in one frame and one ack when clients outnumber the
+	// messages at hand (many fast workers), at the cost of a coarser
+	// balance.
+	DeliveriesPerTurn int
 	// MaxObserverBytes bounds the copies queued for one observer and not yet
 	// written; past it the observer is dropped; default 16 MiB.
 	MaxObserverBytes int
@@ -228,6 +234,11 @@ const (
 	DefaultClusterHeartbeat = cluster.DefaultHeartbeat
 	DefaultZKSessionTimeout = 10 * time.Second
 	DefaultOrdering         = OrderingNone
+	// DefaultDeliveriesPerTurn: one message per client in turn.
+	DefaultDeliveriesPerTurn = 1
+	// MaxDeliveriesPerTurn bounds --deliveries-per-turn (a client's credit
+	// bounds it too).
+	MaxDeliveriesPerTurn    = 1000
 	DefaultMaxObserverBytes = server.DefaultMaxObserverBytes
 	DefaultKafkaSession     = 10 * time.Second // the default of KafkaSessionTimeout
 	DefaultAssignment       = AssignmentLeader
@@ -350,6 +361,7 @@ func (o Options) withDefaults() Options {
 	seti(&o.MaxHandshakes, DefaultMaxHandshakes)
 	seti(&o.MaxOutboxBytes, DefaultMaxOutboxBytes)
 	seti(&o.MaxObserverBytes, DefaultMaxObserverBytes)
+	seti(&o.DeliveriesPerTurn, DefaultDeliveriesPerTurn)
 	if o.RetryBackoffMin == 0 && o.RetryBackoffMax == 0 {
 		o.RetryBackoffMin, o.RetryBackoffMax = DefaultRetryBackoffMin, DefaultRetryBackoffMax
 	}
@@ -507,6 +519,9 @@ func (o Options) Validate() error {
 	if o.MaxOutstanding < 1 {
 		bad("--max-outstanding %d: at least 1", o.MaxOutstanding)
 	}
+	if o.DeliveriesPerTurn < 1 || o.DeliveriesPerTurn > MaxDeliveriesPerTurn {
+		bad("--deliveries-per-turn %d: between 1 and %d", o.DeliveriesPerTurn, MaxDeliveriesPerTurn)
+	}
 	if o.MaxFrameSize < 1024 || o.MaxFrameSize > 1<<30 {
 		bad("--max-frame-size %d: between 1 KiB and 1 GiB", o.MaxFrameSize)
 	}
@@ -652,6 +667,7 @@ func (o Options) dispatchConfig(scope dispatch.Scope, store offsets.Store, log *
 		RetryBackoffMax:  max(0, o.RetryBackoffMax),
 		DisconnectWindow: time.Duration(o.Liveness) * o.Heartbeat,
 		KeyOrdering:      o.Ordering == OrderingKey,
+		Turn:             o.DeliveriesPerTurn,
 	}
 }
 

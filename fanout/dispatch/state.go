@@ -175,6 +175,9 @@ type state struct {
 
 	clients   map[uint64]*client
 	ready     ring[*client]  // clients with room, in round-robin order (by weight: see weights.go)
+	turn      int            // messages a client takes in its turn, at most (Config.Turn, at least 1)
+	turnOf    *client        // the client whose turn is under way (round-robin), if any
+	turnTaken int            // the messages turnOf took in it
 	weighted  int            // joined clients whose weight is not the default: then by weight
 	retries   ring[retry]    // redeliveries; they go before fresh messages
 	unblocked ring[*Message] // key ordering: messages whose key's previous message is done
@@ -849,13 +852,23 @@ func (s *state) number(c *client, now time.Time) {
 	}
 }
 
-// give delivers msg to c and, in round-robin, moves c, the first client of
-// ready, to the back of ready, or out of it when full.
+// give delivers msg to c and, in round-robin, once c took its turn's
+// messages (s.turn) or is full, moves c, the first client of ready, to the
+// back of ready, or out of it when full.
 func (s *state) give(c *client, msg *Message, deadline time.Time) {
 	s.bytes -= msg.Size()
 	s.deliver(c, msg, deadline)
 	if s.weighted > 0 {
 		return // stays in ready; pickWeighted drops it when full
+	}
+	if s.turn > 1 {
+		if s.turnOf != c {
+			s.turnOf, s.turnTaken = c, 0
+		}
+		if s.turnTaken++; s.turnTaken < s.turn && c.hasRoom() {
+			return // its turn goes on: it stays first
+		}
+		s.turnOf = nil
 	}
 	s.ready.pop()
 	if c.hasRoom() {
@@ -884,9 +897,9 @@ func (s *state) deliver(c *client, msg *Message, deadline time.Time) {
 		c.touched = true
 		s.touched = append(s.touched, c)
 		// One allocation per client and round, mostly: what it has room
-		// for, or its round-robin share of what is buffered (msg is
-		// already taken out of both).
-		c.out = make([]Delivery, 0, min(c.max-c.n, s.buffered()/max(s.ready.len(), 1)+1)+1)
+		// for, or its round-robin share of what is buffered, or its turn
+		// (msg is already taken out of all of them).
+		c.out = make([]Delivery, 0, min(c.max-c.n, max(s.buffered()/max(s.ready.len(), 1)+1, s.turn))+1)
 	}
 	d := Delivery{Attempt: attempt, Msg: msg, key: msg.Key, value: msg.Value, headers: msg.Headers, snapped: true}
 	c.out = append(c.out, d)

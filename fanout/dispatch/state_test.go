@@ -80,6 +80,54 @@ func TestRoundRobin(t *testing.T) {
 	}
 }
 
+// With Config.Turn, a client takes up to that many messages in its turn,
+// bounded by its room, before the next client's turn; across rounds too.
+func TestTurns(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		turn  int
+		rooms []int
+		n     int64
+		want  [][]int64
+	}{
+		{"one each (the default)", 1, []int{10, 10}, 5, [][]int64{{0, 2, 4}, {1, 3}}},
+		{"three each", 3, []int{10, 10}, 7, [][]int64{{0, 1, 2, 6}, {3, 4, 5}}},
+		{"room bounds the turn", 5, []int{2, 10, 10}, 9, [][]int64{{0, 1}, {2, 3, 4, 5, 6}, {7, 8}}},
+		{"a turn larger than what is at hand", 8, []int{10, 10}, 3, [][]int64{{0, 1, 2}, nil}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, sinks := setup(tc.rooms...)
+			s.turn = tc.turn
+			s.addBatch(batch(0, 0, tc.n), t0)
+			s.dispatch(t0)
+			for i, k := range sinks {
+				if got := offsetsOf(k.got); !slices.Equal(got, tc.want[i]) {
+					t.Errorf("client %d got %v, want %v", i+1, got, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+// A turn that ran out of messages goes on in the next round, then passes.
+func TestTurnGoesOnInTheNextRound(t *testing.T) {
+	t.Parallel()
+	s, sinks := setup(10, 10)
+	s.turn = 3
+	s.addBatch(batch(0, 0, 2), t0)
+	s.dispatch(t0)
+	s.addBatch(batch(0, 2, 5), t0)
+	s.dispatch(t0)
+	if got := offsetsOf(sinks[0].got); !slices.Equal(got, []int64{0, 1, 2}) {
+		t.Errorf("client 1 got %v, want [0 1 2]", got)
+	}
+	if got := offsetsOf(sinks[1].got); !slices.Equal(got, []int64{3, 4}) {
+		t.Errorf("client 2 got %v, want [3 4]", got)
+	}
+}
+
 func TestFullClientSkipped(t *testing.T) {
 	t.Parallel()
 	s, sinks := setup(1, 10)

@@ -228,6 +228,7 @@ func runBusy(args []string) error {
 
 	var (
 		connected, failed, acked atomic.Int64
+		frames, framed           atomic.Int64 // delivery frames received once started, and their deliveries
 		firstErr                 atomic.Pointer[error]
 		open                     []*busyConn
 		mu                       sync.Mutex // guards open
@@ -251,7 +252,7 @@ func runBusy(args []string) error {
 				return
 			}
 			connected.Add(1)
-			bc := &busyConn{conn: conn, w: protocol.NewWriterSize(conn, 0, 4<<10), acked: &acked}
+			bc := &busyConn{conn: conn, w: protocol.NewWriterSize(conn, 0, 4<<10), acked: &acked, frames: &frames, framed: &framed}
 			bc.ackFrame = &protocol.Frame{Body: &protocol.Frame_Ack{Ack: &bc.ack}}
 			mu.Lock()
 			open = append(open, bc)
@@ -285,14 +286,17 @@ func runBusy(args []string) error {
 	mu.Unlock()
 	wg.Wait()
 	close(stopProgress)
-	return printResult(Result{Messages: acked.Load(), Connected: int(connected.Load() - lost.Load()), Errors: failed.Load() + lost.Load()})
+	return printResult(Result{Messages: acked.Load(), Connected: int(connected.Load() - lost.Load()), Errors: failed.Load() + lost.Load(),
+		Frames: frames.Load(), Framed: framed.Load()})
 }
 
 // busyConn is one connection of runBusy.
 type busyConn struct {
 	conn     net.Conn
 	acked    *atomic.Int64
-	mu       sync.Mutex // guards the fields below: the reader and start write
+	frames   *atomic.Int64 // delivery frames received once started
+	framed   *atomic.Int64 // the deliveries of those
+	mu       sync.Mutex    // guards the fields below: the reader and start write
 	w        *protocol.Writer
 	started  bool         // "go": ack at once
 	ack      protocol.Ack // the ranges received and not yet acked
@@ -321,6 +325,8 @@ func (bc *busyConn) serve(r *protocol.Reader) {
 				}
 				bc.n += int64(len(b.Deliveries))
 				if bc.started {
+					bc.frames.Add(1)
+					bc.framed.Add(int64(len(b.Deliveries)))
 					err = bc.flushAcks()
 				}
 			case f.GetPing() != nil:

@@ -66,7 +66,7 @@ func fullPlan() plan {
 		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1, 4, 16}, PyMessages: 300_000,
 		Scaling: &scalingPlan{Partitions: []int{8, 128, 1024}, PartMessages: 4_000_000, PartSize: 100, PartClients: 4,
 			PartIdle: 10 * time.Second, Idle: []int{100, 1000, 10000}, Busy: []int{100, 1000, 10000}, BusyCredit: 10,
-			BusyMessages: 1_000_000},
+			BusyMessages: 1_000_000, BusyTurn: 10},
 		LatencySize: 100, IdleConns: 10000, IdleFor: 20 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{1, 2, 3},
 		SpreadClients: 4}
 }
@@ -76,7 +76,7 @@ func quickPlan() plan {
 		Ks: []int{1, 4}, InFlight: 1000, Rates: []int{1000}, RateFor: 3 * time.Second,
 		PyFlavors: []string{"threads", "asyncio"}, PyKs: []int{1}, PyMessages: 20000,
 		Scaling: &scalingPlan{Partitions: []int{8, 64}, PartMessages: 20000, PartSize: 100, PartClients: 4,
-			PartIdle: 2 * time.Second, Idle: []int{500}, Busy: []int{50}, BusyCredit: 10, BusyMessages: 20000},
+			PartIdle: 2 * time.Second, Idle: []int{500}, Busy: []int{50}, BusyCredit: 10, BusyMessages: 20000, BusyTurn: 10},
 		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{3},
 		SpreadClients: 4}
 }

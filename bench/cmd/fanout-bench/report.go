@@ -351,10 +351,10 @@ func (r *report) scalingMarkdown(p func(string, ...any), sc *Scaling) {
 		p("all are connected, then acking every delivery frame at once; measured over the next %d acks, on a topic", sp.BusyMessages)
 		p("of 8 partitions of 100 B records.")
 		p("")
-		p("| clients | still connected | messages | msg/s | daemon CPU s / 10^6 msg | daemon RSS MB | daemon peak RSS MB |")
-		p("|--:|--:|--:|--:|--:|--:|--:|")
+		p("| clients | deliveries per turn | still connected | messages | msg/s | daemon CPU s / 10^6 msg | deliveries per frame | daemon RSS MB | daemon peak RSS MB |")
+		p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 		for _, b := range sc.Busy {
-			p("| %d | %d | %d | %.0f | %.2f | %.0f | %.0f |", b.Clients, b.Connected, b.Messages, b.MsgPerS, b.DaemonCPUPerM, b.RSSMB, b.PeakRSSMB)
+			p("| %d | %d | %d | %d | %.0f | %.2f | %.1f | %.0f | %.0f |", b.Clients, max(b.Turn, 1), b.Connected, b.Messages, b.MsgPerS, b.DaemonCPUPerM, b.PerFrame, b.RSSMB, b.PeakRSSMB)
 		}
 	}
 }

@@ -49,14 +49,18 @@ type PartitionsRun struct {
 type BusyRun struct {
 	Clients       int     `json:"clients"`
 	Credit        int     `json:"credit"`
-	Connected     int     `json:"connected"` // still connected at the end
+	Turn          int     `json:"deliveries_per_turn,omitempty"` // the daemon's --deliveries-per-turn
+	Connected     int     `json:"connected"`                     // still connected at the end
 	Messages      int64   `json:"messages"`
 	Expected      int64   `json:"expected"`
 	Seconds       float64 `json:"seconds"`
 	MsgPerS       float64 `json:"msg_per_s"`
 	DaemonCPUPerM float64 `json:"daemon_cpu_s_per_million"`
-	RSSMB         float64 `json:"daemon_rss_mb"`
-	PeakRSSMB     float64 `json:"daemon_peak_rss_mb"`
+	// PerFrame is the deliveries each delivery frame carried, on average:
+	// what one write and one ack amortize.
+	PerFrame  float64 `json:"deliveries_per_frame,omitempty"`
+	RSSMB     float64 `json:"daemon_rss_mb"`
+	PeakRSSMB float64 `json:"daemon_peak_rss_mb"`
 }
 
 // Scaling holds the runs of the scaling measurements.
@@ -77,6 +81,9 @@ type scalingPlan struct {
 	Busy         []int         `json:"busy_clients"`       // busy connections of each run
 	BusyCredit   int           `json:"busy_credit"`        // credit of each busy connection
 	BusyMessages int           `json:"busy_messages"`      // acked in each busy run, once all are connected
+	// BusyTurn, when > 1, runs the largest busy run once more with the
+	// daemon's --deliveries-per-turn at it.
+	BusyTurn int `json:"busy_turn,omitempty"`
 }
 
 // measureScaling runs the scaling measurements of p.
@@ -110,8 +117,15 @@ func (e *env) measureScaling(p plan, rep *report) error {
 	if err := e.preload(topic, n, 100); err != nil {
 		return err
 	}
+	runs := make([][2]int, 0, len(sp.Busy)+1) // clients, turn
 	for _, c := range sp.Busy {
-		r, err := e.busyRun(topic, c, sp.BusyCredit, sp.BusyMessages)
+		runs = append(runs, [2]int{c, 1})
+	}
+	if sp.BusyTurn > 1 {
+		runs = append(runs, [2]int{sp.Busy[len(sp.Busy)-1], sp.BusyTurn})
+	}
+	for _, run := range runs {
+		r, err := e.busyRun(topic, run[0], sp.BusyCredit, run[1], sp.BusyMessages)
 		if err != nil {
 			return err
 		}
@@ -236,14 +250,14 @@ func (e *env) partitionsRun(parts, n, size, k, inFlight int, idleFor time.Durati
 	return r, err
 }
 
-// busyRun runs a daemon on topic with c raw connections of credit credit
-// (one process), and once all are connected has them ack every delivery
-// until m more are acked.
-func (e *env) busyRun(topic string, c, credit, m int) (BusyRun, error) {
-	r := BusyRun{Clients: c, Credit: credit, Expected: int64(m)}
-	id := fmt.Sprintf("%s-c%d", topic, c)
-	say("== %d busy clients (one process, raw connections of credit %d acking every delivery)", c, credit)
-	d, err := e.startDaemon(id, topic, "bench")
+// busyRun runs a daemon (--deliveries-per-turn turn) on topic with c raw
+// connections of credit credit (one process), and once all are connected
+// has them ack every delivery until m more are acked.
+func (e *env) busyRun(topic string, c, credit, turn, m int) (BusyRun, error) {
+	r := BusyRun{Clients: c, Credit: credit, Turn: turn, Expected: int64(m)}
+	id := fmt.Sprintf("%s-c%d-t%d", topic, c, turn)
+	say("== %d busy clients (one process, raw connections of credit %d acking every delivery), %d deliveries per turn", c, credit, turn)
+	d, err := e.startDaemon(id, topic, "bench", "--deliveries-per-turn", strconv.Itoa(turn))
 	if err != nil {
 		return r, err
 	}
@@ -260,14 +274,22 @@ func (e *env) busyRun(topic string, c, credit, m int) (BusyRun, error) {
 	case <-time.After(5 * time.Minute):
 		return r, fmt.Errorf("busy clients not connected after 5 min\n%s", w.stderr.String())
 	}
+	stopPerf := func() {}
+	if e.perf { // from "go" to the last ack
+		if stopPerf, err = e.perfRecord(d.pid(), fmt.Sprintf("daemon-busy-%d-t%d", c, turn)); err != nil {
+			return r, err
+		}
+	}
 	cpu0, _ := cpuSeconds(d.pid())
 	t0 := time.Now()
 	if _, err := io.WriteString(w.stdin, "go\n"); err != nil {
+		stopPerf()
 		return r, err
 	}
 	stop := showProgress(fmt.Sprintf("%d busy clients", c), int64(m), []*worker{w})
 	err = waitSum([]*worker{w}, int64(m), 5*time.Minute)
 	stop()
+	stopPerf()
 	cpu1, _ := cpuSeconds(d.pid())
 	r.Seconds = time.Since(t0).Seconds()
 	r.Messages = w.progress.Load()
@@ -277,10 +299,13 @@ func (e *env) busyRun(topic string, c, credit, m int) (BusyRun, error) {
 		return r, fmt.Errorf("%w\n(daemon log: %s)", err, d.log)
 	}
 	r.Connected = res.Connected
+	if res.Frames > 0 {
+		r.PerFrame = float64(res.Framed) / float64(res.Frames)
+	}
 	r.MsgPerS = float64(r.Messages) / r.Seconds
 	r.DaemonCPUPerM = (cpu1 - cpu0) / float64(max(r.Messages, 1)) * 1e6
-	say("   %d busy clients: %.0f msg/s, daemon %.2f s CPU / 10^6 msg, RSS %.0f MB (peak %.0f), %d of %d stayed connected",
-		c, r.MsgPerS, r.DaemonCPUPerM, r.RSSMB, r.PeakRSSMB, r.Connected, c)
+	say("   %d busy clients, %d per turn: %.0f msg/s, daemon %.2f s CPU / 10^6 msg, %.1f deliveries per frame, RSS %.0f MB (peak %.0f), %d of %d stayed connected",
+		c, turn, r.MsgPerS, r.DaemonCPUPerM, r.PerFrame, r.RSSMB, r.PeakRSSMB, r.Connected, c)
 	return r, nil
 }
 

@@ -23,6 +23,10 @@ type Result struct {
 	LatencyUS   []int64 `json:"latency_us,omitempty"`
 	Connected   int     `json:"connected,omitempty"` // idle: sessions welcomed
 	Errors      int64   `json:"errors,omitempty"`
+	// Frames counts the delivery frames received (busy: once started),
+	// Framed the deliveries they carried.
+	Frames int64 `json:"frames,omitempty"`
+	Framed int64 `json:"framed,omitempty"`
 	// The process's CPU seconds (user and system) once it was ready to
 	// receive (connected: start-up excluded), and at a sample taken with
 	// the count at CPUMessages (every cpuSampleEvery messages and at the
