@@ -269,3 +269,18 @@ func TestOffsetStoreFlags(t *testing.T) {
 		t.Errorf("--zookeeper with FANOUT_OFFSET_STORE=kafka: exit code %d, stderr %q; want 2 and why", code, stderr.String())
 	}
 }
+
+// --deliveries-per-turn and its environment variable reach the options;
+// without either the default does.
+func TestDeliveriesPerTurnFlag(t *testing.T) {
+	if got := serveOptionsOf(t); got.DeliveriesPerTurn != fanout.DefaultDeliveriesPerTurn {
+		t.Errorf("default: %d deliveries per turn, want %d", got.DeliveriesPerTurn, fanout.DefaultDeliveriesPerTurn)
+	}
+	if got := serveOptionsOf(t, "--deliveries-per-turn", "8"); got.DeliveriesPerTurn != 8 {
+		t.Errorf("flag: %d deliveries per turn, want 8", got.DeliveriesPerTurn)
+	}
+	t.Setenv("FANOUT_DELIVERIES_PER_TURN", "3")
+	if got := serveOptionsOf(t); got.DeliveriesPerTurn != 3 {
+		t.Errorf("environment: %d deliveries per turn, want 3", got.DeliveriesPerTurn)
+	}
+}
