@@ -235,6 +235,14 @@ func TestDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
 				if err := admin.AlterConfig(sarama.TopicResource, dlq, map[string]*string{"max.message.bytes": &v}, false); err != nil {
 					t.Fatalf("alter %s max.message.bytes=%s: %v", dlq, v, err)
 				}
+				// The broker applies a topic's new config from its metadata
+				// log, a moment after the controller took it: wait until the
+				// broker describes it, or a dead letter may still fit.
+				testutil.WaitFor(t, 30*time.Second, dlq+" max.message.bytes="+v+" on the broker", func() bool {
+					entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: dlq,
+						ConfigNames: []string{"max.message.bytes"}})
+					return err == nil && len(entries) == 1 && entries[0].Value == v
+				})
 			}
 			if !tc.lowered {
 				setMax("2048")
