@@ -354,16 +354,24 @@ func TestRunFinalCommitRetriesATransientFailure(t *testing.T) {
 	synctest.Test(t, testRunFinalCommitRetriesATransientFailure)
 }
 
-func testRunFinalCommitRetriesATransientFailure(t *testing.T) {
+// startAcked starts a dispatcher that commits only at its end, with n
+// messages of partition 2 delivered and acked.
+func startAcked(t *testing.T, n int64) *harness {
+	t.Helper()
 	h := start(t, Config{DrainTimeout: 5 * time.Second, CommitInterval: time.Hour})
 	k := newChanSink()
 	h.d.Join(1, "a", 10, k)
 	h.src.ch <- Batch{Partition: 2, Start: 0}
-	h.src.ch <- batch(2, 0, 3)
-	for range 3 {
+	h.src.ch <- batch(2, 0, n)
+	for range n {
 		h.d.Ack(1, []uint64{k.next(t).ID})
 	}
-	testutil.WaitFor(t, 5*time.Second, "acks", func() bool { return h.stats(t).Acked == 3 })
+	testutil.WaitFor(t, 5*time.Second, "acks", func() bool { return h.stats(t).Acked == uint64(n) })
+	return h
+}
+
+func testRunFinalCommitRetriesATransientFailure(t *testing.T) {
+	h := startAcked(t, 3)
 	h.store.mu.Lock()
 	h.store.failing = 3
 	h.store.mu.Unlock()
@@ -383,13 +391,7 @@ func TestRunFinalCommitFencedIsNotRetried(t *testing.T) {
 }
 
 func testRunFinalCommitFencedIsNotRetried(t *testing.T) {
-	h := start(t, Config{DrainTimeout: 5 * time.Second, CommitInterval: time.Hour})
-	k := newChanSink()
-	h.d.Join(1, "a", 10, k)
-	h.src.ch <- Batch{Partition: 2, Start: 0}
-	h.src.ch <- batch(2, 0, 1)
-	h.d.Ack(1, []uint64{k.next(t).ID})
-	testutil.WaitFor(t, 5*time.Second, "acks", func() bool { return h.stats(t).Acked == 1 })
+	h := startAcked(t, 1)
 	h.store.mu.Lock()
 	h.store.err = fmt.Errorf("recStore: another leader: %w", offsets.ErrFenced)
 	h.store.mu.Unlock()
