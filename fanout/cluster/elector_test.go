@@ -652,6 +652,9 @@ func TestElectorFailingClaimGivesOthersATurn(t *testing.T) {
 	if n, max := cc.fence.calls.Load(), int32(elapsed/testLeaderTTL)+1; n > max {
 		t.Errorf("c tried %d compare-and-sets in %v, want at most %d (one per leader timeout)", n, elapsed, max)
 	}
+	if cc.logs.count("claiming leadership") == 0 {
+		t.Errorf("c did not log why it claims (the leader's silence and the members heard)")
+	}
 	if n, logged := cc.fence.calls.Load(), int32(cc.logs.count("error: cannot record won epoch", "invalid character")); logged != n {
 		t.Errorf("c logged %d failures with their cause for %d failed compare-and-sets", logged, n)
 	}

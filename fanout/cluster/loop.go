@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -48,9 +49,10 @@ type loop struct {
 	sent           struct {                 // the last published heartbeat's state
 		epoch, claim uint64
 		role         Role
-		generation   uint64  // of the assignment it carried
-		pause        uint64  // the version of the pause it carried
-		action       *Action // the last action it carried
+		generation   uint64    // of the assignment it carried
+		pause        uint64    // the version of the pause it carried
+		action       *Action   // the last action it carried
+		at           time.Time // when it was made (its SentAtMs)
 	}
 	seenRec     record // the fence record last logged
 	seenKnown   bool
@@ -361,6 +363,9 @@ func (l *loop) update(now time.Time, tick bool) {
 		// lower ids from claiming.
 		l.claim = 0
 	}
+	if l.claim != 0 && l.claim != l.sent.claim && l.fencing == 0 {
+		l.logClaim(now)
+	}
 	if l.term != nil {
 		l.e.sharing.lead(l, now)
 	}
@@ -368,15 +373,42 @@ func (l *loop) update(now time.Time, tick bool) {
 	if !l.left {
 		hb := l.heartbeat(now)
 		gen, action := hb.GetAssignment().GetGeneration(), l.e.lastAction.Load()
-		if tick || hb.Epoch != l.sent.epoch || hb.Role != l.sent.role || hb.ClaimEpoch != l.sent.claim || gen != l.sent.generation ||
+		// The vote may await an own heartbeat made after a point to judge
+		// a silent leader gone (its read barrier): made now, not a tick later.
+		barrier, awaited := l.v.barrier(now)
+		barrier = barrier.Truncate(time.Millisecond)
+		awaited = awaited && !now.Before(barrier) && l.sent.at.Before(barrier)
+		if tick || awaited || hb.Epoch != l.sent.epoch || hb.Role != l.sent.role || hb.ClaimEpoch != l.sent.claim || gen != l.sent.generation ||
 			l.pause.Version != l.sent.pause || action != l.sent.action {
 			l.sent.epoch, l.sent.role, l.sent.claim, l.sent.generation = hb.Epoch, hb.Role, hb.ClaimEpoch, gen
-			l.sent.pause, l.sent.action = l.pause.Version, action
+			l.sent.pause, l.sent.action, l.sent.at = l.pause.Version, action, time.UnixMilli(hb.SentAtMs)
 			l.stamp(hb)
 			l.pub.send(pubReq{hb: hb})
 		}
 	}
 	l.publishSnapshot(now)
+}
+
+// logClaim says why this node starts claiming at now: what the vote knew
+// of the recorded leader and of the members, so that a claim that deposed a
+// live leader can be explained from the logs.
+func (l *loop) logClaim(now time.Time) {
+	v := l.v
+	silent := "never heard from"
+	if m := v.members[v.rec.Node]; m != nil {
+		silent = now.Sub(m.lastSeen).Round(time.Millisecond).String()
+		if m.left {
+			silent += " (it left)"
+		}
+	}
+	var heard []string
+	for _, m := range v.view(now) {
+		heard = append(heard, fmt.Sprintf("%s %s ago (%s)", m.id, now.Sub(m.lastSeen).Round(time.Millisecond),
+			strings.ToLower(strings.TrimPrefix(m.role.String(), "ROLE_"))))
+	}
+	l.e.log.WithFields(logrus.Fields{"epoch": l.claim, "record": v.rec.String(), "leader_silent_for": silent,
+		"own_heartbeat_made": now.Sub(v.ownMade).Round(time.Millisecond), "members": strings.Join(heard, ", ")}).
+		Info("claiming leadership: the recorded leader is not live")
 }
 
 // heartbeat is this node's heartbeat at now.

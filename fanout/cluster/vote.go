@@ -39,7 +39,13 @@ const maxMembers = 512
 // claims once the vacancy has lasted r timeouts (the bully rule), never
 // within the startup grace of one timeout, and only while this member's own
 // heartbeats come back (else it has not read what the others said: back
-// from a cut, it could take a live leader for dead). A claim names the next epoch: the
+// from a cut, it could take a live leader for dead). Nor does receiving an
+// own heartbeat prove that much: one made before a pause of this process
+// (SIGSTOP, a starved machine) is read when it runs again, ahead of what the
+// others wrote meanwhile. So a silent recorded leader is judged gone only
+// once an own heartbeat made at least a timeout after the leader's last
+// one was read has come back (the read barrier): everything appended
+// before it was read, and the leader was not among it. A claim names the next epoch: the
 // highest epoch ZooKeeper has shown, plus one. Epochs come from ZooKeeper
 // only, so a heartbeat cannot move them, and at the largest value no member
 // claims (they never wrap). The first claim above that epoch read from the
@@ -116,6 +122,7 @@ type vote struct {
 	pend        pending   // the claim being recorded; zero when none
 	vacantSince time.Time // first tick that found no live leader; zero while one is live
 	ownFirst    int64     // offset of this instance's first own heartbeat read; -1 before it
+	ownMade     time.Time // when the last own heartbeat read was made (its SentAtMs; else when it was read)
 	dupAt       time.Time // receive time of the last duplicate heartbeat; zero when none
 
 	strict    bool      // heartbeats without a sequence number are ignored (a cluster secret is set)
@@ -283,8 +290,14 @@ func (v *vote) observe(hb *Heartbeat, offset int64, at time.Time) verdict {
 		return stale // a copy of a record taken: replayed, or appended twice
 	}
 	m.seq, m.offset, m.lastSeen, m.left = hb.GetSeq(), offset, at, false
-	if id == v.self && v.ownFirst < 0 {
-		v.ownFirst = offset
+	if id == v.self {
+		if v.ownFirst < 0 {
+			v.ownFirst = offset
+		}
+		v.ownMade = at
+		if ms := hb.GetSentAtMs(); ms > 0 && time.UnixMilli(ms).Before(at) {
+			v.ownMade = time.UnixMilli(ms) // this process's clock: comparable with at
+		}
 	}
 	if hb.GetLeaving() {
 		// Forgotten but for what tells its later records from copies of
@@ -422,6 +435,8 @@ func (v *vote) tick(now time.Time) (claim uint64) {
 		// whose own heartbeats do not come back (starting, or back from a
 		// cut) has not read what the others said meanwhile.
 		return 0
+	case !v.barrierPassed():
+		return 0 // the leader's silence is not yet proven by the log (see Claims)
 	case v.pend.node == v.self:
 		return v.pend.epoch // keep claiming while it is being recorded
 	case v.pend.node != "":
@@ -476,4 +491,37 @@ func (v *vote) view(now time.Time) []memberView {
 		return 0
 	})
 	return out
+}
+
+// barrier returns the time at or after which this member must make a
+// heartbeat whose return proves the recorded leader's silence (see Claims),
+// and whether one is awaited: the loop then publishes one at once instead of
+// at its next tick.
+func (v *vote) barrier(now time.Time) (time.Time, bool) {
+	if v.leaderLive(now) || v.barrierPassed() {
+		return time.Time{}, false
+	}
+	return v.barrierAt(), true
+}
+
+// barrierPassed reports whether an own heartbeat made at or after barrierAt
+// was read: true when the recorded leader is not a member heard from (not
+// read since the horizon, or it left) or its last heartbeat says it stopped
+// leading, which need no such proof.
+func (v *vote) barrierPassed() bool {
+	at := v.barrierAt()
+	return at.IsZero() || !v.ownMade.Before(at.Truncate(time.Millisecond))
+}
+
+// barrierAt is a timeout after the recorded leader's last heartbeat was
+// read, while that heartbeat says it leads; zero otherwise.
+func (v *vote) barrierAt() time.Time {
+	if !v.recKnown || v.rec.Missing || v.rec.Corrupt || v.rec.Node == "" {
+		return time.Time{}
+	}
+	m := v.members[v.rec.Node]
+	if m == nil || m.left || !(m.role == Role_ROLE_LEADER || m.epoch < v.rec.Epoch) {
+		return time.Time{}
+	}
+	return m.lastSeen.Add(v.timeout)
 }

@@ -501,3 +501,60 @@ func TestVoteFailedClaimSitsOutATimeout(t *testing.T) {
 		t.Fatalf("tick a timeout after the failure = %d, want claim 1 again", got)
 	}
 }
+
+// A member that was paused (SIGSTOP, a long GC, a starved machine) reads,
+// when it runs again, its own heartbeat made before the pause: received
+// now, it says nothing of what the others wrote meanwhile. The recorded
+// leader, whose heartbeats of the pause follow in the log, must not be
+// judged gone on it: the member claims only on an own heartbeat made a
+// timeout after the leader's last one was read.
+func TestVoteResumedMemberDoesNotClaimOnItsOwnOldHeartbeat(t *testing.T) {
+	t.Parallel()
+	s, ms := time.Second, time.Millisecond
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	made := func(hb *Heartbeat, d time.Duration) *Heartbeat { hb.SentAtMs = at(d).UnixMilli(); return hb }
+	v := newVote("d2", testInstance, testTimeout, t0)
+	v.setRecord(*rec(3, "d1"))
+	for d := time.Duration(0); d < 10*s; d += s { // a healthy cluster: d1 leads, d2 follows
+		feed(v, made(leader("d1", 3), d), at(d))
+		feed(v, made(follower("d2", 3), d+100*ms), at(d+100*ms))
+		if got := v.tick(at(d + 100*ms)); got != 0 {
+			t.Fatalf("tick at %v = %d with d1 leading, want no claim", d+100*ms, got)
+		}
+	}
+	// d2 made a heartbeat at 9.95 s and was stopped before reading it; it
+	// runs again at 12.9 s (d1's last heartbeat read: 9 s) and reads it.
+	resumed := 12900 * ms
+	feed(v, made(follower("d2", 3), 9950*ms), at(resumed))
+	if got := v.tick(at(resumed)); got != 0 {
+		t.Fatalf("tick on resuming = %d: claimed on an own heartbeat made before the pause, want no claim", got)
+	}
+	// The log holds what d1 wrote during the pause: d1 is live.
+	for d := 10 * s; d < 13*s; d += s {
+		feed(v, made(leader("d1", 3), d), at(resumed))
+	}
+	feed(v, made(follower("d2", 3), resumed), at(resumed+5*ms))
+	if got := v.tick(at(resumed + 5*ms)); got != 0 {
+		t.Fatalf("tick after reading d1's heartbeats = %d, want no claim", got)
+	}
+	// Had d1 written nothing, the same own heartbeat (made 3.9 s after
+	// d1's last one was read) would let d2 claim.
+	w := newVote("d2", testInstance, testTimeout, t0)
+	w.setRecord(*rec(3, "d1"))
+	for d := time.Duration(0); d < 10*s; d += s {
+		feed(w, made(leader("d1", 3), d), at(d))
+		feed(w, made(follower("d2", 3), d+100*ms), at(d+100*ms))
+		w.tick(at(d + 100*ms))
+	}
+	feed(w, made(follower("d2", 3), 9950*ms), at(resumed))
+	if got := w.tick(at(resumed)); got != 0 {
+		t.Fatalf("tick on resuming = %d, want no claim before an own heartbeat made after the pause comes back", got)
+	}
+	if b, ok := w.barrier(at(resumed)); !ok || b.After(at(resumed)) {
+		t.Fatalf("barrier = %v %v, want an own heartbeat asked for now", b, ok)
+	}
+	feed(w, made(follower("d2", 3), resumed), at(resumed+5*ms))
+	if got := w.tick(at(resumed + 5*ms)); got != 4 {
+		t.Fatalf("tick after an own heartbeat made after the pause = %d, want claim 4", got)
+	}
+}
