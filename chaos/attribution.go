@@ -470,7 +470,18 @@ func (v *verifier) duplicateCause(prev, cur *delivery) string {
 		if v.closedByDaemon(a) {
 			// The daemon sent its clients away (it stopped serving):
 			// what served it ended.
-			return v.replayCause(prev, cur, a, b)
+			if c := v.replayCause(prev, cur, a, b); c != causeUnexplained {
+				return c
+			}
+			// It kept the partition, and gave what the closed connection
+			// held to another client: explained only by a fault that can
+			// end what it serves while it closed the connection (in a
+			// restart of Kafka, or its cut from it, a spread member sends
+			// its clients away one after another before it hands over).
+			if i := v.faultIn(a.At, a.out.At, func(f Fault) bool { return endsStretch(f, a.node) }, nil); i >= 0 {
+				return faultCause(v.in.Faults[i].Kind)
+			}
+			return causeUnexplained
 		}
 	case 0:
 		// Without the daemon's log: the client never answered it; the

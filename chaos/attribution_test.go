@@ -337,4 +337,15 @@ func TestVerifyExplainsADeliveryTheDaemonTookBackByWhatServesItNext(t *testing.T
 	if res := Verify(in, false); res.Duplicates[causeUnexplained] != 1 || res.Passed() {
 		t.Fatalf("kept: duplicates %v (passed %v), want unexplained", res.Duplicates, res.Passed())
 	}
+	// Kept, but the daemon closed the connection in a Kafka restart (it
+	// sent every client away, one after another, giving what each held to
+	// the next): the restart explains it. A fault of another daemon does not.
+	in.Faults = []Fault{{Kind: FaultCutKafka, Target: "d0", Start: at(900), End: at(2000)}}
+	if res := Verify(in, false); res.Duplicates[causeUnexplained] != 1 || res.Passed() {
+		t.Fatalf("kept, another daemon cut: duplicates %v (passed %v), want unexplained", res.Duplicates, res.Passed())
+	}
+	in.Faults = []Fault{{Kind: FaultKafkaRestart, Target: "kafka", Start: at(900), End: at(2000)}}
+	if res := Verify(in, false); res.Duplicates[faultCause(FaultKafkaRestart)] != 1 || !res.Passed() {
+		t.Fatalf("kept in a Kafka restart: duplicates %v (passed %v), want explained by it", res.Duplicates, res.Passed())
+	}
 }

@@ -160,7 +160,8 @@ func (s *Summary) Markdown() string {
 		"its client did not ack it within --ack-timeout; *client left holding it*, its client said goodbye with it unanswered; " +
 		"*fault: KIND*, a fault that hit its holder while it held it (its client, the daemon that delivered it, or a cut between " +
 		"them; one counted failure per record and fault), or, for a record delivered again after it was acked, a fault that " +
-		"ended what its daemon served it under (the daemon's own fault, its cut from Kafka or ZooKeeper, a server restart); " +
+		"ended what its daemon served it under (the daemon's own fault, its cut from Kafka or ZooKeeper, a server restart), " +
+		"or made its daemon close the connection holding it; " +
 		"*handoff* (spread mode), its partition was handed over (revoked by its owner, then assigned) after it was acked; " +
 		"*partition restarted below it*, the daemon fetched it again.\n\n")
 	b.WriteString("Timeline (timeline.png): green, records done per second (first acks, dead letters); red, lag (records produced " +
