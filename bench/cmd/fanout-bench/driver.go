@@ -58,6 +58,11 @@ type plan struct {
 	ClientsOnly bool `json:"clients_only,omitempty"`
 	// ScalingOnly measures only how the daemon's costs grow (--scaling).
 	ScalingOnly bool `json:"scaling_only,omitempty"`
+	// ShareKs are D's thread counts (nil: Ks), and ToolsOnce measures A
+	// and D (Kafka's own tools) on the first size only: a quick run checks
+	// that they work, not what they measure.
+	ShareKs   []int `json:"share_threads,omitempty"`
+	ToolsOnce bool  `json:"kafka_tools_once,omitempty"`
 }
 
 func fullPlan() plan {
@@ -78,7 +83,7 @@ func quickPlan() plan {
 		Scaling: &scalingPlan{Partitions: []int{8, 64}, PartMessages: 20000, PartSize: 100, PartClients: 4,
 			PartIdle: 2 * time.Second, Idle: []int{500}, Busy: []int{50}, BusyCredit: 10, BusyMessages: 20000, BusyTurn: 10},
 		LatencySize: 100, IdleConns: 500, IdleFor: 6 * time.Second, Members: []int{1, 2, 3}, KafkaMembers: []int{3},
-		SpreadClients: 4}
+		SpreadClients: 4, ShareKs: []int{1}, ToolsOnce: true}
 }
 
 // env is where the driver finds the servers, the tools and its own binaries.
@@ -265,7 +270,8 @@ func (e *env) measureSize(p plan, rep *report, size int) error {
 		rep.Throughput = append(rep.Throughput, r)
 	}
 	all := !p.SpreadOnly && !p.ClientsOnly
-	if all {
+	tools := all && (!p.ToolsOnce || size == p.Sizes[0])
+	if tools {
 		a, err := e.consumerPerf(topic, n)
 		if err != nil {
 			return err
@@ -298,8 +304,12 @@ func (e *env) measureSize(p plan, rep *report, size int) error {
 			}
 		}
 	}
-	if all {
-		for _, k := range p.Ks {
+	if tools {
+		shareKs := p.ShareKs
+		if shareKs == nil {
+			shareKs = p.Ks
+		}
+		for _, k := range shareKs {
 			d, err := e.sharePerf(topic, n, k)
 			if err != nil {
 				return err
