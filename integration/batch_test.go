@@ -22,6 +22,7 @@ import (
 // daemon keeps receiving single Deliver frames and acking by id; together
 // they receive every message, and the acks of both commit every offset.
 func TestBatchAndSingleDeliverClientsTogether(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 4, 4000
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -128,6 +129,7 @@ func TestBatchAndSingleDeliverClientsTogether(t *testing.T) {
 // owns, one Batch.Ack (ranges) settles it at that member, and the acks of
 // all commit every partition's offset.
 func TestSpreadBatchClient(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 12, 2400
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)

@@ -70,6 +70,7 @@ func boundsConsume(t *testing.T, c *client.Client, n int) {
 // under a bound derived from that flag, and a real client connecting
 // meanwhile receives and acks everything.
 func TestBoundsSilentConnectionsDoNotStopAClient(t *testing.T) {
+	// Not parallel: it measures the heap of the whole process.
 	const partitions, n, silent = 2, 200, 5000
 	topic := uniqueName(t, "bounds-silent")
 	createTopic(t, topic, partitions)
@@ -146,6 +147,7 @@ func TestBoundsSilentConnectionsDoNotStopAClient(t *testing.T) {
 // under a bound derived from that flag, and a client consuming at the same
 // time is not disturbed.
 func TestBoundsPingFloodEndToEnd(t *testing.T) {
+	// Not parallel: it measures the heap of the whole process.
 	const n = 400
 	topic := uniqueName(t, "bounds-ping")
 	createTopic(t, topic, 1)

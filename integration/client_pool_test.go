@@ -21,6 +21,7 @@ import (
 // finish and their acks reach the daemons, which commit them; the nacked
 // ones come to the next client.
 func TestClientConsumeShutdown(t *testing.T) {
+	t.Parallel()
 	t.Run("leader", func(t *testing.T) { testClientConsumeShutdown(t, false) })
 	t.Run("spread", func(t *testing.T) { testClientConsumeShutdown(t, true) })
 }

@@ -78,6 +78,7 @@ func ctServerName(addr, ca string) (string, error) {
 // certificate renewed on disk is served without a restart (and SIGHUP
 // re-reads it); the auth token and the keys appear in no log line at -v.
 func TestClientMutualTLS(t *testing.T) {
+	t.Parallel()
 	const n = 12
 	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
 	createTopic(t, topic, 2)
@@ -177,6 +178,7 @@ func TestClientMutualTLS(t *testing.T) {
 // CA receives; a TLS client on a plain-text daemon gets a clear error at
 // once instead of a hang.
 func TestClientTLSWithoutClientCertificates(t *testing.T) {
+	t.Parallel()
 	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
 	createTopic(t, topic, 1)
 	files := testutil.NewTLSFiles(t)
@@ -204,6 +206,7 @@ func TestClientTLSWithoutClientCertificates(t *testing.T) {
 // No deposition, no redirect elsewhere; each member says once that someone
 // writes unauthenticated records. The secret is in no log line.
 func TestClusterSecretForgedHeartbeatsChangeNothing(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
 	secret := randomSecret(t, "cluster-secret-")
@@ -273,6 +276,7 @@ func TestClusterSecretForgedHeartbeatsChangeNothing(t *testing.T) {
 // named by it in the logs; the file rewritten revokes the token at once,
 // without a restart; no token appears in any log line at -v.
 func TestClientNamedTokens(t *testing.T) {
+	t.Parallel()
 	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
 	createTopic(t, topic, 1)
 	billing, reports := randomSecret(t, "tok-billing-"), randomSecret(t, "tok-reports-")
@@ -351,6 +355,7 @@ func writeTemp(t testing.TB, content string) string {
 // name and epoch, an assignment giving every partition to a foreign
 // address) move no partition.
 func TestSpreadOverMutualTLSWithClusterSecret(t *testing.T) {
+	t.Parallel()
 	const n, partitions = 40, 4
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -426,6 +431,7 @@ func TestSpreadOverMutualTLSWithClusterSecret(t *testing.T) {
 // The Python client's tail.py over TLS (--tls-ca) against a daemon with
 // --tls-cert: it receives and acks, the offsets are committed.
 func TestPythonTailOverTLS(t *testing.T) {
+	t.Parallel()
 	const n = 3
 	topic, id := uniqueName(t, "topic"), uniqueName(t, "svc")
 	createTopic(t, topic, 1)

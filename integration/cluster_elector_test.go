@@ -145,6 +145,7 @@ func electorFence(t *testing.T, conn *zk.Conn, path string) (epoch uint64, node 
 }
 
 func TestElectorRealKafkaAndZooKeeper(t *testing.T) {
+	t.Parallel()
 	id, topic := uniqueName(t, "el"), "jobs"
 	chroot := "/" + uniqueName(t, "chroot")
 	hosts, _, err := zkstore.ParseServers(zkAddrs(t))

@@ -59,6 +59,7 @@ func clFencePath(t *testing.T, c *clCluster) string {
 // keeps leading, the followers keep redirecting to the leader ZooKeeper
 // records, and the next election counts on from the recorded epoch.
 func TestClusterForgedHeartbeatChangesNothing(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
 	c := clNewCluster(t, topic, 3)
@@ -115,6 +116,7 @@ func TestClusterForgedHeartbeatChangesNothing(t *testing.T) {
 // Two daemons started with the same --node-id: neither claims, each logs a
 // clear error, and the next id leads.
 func TestClusterDuplicateNodeIDRefused(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
 	c := clNewCluster(t, topic, 4)
@@ -143,6 +145,7 @@ func TestClusterDuplicateNodeIDRefused(t *testing.T) {
 // turn), nobody serves; once the znode is deleted a leader is elected again
 // and the epochs count on.
 func TestClusterCorruptFenceRecord(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
 	c := clNewCluster(t, topic, 3)
@@ -261,6 +264,7 @@ func clHeartbeatEnd(t *testing.T, c *clCluster) int64 {
 // another member leads within about a leader timeout, the old one stops
 // heartbeating as leader (it stays a member), and nothing is lost.
 func TestClusterFenceChangedHandsOver(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		change func(t *testing.T, c *clCluster, path string)
@@ -332,6 +336,7 @@ func clCheck(t *testing.T, err error, format string, args ...any) {
 // ZooKeeper session timeout; it stops delivering, another member leads, and
 // nothing is lost. Restored, it follows.
 func TestClusterLeaderCutOffFromZooKeeperOnly(t *testing.T) {
+	t.Parallel()
 	const n = 1500
 	const sessionTimeout = 4 * time.Second // ZooKeeper's smallest with its default tickTime of 2 s
 	topic := uniqueName(t, "topic")

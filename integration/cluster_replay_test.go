@@ -154,6 +154,7 @@ func rpNothingHappened(t *testing.T, nodes []*clNode, marker string) {
 // the leader nor its epoch: followers keep redirecting to node-3, which keeps
 // welcoming clients, and nobody claims.
 func TestClusterReplayedHeartbeatsChangeNothing(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
 	c := clNewCluster(t, topic, 3)
@@ -213,6 +214,7 @@ func TestClusterReplayedHeartbeatsChangeNothing(t *testing.T) {
 // leaving heartbeat, or all of it) moves neither the leader nor its epoch,
 // gives the departed node-1 no partition and moves no ownership record.
 func TestSpreadReplayedHeartbeatsChangeNothing(t *testing.T) {
+	t.Parallel()
 	const partitions = 6
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)

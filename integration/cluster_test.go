@@ -996,6 +996,7 @@ func (f *clFlow) logDuplicates(what string) {
 // follower's address is redirected and served by the leader the redirect
 // names.
 func TestClusterOneLeaderRedirects(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)
 	c := clNewCluster(t, topic, 3)
@@ -1078,6 +1079,7 @@ func clFlowingClusterOf(t *testing.T, n int, newCluster func(*testing.T, string,
 // over within the leader timeout plus a margin; nothing is lost; only
 // messages at or above the committed offsets come again.
 func TestClusterLeaderCrash(t *testing.T) {
+	t.Parallel()
 	testClusterLeaderCrash(t, clNewCluster)
 }
 
@@ -1121,6 +1123,7 @@ func testClusterLeaderCrash(t *testing.T, newCluster func(*testing.T, string, in
 // it leaves, so a follower serves well within a leader timeout after it
 // exits, and no acked message is delivered again.
 func TestClusterGracefulHandover(t *testing.T) {
+	t.Parallel()
 	const n = 1500
 	c, leader, f := clFlowingCluster(t, n)
 
@@ -1171,6 +1174,7 @@ var clCommittedLine = regexp.MustCompile(`msg="offsets committed" .*offsets="?ma
 // and serves nobody; nothing is lost and the committed offsets never go
 // backwards.
 func TestClusterPausedLeaderDeposed(t *testing.T) {
+	t.Parallel()
 	testClusterPausedLeaderDeposed(t, clNewCluster)
 }
 
@@ -1386,6 +1390,7 @@ func clProxiedKafka(t *testing.T) (listener, advertised string) {
 // coming back; the others elect a new leader; restored, it rejoins as a
 // follower; nothing is lost.
 func TestClusterLeaderCutOff(t *testing.T) {
+	t.Parallel()
 	const n = 1500
 	kafkaListener, kafkaAdvertised := clProxiedKafka(t)
 	topic := uniqueName(t, "topic")
@@ -1464,6 +1469,7 @@ func TestClusterLeaderCutOff(t *testing.T) {
 // with the same node id and port, wait for one agreed leader) while
 // messages flow loses nothing.
 func TestClusterRollingRestart(t *testing.T) {
+	t.Parallel()
 	const n = 1500
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, clPartitions)

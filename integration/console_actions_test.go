@@ -172,6 +172,7 @@ func docWarnings(st *status.Status) []string {
 // The screenshot docs/console/console-actions.png is taken with the
 // warning and the actions shown.
 func TestConsoleActions(t *testing.T) {
+	t.Parallel()
 	topic := shortName(t, "orders")
 	createTopic(t, topic, 1)
 	opts := daemonOptions(t, topic)
@@ -329,6 +330,7 @@ func TestConsoleActions(t *testing.T) {
 // the follower takes over paused; fanout resume lets everything flow, and
 // nothing is lost.
 func TestPauseOutlivesTheLeader(t *testing.T) {
+	t.Parallel()
 	bin := buildFanout(t)
 	topic := uniqueName(t, "pause")
 	createTopic(t, topic, 2)
@@ -441,6 +443,7 @@ func postAction(t *testing.T, addr, token, path, body string) {
 // A pause asked of one member stops the deliveries of both; a resume asked
 // of the other lets everything through, nothing lost.
 func TestPauseSpread(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "pause")
 	opts := daemonOptions(t, topic)
 	opts.ZooKeeperSessionTimeout = 4 * time.Second
@@ -451,6 +454,7 @@ func TestPauseSpread(t *testing.T) {
 // share the partitions through the group, without a leader; the pause
 // travels in their heartbeats all the same.
 func TestPauseSpreadKafka(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "pause")
 	opts := ksDaemonOptions(t, topic)
 	opts.KafkaSessionTimeout = skSessionTimeout

@@ -241,6 +241,7 @@ func consoleAck(t *testing.T, c *client.Client, acked *atomic.Int64) {
 // output (go test -artifacts), the desktop one while messages flow, and
 // checks the page at a phone's width.
 func TestConsoleInChromium(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 3, 600 // about 12 s of flow, for the charts
 	topic := shortName(t, "orders")
 	createTopic(t, topic, partitions)
@@ -525,6 +526,7 @@ func consoleNarrow(t *testing.T, base, token string, width int) string {
 // election knows it (the leader, both members) and says where the
 // partitions and clients are served, showing none of its own.
 func TestConsoleFollower(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "console")
 	createTopic(t, topic, 2)
 	leaderOpts := daemonOptions(t, topic)
@@ -606,6 +608,7 @@ func TestConsoleFollower(t *testing.T) {
 // weight, TestDaemonStatusWeightsAndObservers); the page is served with
 // documents that have them and that do not.
 func TestConsoleShowsWeightWhenPresent(t *testing.T) {
+	t.Parallel()
 	weight := uint32(5)
 	at := time.Now()
 	doc := func(withWeight bool) *status.Status {
@@ -656,6 +659,7 @@ func attrOf(n *html.Node, key string) string { v, _ := attr(n, key); return v }
 // every partition with its offsets and the member that owns it; a member's
 // page lists the client's session with it, and fits a phone's width.
 func TestConsoleSpread(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 4, 200
 	topic := shortName(t, "orders")
 	createTopic(t, topic, partitions)
@@ -811,6 +815,7 @@ func TestConsoleSpread(t *testing.T) {
 // a member that does not yet own all it is assigned marked behind, and the
 // note when the member could read only its own partitions.
 func TestConsoleRendersHandoffs(t *testing.T) {
+	t.Parallel()
 	at := time.Now()
 	st := &status.Status{ID: "svc", Topic: "t", HeartbeatTopic: "fanout_svc_t", Mode: "spread",
 		Leader: &status.Leader{Node: "m-b", Addr: "127.0.0.1:2", Epoch: 3},
@@ -870,6 +875,7 @@ func TestConsoleRendersHandoffs(t *testing.T) {
 // store and its readiness (no and why in red; – for a member whose
 // heartbeats do not say). A ready node shows no such line.
 func TestConsoleShowsWhyNotReady(t *testing.T) {
+	t.Parallel()
 	at := time.Now()
 	yes, no := true, false
 	const reason = "leader: no partition of topic t consumed: 0 of 2 open (the log says why)"
@@ -924,6 +930,7 @@ func TestConsoleShowsWhyNotReady(t *testing.T) {
 // TestConsoleTitleSaysEachThingOnce: the title is the topic; the service and
 // the node follow when they say something the title has not said.
 func TestConsoleTitleSaysEachThingOnce(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		id, topic, node string
 		sub, tab        string
@@ -952,6 +959,7 @@ func TestConsoleTitleSaysEachThingOnce(t *testing.T) {
 // state says held, stalled and its dead letters pending; each client's
 // outcomes are its own.
 func TestConsoleShowsEveryWarningAndCount(t *testing.T) {
+	t.Parallel()
 	at := time.Now()
 	const unready = "leader: topic t not found in Kafka"
 	committed, lag := int64(7), int64(5)

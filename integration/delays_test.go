@@ -121,6 +121,7 @@ func TestDelayedNacksSurviveLeaderKill(t *testing.T) { testDelayedNacksSurviveLe
 // The same with the Kafka offset store: the delays travel in the commit
 // metadata.
 func TestDelayedNacksSurviveLeaderKillKafkaStore(t *testing.T) {
+	t.Parallel()
 	testDelayedNacksSurviveLeaderKill(t, true)
 }
 
@@ -156,6 +157,7 @@ func testDelayedNacksSurviveLeaderKill(t *testing.T, kafkaStore bool) {
 // itself); the members that take its partitions deliver their records no
 // sooner than 20 s after their nacks, and every record comes.
 func TestDelayedNacksSurviveOwnerKillSpread(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, dlyPartitions)
 	dlyProduce(t, topic)

@@ -13,6 +13,7 @@ import (
 
 // Every partition is consumed and every message reaches the client.
 func TestDaemonConsumesEveryPartition(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 8, 400
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)

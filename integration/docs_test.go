@@ -40,6 +40,7 @@ import (
 // directory of the test's (GOBIN), first on the PATH, and no other fanout is
 // on it, so the docs' `fanout` is the one their own commands built.
 func TestDocs(t *testing.T) {
+	t.Parallel()
 	if got := kafkaAddrs(t); len(got) != 1 || !strings.HasSuffix(got[0], ":9092") {
 		t.Fatalf("the docs use the default Kafka address localhost:9092; FANOUT_TEST_KAFKA is %v", got)
 	}

@@ -138,6 +138,7 @@ func (s *exService) taken(value string) bool {
 // SIGTERM lets the request in flight finish and be acked before the worker
 // exits 0.
 func TestExampleWorker(t *testing.T) {
+	t.Parallel()
 	t.Run("leader", func(t *testing.T) { testExampleWorker(t, false) })
 	t.Run("spread", func(t *testing.T) { testExampleWorker(t, true) })
 }
@@ -249,6 +250,7 @@ func exCounts(p *procProcess) map[string][]string {
 // (between 1% and 15%, loose for a loaded machine: a stable client whose
 // credit is full lets the canary take more).
 func TestExampleCanary(t *testing.T) {
+	t.Parallel()
 	t.Run("leader", func(t *testing.T) { testExampleCanary(t, false) })
 	t.Run("spread", func(t *testing.T) { testExampleCanary(t, true) })
 }

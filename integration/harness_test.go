@@ -19,6 +19,7 @@ import (
 // kafka.NewConfig: a 4-partition topic, 100 keyed messages spread over the
 // partitions, every one read back from the oldest offset of each partition.
 func TestHarnessKafka(t *testing.T) {
+	t.Parallel()
 	const partitions, count = 4, 100
 	topic := uniqueName(t, "harness")
 	createTopic(t, topic, partitions)
@@ -91,6 +92,7 @@ func TestHarnessKafka(t *testing.T) {
 // go-zookeeper: create, read, versioned (conditional) updates and a multi
 // whose version check fails atomically.
 func TestHarnessZooKeeper(t *testing.T) {
+	t.Parallel()
 	conn, events, err := zk.Connect(zkAddrs(t), 10*time.Second, zk.WithLogInfo(false))
 	if err != nil {
 		t.Fatalf("zk.Connect(%v): %v", zkAddrs(t), err)

@@ -58,6 +58,7 @@ func clientHeaders(m *client.Message) [][2][]byte {
 // Go client (batch frames) on its first delivery and on a redelivery, and
 // to a client that reads single Deliver frames.
 func TestHeadersReachWorkersUnchanged(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "headers")
 	createTopic(t, topic, 1)
 	opts := daemonOptions(t, topic)

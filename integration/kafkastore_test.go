@@ -92,6 +92,7 @@ func ksDaemonOptions(t testing.TB, topic string) fanout.Options {
 // write nothing; a commit from outside the group is taken only while it is
 // empty.
 func TestKafkaStoreFencingRealKafka(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 2)
 	id := uniqueName(t, "svc")
@@ -151,12 +152,14 @@ func TestKafkaStoreFencingRealKafka(t *testing.T) {
 // The committed offset is the contiguous acked prefix, with offsets in
 // Kafka and no ZooKeeper.
 func TestKafkaStoreCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
+	t.Parallel()
 	testCommittedOffsetIsContiguousAckedPrefix(t, ksDaemonOptions)
 }
 
 // A clean restart redelivers nothing acked, with offsets in Kafka and no
 // ZooKeeper.
 func TestKafkaStoreCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
+	t.Parallel()
 	testCleanRestartRedeliversFromCommittedOffsets(t, ksDaemonOptions)
 }
 
@@ -293,6 +296,7 @@ func ksProcArgs(t testing.TB, id, topic, addr string, extra ...string) []string 
 
 // kill -9 loses nothing with offsets in Kafka and no ZooKeeper.
 func TestKafkaStoreKillNineLosesNothing(t *testing.T) {
+	t.Parallel()
 	env, watch := ksNoZooKeeper(t)
 	testKillNineLosesNothing(t, procStoreKafka(env, watch))
 }
@@ -315,6 +319,7 @@ func procStoreKafka(env []string, watch func(pid int)) procStore {
 // new leader within the leader timeout plus a margin, nothing is lost, and
 // only messages at or above the committed offsets come again.
 func TestKafkaStoreClusterLeaderCrash(t *testing.T) {
+	t.Parallel()
 	testClusterLeaderCrash(t, clNewKafkaCluster)
 }
 
@@ -325,6 +330,7 @@ func TestKafkaStoreClusterLeaderCrash(t *testing.T) {
 // leader; no commit of it is accepted (the epochs in the commits' metadata
 // never go back) and nothing is lost.
 func TestKafkaStoreClusterPausedLeaderDeposed(t *testing.T) {
+	t.Parallel()
 	old := testClusterPausedLeaderDeposed(t, clNewKafkaCluster)
 	refused := clGrep(old.logAfter("paused"), "registered with a different member.id")
 	refused = append(refused, clGrep(old.logAfter("paused"), "is not known in the current generation")...)
@@ -354,6 +360,7 @@ func ksKafkaLibs(t *testing.T) string {
 // Kafka's own kafka-consumer-groups --describe shows the offsets a daemon
 // of the Kafka store committed, the lag, and the leader as the member.
 func TestKafkaStoreConsumerGroupsDescribe(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 2)
 	procProduceTo(t, topic, 0, "a0", "a1", "a2", "a3", "a4")
@@ -427,6 +434,7 @@ func ksCopy(t *testing.T, from, to, id, topic string) (int, string) {
 // to Kafka and back. It refuses while a daemon runs; after the copy a
 // daemon of the other store resumes exactly where the first one stopped.
 func TestKafkaStoreOffsetsCopy(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 2)
 	produceSeq(t, topic, "m", 6, 2) // 3 per partition

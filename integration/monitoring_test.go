@@ -90,6 +90,7 @@ func monScrape(t *testing.T, d *testDaemon) string {
 // and not in the files (or the reverse) fails here, naming the file, the
 // rule or panel, and what is missing.
 func TestMonitoringQueriesMatchDaemonMetrics(t *testing.T) {
+	t.Parallel()
 	const n = 10
 	topic, dlq := uniqueName(t, "mon"), uniqueName(t, "mon-dlq")
 	createTopic(t, topic, 2)
@@ -191,6 +192,7 @@ func promtool(t *testing.T) string {
 // and Prometheus' own parser takes every query of the dashboard and the
 // KEDA triggers (as recording rules, Grafana's variables replaced).
 func TestMonitoringPromtool(t *testing.T) {
+	t.Parallel()
 	promtool(t)
 	for _, doc := range []string{"docs/monitoring/README.md", "deploy/kubernetes/README.md"} {
 		blocks := shBlocks(t, filepath.Join("..", doc))

@@ -101,6 +101,7 @@ func procProduceTo(t testing.TB, topic string, partition int32, values ...string
 // offset 4 unacked it stays at 4 however many commit intervals pass and
 // however many later offsets are acked; acking 4 moves it to 10.
 func TestCommittedOffsetIsContiguousAckedPrefix(t *testing.T) {
+	t.Parallel()
 	testCommittedOffsetIsContiguousAckedPrefix(t, daemonOptions)
 }
 
@@ -156,6 +157,7 @@ func testCommittedOffsetIsContiguousAckedPrefix(t *testing.T, options func(testi
 // nothing below it (acked), and none of the messages acked beyond a gap
 // (stored as acked ranges with the offset: Delivery policies).
 func TestCleanRestartRedeliversFromCommittedOffsets(t *testing.T) {
+	t.Parallel()
 	testCleanRestartRedeliversFromCommittedOffsets(t, daemonOptions)
 }
 
@@ -261,6 +263,7 @@ func testCleanRestartRedeliversFromCommittedOffsets(t *testing.T, options func(t
 // topic, does not serve (it waits for the topic before it joins the
 // cluster), and consumes the topic once it is created.
 func TestMissingTopicIsWaitedFor(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	opts := daemonOptions(t, topic)
 	opts.ConnectBackoffMax = time.Second
@@ -295,6 +298,7 @@ func TestMissingTopicIsWaitedFor(t *testing.T) {
 // Partitions added to the topic while the daemon runs are found (within the
 // source's 10 s refresh) and consumed from their oldest offset.
 func TestPartitionsAddedWhileRunning(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 2)
 	d := startDaemon(t, daemonOptions(t, topic))
@@ -331,6 +335,7 @@ func TestPartitionsAddedWhileRunning(t *testing.T) {
 // by the initial-offset policy (oldest): every message is delivered and the
 // commit replaces the bogus offset.
 func TestStoredOffsetOutOfRangeResetsToOldest(t *testing.T) {
+	t.Parallel()
 	const bogus = 1_000_000
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)

@@ -363,11 +363,13 @@ func otTerminal(t *testing.T, opts fanout.Options, answer string, args ...string
 // what the flag does and writes nothing; the leader goes on serving and
 // committing.
 func TestOffsetsResetRefusedWhileLeaderLive(t *testing.T) {
+	t.Parallel()
 	testOffsetsResetRefusedWhileLeaderLive(t, daemonOptions)
 }
 
 // TestOffsetsResetRefusedWhileLeaderLive with the Kafka offset store.
 func TestOffsetsResetRefusedWhileLeaderLiveKafkaStore(t *testing.T) {
+	t.Parallel()
 	testOffsetsResetRefusedWhileLeaderLive(t, ksDaemonOptions)
 }
 
@@ -406,11 +408,13 @@ var otToolEpoch = regexp.MustCompile(`names fanout-offsets-tool at epoch (\d+)`)
 // from them on is delivered again, none below them by the new leader, and
 // every record is acked in the end.
 func TestOffsetsResetFencesLiveCluster(t *testing.T) {
+	t.Parallel()
 	testOffsetsResetFencesLiveCluster(t, clNewCluster)
 }
 
 // TestOffsetsResetFencesLiveCluster with the Kafka offset store.
 func TestOffsetsResetFencesLiveClusterKafkaStore(t *testing.T) {
+	t.Parallel()
 	testOffsetsResetFencesLiveCluster(t, clNewKafkaCluster)
 }
 
@@ -524,6 +528,7 @@ func testOffsetsResetFencesLiveCluster(t *testing.T, newCluster func(*testing.T,
 // for an epoch other than the one read is refused before anything is
 // written.
 func TestOffsetsTakeZooKeeper(t *testing.T) {
+	t.Parallel()
 	conn := zkConnect(t)
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()

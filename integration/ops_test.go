@@ -77,6 +77,7 @@ type statusJSON struct {
 // acks everything produced, and checks /metrics, /healthz, /readyz and
 // fanout status against what was done.
 func TestOpsMetricsHealthAndStatus(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 3, 30
 	topic := uniqueName(t, "ops")
 	createTopic(t, topic, partitions)
@@ -185,6 +186,7 @@ func TestOpsMetricsHealthAndStatus(t *testing.T) {
 // TestStatusUnreachable checks that fanout status fails with exit code 1
 // and names the server it cannot reach.
 func TestStatusUnreachable(t *testing.T) {
+	t.Parallel()
 	bin := buildFanout(t)
 	for _, tt := range []struct {
 		name, kafka, zk, want string

@@ -70,6 +70,7 @@ func randomHex(t *testing.T, n int) string {
 // attempt's span as their parent. The spans are flushed when the worker
 // stops on SIGTERM.
 func TestOtelWorkerContinuesTheProducersTrace(t *testing.T) {
+	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "otel-worker")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Dir = filepath.Join("..", "examples", "otel-worker")

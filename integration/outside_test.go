@@ -70,6 +70,7 @@ func outShell(t testing.TB, dir string, env []string, script string) string {
 // database), builds examples/consumer there, and that program receives the
 // messages produced and acks them: the daemon commits their offsets.
 func TestGoClientFromOutsideTheRepository(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 2, 6
 	repo, err := filepath.Abs(outRoot)
 	if err != nil {
@@ -199,6 +200,7 @@ var outPyVersion = regexp.MustCompile(`(?m)^__version__ = "[^"]*"$`)
 // that virtualenv, receives the messages produced and acks them: the daemon
 // commits their offsets.
 func TestPythonWheelFromOutsideTheRepository(t *testing.T) {
+	t.Parallel()
 	const partitions, n, version = 2, 6, "0.99.0"
 	venvBin := filepath.Dir(pyPython(t))
 	wheelhouse := filepath.Join(filepath.Dir(venvBin), "wheelhouse")

@@ -50,6 +50,7 @@ func (m *ownersMember) commit(v zkstore.Version, p int32, o int64) error {
 // later (the version only grows); a restarted node waits for the znode of
 // its previous session.
 func TestOwnersReserveReleaseTakeover(t *testing.T) {
+	t.Parallel()
 	admin := zkConnect(t)
 	chroot := zkChroot(t, admin)
 	const id, topic = "svc", "jobs"

@@ -57,6 +57,7 @@ func (pc *poisonConsumer) ackedOf(p int32) int {
 // the other partition keeps delivering; once the poison message is acked the
 // partition resumes and is committed to its end.
 func TestPoisonMessageHoldsOnlyItsPartition(t *testing.T) {
+	t.Parallel()
 	const (
 		maxOutstanding = 2000
 		n0             = 20000 // records of partition 0, 1 KiB each: about 20 fetches of sarama's 1 MiB

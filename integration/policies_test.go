@@ -108,12 +108,14 @@ func polPoison(t testing.TB, topic, poison string, n int) {
 // second, after the first nack's delay, and does not deliver again what was
 // acked above it.
 func TestPoisonDeadLetteredAcrossFailover(t *testing.T) {
+	t.Parallel()
 	testPoisonDeadLetteredAcrossFailover(t, false)
 }
 
 // The same with the Kafka offset store: the attempts travel in the commit
 // metadata.
 func TestPoisonDeadLetteredAcrossFailoverKafkaStore(t *testing.T) {
+	t.Parallel()
 	testPoisonDeadLetteredAcrossFailover(t, true)
 }
 
@@ -220,6 +222,7 @@ func testPoisonDeadLetteredAcrossFailover(t *testing.T, kafkaStore bool) {
 // at start (the producer leaves the value out before sending) or lowered
 // afterwards (the broker refuses the record as too large).
 func TestDeadLetterTooLargeForTheTopicGoesWithoutValue(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		lowered bool // the limit is lowered after the daemon's start
@@ -315,6 +318,7 @@ func polAdmin(t *testing.T) sarama.ClusterAdmin {
 // an operator makes the topic take it, the letter is stored, the offset
 // moves on and the daemon is ready again.
 func TestDeadLetterRefusedByACompactedTopicAlertsAndHolds(t *testing.T) {
+	t.Parallel()
 	const n = 5
 	topic, dlq := uniqueName(t, "topic"), uniqueName(t, "dlq")
 	createTopic(t, topic, 1)
@@ -404,6 +408,7 @@ func polMetricLines(body, prefix string) string {
 // The same with the dead-letter topic deleted after the daemon's start
 // check (the daemon's clients never create topics), then created again.
 func TestDeadLetterTopicDeletedHoldsTheOffset(t *testing.T) {
+	t.Parallel()
 	testDeadLetterTopicOutOfReach(t,
 		func(t *testing.T, admin sarama.ClusterAdmin, dlq string) {
 			if err := admin.DeleteTopic(dlq); err != nil {
@@ -421,6 +426,7 @@ func TestDeadLetterTopicDeletedHoldsTheOffset(t *testing.T) {
 // A daemon whose --dead-letter-topic does not exist exits at start with an
 // error that names the topic and says how to fix it.
 func TestDeadLetterTopicMissingAtStart(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	dlq := uniqueName(t, "dlq")
@@ -502,6 +508,7 @@ func testDeadLetterTopicOutOfReach(t *testing.T, breakIt, fix func(*testing.T, s
 // again. The figure without ranges (every acked message above the
 // committed offset) is logged beside it.
 func TestAckedRangesSpareDuplicatesAfterKillNine(t *testing.T) {
+	t.Parallel()
 	const (
 		partitions = 2
 		n          = 4000
@@ -593,12 +600,14 @@ func TestAckedRangesSpareDuplicatesAfterKillNine(t *testing.T) {
 // sooner than its delay, so that --max-attempts 3 dead-letters it after
 // three attempts in all.
 func TestSpreadProgressMovesWithThePartition(t *testing.T) {
+	t.Parallel()
 	testSpreadProgressMovesWithThePartition(t, spNewCluster)
 }
 
 // The same on the Kafka store: the progress rides in the metadata of the
 // handing-over member's final commit.
 func TestSpreadKafkaProgressMovesWithThePartition(t *testing.T) {
+	t.Parallel()
 	testSpreadProgressMovesWithThePartition(t, skNewCluster)
 }
 

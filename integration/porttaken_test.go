@@ -14,6 +14,7 @@ import (
 // A daemon whose client or metrics port is taken exits at once and says
 // which flag to change, and the daemon holding the port runs on.
 func TestPortTakenSaysWhichFlag(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	listen, metrics := procFreeAddr(t), procFreeAddr(t)

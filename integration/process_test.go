@@ -271,6 +271,7 @@ var procStoreZooKeeper = procStore{args: procDaemonArgs, offsets: zkOffsets, sta
 // crash, and the only duplicates are at or after the offsets committed when
 // the process died.
 func TestKillNineLosesNothing(t *testing.T) {
+	t.Parallel()
 	testKillNineLosesNothing(t, procStoreZooKeeper)
 }
 
@@ -421,6 +422,7 @@ func (c *procRaw) next(t testing.TB, timeout time.Duration) *protocol.Frame {
 // acks sent afterwards still count, the process exits 0 without waiting for
 // the drain timeout, and the acked offsets are committed.
 func TestSigtermDrainsAndCommits(t *testing.T) {
+	t.Parallel()
 	const n = 5
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
@@ -475,6 +477,7 @@ func TestSigtermDrainsAndCommits(t *testing.T) {
 // With Kafka or ZooKeeper out of reach the daemon stays up, says which and
 // where and that it retries, and still exits 0 promptly on SIGTERM.
 func TestUnreachableServicesAreRetried(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, service, flag string
 	}{
@@ -519,6 +522,7 @@ func TestUnreachableServicesAreRetried(t *testing.T) {
 
 // Bad flags: exit code 2 and a message on stderr naming the flag.
 func TestBadFlagsExitTwo(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -552,6 +556,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 // fanout tail against a running daemon prints the messages as JSON and
 // acks them: their offsets get committed.
 func TestTailPrintsAndAcks(t *testing.T) {
+	t.Parallel()
 	const n = 5
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")

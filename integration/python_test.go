@@ -89,6 +89,7 @@ func pyTest(t testing.TB, env []string, args ...string) {
 // The Python client's unit tests, against its in-process fake daemon
 // (framing errors, redirects, pings, members, batches).
 func TestPythonClientUnit(t *testing.T) {
+	t.Parallel()
 	pyTest(t, nil, "tests", "-m", "not integration")
 }
 
@@ -96,6 +97,7 @@ func TestPythonClientUnit(t *testing.T) {
 // every message is received and acked (one nacked, one touched), the client
 // closes cleanly, and the daemon commits every offset.
 func TestPythonClientAgainstDaemon(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 2, 20
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
@@ -115,6 +117,7 @@ func TestPythonClientAgainstDaemon(t *testing.T) {
 // The Python client given a follower is redirected to the leader and
 // receives every message from it.
 func TestPythonClientFollowsRedirect(t *testing.T) {
+	t.Parallel()
 	const n = 6
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
@@ -152,6 +155,7 @@ func pyLeader(t *testing.T, addrs []string) (leader, follower string) {
 // clients/python/examples/tail.py prints the messages as JSON and acks
 // them: their offsets get committed.
 func TestPythonTailExample(t *testing.T) {
+	t.Parallel()
 	const n = 5
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
@@ -188,6 +192,7 @@ func TestPythonTailExample(t *testing.T) {
 // a transient failure after a nack with a delay, drops a bad document, and
 // stops cleanly on SIGTERM; every offset is committed.
 func TestPythonWorkerExample(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
 	createTopic(t, topic, 2)
@@ -288,6 +293,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // In spread mode the Python client given one member's address keeps a
 // session with each member and receives every partition's messages.
 func TestPythonClientSpread(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 4, 40
 	addrs, id, topic := pySpread(t, 2, partitions)
 	produceSeq(t, topic, "m", n, partitions)
@@ -299,6 +305,7 @@ func TestPythonClientSpread(t *testing.T) {
 
 // The same on the Kafka store, no ZooKeeper: the members are the group's.
 func TestPythonClientSpreadKafkaStore(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 4, 40
 	c := pySpreadOn(t, 2, partitions, true)
 	produceSeq(t, c.topic, "m", n, partitions)
@@ -360,6 +367,7 @@ func sumOffsets(offs map[int32]int64) int64 {
 // gets committed; then SIGTERM stops it gracefully (close with a drain) and
 // it checks that it handled every message.
 func TestPythonAsyncioWorkerOutlivesKill9(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 2, 400
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
@@ -403,6 +411,7 @@ func TestPythonAsyncioWorkerOutlivesKill9(t *testing.T) {
 // keeps a session with each, a third of max_in_flight each, and receives
 // every partition's messages.
 func TestPythonAsyncioSpreadThreeMembers(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 6, 60
 	addrs, id, topic := pySpread(t, 3, partitions)
 	produceSeq(t, topic, "m", n, partitions)
@@ -417,6 +426,7 @@ func TestPythonAsyncioSpreadThreeMembers(t *testing.T) {
 // offset is exactly the number of messages handled (the ones queued and not
 // handed out were given back, not acked).
 func TestPythonAsyncioCloseDrains(t *testing.T) {
+	t.Parallel()
 	const n = 40
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")

@@ -270,6 +270,7 @@ func secReadyz(addr string) string {
 // status work the same way; /metrics needs its token; no secret appears in
 // any output at -v.
 func TestSecurityEndToEnd(t *testing.T) {
+	t.Parallel()
 	env := secureEnv(t)
 	const partitions = 2
 	topic := uniqueName(t, "sec")
@@ -421,6 +422,7 @@ func TestSecurityEndToEnd(t *testing.T) {
 // never crashes the daemon; produce and status fail with the same clear
 // error. The password, wrong or right, is in no output.
 func TestSecurityWrongKafkaPassword(t *testing.T) {
+	t.Parallel()
 	env := secureEnv(t)
 	topic := uniqueName(t, "sec")
 	createTopic(t, topic, 1)
@@ -485,6 +487,7 @@ func secZnodes(t testing.TB, conn *zk.Conn, chroot, id, topic string) []string {
 // --zookeeper-acl-read. The shared parents it creates (the chroot,
 // /consumers, /fanout) let others create their own znodes, nothing more.
 func TestSecurityZooKeeperACL(t *testing.T) {
+	t.Parallel()
 	for _, read := range []string{zkstore.ReadWorld, zkstore.ReadAuth} {
 		t.Run("read "+read, func(t *testing.T) {
 			const partitions, n = 2, 6
@@ -605,6 +608,7 @@ func TestSecurityZooKeeperACL(t *testing.T) {
 // A daemon with credentials warns once about existing znodes of its own
 // that others may change, and still works.
 func TestSecurityZooKeeperOpenZnodesWarned(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "sec")
 	createTopic(t, topic, 1)
 	opts := daemonOptions(t, topic)
@@ -661,6 +665,7 @@ func TestSecurityZooKeeperOpenZnodesWarned(t *testing.T) {
 // every log at debug level, sarama's and go-zookeeper's own included:
 // no secret in any line, and a client receives what was produced.
 func TestSecurityNoSecretInLibraryLogs(t *testing.T) {
+	// Not parallel: it captures sarama's process-wide logger.
 	env := secureEnv(t)
 	topic := uniqueName(t, "sec")
 	createTopic(t, topic, 1)
@@ -698,6 +703,7 @@ func TestSecurityNoSecretInLibraryLogs(t *testing.T) {
 
 // Each SASL mechanism the flag offers works against the real broker.
 func TestSecurityKafkaMechanisms(t *testing.T) {
+	t.Parallel()
 	env := secureEnv(t)
 	for _, m := range []string{kafka.SASLPlain, kafka.SASLSCRAMSHA256, kafka.SASLSCRAMSHA512} {
 		t.Run(m, func(t *testing.T) {
@@ -734,6 +740,7 @@ func TestSecurityKafkaMechanisms(t *testing.T) {
 // ZooKeeper's TLS port refuses a client without a certificate, and one that
 // does not trust its CA.
 func TestSecurityZooKeeperTLS(t *testing.T) {
+	t.Parallel()
 	env := secureEnv(t)
 	other := testutil.NewTLSFiles(t)
 	for _, tt := range []struct {

@@ -259,6 +259,7 @@ func semEnd(n, partitions int) map[int32]int64 {
 
 // Three equally fast clients share the messages evenly.
 func TestSemanticsFairShare(t *testing.T) {
+	t.Parallel()
 	const partitions, n, nClients = 4, 3000, 3
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -373,6 +374,7 @@ func semFirst(t testing.TB, cs [2]*client.Client, timeout time.Duration) (*clien
 // attempt 2 and a new delivery id; the late ack of the first client is
 // ignored.
 func TestSemanticsAckTimeoutRedeliversToAnotherClient(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	opts := daemonOptions(t, topic)
@@ -441,6 +443,7 @@ func TestSemanticsAckTimeoutRedeliversToAnotherClient(t *testing.T) {
 // A client that drops its connection without Goodbye loses its unacked
 // messages to the other client, each with attempt 2.
 func TestSemanticsDisconnectRedeliversEverything(t *testing.T) {
+	t.Parallel()
 	const partitions, n = 2, 10
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -493,6 +496,7 @@ func TestSemanticsDisconnectRedeliversEverything(t *testing.T) {
 // With no client the daemon does not fetch; messages a leaving client held
 // stay buffered; nothing is lost, and the next client gets everything.
 func TestSemanticsNoClientsBuffersAndPauses(t *testing.T) {
+	t.Parallel()
 	const partitions, k, m = 4, 20, 200
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -570,6 +574,7 @@ func TestSemanticsNoClientsBuffersAndPauses(t *testing.T) {
 
 // A full buffer pauses fetching and bounds memory; nothing is lost.
 func TestSemanticsFullBufferPausesFetching(t *testing.T) {
+	t.Parallel()
 	const partitions, n, maxBuffered = 4, 2000, 50
 	// The dispatcher takes a source batch whole whenever the buffer is
 	// below MaxBuffered, and a batch holds at most kafka.DefaultBatchSize
@@ -663,6 +668,7 @@ func semStartSilent(t testing.TB, addr string, maxInFlight uint32) *semSilent {
 // A client that stops answering heartbeats, while still reading, is dropped
 // and its messages go to the other client long before the ack timeout.
 func TestSemanticsDeadClientFoundByHeartbeat(t *testing.T) {
+	t.Parallel()
 	const n = 5
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
@@ -721,6 +727,7 @@ func TestSemanticsDeadClientFoundByHeartbeat(t *testing.T) {
 // A client that stops reading does not hold the others up: they are served
 // while it is stuck, and its messages are theirs once it is dropped as slow.
 func TestSemanticsSlowClientDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
 	const partitions, big, small, size = 4, 160, 20, 64 << 10
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -815,6 +822,7 @@ func TestSemanticsSlowClientDoesNotStallOthers(t *testing.T) {
 // Bad input on the port gets the right fatal Error and a closed connection;
 // a connected client keeps being served and the daemon stays up.
 func TestSemanticsBadInput(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	d := startDaemon(t, daemonOptions(t, topic))
@@ -886,6 +894,7 @@ func TestSemanticsBadInput(t *testing.T) {
 
 // A nack sends the message to the other client at once, with attempt 2.
 func TestSemanticsNackRedeliversAtOnce(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	opts := daemonOptions(t, topic)
@@ -923,6 +932,7 @@ func TestSemanticsNackRedeliversAtOnce(t *testing.T) {
 // Acks naming deliveries that do not exist, belong to another client, or
 // were already acked are counted and ignored.
 func TestSemanticsUnknownAcks(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	d := startDaemon(t, daemonOptions(t, topic))

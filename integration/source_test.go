@@ -112,6 +112,7 @@ func highWaterMarks(t *testing.T, client sarama.Client, topic string, partitions
 }
 
 func TestSourceRealKafka(t *testing.T) {
+	t.Parallel()
 	const partitions = 4
 	tests := []struct {
 		name      string
@@ -208,6 +209,7 @@ func TestSourceRealKafka(t *testing.T) {
 }
 
 func TestSourceRealKafkaTopicNotFound(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "missing")
 	client := newClient(t)
 	src, err := kafka.NewSource(client, kafka.SourceConfig{Topic: topic, Initial: sarama.OffsetOldest})
@@ -238,6 +240,7 @@ func TestSourceRealKafkaTopicNotFound(t *testing.T) {
 // source (as retention would): on Resume the broker answers
 // OFFSET_OUT_OF_RANGE and the partition restarts by policy with a Start batch.
 func TestSourceRealKafkaRetentionWhilePaused(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "retention")
 	createTopic(t, topic, 1)
 	client := newClient(t)

@@ -72,6 +72,7 @@ func skOwners(t *testing.T, c *clCluster) map[string][]int32 {
 // kafka-consumer-groups lists each member with its partitions, and the
 // committed offsets with their lag.
 func TestSpreadKafkaThreeMembersShareTwelvePartitions(t *testing.T) {
+	t.Parallel()
 	c := testSpreadThreeMembersShareTwelvePartitions(t, skNewCluster)
 	owned := skOwners(t, c)
 	group := kafkastore.GroupName(c.id)
@@ -182,6 +183,7 @@ func TestSpreadKafkaSigtermHandsOver(t *testing.T) { testSpreadSigtermHandsOver(
 // session timeout), the others keep theirs, nothing is lost, and only its
 // uncommitted messages come again.
 func TestSpreadKafkaMemberCrash(t *testing.T) {
+	t.Parallel()
 	testSpreadMemberCrash(t, skNewCluster, func(c *clCluster) *clNode {
 		var leader string
 		testutil.WaitFor(t, 30*time.Second, "the group's plan", func() bool {
@@ -203,6 +205,7 @@ func TestSpreadKafkaMemberCrash(t *testing.T) {
 // 5. A member paused past its session loses its partitions; resumed, it
 // cannot commit them and stops delivering them as soon as it learns.
 func TestSpreadKafkaPausedMemberLosesItsPartitions(t *testing.T) {
+	t.Parallel()
 	testSpreadPausedMemberLosesItsPartitions(t, skNewCluster)
 }
 
@@ -214,6 +217,7 @@ func TestSpreadKafkaPartitionIncrease(t *testing.T) { testSpreadPartitionIncreas
 // serves its partitions again from their committed offsets: fanout tail
 // given another member's address prints every partition's messages.
 func TestSpreadKafkaRestartMovesNothing(t *testing.T) {
+	t.Parallel()
 	const partitions = 6
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -292,6 +296,7 @@ func equalOwners(a, b map[string][]int32) bool {
 // lead a group of spread members, and serves nothing; once they are gone
 // it leads, and a spread member is refused in turn.
 func TestSpreadKafkaModeMismatch(t *testing.T) {
+	t.Parallel()
 	const partitions = 2
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)

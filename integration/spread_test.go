@@ -419,6 +419,7 @@ func spLogLines(nd *clNode, marker string, substrs ...string) []string {
 // protocol); one Go client given one member's address receives and acks the
 // messages of all 12 through a session per member; fanout status shows it.
 func TestSpreadThreeMembersShareTwelvePartitions(t *testing.T) {
+	t.Parallel()
 	testSpreadThreeMembersShareTwelvePartitions(t, spNewCluster)
 }
 
@@ -604,6 +605,7 @@ func spOwnerAt(owned map[string][]int32) map[int32]string {
 // lost (the consumers learn of the new member from the members list), and
 // no message acked before the move is delivered again.
 func TestSpreadJoinHandsOverReleaseBeforeReserve(t *testing.T) {
+	t.Parallel()
 	testSpreadJoinHandsOver(t, spNewCluster)
 }
 
@@ -766,6 +768,7 @@ func testSpreadSigtermHandsOver(t *testing.T, newCluster func(*testing.T, string
 // the crashed member's: of its partitions, at or above the offsets it had
 // committed.
 func TestSpreadMemberCrash(t *testing.T) {
+	t.Parallel()
 	testSpreadMemberCrash(t, spNewCluster, func(c *clCluster) *clNode {
 		return c.nodes[0] // not the leader (the highest id leads first)
 	})
@@ -850,6 +853,7 @@ func testSpreadMemberCrash(t *testing.T, newCluster func(*testing.T, string, int
 // delivering them: after it noticed, it delivers only partitions it
 // reserved anew.
 func TestSpreadPausedMemberLosesItsPartitions(t *testing.T) {
+	t.Parallel()
 	testSpreadPausedMemberLosesItsPartitions(t, spNewCluster)
 }
 
@@ -951,6 +955,7 @@ func testSpreadPausedMemberLosesItsPartitions(t *testing.T, newCluster func(*tes
 // 5. The leader crashes: the new leader keeps the assignment of the members
 // still alive (only the crashed leader's partitions move).
 func TestSpreadLeaderCrashKeepsTheAssignment(t *testing.T) {
+	t.Parallel()
 	const partitions = 12
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)
@@ -1054,6 +1059,7 @@ func testSpreadPartitionIncrease(t *testing.T, newCluster func(*testing.T, strin
 // nothing (a client is told to retry: no Welcome, no Redirect); a spread
 // leader leaves a leader-mode member out of the assignment.
 func TestSpreadModeMismatch(t *testing.T) {
+	t.Parallel()
 	const partitions = 4
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, partitions)

@@ -57,6 +57,7 @@ func recvValues(t *testing.T, c *client.Client, want []string, ack bool, timeout
 // is newest: the group has stored offsets, so partitions without one start
 // at their oldest offset.
 func TestLeaderStartsPartitionsAddedWhileDown(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 2)
 	procProduceTo(t, topic, 0, "before-0")
@@ -99,6 +100,7 @@ func TestLeaderStartsPartitionsAddedWhileDown(t *testing.T) {
 // the next daemon (--initial-offset newest) starts them at their oldest
 // offset, whether the killed one had found them or not.
 func TestKillNineAfterPartitionsAddedLosesNothing(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
 	createTopic(t, topic, 2)
@@ -139,6 +141,7 @@ func TestKillNineAfterPartitionsAddedLosesNothing(t *testing.T) {
 // them. Without the anchor the next daemon, finding no stored offset at
 // all, would resolve newest again, after them.
 func TestKillNineAfterFirstDeliveriesOfANewestStartLosesNothing(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	id := uniqueName(t, "svc")
 	createTopic(t, topic, 1)

@@ -72,6 +72,7 @@ func (p *txnProducer) abort() {
 // records and the transaction markers once the records after them are
 // acked; read_uncommitted delivers the aborted ones too.
 func TestTransactionsIsolation(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	txn := newTxnProducer(t, topic)
@@ -118,6 +119,7 @@ func TestTransactionsIsolation(t *testing.T) {
 // records once it commits, instead of starting after them at the high
 // watermark.
 func TestNewestUnderReadCommittedKeepsAnOpenTransaction(t *testing.T) {
+	t.Parallel()
 	topic := uniqueName(t, "topic")
 	createTopic(t, topic, 1)
 	produce(t, topic, &sarama.ProducerMessage{Value: sarama.StringEncoder("before")}) // offset 0

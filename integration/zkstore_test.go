@@ -73,6 +73,7 @@ func equalOffsets(a, b map[int32]int64) bool {
 }
 
 func TestZKStoreRoundTrip(t *testing.T) {
+	t.Parallel()
 	conn := zkConnect(t)
 	base := zkChroot(t, conn)
 	// The chroot comes from the server list, as the daemon gets it.
@@ -112,6 +113,7 @@ func TestZKStoreRoundTrip(t *testing.T) {
 }
 
 func TestZKStoreForeignZnodes(t *testing.T) {
+	t.Parallel()
 	conn := zkConnect(t)
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()
@@ -150,6 +152,7 @@ func TestZKStoreForeignZnodes(t *testing.T) {
 // partitions written; a deleted fence or none refuses; a refused commit
 // writes nothing.
 func TestZKStoreFenceIsAValue(t *testing.T) {
+	t.Parallel()
 	conn := zkConnect(t)
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()
@@ -220,6 +223,7 @@ func TestZKStoreFenceIsAValue(t *testing.T) {
 }
 
 func TestZKConnectUnreachable(t *testing.T) {
+	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +265,7 @@ func TestZKConnectUnreachable(t *testing.T) {
 // fenced commit, and progress that does not decode is reported while the
 // rest loads.
 func TestZKStoreProgress(t *testing.T) {
+	t.Parallel()
 	conn := zkConnect(t)
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()
@@ -334,6 +339,7 @@ func TestZKStoreProgress(t *testing.T) {
 // are emptied by a commit without them, and delays left by a writer that
 // knows none (stale: another base) are not taken.
 func TestZKStoreDelays(t *testing.T) {
+	t.Parallel()
 	conn := zkConnect(t)
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()
@@ -401,6 +407,7 @@ func TestZKStoreDelays(t *testing.T) {
 // request may carry, jute.maxbuffer's 1 MB by default) goes through, in
 // several multis each under the fence, and a fenced one writes nothing.
 func TestZKStoreCommitOfManyPartitions(t *testing.T) {
+	t.Parallel()
 	conn := zkConnect(t)
 	chroot := zkChroot(t, conn)
 	ctx := context.Background()
