@@ -615,14 +615,10 @@ func (d *Daemon) Ownership() OwnershipStatus { return d.mode.ownership() }
 
 // membersChanged is the one place the daemon tells the server that the
 // members owning partitions changed (the server pushes the new list to the
-// clients that asked for it); without an assignment in force it also sends
-// the clients away (to retry: this member does not serve).
-func (d *Daemon) membersChanged(addrs []string) {
-	d.srv.MembersChanged()
-	if addrs == nil {
-		d.srv.RedirectAll(d.leadership())
-	}
-}
+// clients that asked for it). Without an assignment in force the clients
+// are sent away (to retry: this member does not serve) once its partitions
+// were handed over: see spreadMode.stretch.
+func (d *Daemon) membersChanged([]string) { d.srv.MembersChanged() }
 
 // portTaken adds a hint to a listen error caused by a port in use: several
 // daemons on one host need a --listen and a --metrics-listen each.

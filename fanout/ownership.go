@@ -141,7 +141,12 @@ type ownership struct {
 	disp      partitionDispatcher
 	onHandoff func(took time.Duration) // metrics; may be nil
 	onMembers func(addrs []string)     // the members that own partitions changed (nil: none in force); may be nil
-	onStop    func()                   // called first when ctx ends (spread: resign from the election); may be nil
+	// onUnassigned is called once no assignment is in force and every
+	// partition was handed over (the spread mode sends the clients away
+	// then, not before: their acks of the deliveries in flight are what
+	// the handoffs wait for); again only after an assignment was in force.
+	onUnassigned func()
+	onStop       func() // called first when ctx ends (spread: resign from the election); may be nil
 
 	events  chan ownEvent
 	lost    chan ownEvent // from the dispatcher (its scope's onLost): must never block it
@@ -150,11 +155,12 @@ type ownership struct {
 	total   *atomic.Uint64                   // handoffs done, across stretches
 
 	// Owned by the loop.
-	parts   map[int32]*ownedPart
-	session int64
-	tokens  uint64
-	current *cluster.Assignment // the assignment in force as last reconciled
-	members []string            // its member addresses as last told
+	parts    map[int32]*ownedPart
+	session  int64
+	tokens   uint64
+	current  *cluster.Assignment // the assignment in force as last reconciled
+	members  []string            // its member addresses as last told
+	sentAway bool                // onUnassigned was called since an assignment was last in force
 }
 
 // newOwnership returns the loop of a stretch of spread mode.
@@ -289,6 +295,13 @@ func (o *ownership) reconcile(ctx context.Context) {
 			}
 			o.handOff(ctx, p, op, gen)
 		}
+	}
+	switch {
+	case a != nil:
+		o.sentAway = false
+	case len(o.parts) == 0 && !o.sentAway && o.onUnassigned != nil:
+		o.sentAway = true
+		o.onUnassigned()
 	}
 }
 

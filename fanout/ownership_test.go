@@ -228,6 +228,15 @@ func (f *fakeAssign) set(gen uint64, initial int32, owners map[string][]int32) {
 	}
 }
 
+// clear publishes that no assignment is in force.
+func (f *fakeAssign) clear() {
+	f.a.Store(nil)
+	select {
+	case f.changed <- struct{}{}:
+	default:
+	}
+}
+
 // fakeParts is the member's source and dispatcher: it logs their calls
 // into the fakeZK's log, so that the order against the records shows.
 type fakeParts struct {
@@ -320,7 +329,9 @@ type testMember struct {
 	stop     func()      // stops the member's dispatcher
 }
 
-func startMember(t *testing.T, zk *fakeZK, assign *fakeAssign, node string, loader fakeLoader) *testMember {
+// startMember runs the ownership loop of node; setup, if any, sets its
+// callbacks before it runs.
+func startMember(t *testing.T, zk *fakeZK, assign *fakeAssign, node string, loader fakeLoader, setup ...func(*ownership)) *testMember {
 	t.Helper()
 	l := logrus.New()
 	l.SetOutput(io.Discard)
@@ -333,6 +344,9 @@ func startMember(t *testing.T, zk *fakeZK, assign *fakeAssign, node string, load
 		t.Fatal(err)
 	}
 	own.onStop = func() { m.stopping.Store(true) }
+	for _, f := range setup {
+		f(own)
+	}
 	m.own = own
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
@@ -556,4 +570,45 @@ func TestOwnershipShutdownReleasesAfterTheDrain(t *testing.T) {
 	if indexOf(events, "revoke") >= 0 {
 		t.Fatalf("events %v: the drain commits: no revoke", events)
 	}
+}
+
+// A member left without an assignment in force (its heartbeats do not come
+// back) hands its partitions over first, its clients still connected to ack
+// what they hold, and sends them away only then: sent away at once, each
+// closed connection's deliveries went to the next client about to be closed
+// (a chaos run, spread mode, in a Kafka restart). Once only, until an
+// assignment is in force again.
+func TestOwnershipSendsTheClientsAwayAfterTheHandoffs(t *testing.T) {
+	t.Parallel()
+	zk, assign := newFakeZK(), newFakeAssign()
+	var sentAway atomic.Int32
+	a := startMember(t, zk, assign, "node-a", fakeLoader{}, func(o *ownership) {
+		o.onUnassigned = func() { sentAway.Add(1); zk.note("send away node-a") }
+	})
+	assign.set(1, 2, map[string][]int32{"node-a": {0, 1}})
+	testutil.WaitFor(t, 5*time.Second, "node-a to serve 0 and 1", func() bool { return slices.Equal(a.owned(), []int32{0, 1}) })
+	a.parts.mu.Lock()
+	a.parts.revoke = make(chan struct{}) // the clients' acks take a while
+	a.parts.mu.Unlock()
+	assign.clear()
+	testutil.WaitFor(t, 5*time.Second, "node-a to hand 0 and 1 over", func() bool {
+		st := a.status.Load()
+		return st != nil && slices.Equal(st.HandingOff, []int32{0, 1})
+	})
+	if n := sentAway.Load(); n != 0 {
+		t.Fatalf("clients sent away %d times while the handoffs wait for their acks", n)
+	}
+	close(a.parts.revoke)
+	testutil.WaitFor(t, 5*time.Second, "the clients sent away", func() bool { return sentAway.Load() == 1 })
+	events := zk.log()
+	if i, j := indexOf(events, "release 1 node-a"), indexOf(events, "send away node-a"); i < 0 || j < i {
+		t.Fatalf("events %v: want the clients sent away after the releases", events)
+	}
+	assign.set(2, 2, map[string][]int32{"node-a": {0, 1}})
+	testutil.WaitFor(t, 5*time.Second, "node-a to serve 0 and 1 again", func() bool { return slices.Equal(a.owned(), []int32{0, 1}) })
+	if n := sentAway.Load(); n != 1 {
+		t.Fatalf("clients sent away %d times, want once per loss of the assignment", n)
+	}
+	assign.clear()
+	testutil.WaitFor(t, 5*time.Second, "the clients sent away again", func() bool { return sentAway.Load() == 2 })
 }

@@ -152,6 +152,12 @@ func (m *spreadMode) stretch(ctx context.Context, s serveEnv, claims authority.C
 		return err
 	}
 	own.onHandoff, own.onMembers, own.onStop = d.collector.ObserveHandoff, d.membersChanged, s.resign
+	// No assignment in force (this member's heartbeats do not come back,
+	// or the leader runs another mode), and every partition handed over:
+	// the clients, whose acks the handoffs awaited, go elsewhere until this
+	// member serves again. Sent away at once, each closed connection's
+	// deliveries went to the next client about to be closed.
+	own.onUnassigned = func() { d.srv.RedirectAll(d.leadership()) }
 
 	dispCtx, stopDisp := context.WithCancel(context.Background())
 	p.start(dispCtx)
