@@ -407,7 +407,7 @@ func (l *loop) logClaim(now time.Time) {
 			strings.ToLower(strings.TrimPrefix(m.role.String(), "ROLE_"))))
 	}
 	l.e.log.WithFields(logrus.Fields{"epoch": l.claim, "record": v.rec.String(), "leader_silent_for": silent,
-		"own_heartbeat_made": now.Sub(v.ownMade).Round(time.Millisecond), "members": strings.Join(heard, ", ")}).
+		"own_heartbeat_age": now.Sub(v.ownMade).Round(time.Millisecond), "members": strings.Join(heard, ", ")}).
 		Info("claiming leadership: the recorded leader is not live")
 }
 
