@@ -151,9 +151,7 @@ func (s *state) revokeEnd(p int32) (o *owned, offset int64, tracked bool, unacke
 		}
 		s.tracePartition(deliverylog.Revoked, p, committed, "")
 	}
-	prog = s.progress(map[int32]int64{p: offset})[p]
-	prog.Delayed = append(prog.Delayed, o.revoke.delays...)
-	prog.SortDelays()
+	prog = s.progress(map[int32]int64{p: offset})[p] // with the delays the revocation holds
 	s.tracker.Forget(p)
 	s.forgetRestore(p)
 	delete(s.parts, p)

@@ -27,6 +27,12 @@ func (s *state) progress(parts map[int32]int64) map[int32]offsets.Progress {
 	s.addDelays(func(p int32) *offsets.Progress { return prs[p] })
 	out := make(map[int32]offsets.Progress, len(prs))
 	for p, pr := range prs {
+		if o := s.parts[p]; o != nil && o.revoke != nil {
+			// Taken out of the heap when the revocation began, and kept
+			// for the next owner: every commit until the final one stores
+			// them, or one made meanwhile would erase them.
+			pr.Delayed = append(pr.Delayed, o.revoke.delays...)
+		}
 		if rs := s.restore[p]; rs != nil && rs.started {
 			if from, ok := s.tracker.Receivable(p); ok {
 				rs.carry(pr, from)
