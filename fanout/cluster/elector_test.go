@@ -269,6 +269,29 @@ func runNode(t *testing.T, cfg Config, fence func(*Elector) fencer) *node {
 	return n
 }
 
+// waitTerm waits until n's reader has received the term its Leadership
+// already reports: the reader is a goroutine of its own, a moment behind.
+func waitTerm(t *testing.T, n *node) {
+	t.Helper()
+	testutil.WaitFor(t, 10*time.Second, n.e.cfg.NodeID+"'s term to be received", func() bool { return n.lastTerm() != nil })
+}
+
+// describeNodes says, for a failure, what each node's last term and
+// Leadership are.
+func describeNodes(nodes ...*node) string {
+	var b strings.Builder
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "%s: ", n.e.cfg.NodeID)
+		if t := n.lastTerm(); t != nil {
+			fmt.Fprintf(&b, "term %d (cause %v), ", t.Epoch, t.Cause())
+		} else {
+			b.WriteString("no term, ")
+		}
+		fmt.Fprintf(&b, "%+v; ", n.e.Leadership())
+	}
+	return b.String()
+}
+
 // leaders returns the nodes that hold a running term.
 func leaders(nodes ...*node) []*node {
 	var out []*node
@@ -371,8 +394,9 @@ func TestElectorThreeNodesAgreeAndFailOver(t *testing.T) {
 		}
 	}
 	testutil.WaitFor(t, 10*time.Second, "all to agree that c leads epoch 1", agree("c", 1))
+	waitTerm(t, cc)
 	if got := leaders(all...); len(got) != 1 || got[0] != cc {
-		t.Fatalf("%d leaders, want only c", len(got))
+		t.Fatalf("%d leaders, want only c: %s", len(got), describeNodes(all...))
 	}
 	if l := a.e.Leadership(); l.LeaderAddr != "c:4000" {
 		t.Errorf("a: LeaderAddr %q, want c:4000", l.LeaderAddr)
@@ -500,8 +524,9 @@ func TestElectorHighestWithoutZooKeeperStandsAside(t *testing.T) {
 		}
 		return true
 	})
+	waitTerm(t, b)
 	if got := leaders(a, b, cc); len(got) != 1 || got[0] != b {
-		t.Fatalf("%d leaders, want only b", len(got))
+		t.Fatalf("%d leaders, want only b: %s", len(got), describeNodes(a, b, cc))
 	}
 }
 
