@@ -179,10 +179,11 @@ func TestRestoredProgressCarriedUntilReceived(t *testing.T) {
 	}
 }
 
-// A handoff's final commit carries the partition's delays: those waiting in
-// the heap when the revocation began and that of a delivery nacked with a
-// delay meanwhile.
-func TestRevokeCarriesDelays(t *testing.T) {
+// revokingWithDelays returns a state whose partition 0 is being revoked:
+// offset 0 was nacked with a 30 s delay at t0, before the revocation began
+// (and committed: nothing is dirty then); during it, offset 1 with a 40 s
+// delay a second later, and offset 2 acked.
+func revokingWithDelays() *state {
 	s, sinks := setup(10)
 	s.parts = map[int32]*owned{}
 	s.tracker.TrackProgress()
@@ -191,12 +192,23 @@ func TestRevokeCarriesDelays(t *testing.T) {
 	s.addBatch(batch(0, 0, 3), t0)
 	s.dispatch(t0)
 	s.nack(1, ids(sinks[0].got[:1]), NackInfo{Delay: 30 * time.Second}, t0)
-	reply := make(chan revokeReply, 1)
-	s.revokeStart(0, t0.Add(time.Minute), reply)
+	s.tracker.Dirty()
+	s.revokeStart(0, t0.Add(time.Minute), make(chan revokeReply, 1))
 	s.nack(1, ids(sinks[0].got[1:2]), NackInfo{Delay: 40 * time.Second}, t0.Add(time.Second))
 	s.ack(1, ids(sinks[0].got[2:]))
+	return s
+}
+
+// revokedDelays are the delays of revokingWithDelays' partition.
+var revokedDelays = []offsets.Delay{{Offset: 0, NotBefore: ms(t0) + 30_000}, {Offset: 1, NotBefore: ms(t0) + 41_000}}
+
+// A handoff's final commit carries the partition's delays: those waiting in
+// the heap when the revocation began and that of a delivery nacked with a
+// delay meanwhile.
+func TestRevokeCarriesDelays(t *testing.T) {
+	s := revokingWithDelays()
 	_, off, _, _, prog := s.revokeEnd(0)
-	want := []offsets.Delay{{Offset: 0, NotBefore: ms(t0) + 30_000}, {Offset: 1, NotBefore: ms(t0) + 41_000}}
+	want := revokedDelays
 	if off != 0 || !reflect.DeepEqual(prog.Delayed, want) {
 		t.Fatalf("revoked at %d with delays %+v, want 0 and %+v", off, prog.Delayed, want)
 	}
@@ -209,24 +221,12 @@ func TestRevokeCarriesDelays(t *testing.T) {
 // before its final commit lost the delays it had stored (a chaos run: a
 // 10 s nack delay came again after 8.9 s from the restarted member).
 func TestRevokeKeepsDelaysInTheCommitsBeforeTheFinalOne(t *testing.T) {
-	s, sinks := setup(10)
-	s.parts = map[int32]*owned{}
-	s.tracker.TrackProgress()
-	s.assign(0, testTerm(10), offsets.Progress{})
-	s.addBatch(Batch{Partition: 0, Start: 0}, t0)
-	s.addBatch(batch(0, 0, 3), t0)
-	s.dispatch(t0)
-	s.nack(1, ids(sinks[0].got[:1]), NackInfo{Delay: 30 * time.Second}, t0)
-	s.tracker.Dirty()
-	reply := make(chan revokeReply, 1)
-	s.revokeStart(0, t0.Add(time.Minute), reply)
-	s.nack(1, ids(sinks[0].got[1:2]), NackInfo{Delay: 40 * time.Second}, t0.Add(time.Second))
-	s.ack(1, ids(sinks[0].got[2:]))
+	s := revokingWithDelays()
 	offs := s.tracker.Dirty()
 	if _, ok := offs[0]; !ok {
 		t.Fatalf("Dirty = %v, want partition 0 (its progress changed)", offs)
 	}
-	want := []offsets.Delay{{Offset: 0, NotBefore: ms(t0) + 30_000}, {Offset: 1, NotBefore: ms(t0) + 41_000}}
+	want := revokedDelays
 	if got := s.progress(offs)[0].Delayed; !reflect.DeepEqual(got, want) {
 		t.Fatalf("a commit during the revocation stores delays %+v, want %+v", got, want)
 	}
